@@ -1,0 +1,121 @@
+//! # weir-report — renders results; computes none
+//!
+//! The document model below is what `weir sim --json` prints (and later `weir load`).
+//! Producers (the simulator, the load generator) fill it in; this crate renders it as
+//! terminal tables, JSON, or a self-contained HTML page with charts.
+
+use serde::{Deserialize, Serialize};
+
+/// One run of one scenario file.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ScenarioReport {
+    pub scenario: String,
+    #[serde(default)]
+    pub description: String,
+    pub seed: u64,
+    pub cases: Vec<CaseReport>,
+}
+
+/// One case: one configuration of the architecture and workloads.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CaseReport {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Swept parameters of this case (e.g. `block_kib`, `queue_depth`), for sweep charts.
+    #[serde(default)]
+    pub params: std::collections::BTreeMap<String, f64>,
+    /// Simulated (or wall) seconds measured, after ramp-up.
+    pub duration_s: f64,
+    pub workloads: Vec<WorkloadResult>,
+    /// Totals over all workloads of the case.
+    pub total: Option<WorkloadResult>,
+    /// Weir's figure beside the source document's.
+    #[serde(default)]
+    pub comparisons: Vec<Comparison>,
+    /// Utilisation and counters of components (disks, links, controller, hosts).
+    #[serde(default)]
+    pub components: Vec<ComponentResult>,
+    /// Per-second series (throughput and latency over time).
+    #[serde(default)]
+    pub timeline: Vec<TimelineSeries>,
+    /// Simulated I/Os processed (for throughput accounting).
+    #[serde(default)]
+    pub events: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct WorkloadResult {
+    pub name: String,
+    /// Volume / VM / host it ran on, when the producer knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    pub iops: f64,
+    /// MB/s, MB = 10^6 bytes.
+    pub mbps: f64,
+    pub latency_ms: LatencySummary,
+    #[serde(default)]
+    pub read_iops: f64,
+    #[serde(default)]
+    pub write_iops: f64,
+    #[serde(default)]
+    pub ios: u64,
+    #[serde(default)]
+    pub errors: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LatencySummary {
+    pub mean: f64,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    #[serde(default)]
+    pub max: f64,
+}
+
+/// A figure Weir computed beside the one a seed document reports.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Comparison {
+    /// What is compared, e.g. "VM A (High) MB/s".
+    pub metric: String,
+    pub weir: f64,
+    pub seed: f64,
+    /// Where the seed figure comes from, e.g. "003 usage model 2, table".
+    pub source: String,
+    /// Why they differ when they do (which model term is missing).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub note: String,
+}
+
+impl Comparison {
+    /// weir / seed (NaN when the seed figure is 0).
+    pub fn ratio(&self) -> f64 {
+        if self.seed == 0.0 { f64::NAN } else { self.weir / self.seed }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ComponentResult {
+    /// e.g. "disk 3", "link host-1", "controller".
+    pub name: String,
+    pub kind: String,
+    /// Busy fraction 0..1 over the measured interval.
+    pub utilisation: f64,
+    #[serde(default)]
+    pub ios: u64,
+    #[serde(default)]
+    pub mbps: f64,
+}
+
+/// A series sampled once per interval, for charts.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TimelineSeries {
+    /// e.g. "VM A MB/s", "total latency p99 ms".
+    pub name: String,
+    pub unit: String,
+    pub interval_s: f64,
+    pub values: Vec<f64>,
+}

@@ -1,0 +1,1 @@
+//! NBD storage server with the QoS engine in the I/O path

@@ -1,0 +1,1 @@
+//! Workload models: Iometer access specifications, application profiles (later VDI/OLTP/Exchange)
