@@ -77,13 +77,13 @@ pub fn fmt_ms(latency_ms: f64) -> String {
     by_magnitude(latency_ms, &[(99.95, 0), (9.995, 1), (0.9995, 2)], 3)
 }
 
-/// Any figure of unknown unit (comparisons, component counters): `12,345`, `430.0`,
+/// Any figure of unknown unit (comparisons, component counters): `12,345`, `89.6`,
 /// `3.14`, `0.047`, `1.20e-5`.
 pub fn fmt_number(value: f64) -> String {
     if value.is_finite() && value != 0.0 && value.abs() < 0.001 {
         return format!("{value:.2e}");
     }
-    by_magnitude(value, &[(999.95, 0), (99.995, 1), (0.9995, 2)], 3)
+    by_magnitude(value, &[(999.95, 0), (9.995, 1), (0.9995, 2)], 3)
 }
 
 /// A count: `1,234,567`.

@@ -83,7 +83,7 @@ figure{margin:0;border:1px solid var(--line);border-radius:10px;padding:10px 12p
 figcaption{font-weight:650;font-size:13.5px;margin:0 0 4px 4px}
 figcaption span{font-weight:400;color:var(--muted);font-size:12px;margin-left:6px}
 svg.chart{width:100%;height:auto;display:block;font-family:system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;font-size:12px}
-svg.bars{max-width:880px}
+svg.bars{max-width:1140px}
 svg .grid{stroke:#e9ecf0;stroke-width:1}
 svg .axis{stroke:#9aa3af;stroke-width:1}
 svg .tick{fill:#6b7280;font-size:11px}
@@ -97,6 +97,21 @@ p.hint{color:var(--muted);font-size:12.5px;margin:4px 0 10px}
 .empty{color:var(--muted);font-style:italic}
 footer{max-width:1240px;margin:0 auto;padding:6px 24px 30px;color:var(--muted);font-size:12px}
 "#;
+
+/// Reports with more cases than this list them in the sweep table, not the header.
+const NAV_CASES: usize = 16;
+
+/// Chart title for a timeline unit: `MB/s` → `Throughput (MB/s)`.
+fn unit_title(unit: &str) -> String {
+    match unit.to_ascii_lowercase().as_str() {
+        "" => "Value".to_string(),
+        "mb/s" | "mib/s" | "gb/s" => format!("Throughput ({unit})"),
+        "iops" | "ops/s" => format!("I/O rate ({unit})"),
+        "ms" | "us" | "µs" | "s" => format!("Latency ({unit})"),
+        "%" | "fraction" => format!("Utilisation ({unit})"),
+        _ => unit.to_string(),
+    }
+}
 
 /// The whole report as one self-contained HTML document.
 pub fn render_html(report: &ScenarioReport) -> String {
@@ -191,7 +206,20 @@ fn header(out: &mut String, report: &ScenarioReport) {
         if report.is_sweep() {
             out.push_str("<a href=\"#sweep\">sweep charts</a>");
         }
-        for (index, case) in report.cases.iter().enumerate() {
+        // Long sweeps link their cases from the sweep table instead.
+        let listed = if report.cases.len() <= NAV_CASES {
+            report.cases.len()
+        } else {
+            0
+        };
+        if listed == 0 {
+            let _ = write!(
+                out,
+                "<a href=\"#sweep-cases\">all {} cases</a>",
+                report.cases.len()
+            );
+        }
+        for (index, case) in report.cases.iter().enumerate().take(listed) {
             let off = case.comparisons.iter().any(|c| c.differs());
             let _ = write!(
                 out,
@@ -332,10 +360,10 @@ fn case_section(out: &mut String, case: &CaseReport, index: usize, open: bool) {
                 y_from_zero: true,
                 x_name: "t =".to_string(),
             };
-            let _ = write!(
+            let _ = writeln!(
                 out,
-                "<figure><figcaption>{} over time<span>{} series</span></figcaption>{}</figure>\n",
-                esc(if unit.is_empty() { "value" } else { unit }),
+                "<figure><figcaption>{} over time<span>{} series</span></figcaption>{}</figure>",
+                esc(&unit_title(unit)),
                 series.len(),
                 chart.render()
             );
@@ -510,7 +538,11 @@ fn comparisons_table(out: &mut String, case: &CaseReport) {
         } else {
             ("off", "no ratio")
         };
-        let _ = write!(out, "<td><span class=\"badge {class}\">{label}</span></td>");
+        let _ = write!(
+            out,
+            "<td><span class=\"badge {class}\">{}</span></td>",
+            esc(label)
+        );
         let _ = write!(out, "<td class=\"src\">{}</td>", esc(&c.source));
         let _ = write!(out, "<td class=\"note\">{}</td>", esc(&c.note));
         out.push_str("</tr>");
@@ -765,11 +797,10 @@ fn sweep_section(out: &mut String, report: &ScenarioReport) {
         };
         let _ = writeln!(
             out,
-            "<h3>Against {}</h3>\n<p class=\"hint\">{} series; each point is one case's {} \
-             figure.{}</p>\n<div class=\"charts\">",
+            "<h3>Against {}</h3>\n<p class=\"hint\">{} series; each point is one case's \
+             total (or only workload) figure.{}</p>\n<div class=\"charts\">",
             esc(key),
             series.len(),
-            "total (or only workload)",
             if x_scale == XScale::Log2 {
                 " The x axis is logarithmic (base 2)."
             } else {
@@ -805,7 +836,9 @@ fn sweep_section(out: &mut String, report: &ScenarioReport) {
     }
     // Sweep table: one row per case with parameters.
     let keys: BTreeSet<&String> = report.cases.iter().flat_map(|c| c.params.keys()).collect();
-    out.push_str("<h3>Cases</h3>\n<div class=\"tablewrap\"><table><thead><tr><th>case</th>");
+    out.push_str(
+        "<h3 id=\"sweep-cases\">Cases</h3>\n<div class=\"tablewrap\"><table><thead><tr><th>case</th>",
+    );
     for key in &keys {
         let _ = write!(out, "<th class=\"num\">{}</th>", esc(key));
     }

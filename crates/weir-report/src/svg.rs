@@ -106,12 +106,10 @@ pub(crate) fn tick_label(value: f64, step: f64, axis_max_abs: f64) -> String {
         })
         .unwrap_or(6);
     let value = value / divisor;
-    // Avoid "-0" from floating error around zero.
-    let value = if value.abs() < scaled_step * 1e-9 {
-        0.0
-    } else {
-        value
-    };
+    // Zero reads best bare ("0", not "0k" or "-0" from floating error).
+    if value.abs() < scaled_step * 1e-9 {
+        return "0".to_string();
+    }
     format!("{}{suffix}", fmt_thousands(value, decimals))
 }
 
@@ -249,7 +247,7 @@ impl LineChart {
         let sy = |y: f64| PLOT_TOP + PLOT_H - (y - y_lo) / (y_hi - y_lo) * PLOT_H;
 
         // Legend layout (wrapping rows under the x axis label).
-        let legend_top = PLOT_TOP + PLOT_H + 52.0;
+        let legend_top = PLOT_TOP + PLOT_H + 58.0;
         let mut legend = String::new();
         let mut lx = PLOT_LEFT;
         let mut ly = legend_top;
@@ -420,10 +418,10 @@ pub(crate) struct Pair<'a> {
 /// Horizontal paired bars, each pair scaled to its own larger figure, with a ratio
 /// badge (green within ±20%, red beyond).
 pub(crate) fn paired_bars(pairs: &[Pair<'_>]) -> String {
-    const W: f64 = 880.0;
-    const LABEL_END: f64 = 300.0;
-    const BAR_X: f64 = 312.0;
-    const BAR_MAX: f64 = 390.0;
+    const W: f64 = 1140.0;
+    const LABEL_END: f64 = 330.0;
+    const BAR_X: f64 = 342.0;
+    const BAR_MAX: f64 = 600.0;
     const ROW_H: f64 = 48.0;
     const TOP: f64 = 30.0;
     if pairs.is_empty() {
@@ -522,10 +520,10 @@ pub(crate) fn utilisation_colour(fraction: f64) -> &'static str {
 
 /// Horizontal 0–100 % bars, one per (label, kind, busy fraction).
 pub(crate) fn utilisation_bars(rows: &[(&str, &str, f64)]) -> String {
-    const W: f64 = 880.0;
-    const LABEL_END: f64 = 250.0;
-    const BAR_X: f64 = 262.0;
-    const BAR_W: f64 = 520.0;
+    const W: f64 = 1140.0;
+    const LABEL_END: f64 = 300.0;
+    const BAR_X: f64 = 312.0;
+    const BAR_W: f64 = 740.0;
     const ROW_H: f64 = 26.0;
     const TOP: f64 = 8.0;
     if rows.is_empty() {
@@ -610,6 +608,8 @@ mod tests {
         assert_eq!(tick_label(1_500_000.0, 500_000.0, 3e6), "1.5M");
         assert_eq!(tick_label(0.25, 0.05, 1.0), "0.25");
         assert_eq!(tick_label(800.0, 200.0, 1000.0), "800");
+        assert_eq!(tick_label(0.0, 50_000.0, 200_000.0), "0");
+        assert_eq!(tick_label(-1e-12, 0.5, 2.0), "0");
     }
 
     #[test]
