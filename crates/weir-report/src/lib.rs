@@ -3,6 +3,21 @@
 //! The document model below is what `weir sim --json` prints (and later `weir load`).
 //! Producers (the simulator, the load generator) fill it in; this crate renders it as
 //! terminal tables, JSON, or a self-contained HTML page with charts.
+//!
+//! * [`render_text`] — terminal tables per case (workloads with a total line, "Weir vs
+//!   seed" with a `!! >20%` marker, components, timeline sparklines) and, for sweeps,
+//!   a table with one row per case and the parameters as columns.
+//! * [`render_json`] / [`parse_json`] — pretty, deterministic JSON; non-finite numbers
+//!   are written as `null` and read back as NaN.
+//! * [`render_html`] — one self-contained page (inline CSS and SVG, no scripts): paired
+//!   Weir-vs-seed bars, line charts over time, utilisation bars, sweep charts (see the
+//!   grouping rule in the `html` module docs).
+//! * [`Table`] — a generic aligned terminal table for other crates (`weir volume list`),
+//!   with the number formatters [`fmt_iops`], [`fmt_mbps`], [`fmt_ms`], [`fmt_pct`]…
+//! * [`UxGrade`] — good / fair / poor grades of the VDI study's thresholds.
+//!
+//! Every renderer accepts any report: empty cases, NaN / infinite figures and
+//! one-point series render as `n/a`, placeholders or markers, never a panic.
 
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +28,7 @@ mod nan;
 mod svg;
 mod table;
 mod text;
+mod ux;
 
 pub use format::{
     fmt_count, fmt_iops, fmt_mbps, fmt_ms, fmt_number, fmt_param, fmt_pct, fmt_ratio, fmt_thousands,
@@ -21,6 +37,7 @@ pub use html::render_html;
 pub use json::{parse_json, render_json};
 pub use table::{Align, Cell, Column, Style, Table};
 pub use text::{TextOptions, render_text};
+pub use ux::UxGrade;
 
 /// Weir and seed figures that differ by more than this fraction are flagged.
 pub const MISMATCH_THRESHOLD: f64 = 0.20;

@@ -15,6 +15,18 @@ pub(crate) const WARN: &str = "#f28e2b";
 pub(crate) const BAD: &str = "#e15759";
 const WEIR_COLOUR: &str = "#4e79a7";
 const SEED_COLOUR: &str = "#a5a09b";
+/// Colour and dash pattern of series `index`: past the palette, lines are dashed so
+/// that series 0 and 10 stay apart.
+fn series_stroke(index: usize) -> (&'static str, &'static str) {
+    let colour = PALETTE[index % PALETTE.len()];
+    let dash = match (index / PALETTE.len()) % 3 {
+        0 => "",
+        1 => " stroke-dasharray=\"7 4\"",
+        _ => " stroke-dasharray=\"2 3\"",
+    };
+    (colour, dash)
+}
+
 /// Rough width of one character of the 12 px chart font, for layout.
 const CHAR_PX: f64 = 6.6;
 
@@ -260,11 +272,11 @@ impl LineChart {
                     lx = PLOT_LEFT;
                     ly += 18.0;
                 }
-                let colour = PALETTE[i % PALETTE.len()];
+                let (colour, dash) = series_stroke(i);
                 let _ = write!(
                     legend,
                     "<g class=\"legend-item\"><line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" \
-                     stroke=\"{colour}\" stroke-width=\"3\" stroke-linecap=\"round\"/>\
+                     stroke=\"{colour}\" stroke-width=\"3\"{dash}/>\
                      <text x=\"{}\" y=\"{}\">{}</text></g>",
                     px(lx),
                     px(ly - 4.0),
@@ -351,7 +363,7 @@ impl LineChart {
         );
         // Series.
         for (i, s) in self.series.iter().enumerate() {
-            let colour = PALETTE[i % PALETTE.len()];
+            let (colour, dash) = series_stroke(i);
             let mut path = String::new();
             let mut pen_down = false;
             let mut markers = String::new();
@@ -394,7 +406,7 @@ impl LineChart {
             let _ = write!(
                 svg,
                 "<g class=\"series\"><path d=\"{}\" fill=\"none\" stroke=\"{colour}\" \
-                 stroke-width=\"2.2\" stroke-linejoin=\"round\" stroke-linecap=\"round\"/>{markers}</g>",
+                 stroke-width=\"2.2\" stroke-linejoin=\"round\" stroke-linecap=\"round\"{dash}/>{markers}</g>",
                 path.trim_end()
             );
         }
