@@ -2,8 +2,14 @@
 //! volumes under mixed policies: reservations, limits, shares, service levels with
 //! latency targets, request sizes from 4 KiB to 1 MiB.
 //!
+//! Two cases: `healthy` (a 10M-IOPS virtual device and latency targets of 100/200 ms,
+//! so protection rarely kicks in and the full share path runs) and `overload` (a
+//! 1M-IOPS device and 10/20 ms targets: the low-share critical volumes are at risk
+//! and most releases go through service-level protection).
+//!
 //! `cargo bench -p weir-qos --bench dispatch -- --warm-up-time 1 --measurement-time 3`
-//! prints criterion's estimate and then the median of 300 batches of 1,000 cycles.
+//! prints criterion's estimates and then, per case, the median of 300 batches of
+//! 1,000 cycles.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -16,14 +22,31 @@ use weir_qos::{
 
 const VOLUMES: u32 = 1000;
 const QUEUED_PER_VOLUME: u32 = 4;
-/// Virtual time between decisions: a 1M-IOPS device.
-const STEP_NS: Nanos = 1000;
+#[derive(Copy, Clone)]
+struct Case {
+    name: &'static str,
+    /// Virtual time between decisions.
+    step_ns: Nanos,
+    /// Latency targets of the mission-critical / business-critical volumes.
+    targets_ms: (f64, f64),
+}
 
-fn policy_for(i: u32) -> Policy {
+const HEALTHY: Case = Case {
+    name: "healthy",
+    step_ns: 100,
+    targets_ms: (100.0, 200.0),
+};
+const OVERLOAD: Case = Case {
+    name: "overload",
+    step_ns: 1000,
+    targets_ms: (10.0, 20.0),
+};
+
+fn policy_for(i: u32, case: Case) -> Policy {
     let mut p = Policy::best_effort(format!("p{}", i % 7));
     p.shares = Shares::new(200 + (i * 37) % 3801).expect("in range");
     match i % 5 {
-        0 => p.reservation_iops = Some(200.0 + (i % 13) as f64 * 10.0),
+        0 => p.reservation_iops = Some(5000.0 + (i % 13) as f64 * 1000.0),
         1 => p.limit_iops = Some(500.0 + (i % 11) as f64 * 100.0),
         2 => {
             p.reservation_mbps = Some(1.0);
@@ -35,7 +58,11 @@ fn policy_for(i: u32) -> Policy {
             } else {
                 ServiceLevel::BusinessCritical
             });
-            p.latency_target_ms = Some(if i.is_multiple_of(2) { 10.0 } else { 20.0 });
+            p.latency_target_ms = Some(if i.is_multiple_of(2) {
+                case.targets_ms.0
+            } else {
+                case.targets_ms.1
+            });
         }
         _ => {}
     }
@@ -49,13 +76,14 @@ fn size_for(i: u32) -> u32 {
 struct Bench {
     sched: Scheduler<u32>,
     now: Nanos,
+    step_ns: Nanos,
 }
 
 impl Bench {
-    fn new() -> Bench {
+    fn new(case: Case) -> Bench {
         let mut sched = Scheduler::new(SchedulerConfig::default());
         for v in 0..VOLUMES {
-            sched.add_volume(0, VolumeId(v), policy_for(v));
+            sched.add_volume(0, VolumeId(v), policy_for(v, case));
             for q in 0..QUEUED_PER_VOLUME {
                 sched
                     .enqueue(
@@ -68,13 +96,22 @@ impl Bench {
                     .expect("volume exists");
             }
         }
-        Bench { sched, now: 0 }
+        let mut b = Bench {
+            sched,
+            now: 0,
+            step_ns: case.step_ns,
+        };
+        // Reach a steady state (tags spread, some volumes limit-held).
+        for _ in 0..200_000 {
+            b.cycle();
+        }
+        b
     }
 
     /// One decision: release a request, complete it, and have its client issue the
     /// next one on the same volume (so every volume stays backlogged).
     fn cycle(&mut self) {
-        self.now += STEP_NS;
+        self.now += self.step_ns;
         loop {
             match self.sched.dispatch(self.now) {
                 Dispatch::Io(d) => {
@@ -100,22 +137,18 @@ impl Bench {
 }
 
 fn bench_dispatch(c: &mut Criterion) {
-    let mut b = Bench::new();
-    // Reach a steady state (tags spread, some volumes limit-held).
-    for _ in 0..200_000 {
-        b.cycle();
+    for case in [HEALTHY, OVERLOAD] {
+        let mut b = Bench::new(case);
+        let name = format!(
+            "enqueue+dispatch+complete, {VOLUMES} backlogged volumes, {}",
+            case.name
+        );
+        c.bench_function(&name, |bencher| bencher.iter(|| b.cycle()));
     }
-    c.bench_function(
-        "enqueue+dispatch+complete, 1000 backlogged volumes",
-        |bencher| bencher.iter(|| b.cycle()),
-    );
 }
 
-fn median_report() {
-    let mut b = Bench::new();
-    for _ in 0..200_000 {
-        b.cycle();
-    }
+fn median_report(case: Case) {
+    let mut b = Bench::new(case);
     const BATCH: u32 = 1000;
     let mut per_cycle_ns: Vec<f64> = (0..300)
         .map(|_| {
@@ -128,13 +161,6 @@ fn median_report() {
         .collect();
     per_cycle_ns.sort_by(f64::total_cmp);
     let q = |f: f64| per_cycle_ns[((per_cycle_ns.len() - 1) as f64 * f) as usize];
-    println!(
-        "dispatch decision with {VOLUMES} backlogged volumes: median {:.0} ns (p10 {:.0}, p90 {:.0}) over {} batches of {BATCH}",
-        q(0.5),
-        q(0.1),
-        q(0.9),
-        per_cycle_ns.len()
-    );
     let s = (0..VOLUMES)
         .filter_map(|v| b.sched.stats(VolumeId(v)))
         .fold((0u64, 0u64, 0u64), |acc, s| {
@@ -145,8 +171,16 @@ fn median_report() {
             )
         });
     println!(
-        "  releases {} (reservation phase {}, protected {})",
-        s.0, s.1, s.2
+        "{}: decision with {VOLUMES} backlogged volumes: median {:.0} ns (p10 {:.0}, p90 {:.0}) over {} batches of {BATCH}; \
+         releases {} (reservation phase {:.1} %, protected {:.1} %)",
+        case.name,
+        q(0.5),
+        q(0.1),
+        q(0.9),
+        per_cycle_ns.len(),
+        s.0,
+        100.0 * s.1 as f64 / s.0 as f64,
+        100.0 * s.2 as f64 / s.0 as f64,
     );
 }
 
@@ -155,5 +189,6 @@ criterion_group!(benches, bench_dispatch);
 fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
-    median_report();
+    median_report(HEALTHY);
+    median_report(OVERLOAD);
 }
