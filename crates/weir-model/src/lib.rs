@@ -16,6 +16,7 @@
 mod array;
 mod controller;
 mod error;
+pub mod harness;
 mod hdd;
 mod link;
 mod raid;
