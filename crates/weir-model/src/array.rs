@@ -279,42 +279,53 @@ const HIGH_WATERMARK: f64 = 0.5;
 const MAX_RANGES: usize = 4;
 const STREAMS: usize = 8;
 
-/// Direct-mapped tag store of 4 KiB chunks (an approximation of an LRU cache of the
-/// same size: conflict misses instead of capacity misses).
+/// 4-way set-associative tag store of 4 KiB chunks with LRU replacement within a
+/// set (a close approximation of an LRU cache of the same size).
 #[derive(Clone, Debug)]
 struct ChunkCache {
     tags: Vec<u64>,
     ready_at: Vec<Nanos>,
-    mask: u64,
+    last_use: Vec<u64>,
+    set_mask: u64,
+    clock: u64,
 }
+
+const WAYS: usize = 4;
 
 impl ChunkCache {
     fn new(bytes: u64) -> Self {
-        let lines = (bytes / CHUNK_BYTES).max(1).next_power_of_two();
+        let lines = (bytes / CHUNK_BYTES).max(WAYS as u64).next_power_of_two();
         // Keep the tag store at most 2^20 lines (4 GiB of cache).
         let lines = lines.min(1 << 20) as usize;
         Self {
             tags: vec![u64::MAX; lines],
             ready_at: vec![0; lines],
-            mask: lines as u64 - 1,
+            last_use: vec![0; lines],
+            set_mask: (lines / WAYS) as u64 - 1,
+            clock: 0,
         }
     }
-    fn index(&self, chunk: u64) -> usize {
-        (chunk.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20 & self.mask) as usize
+    fn set(&self, chunk: u64) -> usize {
+        ((chunk.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 24) & self.set_mask) as usize * WAYS
+    }
+    fn find(&self, chunk: u64) -> Option<usize> {
+        let s = self.set(chunk);
+        (s..s + WAYS).find(|&i| self.tags[i] == chunk)
     }
     fn chunks(offset: u64, size: u32) -> std::ops::Range<u64> {
         let first = offset / CHUNK_BYTES;
         let end = (offset + size.max(1) as u64).div_ceil(CHUNK_BYTES);
         first..end
     }
-    /// (all present, any still pending)
-    fn lookup(&self, offset: u64, size: u32, now: Nanos) -> (bool, bool) {
+    /// (all present, any still pending); touches the lines it finds.
+    fn lookup(&mut self, offset: u64, size: u32, now: Nanos) -> (bool, bool) {
         let mut pending = false;
+        self.clock += 1;
         for c in Self::chunks(offset, size) {
-            let i = self.index(c);
-            if self.tags[i] != c {
+            let Some(i) = self.find(c) else {
                 return (false, false);
-            }
+            };
+            self.last_use[i] = self.clock;
             if self.ready_at[i] > now {
                 pending = true;
             }
@@ -322,17 +333,26 @@ impl ChunkCache {
         (true, pending)
     }
     fn insert(&mut self, offset: u64, size: u32, ready_at: Nanos) {
+        self.clock += 1;
         for c in Self::chunks(offset, size) {
-            let i = self.index(c);
+            let i = match self.find(c) {
+                Some(i) => i,
+                None => {
+                    let s = self.set(c);
+                    (s..s + WAYS).min_by_key(|&i| self.last_use[i]).unwrap_or(s)
+                }
+            };
             self.tags[i] = c;
             self.ready_at[i] = ready_at;
+            self.last_use[i] = self.clock;
         }
     }
-    /// Marks chunks that are `pending` as ready at `t` (keeps any replaced lines).
+    /// Marks chunks that are pending as ready at `t` (keeps any replaced lines).
     fn complete(&mut self, offset: u64, size: u32, t: Nanos) {
         for c in Self::chunks(offset, size) {
-            let i = self.index(c);
-            if self.tags[i] == c && self.ready_at[i] == PENDING {
+            if let Some(i) = self.find(c)
+                && self.ready_at[i] == PENDING
+            {
                 self.ready_at[i] = t;
             }
         }

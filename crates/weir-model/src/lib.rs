@@ -30,7 +30,7 @@ pub use controller::{BatteryState, ControllerSpec, IoPolicy, ReadPolicy, WritePo
 pub use error::ModelError;
 pub use hdd::{DriveStats, Hdd, HddSpec};
 pub use link::{Link, LinkSpec};
-pub use raid::{DataLocation, DriveIo, RaidLayout, RaidPlan, RaidSpec};
+pub use raid::{MIRROR_RUN_ROWS, DataLocation, DriveIo, RaidLayout, RaidPlan, RaidSpec};
 pub use ssd::{Ssd, SsdSpec};
 
 /// Nanoseconds on the driver's clock.

@@ -93,9 +93,9 @@ fn mirrors_split_reads_and_raid0_reads_split_per_element() {
     let r10 = layout(10, 4, 64 * KIB, 1);
     let row = r10.row_bytes();
     let a = plan(&r10, 0, 4 * KIB, IoDir::Read);
-    let b = plan(&r10, row, 4 * KIB, IoDir::Read);
+    let b = plan(&r10, weir_model::MIRROR_RUN_ROWS * row, 4 * KIB, IoDir::Read);
     assert_eq!(a.reads.len(), 1);
-    assert_ne!(a.reads[0].drive, b.reads[0].drive, "alternate mirrors by row");
+    assert_ne!(a.reads[0].drive, b.reads[0].drive, "mirrors alternate");
     let r0 = layout(0, 8, 64 * KIB, 1);
     let p = plan(&r0, 32 * 1024, 256 * KIB, IoDir::Read);
     assert_eq!(p.reads.len(), 5);
