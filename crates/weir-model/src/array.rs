@@ -481,6 +481,8 @@ pub struct Array {
     controller: ControllerSpec,
     layout: RaidLayout,
     drives: Vec<Drive>,
+    /// Cached `next_event_ns` of each drive (`Nanos::MAX` when idle).
+    drive_next: Vec<Nanos>,
     write_back: bool,
     cached_io: bool,
     read_ahead_after: Option<u32>,
@@ -565,6 +567,7 @@ impl Array {
             seed,
             controller,
             layout,
+            drive_next: vec![Nanos::MAX; drives.len()],
             drives,
         })
     }
@@ -681,7 +684,8 @@ impl Array {
             IoDir::Read => self.stats.drive_reads += 1,
             IoDir::Write => self.stats.drive_writes += 1,
         }
-        self.drives[d.drive as usize].as_component().submit(
+        let drive = &mut self.drives[d.drive as usize];
+        drive.as_component().submit(
             t,
             DeviceIo {
                 offset_bytes: d.offset_bytes,
@@ -690,6 +694,7 @@ impl Array {
             },
             slot as u64,
         );
+        self.drive_next[d.drive as usize] = drive.next_event_ns().unwrap_or(Nanos::MAX);
     }
 
     fn on_ctrl_ready(&mut self, slot: u32, t: Nanos) {
@@ -997,15 +1002,13 @@ impl Array {
     }
 
     fn next_drive_event(&self) -> Option<(Nanos, usize)> {
-        let mut best: Option<(Nanos, usize)> = None;
-        for (i, d) in self.drives.iter().enumerate() {
-            if let Some(t) = d.next_event_ns()
-                && best.is_none_or(|(b, _)| t < b)
-            {
-                best = Some((t, i));
+        let mut best = (Nanos::MAX, 0);
+        for (i, &t) in self.drive_next.iter().enumerate() {
+            if t < best.0 {
+                best = (t, i);
             }
         }
-        best
+        (best.0 != Nanos::MAX).then_some(best)
     }
 }
 
@@ -1065,6 +1068,7 @@ impl Component for Array {
                 }
                 let mut scratch = std::mem::take(&mut self.drive_done);
                 self.drives[i].as_component().advance(t, &mut scratch);
+                self.drive_next[i] = self.drives[i].next_event_ns().unwrap_or(Nanos::MAX);
                 for c in scratch.drain(..) {
                     self.on_drive_done(c.token as u32, c.at_ns);
                 }

@@ -61,11 +61,12 @@ pub fn run_closed_loop<C: Component + ?Sized>(
     let mut done = Vec::new();
     let mut lat_sum = 0.0;
     let mut issued = 0u64;
-    let submit = |c: &mut C, now: Nanos, i: u64, at: &mut Vec<Nanos>, sz: &mut Vec<u32>, io: DeviceIo| {
-        at.push(now);
-        sz.push(io.size_bytes);
-        c.submit(now, io, i);
-    };
+    let submit =
+        |c: &mut C, now: Nanos, i: u64, at: &mut Vec<Nanos>, sz: &mut Vec<u32>, io: DeviceIo| {
+            at.push(now);
+            sz.push(io.size_bytes);
+            c.submit(now, io, i);
+        };
     while issued < total_ios.min(queue_depth.max(1) as u64) {
         let io = next_io(issued);
         submit(component, 0, issued, &mut submitted_at, &mut sizes, io);
@@ -88,7 +89,14 @@ pub fn run_closed_loop<C: Component + ?Sized>(
             res.completions.push(*c);
             if issued < total_ios {
                 let io = next_io(issued);
-                submit(component, c.at_ns, issued, &mut submitted_at, &mut sizes, io);
+                submit(
+                    component,
+                    c.at_ns,
+                    issued,
+                    &mut submitted_at,
+                    &mut sizes,
+                    io,
+                );
                 issued += 1;
             }
         }

@@ -23,14 +23,14 @@ mod raid;
 mod ssd;
 
 pub use array::{
-    ARRAY_PRESETS, Array, ArraySpec, ArrayStats, ControllerRef, DriveRef, DriveReport,
-    DriveSpec, PolicyOverride,
+    ARRAY_PRESETS, Array, ArraySpec, ArrayStats, ControllerRef, DriveRef, DriveReport, DriveSpec,
+    PolicyOverride,
 };
 pub use controller::{BatteryState, ControllerSpec, IoPolicy, ReadPolicy, WritePolicy};
 pub use error::ModelError;
 pub use hdd::{DriveStats, Hdd, HddSpec};
 pub use link::{Link, LinkSpec};
-pub use raid::{MIRROR_RUN_ROWS, DataLocation, DriveIo, RaidLayout, RaidPlan, RaidSpec};
+pub use raid::{DataLocation, DriveIo, MIRROR_RUN_ROWS, RaidLayout, RaidPlan, RaidSpec};
 pub use ssd::{Ssd, SsdSpec};
 
 /// Nanoseconds on the driver's clock.

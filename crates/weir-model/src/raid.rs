@@ -131,7 +131,7 @@ impl RaidLayout {
             reason,
         };
         let e = spec.stripe_element_bytes;
-        if e < 512 || e % 512 != 0 || e > (64 << 20) {
+        if e < 512 || !e.is_multiple_of(512) || e > (64 << 20) {
             return Err(bad(format!(
                 "stripe_element_bytes = {e}: must be a multiple of 512 between 512 and 64 MiB"
             )));
@@ -156,8 +156,10 @@ impl RaidLayout {
                 (SpanKind::Mirror, 1)
             }
             10 => {
-                if n < 4 || n % 2 != 0 {
-                    return Err(bad(format!("needs an even number >= 4 of drives (got {n})")));
+                if n < 4 || !n.is_multiple_of(2) {
+                    return Err(bad(format!(
+                        "needs an even number >= 4 of drives (got {n})"
+                    )));
                 }
                 (SpanKind::Mirror, 1)
             }
@@ -174,8 +176,10 @@ impl RaidLayout {
                 if s < 2 {
                     return Err(bad(format!("needs spans >= 2 (got {s})")));
                 }
-                if n % s != 0 {
-                    return Err(bad(format!("{n} drives do not divide into {s} equal spans")));
+                if !n.is_multiple_of(s) {
+                    return Err(bad(format!(
+                        "{n} drives do not divide into {s} equal spans"
+                    )));
                 }
                 if n / s < p + 2 {
                     return Err(bad(format!(

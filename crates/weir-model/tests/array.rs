@@ -3,8 +3,8 @@
 
 use weir_model::harness::{SplitMix64, run_closed_loop};
 use weir_model::{
-    Array, ArraySpec, BatteryState, Completion, Component, ControllerRef, ControllerSpec,
-    DeviceIo, DriveRef, IoDir, IoPolicy, PolicyOverride, RaidSpec, ReadPolicy, WritePolicy,
+    Array, ArraySpec, BatteryState, Completion, Component, ControllerRef, ControllerSpec, DeviceIo,
+    DriveRef, IoDir, IoPolicy, PolicyOverride, RaidSpec, ReadPolicy, WritePolicy,
 };
 
 const KIB: u32 = 1024;
@@ -40,14 +40,26 @@ fn raid0_x24_sequential_read_is_capped_by_the_controller() {
     let mut gen2 = Array::new(&spec(0, 24, "pcie-gen2", write_through()), 1).unwrap();
     let r = run_closed_loop(&mut gen2, 32, 3000, seq(1 << 20, IoDir::Read));
     // 24 drives could stream ≈ 24 × 200 MB/s; PCIe Gen2 x8 caps at 2,800 MB/s.
-    assert!((r.mbps() / 2800.0 - 1.0).abs() < 0.03, "gen2 {:.0} MB/s", r.mbps());
+    assert!(
+        (r.mbps() / 2800.0 - 1.0).abs() < 0.03,
+        "gen2 {:.0} MB/s",
+        r.mbps()
+    );
     let mut gen3 = Array::new(&spec(0, 24, "pcie-gen3", write_through()), 1).unwrap();
     let r3 = run_closed_loop(&mut gen3, 32, 3000, seq(1 << 20, IoDir::Read));
-    assert!((r3.mbps() / 4000.0 - 1.0).abs() < 0.05, "gen3 {:.0} MB/s", r3.mbps());
+    assert!(
+        (r3.mbps() / 4000.0 - 1.0).abs() < 0.05,
+        "gen3 {:.0} MB/s",
+        r3.mbps()
+    );
     // Few drives: drive-bound, ≈ media rate each.
     let mut four = Array::new(&spec(0, 4, "pcie-gen2", write_through()), 1).unwrap();
     let r4 = run_closed_loop(&mut four, 16, 800, seq(1 << 20, IoDir::Read));
-    assert!((600.0..=830.0).contains(&r4.mbps()), "4 drives {:.0} MB/s", r4.mbps());
+    assert!(
+        (600.0..=830.0).contains(&r4.mbps()),
+        "4 drives {:.0} MB/s",
+        r4.mbps()
+    );
 }
 
 #[test]
@@ -64,7 +76,11 @@ fn raid_write_penalties_reach_the_drives() {
         assert_eq!(r.completed, 400);
         let s = a.stats();
         let per_write = (s.drive_reads + s.drive_writes) as f64 / 400.0;
-        let drive_ios: u64 = a.drive_stats().iter().map(|d| d.stats.reads + d.stats.writes).sum();
+        let drive_ios: u64 = a
+            .drive_stats()
+            .iter()
+            .map(|d| d.stats.reads + d.stats.writes)
+            .sum();
         assert_eq!(drive_ios, s.drive_reads + s.drive_writes);
         (per_write, r.iops())
     };
@@ -74,7 +90,10 @@ fn raid_write_penalties_reach_the_drives() {
     assert_eq!(r5, 4.0);
     assert_eq!(r10, 2.0);
     assert_eq!(r0, 1.0);
-    assert!(r0_iops > r10_iops && r10_iops > r5_iops, "{r0_iops} {r10_iops} {r5_iops}");
+    assert!(
+        r0_iops > r10_iops && r10_iops > r5_iops,
+        "{r0_iops} {r10_iops} {r5_iops}"
+    );
 }
 
 #[test]
@@ -185,7 +204,10 @@ fn write_back_coalesces_sequential_writes_into_full_stripes() {
     // Data plus 1/7 parity.
     let written: u64 = a.drive_stats().iter().map(|d| d.stats.write_bytes).sum();
     let expected = 3500 * 64 * 1024 * 8 / 7;
-    assert!((written as f64 / expected as f64 - 1.0).abs() < 0.01, "{written}");
+    assert!(
+        (written as f64 / expected as f64 - 1.0).abs() < 0.01,
+        "{written}"
+    );
 }
 
 #[test]
@@ -213,7 +235,12 @@ fn read_ahead_turns_a_sequential_stream_into_cache_hits() {
     let (adaptive, _) = run(ReadPolicy::Adaptive);
     assert_eq!(plain_stats.read_cache_hits, 0);
     assert!(ra_stats.read_cache_hits > 1800, "{ra_stats:?}");
-    assert!(ra.mbps() > 1.5 * plain.mbps(), "{} vs {}", ra.mbps(), plain.mbps());
+    assert!(
+        ra.mbps() > 1.5 * plain.mbps(),
+        "{} vs {}",
+        ra.mbps(),
+        plain.mbps()
+    );
     assert!(adaptive.mbps() > 1.5 * plain.mbps());
 }
 
@@ -256,7 +283,11 @@ fn mixed_run(seed_offsets: u64) -> Vec<Completion> {
     run_closed_loop(&mut a, 48, 3000, |_| DeviceIo {
         offset_bytes: rng.below(cap) * 8192,
         size_bytes: 8 * KIB,
-        dir: if rng.below(10) < 7 { IoDir::Read } else { IoDir::Write },
+        dir: if rng.below(10) < 7 {
+            IoDir::Read
+        } else {
+            IoDir::Write
+        },
     })
     .completions
 }
@@ -342,7 +373,10 @@ fn array_spec_from_toml() {
     )
     .unwrap();
     let err = Array::new(&bad_preset, 0).unwrap_err().to_string();
-    assert!(err.contains("pcie-gen9") && err.contains("pcie-gen2"), "{err}");
+    assert!(
+        err.contains("pcie-gen9") && err.contains("pcie-gen2"),
+        "{err}"
+    );
     let bad_raid = ArraySpec {
         raid: RaidSpec::new(5, 2, 65536),
         ..bad_preset

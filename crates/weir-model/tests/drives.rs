@@ -19,7 +19,10 @@ fn hdd_random_reads(spec: &HddSpec, qd: u32, n: u64) -> f64 {
     let mut hdd = Hdd::new(spec).unwrap();
     let mut rng = SplitMix64(7);
     let cap = spec.capacity_bytes;
-    run_closed_loop(&mut hdd, qd, n, |_| random_io(&mut rng, cap, 8 * KIB, IoDir::Read)).iops()
+    run_closed_loop(&mut hdd, qd, n, |_| {
+        random_io(&mut rng, cap, 8 * KIB, IoDir::Read)
+    })
+    .iops()
 }
 
 /// 1 / (average seek + half a revolution + transfer + command overhead).
@@ -65,7 +68,10 @@ fn hdd_queue_reordering_raises_iops() {
     // Literature: SPTF over 32 commands gives ≈ 1.5–2.5× on real firmware; this model's
     // scheduler knows the rotational position exactly (no estimation slack), so it sits
     // at the top of that range (≈ 2.7× measured). Band kept honest rather than tuned.
-    assert!((1.5..=3.0).contains(&gain), "QD32/QD1 = {gain:.2} ({qd32:.0} / {qd1:.0})");
+    assert!(
+        (1.5..=3.0).contains(&gain),
+        "QD32/QD1 = {gain:.2} ({qd32:.0} / {qd1:.0})"
+    );
     // Deeper queues keep helping, but with diminishing returns.
     let qd8 = hdd_random_reads(&spec, 8, 4000);
     assert!(qd1 < qd8 && qd8 < qd32, "{qd1} {qd8} {qd32}");
@@ -82,7 +88,11 @@ fn hdd_sequential_reads_stream_at_media_rate() {
             dir: IoDir::Read,
         });
         let ratio = r.mbps() / spec.media_rate_outer_mbps;
-        assert!((0.9..=1.01).contains(&ratio), "QD{qd}: {:.1} MB/s", r.mbps());
+        assert!(
+            (0.9..=1.01).contains(&ratio),
+            "QD{qd}: {:.1} MB/s",
+            r.mbps()
+        );
     }
 }
 
@@ -99,7 +109,7 @@ fn hdd_inner_zone_is_slower_than_outer() {
         .mbps()
     };
     let outer = seq(0);
-    let inner = seq(spec.capacity_bytes - 300 << 20);
+    let inner = seq(spec.capacity_bytes - (300 << 20));
     assert!(
         (inner / spec.media_rate_inner_mbps - 1.0).abs() < 0.1,
         "inner {inner:.1} MB/s"
@@ -123,10 +133,17 @@ fn hdd_sequential_writes_without_cache_lose_a_revolution_at_qd1() {
     // Each 64 KiB write waits for the sector to come round again: ≈ one revolution
     // (4 ms) plus the transfer per write.
     let per_write_ms = qd1.elapsed_ns as f64 / 1e6 / 1000.0;
-    assert!((3.9..=4.8).contains(&per_write_ms), "{per_write_ms} ms per write");
+    assert!(
+        (3.9..=4.8).contains(&per_write_ms),
+        "{per_write_ms} ms per write"
+    );
     // Queued writes chain without the gap.
     let qd4 = seq_writes(&spec, 4);
-    assert!(qd4.mbps() > 0.9 * spec.media_rate_outer_mbps, "{}", qd4.mbps());
+    assert!(
+        qd4.mbps() > 0.9 * spec.media_rate_outer_mbps,
+        "{}",
+        qd4.mbps()
+    );
     // The drive's write cache acknowledges before the media.
     spec.write_cache = true;
     let cached = seq_writes(&spec, 1);
@@ -172,10 +189,18 @@ fn ssd_latency_and_parallelism() {
     // QD1: flash latency + one data-path slot.
     let qd1 = run(1, IoDir::Read);
     let expect_ns = 75_000.0 + (1e9 / 38_500.0f64).max(4096.0 / 0.27);
-    assert!((qd1.mean_latency_ns / expect_ns - 1.0).abs() < 0.02, "{}", qd1.mean_latency_ns);
+    assert!(
+        (qd1.mean_latency_ns / expect_ns - 1.0).abs() < 0.02,
+        "{}",
+        qd1.mean_latency_ns
+    );
     // QD32: the IOPS cap.
     let qd32 = run(32, IoDir::Read);
-    assert!((qd32.iops() / 38_500.0 - 1.0).abs() < 0.03, "{}", qd32.iops());
+    assert!(
+        (qd32.iops() / 38_500.0 - 1.0).abs() < 0.03,
+        "{}",
+        qd32.iops()
+    );
     // Random writes are bounded by the steady-state write IOPS.
     let w = run(32, IoDir::Write);
     assert!((w.iops() / 2_300.0 - 1.0).abs() < 0.03, "{}", w.iops());
@@ -197,5 +222,9 @@ fn pcie_flash_is_an_order_of_magnitude_faster() {
     let r = run_closed_loop(&mut flash, 64, 50_000, |_| {
         random_io(&mut rng, 785_000_000_000, 4 * KIB, IoDir::Read)
     });
-    assert!(r.iops() > 200_000.0 && r.iops() <= 270_000.0 * 1.01, "{}", r.iops());
+    assert!(
+        r.iops() > 200_000.0 && r.iops() <= 270_000.0 * 1.01,
+        "{}",
+        r.iops()
+    );
 }

@@ -38,13 +38,25 @@ fn plan(l: &RaidLayout, offset: u64, size: u32, dir: IoDir) -> RaidPlan {
 fn small_write_costs() {
     let r5 = layout(5, 24, 64 * KIB, 1);
     let p = plan(&r5, 3 * 64 * 1024 + 8192, 8 * KIB, IoDir::Write);
-    assert_eq!((p.reads.len(), p.writes.len()), (2, 2), "RAID 5 small write = 4 I/Os");
+    assert_eq!(
+        (p.reads.len(), p.writes.len()),
+        (2, 2),
+        "RAID 5 small write = 4 I/Os"
+    );
     let r6 = layout(6, 24, 64 * KIB, 1);
     let p = plan(&r6, 8192, 8 * KIB, IoDir::Write);
-    assert_eq!((p.reads.len(), p.writes.len()), (3, 3), "RAID 6 small write = 6 I/Os");
+    assert_eq!(
+        (p.reads.len(), p.writes.len()),
+        (3, 3),
+        "RAID 6 small write = 6 I/Os"
+    );
     let r10 = layout(10, 24, 64 * KIB, 1);
     let p = plan(&r10, 8192, 8 * KIB, IoDir::Write);
-    assert_eq!((p.reads.len(), p.writes.len()), (0, 2), "RAID 10 write = 2 I/Os");
+    assert_eq!(
+        (p.reads.len(), p.writes.len()),
+        (0, 2),
+        "RAID 10 write = 2 I/Os"
+    );
     assert_ne!(p.writes[0].drive, p.writes[1].drive);
     let r0 = layout(0, 24, 64 * KIB, 1);
     let p = plan(&r0, 8192, 8 * KIB, IoDir::Write);
@@ -93,7 +105,12 @@ fn mirrors_split_reads_and_raid0_reads_split_per_element() {
     let r10 = layout(10, 4, 64 * KIB, 1);
     let row = r10.row_bytes();
     let a = plan(&r10, 0, 4 * KIB, IoDir::Read);
-    let b = plan(&r10, weir_model::MIRROR_RUN_ROWS * row, 4 * KIB, IoDir::Read);
+    let b = plan(
+        &r10,
+        weir_model::MIRROR_RUN_ROWS * row,
+        4 * KIB,
+        IoDir::Read,
+    );
     assert_eq!(a.reads.len(), 1);
     assert_ne!(a.reads[0].drive, b.reads[0].drive, "mirrors alternate");
     let r0 = layout(0, 8, 64 * KIB, 1);
@@ -130,7 +147,15 @@ fn invalid_layouts_are_rejected_with_reasons() {
 
 fn any_layout() -> impl Strategy<Value = RaidLayout> {
     (
-        prop_oneof![Just(0u32), Just(1), Just(5), Just(6), Just(10), Just(50), Just(60)],
+        prop_oneof![
+            Just(0u32),
+            Just(1),
+            Just(5),
+            Just(6),
+            Just(10),
+            Just(50),
+            Just(60)
+        ],
         1u32..=8,
         prop_oneof![Just(4 * KIB), Just(64 * KIB), Just(512 * KIB)],
     )
