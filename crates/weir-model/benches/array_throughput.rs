@@ -56,7 +56,52 @@ fn sequential(preset: &str, size: u32, dir: IoDir, qd: u32, n: u64) {
     );
 }
 
+/// Figures to compare with the seeds (printed, never asserted or tuned).
+fn fidelity() {
+    use weir_model::{ArraySpec, RaidSpec};
+    print!("RAID 0 seq read 1 MiB QD32 by drive count (MB/s):");
+    for drives in [4, 8, 12, 16, 18, 20, 24] {
+        let mut spec = ArraySpec::preset("15k-sas-raid0x24").expect("preset");
+        spec.raid = RaidSpec::new(0, drives, 64 << 10);
+        let mut a = Array::new(&spec, 1).expect("array");
+        let r = run_closed_loop(&mut a, 32, 4000, |i| DeviceIo {
+            offset_bytes: i << 20,
+            size_bytes: 1 << 20,
+            dir: IoDir::Read,
+        });
+        print!(" {drives}:{:.0}", r.mbps());
+    }
+    println!();
+    for preset in ["15k-sas-raid0x24", "15k-sas-raid10x24"] {
+        let mut a = Array::from_preset(preset, 1).expect("preset");
+        let r = run_closed_loop(&mut a, 32, 6000, |i| DeviceIo {
+            offset_bytes: i * (512 << 10),
+            size_bytes: 512 << 10,
+            dir: IoDir::Write,
+        });
+        println!("{preset} seq write 512K QD32: {:.0} MB/s", r.mbps());
+    }
+    print!("15k-sas-raid5x24 OLTP 70/30 8K by outstanding I/Os (IOPS @ mean ms):");
+    for qd in [8, 16, 32, 48, 64, 96, 128] {
+        let mut a = Array::from_preset("15k-sas-raid5x24", 1).expect("preset");
+        let mut rng = SplitMix64(2);
+        let blocks = a.capacity_bytes() * 7 / 10 / 8192;
+        let r = run_closed_loop(&mut a, qd, 60_000, |_| DeviceIo {
+            offset_bytes: rng.below(blocks) * 8192,
+            size_bytes: 8192,
+            dir: if rng.below(10) < 7 {
+                IoDir::Read
+            } else {
+                IoDir::Write
+            },
+        });
+        print!(" {qd}:{:.0}@{:.1}", r.iops(), r.mean_latency_ns / 1e6);
+    }
+    println!();
+}
+
 fn main() {
+    fidelity();
     oltp("15k-sas-raid5x24", 48, 400_000);
     oltp("15k-sas-raid0x24", 48, 400_000);
     oltp("15k-sas-raid10x24", 48, 400_000);

@@ -158,12 +158,12 @@ impl HddSpec {
                 reason: "must be > 0",
             });
         }
-        if self.queue_depth == 0 {
+        if self.queue_depth == 0 || self.queue_depth > 256 {
             return Err(ModelError::InvalidField {
                 what: W,
                 field: "queue_depth",
-                value: "0".into(),
-                reason: "must be >= 1",
+                value: self.queue_depth.to_string(),
+                reason: "must be in 1..=256 (SAS TCQ allows at most 256)",
             });
         }
         if self.capacity_bytes == 0 {
@@ -534,6 +534,17 @@ impl Hdd {
         }
     }
 
+    /// Runs the mechanism up to `now`: finishes commands and starts the next ones.
+    fn catch_up(&mut self, now: Nanos) {
+        while let Some(t) = self.busy_until {
+            if t > now {
+                break;
+            }
+            self.busy_until = None;
+            self.start_next(t);
+        }
+    }
+
     fn push_completion(&mut self, at: Nanos, token: u64) {
         self.seq += 1;
         self.completions.push(Reverse((at, self.seq, token)));
@@ -547,6 +558,9 @@ impl Hdd {
 
 impl Component for Hdd {
     fn submit(&mut self, now: Nanos, io: DeviceIo, token: u64) {
+        // Catch up on commands that finished before `now` (completions stay queued
+        // until `advance`), so a late driver cannot start this command in the past.
+        self.catch_up(now);
         let offset = io.offset_bytes % self.spec.capacity_bytes;
         let x = self.radial(offset);
         let rate = self.rate_at(x);
@@ -592,13 +606,7 @@ impl Component for Hdd {
     }
 
     fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>) {
-        while let Some(t) = self.busy_until {
-            if t > now {
-                break;
-            }
-            self.busy_until = None;
-            self.start_next(t);
-        }
+        self.catch_up(now);
         while let Some(Reverse((at, _, token))) = self.completions.peek().copied() {
             if at > now {
                 break;

@@ -162,6 +162,17 @@ fn hdd_rejects_inconsistent_specs() {
     let mut spec = HddSpec::savvio_15k3();
     spec.media_rate_inner_mbps = f64::NAN;
     assert!(Hdd::new(&spec).is_err());
+    let mut spec = HddSpec::savvio_15k3();
+    spec.queue_depth = u32::MAX;
+    assert!(
+        Hdd::new(&spec)
+            .unwrap_err()
+            .to_string()
+            .contains("queue_depth")
+    );
+    let mut spec = SsdSpec::intel_710();
+    spec.channels = 0;
+    assert!(Ssd::new(&spec).is_err());
 }
 
 #[test]
