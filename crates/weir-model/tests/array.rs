@@ -394,7 +394,7 @@ fn extra_advance_calls_do_not_change_results() {
             .map(|i| {
                 let io = DeviceIo {
                     offset_bytes: rng.below(1 << 24) * 8192,
-                    size_bytes: 8 * KIB << rng.below(4),
+                    size_bytes: (8 * KIB) << rng.below(4),
                     dir: if rng.below(10) < 6 {
                         IoDir::Read
                     } else {
