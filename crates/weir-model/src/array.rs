@@ -39,11 +39,13 @@ pub enum DriveSpec {
 }
 
 impl DriveSpec {
-    /// Named drive presets: `sas-15k`, `sas-10k`, `sata-7200`, `sata-ssd`,
-    /// `pcie-flash`.
+    /// Named drive presets: `sas-15k` (Savvio 15K.3), `sas-15k-lff` (Cheetah 15K.7),
+    /// `sas-10k` (Savvio 10K.5), `sata-7200`, `sata-ssd` (Intel 710), `pcie-flash`
+    /// (ioDrive2).
     pub fn preset(name: &str) -> Result<Self, ModelError> {
         Ok(match name {
             "sas-15k" => Self::Hdd(HddSpec::savvio_15k3()),
+            "sas-15k-lff" => Self::Hdd(HddSpec::cheetah_15k7()),
             "sas-10k" => Self::Hdd(HddSpec::savvio_10k5()),
             "sata-7200" => Self::Hdd(HddSpec::sata_7200()),
             "sata-ssd" => Self::Ssd(SsdSpec::intel_710()),
@@ -52,7 +54,7 @@ impl DriveSpec {
                 return Err(ModelError::UnknownPreset {
                     kind: "drive",
                     name: name.to_string(),
-                    known: "sas-15k, sas-10k, sata-7200, sata-ssd, pcie-flash".into(),
+                    known: "sas-15k, sas-15k-lff, sas-10k, sata-7200, sata-ssd, pcie-flash".into(),
                 });
             }
         })

@@ -44,6 +44,19 @@ impl ClosedLoopResult {
     pub fn mbps(&self) -> f64 {
         self.bytes as f64 * 1e3 / self.elapsed_ns.max(1) as f64
     }
+
+    /// IOPS over the completions after the first `skip_fraction` of them (steady
+    /// state, e.g. once a write-back cache has filled).
+    pub fn steady_iops(&self, skip_fraction: f64) -> f64 {
+        let n = self.completions.len();
+        let skip = ((n as f64 * skip_fraction.clamp(0.0, 1.0)) as usize).min(n.saturating_sub(2));
+        if n < 2 {
+            return self.iops();
+        }
+        let t0 = self.completions[skip].at_ns;
+        let t1 = self.completions[n - 1].at_ns;
+        (n - 1 - skip) as f64 * 1e9 / (t1 - t0).max(1) as f64
+    }
 }
 
 /// Runs `total_ios` requests from `next_io(index)` with `queue_depth` outstanding.

@@ -308,6 +308,22 @@ fn all_presets_build_and_serve_io() {
         assert_eq!(r.completed, 200, "{name}");
         assert!(a.busy_ns() > 0, "{name}");
     }
+    for drive in [
+        "sas-15k",
+        "sas-15k-lff",
+        "sas-10k",
+        "sata-7200",
+        "sata-ssd",
+        "pcie-flash",
+    ] {
+        let sp = ArraySpec {
+            drive: DriveRef::Preset(drive.into()),
+            ..spec(6, 6, "pcie-gen3", PolicyOverride::default())
+        };
+        let mut a = Array::new(&sp, 0).unwrap();
+        let r = run_closed_loop(&mut a, 4, 50, seq(64 * KIB, IoDir::Read));
+        assert_eq!(r.completed, 50, "{drive}");
+    }
     let err = Array::from_preset("raid7", 0).unwrap_err().to_string();
     assert!(err.contains("15k-sas-raid5x24"), "{err}");
 }

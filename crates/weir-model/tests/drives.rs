@@ -48,7 +48,11 @@ fn hdd_15k_random_8k_qd1_matches_seek_plus_half_rotation() {
 
 #[test]
 fn hdd_other_presets_follow_the_same_physics() {
-    for spec in [HddSpec::savvio_10k5(), HddSpec::sata_7200()] {
+    for spec in [
+        HddSpec::cheetah_15k7(),
+        HddSpec::savvio_10k5(),
+        HddSpec::sata_7200(),
+    ] {
         let iops = hdd_random_reads(&spec, 1, 2000);
         let expected = qd1_expectation(&spec);
         assert!(
