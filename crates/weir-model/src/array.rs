@@ -514,6 +514,7 @@ pub struct Array {
     streams: [Stream; STREAMS],
     stream_clock: u64,
     stats: ArrayStats,
+    host_in_flight: usize,
     seed: u64,
 }
 
@@ -566,6 +567,7 @@ impl Array {
             streams: [Stream::default(); STREAMS],
             stream_clock: 0,
             stats: ArrayStats::default(),
+            host_in_flight: 0,
             seed,
             controller,
             layout,
@@ -604,6 +606,11 @@ impl Array {
 
     pub fn stats(&self) -> ArrayStats {
         self.stats
+    }
+
+    /// Host requests submitted and not yet completed.
+    pub fn host_in_flight(&self) -> usize {
+        self.host_in_flight
     }
 
     /// Dirty bytes in controller cache not yet destaged (incl. destages in flight).
@@ -708,7 +715,9 @@ impl Array {
                 self.start_host_read(slot, t);
             }
             OpKind::HostWrite => {
-                if self.write_back {
+                // A write larger than the whole dirty space goes straight to the drives
+                // (as controllers bypass the cache for it) instead of waiting forever.
+                if self.write_back && (io.size_bytes as u64) <= self.dirty_limit {
                     if self.stalled_writes.is_empty() && self.try_absorb(io, t) {
                         self.stats.writes_cached += 1;
                         self.schedule(t, Event::HostDone, slot);
@@ -1034,6 +1043,7 @@ impl Component for Array {
             ..io
         };
         let slot = self.alloc_op(kind, token, io);
+        self.host_in_flight += 1;
         let start = now.max(self.cpu_free_ns);
         self.cpu_free_ns = start + self.cpu_ns;
         let mut ready = self.cpu_free_ns;
@@ -1088,6 +1098,7 @@ impl Component for Array {
                     Event::HostDone => {
                         let token = self.ops[slot as usize].token;
                         done.push(Completion { token, at_ns: t });
+                        self.host_in_flight -= 1;
                         self.free_op(slot);
                     }
                     Event::DestageTimer => {

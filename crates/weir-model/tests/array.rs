@@ -175,6 +175,25 @@ fn sustained_write_back_is_bounded_by_the_drives() {
 }
 
 #[test]
+fn writes_larger_than_the_dirty_space_bypass_the_cache() {
+    let mut c = ControllerSpec::pcie_gen2();
+    c.cache_mib = 1; // 768 KiB of dirty space
+    let sp = ArraySpec {
+        controller: ControllerRef::Custom(c),
+        ..spec(5, 8, "pcie-gen2", PolicyOverride::default())
+    };
+    let mut a = Array::new(&sp, 1).unwrap();
+    let r = run_closed_loop(&mut a, 4, 40, |i| DeviceIo {
+        offset_bytes: i * (4 << 20),
+        size_bytes: if i % 2 == 0 { 4 << 20 } else { 8 * KIB },
+        dir: IoDir::Write,
+    });
+    assert_eq!(r.completed, 40);
+    assert_eq!(a.stats().writes_cached, 20);
+    assert_eq!(a.host_in_flight(), 0);
+}
+
+#[test]
 fn write_back_coalesces_sequential_writes_into_full_stripes() {
     let mut a = Array::new(
         &spec(
