@@ -281,85 +281,157 @@ const HIGH_WATERMARK: f64 = 0.5;
 const MAX_RANGES: usize = 4;
 const STREAMS: usize = 8;
 
-/// 4-way set-associative tag store of 4 KiB chunks with LRU replacement within a
-/// set (a close approximation of an LRU cache of the same size).
+/// 4-way set-associative tag store with LRU replacement within a set (a close
+/// approximation of an LRU cache of the same size). A line covers 16 KiB with a
+/// valid bit per 4 KiB chunk, so a small request touches one line (one memory
+/// access); a line's `ready_at` tells when its data is in cache (`PENDING` while a
+/// prefetch is in flight).
 #[derive(Clone, Debug)]
 struct ChunkCache {
-    tags: Vec<u64>,
-    ready_at: Vec<Nanos>,
-    last_use: Vec<u64>,
+    lines: Vec<CacheLine>,
     set_mask: u64,
-    clock: u64,
+    clock: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct CacheLine {
+    tag: u64,
+    ready_at: Nanos,
+    last_use: u32,
+    valid: u8,
 }
 
 const WAYS: usize = 4;
+const CHUNKS_PER_LINE: u64 = 4;
 
 impl ChunkCache {
     fn new(bytes: u64) -> Self {
-        let lines = (bytes / CHUNK_BYTES).max(WAYS as u64).next_power_of_two();
-        // Keep the tag store at most 2^20 lines (4 GiB of cache).
+        let lines = (bytes / (CHUNK_BYTES * CHUNKS_PER_LINE))
+            .max(WAYS as u64)
+            .next_power_of_two();
+        // Keep the tag store at most 2^20 lines (16 GiB of cache).
         let lines = lines.min(1 << 20) as usize;
         Self {
-            tags: vec![u64::MAX; lines],
-            ready_at: vec![0; lines],
-            last_use: vec![0; lines],
+            lines: vec![
+                CacheLine {
+                    tag: u64::MAX,
+                    ready_at: 0,
+                    last_use: 0,
+                    valid: 0,
+                };
+                lines
+            ],
             set_mask: (lines / WAYS) as u64 - 1,
             clock: 0,
         }
     }
-    fn set(&self, chunk: u64) -> usize {
-        ((chunk.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 24) & self.set_mask) as usize * WAYS
+    fn set(&self, tag: u64) -> usize {
+        ((tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 24) & self.set_mask) as usize * WAYS
     }
-    fn find(&self, chunk: u64) -> Option<usize> {
-        let s = self.set(chunk);
-        (s..s + WAYS).find(|&i| self.tags[i] == chunk)
+    fn find(&self, tag: u64) -> Option<usize> {
+        let s = self.set(tag);
+        (s..s + WAYS).find(|&i| self.lines[i].tag == tag)
     }
-    fn chunks(offset: u64, size: u32) -> std::ops::Range<u64> {
+    /// Calls `f(tag, valid-bit mask)` for each line a byte range touches.
+    fn for_each_line(offset: u64, size: u32, mut f: impl FnMut(u64, u8)) {
         let first = offset / CHUNK_BYTES;
         let end = (offset + size.max(1) as u64).div_ceil(CHUNK_BYTES);
-        first..end
+        let mut c = first;
+        while c < end {
+            let tag = c / CHUNKS_PER_LINE;
+            let line_end = ((tag + 1) * CHUNKS_PER_LINE).min(end);
+            let lo = c % CHUNKS_PER_LINE;
+            let hi = line_end - tag * CHUNKS_PER_LINE;
+            let mask = (((1u16 << hi) - 1) & !((1u16 << lo) - 1)) as u8;
+            f(tag, mask);
+            c = line_end;
+        }
+    }
+    fn tick(&mut self) -> u32 {
+        self.clock = self.clock.wrapping_add(1);
+        self.clock
     }
     /// (all present, any still pending); touches the lines it finds.
     fn lookup(&mut self, offset: u64, size: u32, now: Nanos) -> (bool, bool) {
-        let mut pending = false;
-        self.clock += 1;
-        for c in Self::chunks(offset, size) {
-            let Some(i) = self.find(c) else {
-                return (false, false);
-            };
-            self.last_use[i] = self.clock;
-            if self.ready_at[i] > now {
-                pending = true;
+        let clock = self.tick();
+        let (mut present, mut pending) = (true, false);
+        Self::for_each_line(offset, size, |tag, mask| {
+            if !present {
+                return;
             }
-        }
-        (true, pending)
+            match self.find(tag) {
+                Some(i) if self.lines[i].valid & mask == mask => {
+                    let line = &mut self.lines[i];
+                    line.last_use = clock;
+                    pending |= line.ready_at > now;
+                }
+                _ => present = false,
+            }
+        });
+        (present, present && pending)
     }
     fn insert(&mut self, offset: u64, size: u32, ready_at: Nanos) {
-        self.clock += 1;
-        for c in Self::chunks(offset, size) {
-            let i = match self.find(c) {
+        let clock = self.tick();
+        Self::for_each_line(offset, size, |tag, mask| {
+            let i = match self.find(tag) {
                 Some(i) => i,
                 None => {
-                    let s = self.set(c);
-                    (s..s + WAYS).min_by_key(|&i| self.last_use[i]).unwrap_or(s)
+                    let s = self.set(tag);
+                    let victim = (s..s + WAYS)
+                        .max_by_key(|&i| clock.wrapping_sub(self.lines[i].last_use))
+                        .unwrap_or(s);
+                    self.lines[victim] = CacheLine {
+                        tag,
+                        ready_at: 0,
+                        last_use: clock,
+                        valid: 0,
+                    };
+                    victim
                 }
             };
-            self.tags[i] = c;
-            self.ready_at[i] = ready_at;
-            self.last_use[i] = self.clock;
-        }
+            let line = &mut self.lines[i];
+            line.valid |= mask;
+            // Pending data makes the whole line wait; ready data never un-readies it.
+            line.ready_at = if ready_at == PENDING || line.ready_at == PENDING {
+                ready_at.max(line.ready_at).min(PENDING)
+            } else {
+                line.ready_at.max(ready_at)
+            };
+            line.last_use = clock;
+        });
     }
-    /// Marks chunks that are pending as ready at `t` (keeps any replaced lines).
+    /// Marks lines pending for this range as ready at `t`.
     fn complete(&mut self, offset: u64, size: u32, t: Nanos) {
-        for c in Self::chunks(offset, size) {
-            if let Some(i) = self.find(c)
-                && self.ready_at[i] == PENDING
+        Self::for_each_line(offset, size, |tag, _| {
+            if let Some(i) = self.find(tag)
+                && self.lines[i].ready_at == PENDING
             {
-                self.ready_at[i] = t;
+                self.lines[i].ready_at = t;
             }
-        }
+        });
     }
 }
+
+/// Multiplicative hasher for row numbers (the default SipHash costs more than the
+/// rest of a cache insert).
+#[derive(Clone, Copy, Debug, Default)]
+struct RowHasher(u64);
+
+impl std::hash::Hasher for RowHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+type RowMap = HashMap<u64, RowDirty, std::hash::BuildHasherDefault<RowHasher>>;
 
 #[derive(Clone, Copy, Debug)]
 struct RowDirty {
@@ -502,7 +574,7 @@ pub struct Array {
     cache: ChunkCache,
     dirty_limit: u64,
     dirty_bytes: u64,
-    dirty_rows: HashMap<u64, RowDirty>,
+    dirty_rows: RowMap,
     dirty_fifo: VecDeque<(u64, u64)>,
     full_rows: VecDeque<(u64, u64)>,
     next_generation: u64,
@@ -555,7 +627,7 @@ impl Array {
             cache: ChunkCache::new(cache_bytes),
             dirty_limit: (cache_bytes as f64 * controller.dirty_fraction) as u64,
             dirty_bytes: 0,
-            dirty_rows: HashMap::new(),
+            dirty_rows: RowMap::default(),
             dirty_fifo: VecDeque::new(),
             full_rows: VecDeque::new(),
             next_generation: 0,
