@@ -393,7 +393,7 @@ impl ChunkCache {
             line.valid |= mask;
             // Pending data makes the whole line wait; ready data never un-readies it.
             line.ready_at = if ready_at == PENDING || line.ready_at == PENDING {
-                ready_at.max(line.ready_at).min(PENDING)
+                PENDING
             } else {
                 line.ready_at.max(ready_at)
             };
