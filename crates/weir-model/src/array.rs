@@ -557,6 +557,8 @@ pub struct Array {
     drives: Vec<Drive>,
     /// Cached `next_event_ns` of each drive (`Nanos::MAX` when idle).
     drive_next: Vec<Nanos>,
+    /// Earliest entry of `drive_next` and its index.
+    drive_min: (Nanos, usize),
     write_back: bool,
     cached_io: bool,
     read_ahead_after: Option<u32>,
@@ -644,6 +646,7 @@ impl Array {
             controller,
             layout,
             drive_next: vec![Nanos::MAX; drives.len()],
+            drive_min: (Nanos::MAX, 0),
             drives,
         })
     }
@@ -765,8 +768,7 @@ impl Array {
             IoDir::Read => self.stats.drive_reads += 1,
             IoDir::Write => self.stats.drive_writes += 1,
         }
-        let drive = &mut self.drives[d.drive as usize];
-        drive.as_component().submit(
+        self.drives[d.drive as usize].as_component().submit(
             t,
             DeviceIo {
                 offset_bytes: d.offset_bytes,
@@ -775,7 +777,7 @@ impl Array {
             },
             slot as u64,
         );
-        self.drive_next[d.drive as usize] = drive.next_event_ns().unwrap_or(Nanos::MAX);
+        self.refresh_drive_next(d.drive as usize);
     }
 
     fn on_ctrl_ready(&mut self, slot: u32, t: Nanos) {
@@ -1085,13 +1087,25 @@ impl Array {
     }
 
     fn next_drive_event(&self) -> Option<(Nanos, usize)> {
-        let mut best = (Nanos::MAX, 0);
-        for (i, &t) in self.drive_next.iter().enumerate() {
-            if t < best.0 {
-                best = (t, i);
+        (self.drive_min.0 != Nanos::MAX).then_some(self.drive_min)
+    }
+
+    /// Records drive `i`'s next event and keeps the earliest (lowest index on ties).
+    fn refresh_drive_next(&mut self, i: usize) {
+        let t = self.drives[i].next_event_ns().unwrap_or(Nanos::MAX);
+        let old = std::mem::replace(&mut self.drive_next[i], t);
+        let (min_t, min_i) = self.drive_min;
+        if t < min_t || (t == min_t && i < min_i) {
+            self.drive_min = (t, i);
+        } else if i == min_i && t > old {
+            let mut best = (Nanos::MAX, 0);
+            for (j, &tj) in self.drive_next.iter().enumerate() {
+                if tj < best.0 {
+                    best = (tj, j);
+                }
             }
+            self.drive_min = best;
         }
-        (best.0 != Nanos::MAX).then_some(best)
     }
 }
 
@@ -1152,7 +1166,7 @@ impl Component for Array {
                 }
                 let mut scratch = std::mem::take(&mut self.drive_done);
                 self.drives[i].as_component().advance(t, &mut scratch);
-                self.drive_next[i] = self.drives[i].next_event_ns().unwrap_or(Nanos::MAX);
+                self.refresh_drive_next(i);
                 for c in scratch.drain(..) {
                     self.on_drive_done(c.token as u32, c.at_ns);
                 }

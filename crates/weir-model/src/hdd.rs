@@ -492,34 +492,33 @@ impl Hdd {
             self.busy_until = None;
             return;
         }
-        // Starvation guard, then shortest positioning time first.
+        // Shortest positioning time first, with a starvation guard.
         let mut best = 0;
         let mut best_cost = f64::INFINITY;
-        let mut oldest = 0;
-        for (i, p) in self.queue.iter().enumerate() {
-            if p.arrival_ns < self.queue[oldest].arrival_ns {
-                oldest = i;
-            }
-        }
         let mut best_pos = (0.0, 0);
+        let mut oldest = 0;
+        let mut oldest_arrival = Nanos::MAX;
         let buffered = [
             self.buffered_ahead(t),
             self.buffered_ahead(t + self.overhead_ns as Nanos),
         ];
-        if t.saturating_sub(self.queue[oldest].arrival_ns) > MAX_REORDER_WAIT_NS {
+        for (i, p) in self.queue.iter().enumerate() {
+            if p.arrival_ns < oldest_arrival {
+                oldest_arrival = p.arrival_ns;
+                oldest = i;
+            }
+            let (pos, in_buf) = self.positioning(p, t, buffered);
+            // Buffered bytes make a request cheaper still.
+            let cost = pos - in_buf as f64 / self.interface_bytes_per_ns;
+            if cost < best_cost {
+                best_cost = cost;
+                best = i;
+                best_pos = (pos, in_buf);
+            }
+        }
+        if t.saturating_sub(oldest_arrival) > MAX_REORDER_WAIT_NS && best != oldest {
             best = oldest;
             best_pos = self.positioning(&self.queue[oldest], t, buffered);
-        } else {
-            for (i, p) in self.queue.iter().enumerate() {
-                let (pos, in_buf) = self.positioning(p, t, buffered);
-                // Buffered bytes make a request cheaper still.
-                let cost = pos - in_buf as f64 / self.interface_bytes_per_ns;
-                if cost < best_cost {
-                    best_cost = cost;
-                    best = i;
-                    best_pos = (pos, in_buf);
-                }
-            }
         }
         let p = self.queue.swap_remove(best);
         let (pos, in_buf) = best_pos;
