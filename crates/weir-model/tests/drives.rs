@@ -219,6 +219,29 @@ fn ssd_latency_and_parallelism() {
     // Random writes are bounded by the steady-state write IOPS.
     let w = run(32, IoDir::Write);
     assert!((w.iops() / 2_300.0 - 1.0).abs() < 0.03, "{}", w.iops());
+    // Random 64 KiB writes pay garbage collection per 4 KiB; sequential ones only the
+    // bandwidth.
+    let mut ssd = Ssd::new(&spec).unwrap();
+    let mut rng = SplitMix64(4);
+    let random = run_closed_loop(&mut ssd, 8, 500, |_| {
+        random_io(&mut rng, spec.capacity_bytes, 64 * KIB, IoDir::Write)
+    });
+    assert!(
+        (random.mbps() / (2_300.0 * 4096.0 / 1e6) - 1.0).abs() < 0.03,
+        "{}",
+        random.mbps()
+    );
+    let mut ssd = Ssd::new(&spec).unwrap();
+    let sequential = run_closed_loop(&mut ssd, 8, 2000, |i| DeviceIo {
+        offset_bytes: i * 64 * 1024,
+        size_bytes: 64 * KIB,
+        dir: IoDir::Write,
+    });
+    assert!(
+        (sequential.mbps() / 170.0 - 1.0).abs() < 0.03,
+        "{}",
+        sequential.mbps()
+    );
     // Sequential large reads: bandwidth.
     let mut ssd = Ssd::new(&spec).unwrap();
     let seq = run_closed_loop(&mut ssd, 8, 2000, |i| DeviceIo {
