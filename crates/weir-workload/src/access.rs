@@ -234,13 +234,13 @@ impl AccessSpec {
                 format!("access_pct of the lines must sum to 100, got {total}"),
             ));
         }
-        if let Some(a) = self.alignment_bytes {
-            if a == 0 || a > MAX_TRANSFER_BYTES {
-                return Err(WorkloadError::invalid(
-                    "alignment_bytes",
-                    format!("must be 1..={MAX_TRANSFER_BYTES}, got {a}"),
-                ));
-            }
+        if let Some(a) = self.alignment_bytes
+            && (a == 0 || a > MAX_TRANSFER_BYTES)
+        {
+            return Err(WorkloadError::invalid(
+                "alignment_bytes",
+                format!("must be 1..={MAX_TRANSFER_BYTES}, got {a}"),
+            ));
         }
         if !(self.burst_delay_ms.is_finite() && self.burst_delay_ms >= 0.0) {
             return Err(WorkloadError::invalid(
