@@ -13,6 +13,25 @@
 //! No clock, no threads, no I/O: the simulator drives them with virtual time and the
 //! server's emulated-device mode with real time, and both get the same answers.
 
+mod array;
+mod controller;
+mod error;
+mod hdd;
+mod link;
+mod raid;
+mod ssd;
+
+pub use array::{
+    ARRAY_PRESETS, Array, ArraySpec, ArrayStats, ControllerRef, DriveRef, DriveReport,
+    DriveSpec, PolicyOverride,
+};
+pub use controller::{BatteryState, ControllerSpec, IoPolicy, ReadPolicy, WritePolicy};
+pub use error::ModelError;
+pub use hdd::{DriveStats, Hdd, HddSpec};
+pub use link::{Link, LinkSpec};
+pub use raid::{DataLocation, DriveIo, RaidLayout, RaidPlan, RaidSpec};
+pub use ssd::{Ssd, SsdSpec};
+
 /// Nanoseconds on the driver's clock.
 pub type Nanos = u64;
 
