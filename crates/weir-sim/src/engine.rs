@@ -9,14 +9,19 @@
 
 use crate::Progress;
 use crate::fault::{FaultAction, FaultInjector};
-use crate::hw::{self, BoxedComponent};
+use crate::hw::{self, Hw, PartSnapshot};
 use crate::scenario::{CasePlan, VmPlan, VolumePlan};
 use hdrhistogram::Histogram;
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
-use weir_model::DeviceIo;
-use weir_qos::{ClientId, Dispatch, HostWindow, IoCost, IoKind, Nanos, Scheduler, SchedulerConfig, VolumeId};
-use weir_report::{CaseReport, Comparison, ComponentResult, LatencySummary, TimelineSeries, WorkloadResult};
+use weir_model::{Component, DeviceIo};
+use weir_qos::{
+    ClientId, DatastoreLatency, Dispatch, HostWindow, IoCost, IoKind, Nanos, Scheduler,
+    SchedulerConfig, VolumeId,
+};
+use weir_report::{
+    CaseReport, Comparison, ComponentResult, LatencySummary, TimelineSeries, WorkloadResult,
+};
 use weir_workload::{AccessGenerator, Direction, IoGenerator, IoRequest, Issue};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -74,7 +79,11 @@ struct Req {
 const FREE_REQ: Req = Req {
     vm: 0,
     worker: 0,
-    io: IoRequest { offset_bytes: 0, size_bytes: 0, dir: Direction::Read },
+    io: IoRequest {
+        offset_bytes: 0,
+        size_bytes: 0,
+        dir: Direction::Read,
+    },
     stage: Stage::Free,
     issued_at: 0,
     host_dispatched_at: 0,
@@ -82,7 +91,7 @@ const FREE_REQ: Req = Req {
 };
 
 struct Comp {
-    c: BoxedComponent,
+    c: Hw,
     pending: Option<Nanos>,
     name: String,
     kind: &'static str,
@@ -125,7 +134,8 @@ impl Stats {
     fn new() -> Stats {
         Stats {
             // 1 µs .. 100 s at 3 significant figures.
-            hist: Histogram::new_with_bounds(1, 100_000_000, 3).expect("constant histogram bounds are valid"),
+            hist: Histogram::new_with_bounds(1, 100_000_000, 3)
+                .expect("constant histogram bounds are valid"),
             ios: 0,
             bytes: 0,
             reads: 0,
@@ -145,7 +155,13 @@ impl Stats {
         self.latency_sum_ns += latency_ns as u128;
     }
     fn result(&self, name: String, duration_s: f64) -> WorkloadResult {
-        let q = |p: f64| if self.ios == 0 { 0.0 } else { self.hist.value_at_quantile(p) as f64 / 1000.0 };
+        let q = |p: f64| {
+            if self.ios == 0 {
+                0.0
+            } else {
+                self.hist.value_at_quantile(p) as f64 / 1000.0
+            }
+        };
         WorkloadResult {
             name,
             volume: None,
@@ -153,11 +169,19 @@ impl Stats {
             iops: self.ios as f64 / duration_s,
             mbps: self.bytes as f64 / 1e6 / duration_s,
             latency_ms: LatencySummary {
-                mean: if self.ios == 0 { 0.0 } else { self.latency_sum_ns as f64 / self.ios as f64 / 1e6 },
+                mean: if self.ios == 0 {
+                    0.0
+                } else {
+                    self.latency_sum_ns as f64 / self.ios as f64 / 1e6
+                },
                 p50: q(0.5),
                 p95: q(0.95),
                 p99: q(0.99),
-                max: if self.ios == 0 { 0.0 } else { self.hist.max() as f64 / 1000.0 },
+                max: if self.ios == 0 {
+                    0.0
+                } else {
+                    self.hist.max() as f64 / 1000.0
+                },
             },
             read_iops: self.reads as f64 / duration_s,
             write_iops: self.writes as f64 / duration_s,
@@ -196,8 +220,8 @@ pub(crate) struct Engine<'p> {
     end: Nanos,
     volume_stats: Vec<Stats>,
     total: Stats,
-    congestion_sum_ns: u128,
-    congestion_count: u64,
+    datastore_latency: DatastoreLatency,
+    parts_at_start: Vec<PartSnapshot>,
     completed: u64,
     series_total: Vec<(u64, u64)>,
 }
@@ -221,21 +245,43 @@ pub(crate) fn stream_seed(seed: u64, name: &str) -> u64 {
 }
 
 impl<'p> Engine<'p> {
-    pub(crate) fn new(plan: &'p CasePlan, seed: u64, faults: Box<dyn FaultInjector>) -> Result<Engine<'p>, String> {
+    pub(crate) fn new(
+        plan: &'p CasePlan,
+        seed: u64,
+        faults: Box<dyn FaultInjector>,
+    ) -> Result<Engine<'p>, String> {
         let mut comps = Vec::new();
         let disks_bytes: u64 = plan.vms.iter().map(|v| v.disk_bytes).sum();
         let array = hw::build_array(&plan.file.array, stream_seed(seed, "array"), disks_bytes)?;
-        comps.push(Comp { c: array, pending: None, name: "array".into(), kind: "array", busy_at_start: 0, ios: 0, bytes: 0 });
+        comps.push(Comp {
+            c: array,
+            pending: None,
+            name: "array".into(),
+            kind: "array",
+            busy_at_start: 0,
+            ios: 0,
+            bytes: 0,
+        });
         let mut target_link = None;
         if let Some(spec) = &plan.file.datastore.target_link
             && let Some(c) = hw::build_link(spec)?
         {
             target_link = Some(comps.len() as u32);
-            comps.push(Comp { c, pending: None, name: format!("target link {}", plan.file.datastore.name), kind: "link", busy_at_start: 0, ios: 0, bytes: 0 });
+            comps.push(Comp {
+                c,
+                pending: None,
+                name: format!("target link {}", plan.file.datastore.name),
+                kind: "link",
+                busy_at_start: 0,
+                ios: 0,
+                bytes: 0,
+            });
         }
         let mut hosts = Vec::new();
         for (hi, h) in plan.hosts.iter().enumerate() {
-            let mut sched = Scheduler::new(SchedulerConfig { cost_unit_bytes: h.cost_unit_bytes });
+            let mut sched = Scheduler::new(SchedulerConfig {
+                cost_unit_bytes: h.cost_unit_bytes,
+            });
             let mut host_shares = 0u64;
             for (vi, vm) in plan.vms.iter().enumerate() {
                 if vm.host == hi {
@@ -243,10 +289,20 @@ impl<'p> Engine<'p> {
                     host_shares += vm.policy.shares.get() as u64;
                 }
             }
-            let window = plan.congestion.enabled.then(|| HostWindow::new(plan.congestion.clone(), host_shares.max(1), h.queue_depth));
+            let window = plan.congestion.enabled.then(|| {
+                HostWindow::new(plan.congestion.clone(), host_shares.max(1), h.queue_depth)
+            });
             let link = match hw::build_link(&h.link)? {
                 Some(c) => {
-                    comps.push(Comp { c, pending: None, name: format!("link {}", h.name), kind: "link", busy_at_start: 0, ios: 0, bytes: 0 });
+                    comps.push(Comp {
+                        c,
+                        pending: None,
+                        name: format!("link {}", h.name),
+                        kind: "link",
+                        busy_at_start: 0,
+                        ios: 0,
+                        bytes: 0,
+                    });
                     Some(comps.len() as u32 - 1)
                 }
                 None => None,
@@ -265,16 +321,25 @@ impl<'p> Engine<'p> {
             });
         }
         let array_qos = plan.file.array_qos.as_ref().map(|q| {
-            let mut sched = Scheduler::new(SchedulerConfig { cost_unit_bytes: q.cost_unit_bytes });
+            let mut sched = Scheduler::new(SchedulerConfig {
+                cost_unit_bytes: q.cost_unit_bytes,
+            });
             for (i, v) in plan.volumes.iter().enumerate() {
                 sched.add_volume(0, VolumeId(i as u32), v.policy.clone());
             }
-            ArrayQos { sched, outstanding: 0, concurrency: q.backend_concurrency, wake_at: None }
+            ArrayQos {
+                sched,
+                outstanding: 0,
+                concurrency: q.backend_concurrency,
+                wake_at: None,
+            }
         });
         let buckets = ((plan.warmup_ns + plan.duration_ns) / plan.interval_ns + 1) as usize;
         let mut vms = Vec::new();
         for vm in &plan.vms {
-            let generator = AccessGenerator::new(&vm.spec, vm.disk_bytes, stream_seed(seed, &vm.name)).map_err(|e| format!("VM {}: {e}", vm.name))?;
+            let generator =
+                AccessGenerator::new(&vm.spec, vm.disk_bytes, stream_seed(seed, &vm.name))
+                    .map_err(|e| format!("VM {}: {e}", vm.name))?;
             let workers = generator.workers() as usize;
             vms.push(VmState {
                 plan: vm.clone(),
@@ -285,7 +350,11 @@ impl<'p> Engine<'p> {
                 buckets: vec![(0, 0, 0); buckets],
             });
         }
-        let in_flight: usize = plan.vms.iter().map(|v| (v.spec.workers * v.spec.outstanding_ios) as usize).sum();
+        let in_flight: usize = plan
+            .vms
+            .iter()
+            .map(|v| (v.spec.workers * v.spec.outstanding_ios) as usize)
+            .sum();
         Ok(Engine {
             plan,
             now: 0,
@@ -305,8 +374,8 @@ impl<'p> Engine<'p> {
             end: plan.warmup_ns + plan.duration_ns,
             volume_stats: plan.volumes.iter().map(|_| Stats::new()).collect(),
             total: Stats::new(),
-            congestion_sum_ns: 0,
-            congestion_count: 0,
+            datastore_latency: DatastoreLatency::new(),
+            parts_at_start: Vec::new(),
             completed: 0,
             series_total: vec![(0, 0); buckets],
         })
@@ -314,17 +383,26 @@ impl<'p> Engine<'p> {
 
     fn push(&mut self, at: Nanos, ev: Ev) {
         self.seq += 1;
-        self.heap.push(Reverse(Event { at, seq: self.seq, ev }));
+        self.heap.push(Reverse(Event {
+            at,
+            seq: self.seq,
+            ev,
+        }));
     }
 
-    pub(crate) fn run(mut self, progress: &mut dyn FnMut(Progress), cases_done: usize, cases_total: usize) -> CaseReport {
+    pub(crate) fn run(
+        mut self,
+        progress: &mut dyn FnMut(Progress),
+        cases_done: usize,
+        cases_total: usize,
+    ) -> CaseReport {
         let plan = self.plan;
         if plan.warmup_ns > 0 {
             self.push(plan.warmup_ns, Ev::MeasureStart);
         }
         self.push(self.end, Ev::End);
         self.push(plan.interval_ns, Ev::Sample);
-        let period_ns = (plan.congestion.period_ms * 1e6) as Nanos;
+        let period_ns = plan.congestion.period_ns();
         if plan.congestion.enabled {
             self.push(period_ns, Ev::CongestionTick);
         }
@@ -359,16 +437,13 @@ impl<'p> Engine<'p> {
                 Ev::Component(i) => self.service_component(i),
                 Ev::FaultRelease(slot) => self.enter_array(slot),
                 Ev::CongestionTick => {
-                    if self.congestion_count > 0 {
-                        let mean_ms = self.congestion_sum_ns as f64 / self.congestion_count as f64 / 1e6;
+                    if let Some(mean_ms) = self.datastore_latency.take_mean_ms() {
                         for h in &mut self.hosts {
                             if let Some(w) = &mut h.window {
                                 w.update(self.now, mean_ms);
                             }
                         }
                     }
-                    self.congestion_sum_ns = 0;
-                    self.congestion_count = 0;
                     self.push(self.now + period_ns.max(1), Ev::CongestionTick);
                     for h in 0..self.hosts.len() {
                         self.pump_host(h);
@@ -404,6 +479,7 @@ impl<'p> Engine<'p> {
             c.ios = 0;
             c.bytes = 0;
         }
+        self.parts_at_start = self.comps[0].c.parts();
         for h in &mut self.hosts {
             h.area = 0;
             h.last_change = self.now;
@@ -434,11 +510,26 @@ impl<'p> Engine<'p> {
     }
 
     fn cost(io: &IoRequest) -> IoCost {
-        IoCost { kind: if io.dir == Direction::Read { IoKind::Read } else { IoKind::Write }, size_bytes: io.size_bytes }
+        IoCost {
+            kind: if io.dir == Direction::Read {
+                IoKind::Read
+            } else {
+                IoKind::Write
+            },
+            size_bytes: io.size_bytes,
+        }
     }
 
     fn issue(&mut self, vm: u32, worker: u32, io: IoRequest) {
-        let req = Req { vm, worker, io, stage: Stage::Free, issued_at: self.now, host_dispatched_at: 0, array_arrived_at: 0 };
+        let req = Req {
+            vm,
+            worker,
+            io,
+            stage: Stage::Free,
+            issued_at: self.now,
+            host_dispatched_at: 0,
+            array_arrived_at: 0,
+        };
         let slot = match self.free.pop() {
             Some(s) => {
                 self.reqs[s as usize] = req;
@@ -451,7 +542,11 @@ impl<'p> Engine<'p> {
         };
         let h = self.vms[vm as usize].plan.host;
         let now = self.now;
-        if self.hosts[h].sched.enqueue(now, VolumeId(vm), ClientId(vm), Self::cost(&io), slot).is_err() {
+        if self.hosts[h]
+            .sched
+            .enqueue(now, VolumeId(vm), ClientId(vm), Self::cost(&io), slot)
+            .is_err()
+        {
             self.fail(slot);
             return;
         }
@@ -595,7 +690,11 @@ impl<'p> Engine<'p> {
             let r = &self.reqs[slot as usize];
             let vm = &self.vms[r.vm as usize].plan;
             let (vol, client) = (VolumeId(vm.volume as u32), ClientId(vm.host as u32));
-            if aq.sched.enqueue(self.now, vol, client, Self::cost(&r.io), slot).is_err() {
+            if aq
+                .sched
+                .enqueue(self.now, vol, client, Self::cost(&r.io), slot)
+                .is_err()
+            {
                 self.host_complete(slot, true);
                 return;
             }
@@ -609,7 +708,9 @@ impl<'p> Engine<'p> {
     fn pump_array_qos(&mut self) {
         loop {
             let now = self.now;
-            let Some(aq) = &mut self.array_qos else { return };
+            let Some(aq) = &mut self.array_qos else {
+                return;
+            };
             if aq.outstanding >= aq.concurrency {
                 return;
             }
@@ -641,7 +742,13 @@ impl<'p> Engine<'p> {
             let now = self.now;
             if let Some(aq) = &mut self.array_qos {
                 aq.outstanding = aq.outstanding.saturating_sub(1);
-                aq.sched.complete(now, vol, client, Self::cost(&r.io), now - r.array_arrived_at);
+                aq.sched.complete(
+                    now,
+                    vol,
+                    client,
+                    Self::cost(&r.io),
+                    now - r.array_arrived_at,
+                );
             }
             self.pump_array_qos();
         }
@@ -691,10 +798,15 @@ impl<'p> Engine<'p> {
             let h = &mut self.hosts[hi];
             Self::note_outstanding(h, now);
             h.outstanding -= 1;
-            h.sched.complete(now, VolumeId(r.vm), ClientId(r.vm), Self::cost(&r.io), latency);
+            h.sched.complete(
+                now,
+                VolumeId(r.vm),
+                ClientId(r.vm),
+                Self::cost(&r.io),
+                latency,
+            );
         }
-        self.congestion_sum_ns += (now - r.host_dispatched_at) as u128;
-        self.congestion_count += 1;
+        self.datastore_latency.record(now - r.host_dispatched_at);
         self.completed += 1;
         let bucket = (now / self.plan.interval_ns) as usize;
         {
@@ -751,9 +863,24 @@ impl<'p> Engine<'p> {
             components.push(ComponentResult {
                 name: c.name.clone(),
                 kind: c.kind.to_string(),
-                utilisation: (c.c.busy_ns().saturating_sub(c.busy_at_start)) as f64 / 1e9 / duration_s,
+                utilisation: (c.c.busy_ns().saturating_sub(c.busy_at_start)) as f64
+                    / 1e9
+                    / duration_s,
                 ios: c.ios,
                 mbps: c.bytes as f64 / 1e6 / duration_s,
+            });
+        }
+        for (i, p) in self.comps[0].c.parts().into_iter().enumerate() {
+            let (busy0, ios0, bytes0) = self
+                .parts_at_start
+                .get(i)
+                .map_or((0, 0, 0), |s| (s.busy_ns, s.ios, s.bytes));
+            components.push(ComponentResult {
+                name: p.name,
+                kind: p.kind.to_string(),
+                utilisation: p.busy_ns.saturating_sub(busy0) as f64 / 1e9 / duration_s,
+                ios: p.ios.saturating_sub(ios0),
+                mbps: p.bytes.saturating_sub(bytes0) as f64 / 1e6 / duration_s,
             });
         }
         for (i, h) in self.hosts.iter_mut().enumerate() {
@@ -771,19 +898,36 @@ impl<'p> Engine<'p> {
         let mut timeline = Vec::new();
         for v in &self.vms {
             let b = &v.buckets[..used.min(v.buckets.len())];
-            let series = |suffix: &str, unit: &str, f: &dyn Fn(&(u64, u64, u128)) -> f64| TimelineSeries {
-                name: format!("{} {suffix}", v.plan.name),
-                unit: unit.into(),
-                interval_s,
-                values: b.iter().map(f).collect(),
-            };
+            let series =
+                |suffix: &str, unit: &str, f: &dyn Fn(&(u64, u64, u128)) -> f64| TimelineSeries {
+                    name: format!("{} {suffix}", v.plan.name),
+                    unit: unit.into(),
+                    interval_s,
+                    values: b.iter().map(f).collect(),
+                };
             timeline.push(series("MB/s", "MB/s", &|x| x.0 as f64 / 1e6 / interval_s));
             timeline.push(series("IOPS", "IOPS", &|x| x.1 as f64 / interval_s));
-            timeline.push(series("latency", "ms", &|x| if x.1 == 0 { 0.0 } else { x.2 as f64 / x.1 as f64 / 1e6 }));
+            timeline.push(series("latency", "ms", &|x| {
+                if x.1 == 0 {
+                    0.0
+                } else {
+                    x.2 as f64 / x.1 as f64 / 1e6
+                }
+            }));
         }
         let tb = &self.series_total[..used.min(self.series_total.len())];
-        timeline.push(TimelineSeries { name: "total MB/s".into(), unit: "MB/s".into(), interval_s, values: tb.iter().map(|x| x.0 as f64 / 1e6 / interval_s).collect() });
-        timeline.push(TimelineSeries { name: "total IOPS".into(), unit: "IOPS".into(), interval_s, values: tb.iter().map(|x| x.1 as f64 / interval_s).collect() });
+        timeline.push(TimelineSeries {
+            name: "total MB/s".into(),
+            unit: "MB/s".into(),
+            interval_s,
+            values: tb.iter().map(|x| x.0 as f64 / 1e6 / interval_s).collect(),
+        });
+        timeline.push(TimelineSeries {
+            name: "total IOPS".into(),
+            unit: "IOPS".into(),
+            interval_s,
+            values: tb.iter().map(|x| x.1 as f64 / interval_s).collect(),
+        });
         for (i, h) in self.hosts.iter().enumerate() {
             if !h.window_series.is_empty() {
                 timeline.push(TimelineSeries {
@@ -810,7 +954,11 @@ impl<'p> Engine<'p> {
             .compare
             .iter()
             .map(|c| Comparison {
-                metric: if c.label.is_empty() { c.metric.clone() } else { c.label.clone() },
+                metric: if c.label.is_empty() {
+                    c.metric.clone()
+                } else {
+                    c.label.clone()
+                },
                 weir: metric_value(&report, &c.metric).unwrap_or(f64::NAN),
                 seed: c.seed,
                 source: c.source.clone(),
@@ -821,24 +969,56 @@ impl<'p> Engine<'p> {
     }
 }
 
-const FIELDS: &[&str] =
-    &["iops", "mbps", "read_iops", "write_iops", "latency_mean_ms", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms"];
+const FIELDS: &[&str] = &[
+    "iops",
+    "mbps",
+    "read_iops",
+    "write_iops",
+    "latency_mean_ms",
+    "latency_p50_ms",
+    "latency_p95_ms",
+    "latency_p99_ms",
+    "latency_max_ms",
+];
 
 /// Validates a compare metric against a case's VMs and volumes.
-pub(crate) fn check_metric(metric: &str, vms: &[VmPlan], volumes: &[VolumePlan]) -> Result<(), String> {
+pub(crate) fn check_metric(
+    metric: &str,
+    vms: &[VmPlan],
+    volumes: &[VolumePlan],
+) -> Result<(), String> {
     let Some((name, field)) = metric.rsplit_once('.') else {
-        return Err(format!("metric {metric:?} must look like `<vm>.<field>`, `volume:<name>.<field>`, `total.<field>` or `component:<name>.utilisation`"));
+        return Err(format!(
+            "metric {metric:?} must look like `<vm>.<field>`, `volume:<name>.<field>`, `total.<field>` or `component:<name>.utilisation`"
+        ));
     };
     if let Some(_component) = name.strip_prefix("component:") {
-        return if matches!(field, "utilisation" | "mbps" | "ios") { Ok(()) } else { Err(format!("component metrics are utilisation, mbps, ios; got {field:?}")) };
+        return if matches!(field, "utilisation" | "mbps" | "ios") {
+            Ok(())
+        } else {
+            Err(format!(
+                "component metrics are utilisation, mbps, ios; got {field:?}"
+            ))
+        };
     }
     if !FIELDS.contains(&field) {
-        return Err(format!("unknown field {field:?} in metric {metric:?} (fields: {})", FIELDS.join(", ")));
+        return Err(format!(
+            "unknown field {field:?} in metric {metric:?} (fields: {})",
+            FIELDS.join(", ")
+        ));
     }
     let known = name == "total"
         || vms.iter().any(|v| v.name == name)
-        || name.strip_prefix("volume:").is_some_and(|n| volumes.iter().any(|v| v.name == n));
-    if known { Ok(()) } else { Err(format!("metric {metric:?}: no VM, volume or total named {name:?}")) }
+        || name
+            .strip_prefix("volume:")
+            .is_some_and(|n| volumes.iter().any(|v| v.name == n));
+    if known {
+        Ok(())
+    } else {
+        Err(format!(
+            "metric {metric:?}: no VM, volume or total named {name:?}"
+        ))
+    }
 }
 
 /// The value of a compare metric in a finished case.
@@ -853,7 +1033,11 @@ pub(crate) fn metric_value(report: &CaseReport, metric: &str) -> Option<f64> {
             _ => None,
         };
     }
-    let w = if name == "total" { report.total.as_ref()? } else { report.workloads.iter().find(|w| w.name == name)? };
+    let w = if name == "total" {
+        report.total.as_ref()?
+    } else {
+        report.workloads.iter().find(|w| w.name == name)?
+    };
     Some(match field {
         "iops" => w.iops,
         "mbps" => w.mbps,
@@ -867,4 +1051,3 @@ pub(crate) fn metric_value(report: &CaseReport, metric: &str) -> Option<f64> {
         _ => return None,
     })
 }
-

@@ -15,7 +15,6 @@
 mod engine;
 pub mod fault;
 mod hw;
-mod model_glue;
 mod scenario;
 pub mod topology;
 
@@ -41,15 +40,24 @@ pub struct Progress {
 /// The shipped scenarios: (name, TOML text).
 pub fn builtin_scenarios() -> &'static [(&'static str, &'static str)] {
     &[
-        ("sioc-shares", include_str!("../../../scenarios/sioc-shares.toml")),
-        ("qos-invariants", include_str!("../../../scenarios/qos-invariants.toml")),
+        (
+            "sioc-shares",
+            include_str!("../../../scenarios/sioc-shares.toml"),
+        ),
+        (
+            "qos-invariants",
+            include_str!("../../../scenarios/qos-invariants.toml"),
+        ),
     ]
 }
 
 impl Scenario {
     /// A shipped scenario by name.
     pub fn builtin(name: &str) -> Option<Result<Scenario, ScenarioError>> {
-        builtin_scenarios().iter().find(|(n, _)| *n == name).map(|(n, text)| Scenario::from_toml_str(&format!("scenarios/{n}.toml"), text))
+        builtin_scenarios()
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(n, text)| Scenario::from_toml_str(&format!("scenarios/{n}.toml"), text))
     }
 
     /// Runs every case; `seed` overrides the file's.
@@ -76,6 +84,11 @@ impl Scenario {
             });
             cases.push(report);
         }
-        ScenarioReport { scenario: self.name.clone(), description: self.description.clone(), seed, cases }
+        ScenarioReport {
+            scenario: self.name.clone(),
+            description: self.description.clone(),
+            seed,
+            cases,
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 use weir_qos::{CongestionConfig, Policy, PolicyCatalog};
-use weir_workload::{AccessSpec, AccessGenerator, SWEEP_PARAMS};
+use weir_workload::{AccessGenerator, AccessSpec, SWEEP_PARAMS};
 
 /// A scenario file that failed to load.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -16,7 +16,13 @@ pub enum ScenarioError {
     Io { file: String, message: String },
     /// `field` is a dotted path into the file (`vm[app05].host`, `case[2].set`).
     #[error("{file}:{line}:{column}: {field}: {message}")]
-    Invalid { file: String, line: usize, column: usize, field: String, message: String },
+    Invalid {
+        file: String,
+        line: usize,
+        column: usize,
+        field: String,
+        message: String,
+    },
 }
 
 /// A path inside the document: table keys and array indices.
@@ -90,34 +96,51 @@ impl Scenario {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> {
         let path = path.as_ref();
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError::Io { file: file.clone(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError::Io {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
         Scenario::from_toml_str(&file, &text)
     }
 
     /// Parses scenario text; `name_for_errors` stands for the file in messages.
     pub fn from_toml_str(name_for_errors: &str, text: &str) -> Result<Scenario, ScenarioError> {
-        let located = |path: &[Seg], message: String| locate_error(name_for_errors, text, path, message);
+        let located =
+            |path: &[Seg], message: String| locate_error(name_for_errors, text, path, message);
         let file: ScenarioFile = match toml::from_str(text) {
             Ok(f) => f,
             Err(e) => {
                 let span = e.span().unwrap_or(0..0);
                 let (line, column) = line_col(text, span.start);
-                let field = toml::de::DeTable::parse(text).map(|root| path_at(root.get_ref(), span.start)).unwrap_or_default();
+                let field = toml::de::DeTable::parse(text)
+                    .map(|root| path_at(root.get_ref(), span.start))
+                    .unwrap_or_default();
                 return Err(ScenarioError::Invalid {
                     file: name_for_errors.to_string(),
                     line,
                     column,
-                    field: if field.is_empty() { "(document)".to_string() } else { field },
+                    field: if field.is_empty() {
+                        "(document)".to_string()
+                    } else {
+                        field
+                    },
                     message: e.message().to_string(),
                 });
             }
         };
         // The base file must be valid on its own.
         plan_case(&file, "base", "", BTreeMap::new(), &[]).map_err(|(p, m)| located(&p, m))?;
-        let base_value = toml::Value::try_from(&file).map_err(|e| located(&[], format!("internal: {e}")))?;
+        let base_value =
+            toml::Value::try_from(&file).map_err(|e| located(&[], format!("internal: {e}")))?;
         let mut cases = Vec::new();
         let specs: Vec<CaseSpec> = if file.case.is_empty() {
-            vec![CaseSpec { name: "base".into(), description: String::new(), set: Default::default(), sweep: vec![], compare: vec![] }]
+            vec![CaseSpec {
+                name: "base".into(),
+                description: String::new(),
+                set: Default::default(),
+                sweep: vec![],
+                compare: vec![],
+            }]
         } else {
             file.case.clone()
         };
@@ -130,42 +153,77 @@ impl Scenario {
             };
             let mut value = base_value.clone();
             for (k, v) in &case.set {
-                set_path(&mut value, k, v.clone()).map_err(|m| located(&at(&[key("set"), key(k)]), m))?;
+                set_path(&mut value, k, v.clone())
+                    .map_err(|m| located(&at(&[key("set"), key(k)]), m))?;
             }
             for (si, sweep) in case.sweep.iter().enumerate() {
-                let known = sweep.param.contains('.') || SWEEP_PARAMS.contains(&sweep.param.as_str());
+                let known =
+                    sweep.param.contains('.') || SWEEP_PARAMS.contains(&sweep.param.as_str());
                 if !known || sweep.values.is_empty() {
                     let m = if known {
                         "a sweep needs at least one value".to_string()
                     } else {
-                        format!("unknown sweep parameter {:?} (workload parameters: {}; or a dotted path such as \"array.drives\")", sweep.param, SWEEP_PARAMS.join(", "))
+                        format!(
+                            "unknown sweep parameter {:?} (workload parameters: {}; or a dotted path such as \"array.drives\")",
+                            sweep.param,
+                            SWEEP_PARAMS.join(", ")
+                        )
                     };
-                    return Err(located(&at(&[key("sweep"), Seg::Index(si), key("param")]), m));
+                    return Err(located(
+                        &at(&[key("sweep"), Seg::Index(si), key("param")]),
+                        m,
+                    ));
                 }
             }
-            let sweeps: Vec<weir_workload::Sweep> =
-                case.sweep.iter().map(|s| weir_workload::Sweep { param: s.param.clone(), values: s.values.clone() }).collect();
+            let sweeps: Vec<weir_workload::Sweep> = case
+                .sweep
+                .iter()
+                .map(|s| weir_workload::Sweep {
+                    param: s.param.clone(),
+                    values: s.values.clone(),
+                })
+                .collect();
             for params in weir_workload::expand_sweeps(&sweeps) {
                 let mut v = value.clone();
                 for (p, x) in &params {
                     if p.contains('.') {
-                        let num = if x.fract() == 0.0 && x.abs() < 9e15 { toml::Value::Integer(*x as i64) } else { toml::Value::Float(*x) };
+                        let num = if x.fract() == 0.0 && x.abs() < 9e15 {
+                            toml::Value::Integer(*x as i64)
+                        } else {
+                            toml::Value::Float(*x)
+                        };
                         set_path(&mut v, p, num).map_err(|m| located(&at(&[key("sweep")]), m))?;
                     }
                 }
-                let resolved: ScenarioFile = v
-                    .try_into()
-                    .map_err(|e: toml::de::Error| located(&at(&[key("set")]), format!("after this case's overrides: {}", e.message())))?;
+                let resolved: ScenarioFile = v.try_into().map_err(|e: toml::de::Error| {
+                    located(
+                        &at(&[key("set")]),
+                        format!("after this case's overrides: {}", e.message()),
+                    )
+                })?;
                 let name = if params.is_empty() {
                     case.name.clone()
                 } else {
-                    let p: Vec<String> = params.iter().map(|(k, x)| format!("{k}={}", fmt_num(*x))).collect();
+                    let p: Vec<String> = params
+                        .iter()
+                        .map(|(k, x)| format!("{k}={}", fmt_num(*x)))
+                        .collect();
                     format!("{}/{}", case.name, p.join(","))
                 };
                 if !names.insert(name.clone()) {
-                    return Err(located(&at(&[key("name")]), format!("two cases are named {name:?}")));
+                    return Err(located(
+                        &at(&[key("name")]),
+                        format!("two cases are named {name:?}"),
+                    ));
                 }
-                let mut plan = plan_case(&resolved, &name, &case.description, params.clone(), &case.compare).map_err(|(p, m)| {
+                let mut plan = plan_case(
+                    &resolved,
+                    &name,
+                    &case.description,
+                    params.clone(),
+                    &case.compare,
+                )
+                .map_err(|(p, m)| {
                     let field = render_path(&p);
                     located(&at(&[]), format!("case {name:?}: {field}: {m}"))
                 })?;
@@ -175,22 +233,46 @@ impl Scenario {
                         continue;
                     }
                     for vm_name in &s.vms {
-                        if !plan.vms.iter().any(|v| &v.name == vm_name || base_name(&v.name) == vm_name) {
-                            return Err(located(&at(&[key("sweep"), Seg::Index(si), key("vms")]), format!("no VM named {vm_name:?}")));
+                        if !plan
+                            .vms
+                            .iter()
+                            .any(|v| &v.name == vm_name || base_name(&v.name) == vm_name)
+                        {
+                            return Err(located(
+                                &at(&[key("sweep"), Seg::Index(si), key("vms")]),
+                                format!("no VM named {vm_name:?}"),
+                            ));
                         }
                     }
                     let x = params[&s.param];
-                    for vm in plan.vms.iter_mut().filter(|v| s.vms.is_empty() || s.vms.iter().any(|n| n == &v.name || n == base_name(&v.name))) {
+                    for vm in plan.vms.iter_mut().filter(|v| {
+                        s.vms.is_empty()
+                            || s.vms
+                                .iter()
+                                .any(|n| n == &v.name || n == base_name(&v.name))
+                    }) {
                         vm.spec
                             .set_param(&s.param, x)
-                            .and_then(|_| AccessGenerator::new(&vm.spec, vm.disk_bytes, 0).map(|_| ()))
-                            .map_err(|e| located(&at(&[key("sweep"), Seg::Index(si), key("values")]), format!("case {name:?}, VM {}: {e}", vm.name)))?;
+                            .and_then(|_| {
+                                AccessGenerator::new(&vm.spec, vm.disk_bytes, 0).map(|_| ())
+                            })
+                            .map_err(|e| {
+                                located(
+                                    &at(&[key("sweep"), Seg::Index(si), key("values")]),
+                                    format!("case {name:?}, VM {}: {e}", vm.name),
+                                )
+                            })?;
                     }
                 }
                 cases.push(plan);
             }
         }
-        Ok(Scenario { name: file.scenario.name.clone(), description: file.scenario.description.clone(), seed: file.scenario.seed, cases })
+        Ok(Scenario {
+            name: file.scenario.name.clone(),
+            description: file.scenario.description.clone(),
+            seed: file.scenario.seed,
+            cases,
+        })
     }
 
     /// Names of the (expanded) cases, in run order.
@@ -203,7 +285,8 @@ impl Scenario {
     pub fn scale_duration(&mut self, factor: f64) {
         let f = factor.clamp(1e-6, 1.0);
         for c in &mut self.cases {
-            c.duration_ns = ((c.duration_ns as f64 * f) as u64).max(c.interval_ns.min(c.duration_ns));
+            c.duration_ns =
+                ((c.duration_ns as f64 * f) as u64).max(c.interval_ns.min(c.duration_ns));
             c.warmup_ns = (c.warmup_ns as f64 * f) as u64;
         }
     }
@@ -222,7 +305,11 @@ fn base_name(vm: &str) -> &str {
 }
 
 pub(crate) fn fmt_num(x: f64) -> String {
-    if x.fract() == 0.0 && x.abs() < 1e15 { format!("{}", x as i64) } else { format!("{x}") }
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{}", x as i64)
+    } else {
+        format!("{x}")
+    }
 }
 
 /// Sets `path` (dot separated; arrays of named tables addressed by name) to `value`.
@@ -242,12 +329,22 @@ fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Result<()
                     t.insert(seg.to_string(), value);
                     return Ok(());
                 }
-                t.entry(seg.to_string()).or_insert_with(|| toml::Value::Table(Default::default()))
+                t.entry(seg.to_string())
+                    .or_insert_with(|| toml::Value::Table(Default::default()))
             }
             toml::Value::Array(items) => {
-                let Some(pos) = items.iter().position(|v| v.get("name").and_then(|n| n.as_str()) == Some(seg)) else {
-                    let names: Vec<&str> = items.iter().filter_map(|v| v.get("name").and_then(|n| n.as_str())).collect();
-                    return Err(format!("{path:?}: no entry named {seg:?} (have: {})", names.join(", ")));
+                let Some(pos) = items
+                    .iter()
+                    .position(|v| v.get("name").and_then(|n| n.as_str()) == Some(seg))
+                else {
+                    let names: Vec<&str> = items
+                        .iter()
+                        .filter_map(|v| v.get("name").and_then(|n| n.as_str()))
+                        .collect();
+                    return Err(format!(
+                        "{path:?}: no entry named {seg:?} (have: {})",
+                        names.join(", ")
+                    ));
                 };
                 if last {
                     items[pos] = value;
@@ -255,7 +352,12 @@ fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Result<()
                 }
                 &mut items[pos]
             }
-            _ => return Err(format!("{path:?}: {:?} is not a table", segs[..i].join("."))),
+            _ => {
+                return Err(format!(
+                    "{path:?}: {:?} is not a table",
+                    segs[..i].join(".")
+                ));
+            }
         };
         i += 1;
     }
@@ -263,7 +365,10 @@ fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Result<()
 }
 
 fn valid_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// Resolves and validates one case; errors carry a path into `file`.
@@ -281,59 +386,114 @@ pub(crate) fn plan_case(
         if ok {
             Ok((v * 1e9).round() as u64)
         } else {
-            Err(err(vec![key("scenario"), key(field)], format!("must be {} 1e6 s, got {v}", if min_exclusive { "in (0," } else { "in [0," }).replace(" 1e6", " 1e6]")))
+            Err(err(
+                vec![key("scenario"), key(field)],
+                format!(
+                    "must be {} 1e6 s, got {v}",
+                    if min_exclusive { "in (0," } else { "in [0," }
+                )
+                .replace(" 1e6", " 1e6]"),
+            ))
         }
     };
     let duration_ns = secs("duration_s", h.duration_s, true)?;
     let warmup_ns = secs("warmup_s", h.warmup_s, false)?;
     let interval_ns = secs("timeline_interval_s", h.timeline_interval_s, true)?;
     if h.name.is_empty() {
-        return Err(err(vec![key("scenario"), key("name")], "must not be empty".into()));
+        return Err(err(
+            vec![key("scenario"), key("name")],
+            "must not be empty".into(),
+        ));
     }
     if (duration_ns + warmup_ns) / interval_ns > 100_000 {
-        return Err(err(vec![key("scenario"), key("timeline_interval_s")], "more than 100,000 timeline intervals".into()));
+        return Err(err(
+            vec![key("scenario"), key("timeline_interval_s")],
+            "more than 100,000 timeline intervals".into(),
+        ));
     }
     // Policies.
     let mut catalog = PolicyCatalog::new();
     for (i, p) in file.policy.iter().enumerate() {
-        catalog.insert(p.clone()).map_err(|e| err(vec![key("policy"), Seg::Index(i)], e.to_string()))?;
+        catalog
+            .insert(p.clone())
+            .map_err(|e| err(vec![key("policy"), Seg::Index(i)], e.to_string()))?;
     }
     // Volumes.
     let mut volumes = Vec::new();
     for (i, v) in file.volume.iter().enumerate() {
         if !valid_name(&v.name) {
-            return Err(err(vec![key("volume"), Seg::Index(i), key("name")], format!("names are 1-64 characters of [A-Za-z0-9_-], got {:?}", v.name)));
+            return Err(err(
+                vec![key("volume"), Seg::Index(i), key("name")],
+                format!(
+                    "names are 1-64 characters of [A-Za-z0-9_-], got {:?}",
+                    v.name
+                ),
+            ));
         }
         if volumes.iter().any(|x: &VolumePlan| x.name == v.name) {
-            return Err(err(vec![key("volume"), Seg::Index(i), key("name")], format!("two volumes are named {:?}", v.name)));
+            return Err(err(
+                vec![key("volume"), Seg::Index(i), key("name")],
+                format!("two volumes are named {:?}", v.name),
+            ));
         }
         let policy = match &v.policy {
-            Some(p) => catalog.get(p).map_err(|e| err(vec![key("volume"), Seg::Index(i), key("policy")], e.to_string()))?.clone(),
+            Some(p) => catalog
+                .get(p)
+                .map_err(|e| {
+                    err(
+                        vec![key("volume"), Seg::Index(i), key("policy")],
+                        e.to_string(),
+                    )
+                })?
+                .clone(),
             None => Policy::best_effort(v.name.clone()),
         };
-        volumes.push(VolumePlan { name: v.name.clone(), policy });
+        volumes.push(VolumePlan {
+            name: v.name.clone(),
+            policy,
+        });
     }
     // Hosts.
     if file.host.is_empty() {
-        return Err(err(vec![key("host")], "a scenario needs at least one [[host]]".into()));
+        return Err(err(
+            vec![key("host")],
+            "a scenario needs at least one [[host]]".into(),
+        ));
     }
     let mut hosts = Vec::new();
     for (i, hs) in file.host.iter().enumerate() {
         let at = |f: &str| vec![key("host"), Seg::Index(i), key(f)];
         if !valid_name(&hs.name) {
-            return Err(err(at("name"), format!("names are 1-64 characters of [A-Za-z0-9_-], got {:?}", hs.name)));
+            return Err(err(
+                at("name"),
+                format!(
+                    "names are 1-64 characters of [A-Za-z0-9_-], got {:?}",
+                    hs.name
+                ),
+            ));
         }
         if hosts.iter().any(|x: &HostPlan| x.name == hs.name) {
-            return Err(err(at("name"), format!("two hosts are named {:?}", hs.name)));
+            return Err(err(
+                at("name"),
+                format!("two hosts are named {:?}", hs.name),
+            ));
         }
         if !(1..=65536).contains(&hs.queue_depth) {
-            return Err(err(at("queue_depth"), format!("must be 1-65536, got {}", hs.queue_depth)));
+            return Err(err(
+                at("queue_depth"),
+                format!("must be 1-65536, got {}", hs.queue_depth),
+            ));
         }
         if hs.cost_unit_bytes == 0 {
             return Err(err(at("cost_unit_bytes"), "must be at least 1".into()));
         }
         hw::build_link(&hs.link).map_err(|m| err(at("link"), m))?;
-        hosts.push(HostPlan { name: hs.name.clone(), link: hs.link.clone(), queue_depth: hs.queue_depth, cost_unit_bytes: hs.cost_unit_bytes });
+        hosts.push(HostPlan {
+            name: hs.name.clone(),
+            link: hs.link.clone(),
+            queue_depth: hs.queue_depth,
+            cost_unit_bytes: hs.cost_unit_bytes,
+        });
     }
     if let Some(t) = &file.datastore.target_link {
         hw::build_link(t).map_err(|m| err(vec![key("datastore"), key("target_link")], m))?;
@@ -341,69 +501,133 @@ pub(crate) fn plan_case(
     let c = &file.datastore.congestion;
     let cat = |f: &str| vec![key("datastore"), key("congestion"), key(f)];
     if !(c.threshold_ms.is_finite() && (5.0..=100.0).contains(&c.threshold_ms)) {
-        return Err(err(cat("threshold_ms"), format!("must be 5-100 ms, got {}", c.threshold_ms)));
+        return Err(err(
+            cat("threshold_ms"),
+            format!("must be 5-100 ms, got {}", c.threshold_ms),
+        ));
     }
     if !(c.gamma.is_finite() && c.gamma > 0.0 && c.gamma <= 1.0) {
-        return Err(err(cat("gamma"), format!("must be in (0, 1], got {}", c.gamma)));
+        return Err(err(
+            cat("gamma"),
+            format!("must be in (0, 1], got {}", c.gamma),
+        ));
     }
     if c.min_window == 0 || c.min_window > c.max_window {
-        return Err(err(cat("min_window"), format!("need 1 ≤ min_window ≤ max_window, got {} and {}", c.min_window, c.max_window)));
+        return Err(err(
+            cat("min_window"),
+            format!(
+                "need 1 ≤ min_window ≤ max_window, got {} and {}",
+                c.min_window, c.max_window
+            ),
+        ));
     }
     if !(c.period_ms.is_finite() && c.period_ms >= 1.0) {
-        return Err(err(cat("period_ms"), format!("must be at least 1 ms, got {}", c.period_ms)));
+        return Err(err(
+            cat("period_ms"),
+            format!("must be at least 1 ms, got {}", c.period_ms),
+        ));
     }
     if let Some(q) = &file.array_qos {
         if q.backend_concurrency == 0 || q.backend_concurrency > 65536 {
-            return Err(err(vec![key("array_qos"), key("backend_concurrency")], format!("must be 1-65536, got {}", q.backend_concurrency)));
+            return Err(err(
+                vec![key("array_qos"), key("backend_concurrency")],
+                format!("must be 1-65536, got {}", q.backend_concurrency),
+            ));
         }
         if q.cost_unit_bytes == 0 {
-            return Err(err(vec![key("array_qos"), key("cost_unit_bytes")], "must be at least 1".into()));
+            return Err(err(
+                vec![key("array_qos"), key("cost_unit_bytes")],
+                "must be at least 1".into(),
+            ));
         }
     }
     // Named workloads.
     for (i, w) in file.workload.iter().enumerate() {
         if !valid_name(&w.name) {
-            return Err(err(vec![key("workload"), Seg::Index(i), key("name")], format!("a [[workload]] needs a name of [A-Za-z0-9_-], got {:?}", w.name)));
+            return Err(err(
+                vec![key("workload"), Seg::Index(i), key("name")],
+                format!(
+                    "a [[workload]] needs a name of [A-Za-z0-9_-], got {:?}",
+                    w.name
+                ),
+            ));
         }
     }
     // VMs.
     if file.vm.is_empty() {
-        return Err(err(vec![key("vm")], "a scenario needs at least one [[vm]]".into()));
+        return Err(err(
+            vec![key("vm")],
+            "a scenario needs at least one [[vm]]".into(),
+        ));
     }
     let mut vms: Vec<VmPlan> = Vec::new();
     let mut next_offset = 0u64;
     for (i, v) in file.vm.iter().enumerate() {
         let at = |f: &str| vec![key("vm"), Seg::Index(i), key(f)];
         if !valid_name(&v.name) {
-            return Err(err(at("name"), format!("names are 1-64 characters of [A-Za-z0-9_-], got {:?}", v.name)));
+            return Err(err(
+                at("name"),
+                format!(
+                    "names are 1-64 characters of [A-Za-z0-9_-], got {:?}",
+                    v.name
+                ),
+            ));
         }
-        let host = hosts.iter().position(|x| x.name == v.host).ok_or_else(|| err(at("host"), format!("no [[host]] named {:?}", v.host)))?;
+        let host = hosts
+            .iter()
+            .position(|x| x.name == v.host)
+            .ok_or_else(|| err(at("host"), format!("no [[host]] named {:?}", v.host)))?;
         let spec = match file.workload.iter().find(|w| w.name == v.workload) {
             Some(w) => w.clone(),
             None => weir_workload::profile(&v.workload)
                 .map(|p| p.spec)
-                .map_err(|_| err(at("workload"), format!("no [[workload]] or built-in profile named {:?} (profiles: {})", v.workload, weir_workload::profile_names().join(", "))))?,
+                .map_err(|_| {
+                    err(
+                        at("workload"),
+                        format!(
+                            "no [[workload]] or built-in profile named {:?} (profiles: {})",
+                            v.workload,
+                            weir_workload::profile_names().join(", ")
+                        ),
+                    )
+                })?,
         };
         let volume = match &v.volume {
-            Some(name) => volumes.iter().position(|x| &x.name == name).ok_or_else(|| err(at("volume"), format!("no [[volume]] named {name:?}")))?,
+            Some(name) => volumes
+                .iter()
+                .position(|x| &x.name == name)
+                .ok_or_else(|| err(at("volume"), format!("no [[volume]] named {name:?}")))?,
             None => {
                 if let Some(p) = volumes.iter().position(|x| x.name == file.datastore.name) {
                     p
                 } else {
-                    volumes.push(VolumePlan { name: file.datastore.name.clone(), policy: Policy::best_effort("datastore") });
+                    volumes.push(VolumePlan {
+                        name: file.datastore.name.clone(),
+                        policy: Policy::best_effort("datastore"),
+                    });
                     volumes.len() - 1
                 }
             }
         };
         if !(v.disk_gib.is_finite() && v.disk_gib > 0.0 && v.disk_gib <= 1e6) {
-            return Err(err(at("disk_gib"), format!("must be in (0, 1e6], got {}", v.disk_gib)));
+            return Err(err(
+                at("disk_gib"),
+                format!("must be in (0, 1e6], got {}", v.disk_gib),
+            ));
         }
         if !(1..=10_000).contains(&v.count) {
-            return Err(err(at("count"), format!("must be 1-10000, got {}", v.count)));
+            return Err(err(
+                at("count"),
+                format!("must be 1-10000, got {}", v.count),
+            ));
         }
         let disk_bytes = (v.disk_gib * (1u64 << 30) as f64) as u64 / 4096 * 4096;
         for k in 0..v.count {
-            let vm_name = if v.count == 1 { v.name.clone() } else { format!("{}-{}", v.name, k + 1) };
+            let vm_name = if v.count == 1 {
+                v.name.clone()
+            } else {
+                format!("{}-{}", v.name, k + 1)
+            };
             if vms.iter().any(|x| x.name == vm_name) {
                 return Err(err(at("name"), format!("two VMs are named {vm_name:?}")));
             }
@@ -418,15 +642,27 @@ pub(crate) fn plan_case(
                 latency_target_ms: None,
                 burst_seconds: 0.0,
             };
-            policy.validate().map_err(|e| err(at("limit_iops"), e.to_string()))?;
-            AccessGenerator::new(&spec, disk_bytes, 0).map_err(|e| err(at("workload"), format!("workload {:?}: {e}", v.workload)))?;
-            vms.push(VmPlan { name: vm_name, host, volume, policy, spec: spec.clone(), disk_bytes, base_offset: next_offset });
+            policy
+                .validate()
+                .map_err(|e| err(at("limit_iops"), e.to_string()))?;
+            AccessGenerator::new(&spec, disk_bytes, 0)
+                .map_err(|e| err(at("workload"), format!("workload {:?}: {e}", v.workload)))?;
+            vms.push(VmPlan {
+                name: vm_name,
+                host,
+                volume,
+                policy,
+                spec: spec.clone(),
+                disk_bytes,
+                base_offset: next_offset,
+            });
             next_offset += disk_bytes;
         }
     }
     hw::build_array(&file.array, 0, next_offset).map_err(|m| err(vec![key("array")], m))?;
     for (i, cmp) in compare.iter().enumerate() {
-        crate::engine::check_metric(&cmp.metric, &vms, &volumes).map_err(|m| err(vec![key("compare"), Seg::Index(i), key("metric")], m))?;
+        crate::engine::check_metric(&cmp.metric, &vms, &volumes)
+            .map_err(|m| err(vec![key("compare"), Seg::Index(i), key("metric")], m))?;
     }
     Ok(CasePlan {
         name: name.to_string(),
@@ -450,7 +686,12 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let offset = offset.min(text.len());
     let before = &text[..offset];
     let line = before.matches('\n').count() + 1;
-    let col = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+    let col = before
+        .rsplit('\n')
+        .next()
+        .map(|l| l.chars().count())
+        .unwrap_or(0)
+        + 1;
     (line, col)
 }
 
@@ -486,14 +727,19 @@ fn path_at(root: &DeTable<'_>, offset: usize) -> String {
     }
     fn contains_deep(v: &toml::Spanned<DeValue<'_>>, offset: usize) -> bool {
         match v.get_ref() {
-            DeValue::Table(t) => t.iter().any(|(k, v)| k.span().contains(&offset) || v.span().contains(&offset) || contains_deep(v, offset)),
-            DeValue::Array(items) => items.iter().any(|i| i.span().contains(&offset) || contains_deep(i, offset)),
+            DeValue::Table(t) => t.iter().any(|(k, v)| {
+                k.span().contains(&offset) || v.span().contains(&offset) || contains_deep(v, offset)
+            }),
+            DeValue::Array(items) => items
+                .iter()
+                .any(|i| i.span().contains(&offset) || contains_deep(i, offset)),
             _ => false,
         }
     }
     fn walk_table(t: &DeTable<'_>, offset: usize, out: &mut String) {
         for (k, v) in t.iter() {
-            if k.span().contains(&offset) || v.span().contains(&offset) || contains_deep(v, offset) {
+            if k.span().contains(&offset) || v.span().contains(&offset) || contains_deep(v, offset)
+            {
                 if !out.is_empty() {
                     out.push('.');
                 }
@@ -547,7 +793,11 @@ fn span_of(root: &DeTable<'_>, path: &[Seg]) -> (Option<Range<usize>>, String) {
                         rendered.push_str(&format!("[{}]", element_label(item.get_ref(), *i)));
                         // Arrays of tables: point at the element's first key.
                         span = match item.get_ref() {
-                            DeValue::Table(t) => t.iter().map(|(k, _)| k.span()).min_by_key(|s| s.start).or(Some(item.span())),
+                            DeValue::Table(t) => t
+                                .iter()
+                                .map(|(k, _)| k.span())
+                                .min_by_key(|s| s.start)
+                                .or(Some(item.span())),
                             _ => Some(item.span()),
                         };
                         cur = Some(item.get_ref());
@@ -594,7 +844,11 @@ fn locate_error(file: &str, text: &str, path: &[Seg], message: String) -> Scenar
         file: file.to_string(),
         line,
         column,
-        field: if rendered.is_empty() { "(document)".to_string() } else { rendered },
+        field: if rendered.is_empty() {
+            "(document)".to_string()
+        } else {
+            rendered
+        },
         message,
     }
 }

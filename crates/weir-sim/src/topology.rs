@@ -65,7 +65,11 @@ pub struct DatastoreSpec {
 
 impl Default for DatastoreSpec {
     fn default() -> Self {
-        DatastoreSpec { name: default_datastore_name(), congestion: congestion_off(), target_link: None }
+        DatastoreSpec {
+            name: default_datastore_name(),
+            congestion: congestion_off(),
+            target_link: None,
+        }
     }
 }
 
@@ -192,7 +196,10 @@ fn default_datastore_name() -> String {
     "datastore".to_string()
 }
 fn congestion_off() -> CongestionConfig {
-    CongestionConfig { enabled: false, ..CongestionConfig::default() }
+    CongestionConfig {
+        enabled: false,
+        ..CongestionConfig::default()
+    }
 }
 fn default_backend_concurrency() -> u32 {
     64
