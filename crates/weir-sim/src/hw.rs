@@ -27,6 +27,14 @@ pub(crate) struct PartSnapshot {
 }
 
 impl Hw {
+    /// Usable capacity, when the component has one.
+    pub(crate) fn capacity_bytes(&self) -> Option<u64> {
+        match self {
+            Hw::Array(a) => Some(a.capacity_bytes()),
+            _ => None,
+        }
+    }
+
     /// Internal parts worth reporting (controller, drives) with their counters.
     pub(crate) fn parts(&self) -> Vec<PartSnapshot> {
         match self {

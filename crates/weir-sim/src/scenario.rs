@@ -562,6 +562,29 @@ pub(crate) fn plan_case(
     }
     let mut vms: Vec<VmPlan> = Vec::new();
     let mut next_offset = 0u64;
+    // `disk_gib = 0`: the VM's disk takes an equal part of what the others leave.
+    let fill_vms: u64 = file
+        .vm
+        .iter()
+        .filter(|v| v.disk_gib == 0.0)
+        .map(|v| v.count as u64)
+        .sum();
+    let fill_bytes = if fill_vms == 0 {
+        0
+    } else {
+        let capacity = hw::build_array(&file.array, 0, 0)
+            .map_err(|m| err(vec![key("array")], m))?
+            .capacity_bytes()
+            .ok_or_else(|| err(vec![key("array")], "`disk_gib = 0` (the rest of the array) needs an array with a capacity; an ideal array has none".into()))?;
+        let fixed: f64 = file
+            .vm
+            .iter()
+            .filter(|v| v.disk_gib > 0.0)
+            .map(|v| v.disk_gib * v.count as f64 * (1u64 << 30) as f64)
+            .sum();
+        let rest = capacity.saturating_sub(fixed as u64);
+        rest / fill_vms / (1 << 20) * (1 << 20)
+    };
     for (i, v) in file.vm.iter().enumerate() {
         let at = |f: &str| vec![key("vm"), Seg::Index(i), key(f)];
         if !valid_name(&v.name) {
@@ -609,19 +632,32 @@ pub(crate) fn plan_case(
                 }
             }
         };
-        if !(v.disk_gib.is_finite() && v.disk_gib > 0.0 && v.disk_gib <= 1e6) {
+        if !(v.disk_gib.is_finite() && v.disk_gib >= 0.0 && v.disk_gib <= 1e6) {
             return Err(err(
                 at("disk_gib"),
-                format!("must be in (0, 1e6], got {}", v.disk_gib),
+                format!(
+                    "must be in [0, 1e6] (0: the rest of the array), got {}",
+                    v.disk_gib
+                ),
             ));
         }
-        if !(1..=10_000).contains(&v.count) {
+        if v.count > 10_000 {
             return Err(err(
                 at("count"),
-                format!("must be 1-10000, got {}", v.count),
+                format!("must be 0-10000, got {}", v.count),
             ));
         }
-        let disk_bytes = (v.disk_gib * (1u64 << 30) as f64) as u64 / 4096 * 4096;
+        let disk_bytes = if v.disk_gib == 0.0 {
+            fill_bytes
+        } else {
+            (v.disk_gib * (1u64 << 30) as f64) as u64 / 4096 * 4096
+        };
+        if disk_bytes == 0 {
+            return Err(err(
+                at("disk_gib"),
+                "the other VMs' disks leave no room on the array".into(),
+            ));
+        }
         for k in 0..v.count {
             let vm_name = if v.count == 1 {
                 v.name.clone()
@@ -659,7 +695,18 @@ pub(crate) fn plan_case(
             next_offset += disk_bytes;
         }
     }
+    if vms.is_empty() {
+        return Err(err(
+            vec![key("vm")],
+            "every [[vm]] has count = 0: nothing to run".into(),
+        ));
+    }
     hw::build_array(&file.array, 0, next_offset).map_err(|m| err(vec![key("array")], m))?;
+    let compare: Vec<CompareSpec> = compare
+        .iter()
+        .filter(|c| c.when.iter().all(|(k, v)| params.get(k) == Some(v)))
+        .cloned()
+        .collect();
     for (i, cmp) in compare.iter().enumerate() {
         crate::engine::check_metric(&cmp.metric, &vms, &volumes)
             .map_err(|m| err(vec![key("compare"), Seg::Index(i), key("metric")], m))?;
@@ -676,7 +723,7 @@ pub(crate) fn plan_case(
         vms,
         volumes,
         congestion: file.datastore.congestion.clone(),
-        compare: compare.to_vec(),
+        compare,
     })
 }
 

@@ -125,13 +125,15 @@ pub struct VmSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation_iops: Option<f64>,
     /// Size of the VM's disk on the datastore (the workload addresses
-    /// `dataset_fraction` of it).
+    /// `dataset_fraction` of it); 0: an equal part of the array space the other VMs
+    /// leave (a whole-volume test such as 002's).
     #[serde(default = "default_disk_gib")]
     pub disk_gib: f64,
     /// Array volume the disk lives on (a `[[volume]]` name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<String>,
-    /// Identical copies of this VM (named `name-1` … `name-N` when above 1).
+    /// Identical copies of this VM (named `name-1` … `name-N` when above 1; 0: the VM
+    /// is left out, e.g. by a case).
     #[serde(default = "one_u32")]
     pub count: u32,
 }
@@ -181,6 +183,10 @@ pub struct CompareSpec {
     pub source: String,
     #[serde(default)]
     pub note: String,
+    /// Only for the swept cases whose parameters have these values
+    /// (e.g. `when = { block_kib = 64 }`).
+    #[serde(default)]
+    pub when: std::collections::BTreeMap<String, f64>,
 }
 
 fn one_u64() -> u64 {
