@@ -583,7 +583,7 @@ pub(crate) fn plan_case(
             .map(|v| v.disk_gib * v.count as f64 * (1u64 << 30) as f64)
             .sum();
         let rest = capacity.saturating_sub(fixed as u64);
-        rest / fill_vms / (1 << 20) * (1 << 20)
+        rest.checked_div(fill_vms).unwrap_or(0) / (1 << 20) * (1 << 20)
     };
     for (i, v) in file.vm.iter().enumerate() {
         let at = |f: &str| vec![key("vm"), Seg::Index(i), key(f)];
