@@ -45,6 +45,18 @@ pub fn builtin_scenarios() -> &'static [(&'static str, &'static str)] {
             include_str!("../../../scenarios/sioc-shares.toml"),
         ),
         (
+            "raid-characterization",
+            include_str!("../../../scenarios/raid-characterization.toml"),
+        ),
+        (
+            "app-profiles",
+            include_str!("../../../scenarios/app-profiles.toml"),
+        ),
+        (
+            "hba-8g-vs-4g",
+            include_str!("../../../scenarios/hba-8g-vs-4g.toml"),
+        ),
+        (
             "qos-invariants",
             include_str!("../../../scenarios/qos-invariants.toml"),
         ),
