@@ -39,11 +39,13 @@ pub enum DriveSpec {
 }
 
 impl DriveSpec {
-    /// Named drive presets: `sas-15k`, `sas-10k`, `sata-7200`, `sata-ssd`,
-    /// `pcie-flash`.
+    /// Named drive presets: `sas-15k` (Savvio 15K.3), `sas-15k-lff` (Cheetah 15K.7),
+    /// `sas-10k` (Savvio 10K.5), `sata-7200`, `sata-ssd` (Intel 710), `pcie-flash`
+    /// (ioDrive2).
     pub fn preset(name: &str) -> Result<Self, ModelError> {
         Ok(match name {
             "sas-15k" => Self::Hdd(HddSpec::savvio_15k3()),
+            "sas-15k-lff" => Self::Hdd(HddSpec::cheetah_15k7()),
             "sas-10k" => Self::Hdd(HddSpec::savvio_10k5()),
             "sata-7200" => Self::Hdd(HddSpec::sata_7200()),
             "sata-ssd" => Self::Ssd(SsdSpec::intel_710()),
@@ -52,7 +54,7 @@ impl DriveSpec {
                 return Err(ModelError::UnknownPreset {
                     kind: "drive",
                     name: name.to_string(),
-                    known: "sas-15k, sas-10k, sata-7200, sata-ssd, pcie-flash".into(),
+                    known: "sas-15k, sas-15k-lff, sas-10k, sata-7200, sata-ssd, pcie-flash".into(),
                 });
             }
         })
@@ -279,65 +281,157 @@ const HIGH_WATERMARK: f64 = 0.5;
 const MAX_RANGES: usize = 4;
 const STREAMS: usize = 8;
 
-/// Direct-mapped tag store of 4 KiB chunks (an approximation of an LRU cache of the
-/// same size: conflict misses instead of capacity misses).
+/// 4-way set-associative tag store with LRU replacement within a set (a close
+/// approximation of an LRU cache of the same size). A line covers 16 KiB with a
+/// valid bit per 4 KiB chunk, so a small request touches one line (one memory
+/// access); a line's `ready_at` tells when its data is in cache (`PENDING` while a
+/// prefetch is in flight).
 #[derive(Clone, Debug)]
 struct ChunkCache {
-    tags: Vec<u64>,
-    ready_at: Vec<Nanos>,
-    mask: u64,
+    lines: Vec<CacheLine>,
+    set_mask: u64,
+    clock: u32,
 }
+
+#[derive(Clone, Copy, Debug)]
+struct CacheLine {
+    tag: u64,
+    ready_at: Nanos,
+    last_use: u32,
+    valid: u8,
+}
+
+const WAYS: usize = 4;
+const CHUNKS_PER_LINE: u64 = 4;
 
 impl ChunkCache {
     fn new(bytes: u64) -> Self {
-        let lines = (bytes / CHUNK_BYTES).max(1).next_power_of_two();
-        // Keep the tag store at most 2^20 lines (4 GiB of cache).
+        let lines = (bytes / (CHUNK_BYTES * CHUNKS_PER_LINE))
+            .max(WAYS as u64)
+            .next_power_of_two();
+        // Keep the tag store at most 2^20 lines (16 GiB of cache).
         let lines = lines.min(1 << 20) as usize;
         Self {
-            tags: vec![u64::MAX; lines],
-            ready_at: vec![0; lines],
-            mask: lines as u64 - 1,
+            lines: vec![
+                CacheLine {
+                    tag: u64::MAX,
+                    ready_at: 0,
+                    last_use: 0,
+                    valid: 0,
+                };
+                lines
+            ],
+            set_mask: (lines / WAYS) as u64 - 1,
+            clock: 0,
         }
     }
-    fn index(&self, chunk: u64) -> usize {
-        (chunk.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20 & self.mask) as usize
+    fn set(&self, tag: u64) -> usize {
+        ((tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 24) & self.set_mask) as usize * WAYS
     }
-    fn chunks(offset: u64, size: u32) -> std::ops::Range<u64> {
+    fn find(&self, tag: u64) -> Option<usize> {
+        let s = self.set(tag);
+        (s..s + WAYS).find(|&i| self.lines[i].tag == tag)
+    }
+    /// Calls `f(tag, valid-bit mask)` for each line a byte range touches.
+    fn for_each_line(offset: u64, size: u32, mut f: impl FnMut(u64, u8)) {
         let first = offset / CHUNK_BYTES;
         let end = (offset + size.max(1) as u64).div_ceil(CHUNK_BYTES);
-        first..end
-    }
-    /// (all present, any still pending)
-    fn lookup(&self, offset: u64, size: u32, now: Nanos) -> (bool, bool) {
-        let mut pending = false;
-        for c in Self::chunks(offset, size) {
-            let i = self.index(c);
-            if self.tags[i] != c {
-                return (false, false);
-            }
-            if self.ready_at[i] > now {
-                pending = true;
-            }
+        let mut c = first;
+        while c < end {
+            let tag = c / CHUNKS_PER_LINE;
+            let line_end = ((tag + 1) * CHUNKS_PER_LINE).min(end);
+            let lo = c % CHUNKS_PER_LINE;
+            let hi = line_end - tag * CHUNKS_PER_LINE;
+            let mask = (((1u16 << hi) - 1) & !((1u16 << lo) - 1)) as u8;
+            f(tag, mask);
+            c = line_end;
         }
-        (true, pending)
+    }
+    fn tick(&mut self) -> u32 {
+        self.clock = self.clock.wrapping_add(1);
+        self.clock
+    }
+    /// (all present, any still pending); touches the lines it finds.
+    fn lookup(&mut self, offset: u64, size: u32, now: Nanos) -> (bool, bool) {
+        let clock = self.tick();
+        let (mut present, mut pending) = (true, false);
+        Self::for_each_line(offset, size, |tag, mask| {
+            if !present {
+                return;
+            }
+            match self.find(tag) {
+                Some(i) if self.lines[i].valid & mask == mask => {
+                    let line = &mut self.lines[i];
+                    line.last_use = clock;
+                    pending |= line.ready_at > now;
+                }
+                _ => present = false,
+            }
+        });
+        (present, present && pending)
     }
     fn insert(&mut self, offset: u64, size: u32, ready_at: Nanos) {
-        for c in Self::chunks(offset, size) {
-            let i = self.index(c);
-            self.tags[i] = c;
-            self.ready_at[i] = ready_at;
-        }
+        let clock = self.tick();
+        Self::for_each_line(offset, size, |tag, mask| {
+            let i = match self.find(tag) {
+                Some(i) => i,
+                None => {
+                    let s = self.set(tag);
+                    let victim = (s..s + WAYS)
+                        .max_by_key(|&i| clock.wrapping_sub(self.lines[i].last_use))
+                        .unwrap_or(s);
+                    self.lines[victim] = CacheLine {
+                        tag,
+                        ready_at: 0,
+                        last_use: clock,
+                        valid: 0,
+                    };
+                    victim
+                }
+            };
+            let line = &mut self.lines[i];
+            line.valid |= mask;
+            // Pending data makes the whole line wait; ready data never un-readies it.
+            line.ready_at = if ready_at == PENDING || line.ready_at == PENDING {
+                PENDING
+            } else {
+                line.ready_at.max(ready_at)
+            };
+            line.last_use = clock;
+        });
     }
-    /// Marks chunks that are `pending` as ready at `t` (keeps any replaced lines).
+    /// Marks lines pending for this range as ready at `t`.
     fn complete(&mut self, offset: u64, size: u32, t: Nanos) {
-        for c in Self::chunks(offset, size) {
-            let i = self.index(c);
-            if self.tags[i] == c && self.ready_at[i] == PENDING {
-                self.ready_at[i] = t;
+        Self::for_each_line(offset, size, |tag, _| {
+            if let Some(i) = self.find(tag)
+                && self.lines[i].ready_at == PENDING
+            {
+                self.lines[i].ready_at = t;
             }
-        }
+        });
     }
 }
+
+/// Multiplicative hasher for row numbers (the default SipHash costs more than the
+/// rest of a cache insert).
+#[derive(Clone, Copy, Debug, Default)]
+struct RowHasher(u64);
+
+impl std::hash::Hasher for RowHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+type RowMap = HashMap<u64, RowDirty, std::hash::BuildHasherDefault<RowHasher>>;
 
 #[derive(Clone, Copy, Debug)]
 struct RowDirty {
@@ -461,6 +555,10 @@ pub struct Array {
     controller: ControllerSpec,
     layout: RaidLayout,
     drives: Vec<Drive>,
+    /// Cached `next_event_ns` of each drive (`Nanos::MAX` when idle).
+    drive_next: Vec<Nanos>,
+    /// Earliest entry of `drive_next` and its index.
+    drive_min: (Nanos, usize),
     write_back: bool,
     cached_io: bool,
     read_ahead_after: Option<u32>,
@@ -478,7 +576,7 @@ pub struct Array {
     cache: ChunkCache,
     dirty_limit: u64,
     dirty_bytes: u64,
-    dirty_rows: HashMap<u64, RowDirty>,
+    dirty_rows: RowMap,
     dirty_fifo: VecDeque<(u64, u64)>,
     full_rows: VecDeque<(u64, u64)>,
     next_generation: u64,
@@ -490,6 +588,7 @@ pub struct Array {
     streams: [Stream; STREAMS],
     stream_clock: u64,
     stats: ArrayStats,
+    host_in_flight: usize,
     seed: u64,
 }
 
@@ -530,7 +629,7 @@ impl Array {
             cache: ChunkCache::new(cache_bytes),
             dirty_limit: (cache_bytes as f64 * controller.dirty_fraction) as u64,
             dirty_bytes: 0,
-            dirty_rows: HashMap::new(),
+            dirty_rows: RowMap::default(),
             dirty_fifo: VecDeque::new(),
             full_rows: VecDeque::new(),
             next_generation: 0,
@@ -542,9 +641,12 @@ impl Array {
             streams: [Stream::default(); STREAMS],
             stream_clock: 0,
             stats: ArrayStats::default(),
+            host_in_flight: 0,
             seed,
             controller,
             layout,
+            drive_next: vec![Nanos::MAX; drives.len()],
+            drive_min: (Nanos::MAX, 0),
             drives,
         })
     }
@@ -579,6 +681,11 @@ impl Array {
 
     pub fn stats(&self) -> ArrayStats {
         self.stats
+    }
+
+    /// Host requests submitted and not yet completed.
+    pub fn host_in_flight(&self) -> usize {
+        self.host_in_flight
     }
 
     /// Dirty bytes in controller cache not yet destaged (incl. destages in flight).
@@ -670,6 +777,7 @@ impl Array {
             },
             slot as u64,
         );
+        self.refresh_drive_next(d.drive as usize);
     }
 
     fn on_ctrl_ready(&mut self, slot: u32, t: Nanos) {
@@ -681,7 +789,9 @@ impl Array {
                 self.start_host_read(slot, t);
             }
             OpKind::HostWrite => {
-                if self.write_back {
+                // A write larger than the whole dirty space goes straight to the drives
+                // (as controllers bypass the cache for it) instead of waiting forever.
+                if self.write_back && (io.size_bytes as u64) <= self.dirty_limit {
                     if self.stalled_writes.is_empty() && self.try_absorb(io, t) {
                         self.stats.writes_cached += 1;
                         self.schedule(t, Event::HostDone, slot);
@@ -977,15 +1087,25 @@ impl Array {
     }
 
     fn next_drive_event(&self) -> Option<(Nanos, usize)> {
-        let mut best: Option<(Nanos, usize)> = None;
-        for (i, d) in self.drives.iter().enumerate() {
-            if let Some(t) = d.next_event_ns()
-                && best.is_none_or(|(b, _)| t < b)
-            {
-                best = Some((t, i));
+        (self.drive_min.0 != Nanos::MAX).then_some(self.drive_min)
+    }
+
+    /// Records drive `i`'s next event and keeps the earliest (lowest index on ties).
+    fn refresh_drive_next(&mut self, i: usize) {
+        let t = self.drives[i].next_event_ns().unwrap_or(Nanos::MAX);
+        let old = std::mem::replace(&mut self.drive_next[i], t);
+        let (min_t, min_i) = self.drive_min;
+        if t < min_t || (t == min_t && i < min_i) {
+            self.drive_min = (t, i);
+        } else if i == min_i && t > old {
+            let mut best = (Nanos::MAX, 0);
+            for (j, &tj) in self.drive_next.iter().enumerate() {
+                if tj < best.0 {
+                    best = (tj, j);
+                }
             }
+            self.drive_min = best;
         }
-        best
     }
 }
 
@@ -1009,6 +1129,7 @@ impl Component for Array {
             ..io
         };
         let slot = self.alloc_op(kind, token, io);
+        self.host_in_flight += 1;
         let start = now.max(self.cpu_free_ns);
         self.cpu_free_ns = start + self.cpu_ns;
         let mut ready = self.cpu_free_ns;
@@ -1045,6 +1166,7 @@ impl Component for Array {
                 }
                 let mut scratch = std::mem::take(&mut self.drive_done);
                 self.drives[i].as_component().advance(t, &mut scratch);
+                self.refresh_drive_next(i);
                 for c in scratch.drain(..) {
                     self.on_drive_done(c.token as u32, c.at_ns);
                 }
@@ -1062,6 +1184,7 @@ impl Component for Array {
                     Event::HostDone => {
                         let token = self.ops[slot as usize].token;
                         done.push(Completion { token, at_ns: t });
+                        self.host_in_flight -= 1;
                         self.free_op(slot);
                     }
                     Event::DestageTimer => {

@@ -96,6 +96,29 @@ impl HddSpec {
         }
     }
 
+    /// Seagate Cheetah 15K.7 (ST3600057SS, 600 GB, 3.5" SAS 6 Gb/s), the classic
+    /// large-form-factor 15K drive. Datasheet: 15,000 rpm, average seek 3.4 ms read /
+    /// 3.9 ms write, track-to-track 0.2 ms, sustained rate 204→122 MB/s, 16 MB cache.
+    /// Full stroke 6.6 ms is an estimate for the class.
+    pub fn cheetah_15k7() -> Self {
+        Self {
+            rpm: 15_000,
+            track_to_track_seek_ms: 0.2,
+            average_seek_ms: 3.4,
+            full_stroke_seek_ms: 6.6,
+            write_settle_ms: 0.5,
+            media_rate_outer_mbps: 204.0,
+            media_rate_inner_mbps: 122.0,
+            capacity_bytes: 600_000_000_000,
+            command_overhead_us: 50.0,
+            queue_depth: 64,
+            write_cache: false,
+            write_cache_bytes: default_write_cache_bytes(),
+            read_ahead_bytes: default_read_ahead_bytes(),
+            interface_mbps: 600.0,
+        }
+    }
+
     /// Seagate Savvio 10K.5 (600 GB, 2.5" SAS 6 Gb/s), the 10K drive of the seed's
     /// tests. Datasheet DS1727: 10,000 rpm (3.0 ms average latency), average seek
     /// ≈ 3.7 ms read / 4.1 ms write (as recalled; approximate); sustained rate
@@ -158,12 +181,12 @@ impl HddSpec {
                 reason: "must be > 0",
             });
         }
-        if self.queue_depth == 0 {
+        if self.queue_depth == 0 || self.queue_depth > 256 {
             return Err(ModelError::InvalidField {
                 what: W,
                 field: "queue_depth",
-                value: "0".into(),
-                reason: "must be >= 1",
+                value: self.queue_depth.to_string(),
+                reason: "must be in 1..=256 (SAS TCQ allows at most 256)",
             });
         }
         if self.capacity_bytes == 0 {
@@ -269,10 +292,25 @@ impl SeekCurve {
 #[derive(Clone, Copy, Debug)]
 struct Pending {
     io: DeviceIo,
+    /// `io.offset_bytes` wrapped to the capacity.
+    offset: u64,
     token: u64,
     arrival_ns: Nanos,
+    /// Radial position, media rate (bytes/ns), track size and angular position of the
+    /// first byte, computed once at submission.
+    x: f64,
+    rate: f64,
+    track_bytes: f64,
+    angle: f64,
     /// False for media writes already acknowledged from the drive's write cache.
     report: bool,
+}
+
+/// Fractional part of a non-negative finite value (cheaper than `f64::fract`, which
+/// is a libm call on baseline x86-64).
+#[inline]
+fn frac(v: f64) -> f64 {
+    v - (v as u64) as f64
 }
 
 /// Per-drive counters for reports.
@@ -296,6 +334,7 @@ pub struct Hdd {
     spec: HddSpec,
     seek: SeekCurve,
     rev_ns: f64,
+    inv_rev_ns: f64,
     /// Media rate at outer edge and its change to the inner edge, bytes/ns.
     rate_outer: f64,
     rate_delta: f64,
@@ -310,6 +349,8 @@ pub struct Hdd {
     last_end_offset: u64,
     last_done_ns: Nanos,
     last_dir: IoDir,
+    /// Media rate where the last command ended, bytes/ns.
+    last_rate: f64,
     cached_write_bytes: u64,
     completions: BinaryHeap<Reverse<(Nanos, u64, u64)>>,
     seq: u64,
@@ -326,6 +367,7 @@ impl Hdd {
             spec: spec.clone(),
             seek,
             rev_ns,
+            inv_rev_ns: 1.0 / rev_ns,
             rate_outer,
             rate_delta: rate_inner - rate_outer,
             overhead_ns: spec.command_overhead_us * 1e3,
@@ -338,6 +380,7 @@ impl Hdd {
             last_end_offset: u64::MAX,
             last_done_ns: 0,
             last_dir: IoDir::Read,
+            last_rate: rate_outer,
             cached_write_bytes: 0,
             completions: BinaryHeap::new(),
             seq: 0,
@@ -386,24 +429,26 @@ impl Hdd {
         if self.last_dir != IoDir::Read || self.last_end_offset == u64::MAX {
             return 0;
         }
-        let x = self.radial(self.last_end_offset);
-        let streamed = t.saturating_sub(self.last_done_ns) as f64 * self.rate_at(x);
+        let streamed = t.saturating_sub(self.last_done_ns) as f64 * self.last_rate;
         (streamed as u64).min(self.spec.read_ahead_bytes as u64)
     }
 
     /// (positioning ns before the media transfer, bytes already in the buffer).
-    fn positioning(&self, p: &Pending, start: Nanos) -> (f64, u64) {
-        let off = p.io.offset_bytes % self.spec.capacity_bytes;
+    /// `buffered` = read-ahead bytes available by `start` for a queued command and by
+    /// `start + overhead` for one that arrived at an idle drive.
+    #[inline]
+    fn positioning(&self, p: &Pending, start: Nanos, buffered: [u64; 2]) -> (f64, u64) {
+        let off = p.offset;
         let pipelined = p.arrival_ns < start;
         let overhead = if pipelined { 0.0 } else { self.overhead_ns };
+        let continues = off == self.last_end_offset;
         if self.last_end_offset != u64::MAX && p.io.dir == self.last_dir {
-            if off == self.last_end_offset && pipelined {
+            if continues && pipelined {
                 // Queued continuation of the stream: the next sectors are under the head.
                 return (0.0, 0);
             }
             if p.io.dir == IoDir::Read && off >= self.last_end_offset {
-                let ready_at = start + overhead as Nanos;
-                let buffered = self.buffered_ahead(ready_at);
+                let buffered = buffered[usize::from(!pipelined)];
                 let skip = off - self.last_end_offset;
                 if skip < buffered {
                     let in_buffer = (buffered - skip).min(p.io.size_bytes as u64);
@@ -411,26 +456,24 @@ impl Hdd {
                 }
             }
         }
-        let x = self.radial(off);
-        let track_bytes = self.rate_at(x) * self.rev_ns;
         let near = self.last_end_offset != u64::MAX
-            && (off as f64 - self.last_end_offset as f64).abs() < track_bytes;
+            && (off as f64 - self.last_end_offset as f64).abs() < p.track_bytes;
         let mut seek = if near {
             0.0
         } else {
-            let d = (x - self.head_x).abs();
+            let d = (p.x - self.head_x).abs();
             if d <= 0.0 { 0.0 } else { self.seek.at_ns(d) }
         };
         if p.io.dir == IoDir::Write && seek > 0.0 {
             seek += self.write_settle_ns;
         }
-        let target_angle = if off == self.last_end_offset {
-            (self.last_done_ns as f64 / self.rev_ns).fract()
+        let target_angle = if continues {
+            frac(self.last_done_ns as f64 * self.inv_rev_ns)
         } else {
-            (off as f64 / track_bytes).fract()
+            p.angle
         };
         let arrive = start as f64 + overhead + seek;
-        let head_angle = (arrive / self.rev_ns).fract();
+        let head_angle = frac(arrive * self.inv_rev_ns);
         let mut wait = target_angle - head_angle;
         if wait < 0.0 {
             wait += 1.0;
@@ -449,36 +492,41 @@ impl Hdd {
             self.busy_until = None;
             return;
         }
-        // Starvation guard, then shortest positioning time first.
+        // Shortest positioning time first, with a starvation guard.
         let mut best = 0;
         let mut best_cost = f64::INFINITY;
+        let mut best_pos = (0.0, 0);
         let mut oldest = 0;
+        let mut oldest_arrival = Nanos::MAX;
+        let buffered = [
+            self.buffered_ahead(t),
+            self.buffered_ahead(t + self.overhead_ns as Nanos),
+        ];
         for (i, p) in self.queue.iter().enumerate() {
-            if p.arrival_ns < self.queue[oldest].arrival_ns {
+            if p.arrival_ns < oldest_arrival {
+                oldest_arrival = p.arrival_ns;
                 oldest = i;
             }
-        }
-        if t.saturating_sub(self.queue[oldest].arrival_ns) > MAX_REORDER_WAIT_NS {
-            best = oldest;
-        } else {
-            for (i, p) in self.queue.iter().enumerate() {
-                let (pos, in_buf) = self.positioning(p, t);
-                // Buffered bytes make a request cheaper still.
-                let cost = pos - in_buf as f64 / self.interface_bytes_per_ns;
-                if cost < best_cost {
-                    best_cost = cost;
-                    best = i;
-                }
+            let (pos, in_buf) = self.positioning(p, t, buffered);
+            // Buffered bytes make a request cheaper still.
+            let cost = pos - in_buf as f64 / self.interface_bytes_per_ns;
+            if cost < best_cost {
+                best_cost = cost;
+                best = i;
+                best_pos = (pos, in_buf);
             }
         }
+        if t.saturating_sub(oldest_arrival) > MAX_REORDER_WAIT_NS && best != oldest {
+            best = oldest;
+            best_pos = self.positioning(&self.queue[oldest], t, buffered);
+        }
         let p = self.queue.swap_remove(best);
-        let (pos, in_buf) = self.positioning(&p, t);
-        let off = p.io.offset_bytes % self.spec.capacity_bytes;
-        let x = self.radial(off);
+        let (pos, in_buf) = best_pos;
+        let off = p.offset;
+        let x = p.x;
         let media_bytes = p.io.size_bytes as u64 - in_buf;
-        let service = pos
-            + in_buf as f64 / self.interface_bytes_per_ns
-            + media_bytes as f64 / self.rate_at(x);
+        let service =
+            pos + in_buf as f64 / self.interface_bytes_per_ns + media_bytes as f64 / p.rate;
         let service_ns = service.max(1.0).round() as Nanos;
         let done = t + service_ns;
         self.stats.busy_ns += service_ns;
@@ -491,18 +539,31 @@ impl Hdd {
                 self.stats.writes += 1;
                 self.stats.write_bytes += p.io.size_bytes as u64;
                 if !p.report {
-                    self.cached_write_bytes =
-                        self.cached_write_bytes.saturating_sub(p.io.size_bytes as u64);
+                    self.cached_write_bytes = self
+                        .cached_write_bytes
+                        .saturating_sub(p.io.size_bytes as u64);
                 }
             }
         }
         self.head_x = x;
+        self.last_rate = p.rate;
         self.last_end_offset = (off + p.io.size_bytes as u64) % self.spec.capacity_bytes;
         self.last_done_ns = done;
         self.last_dir = p.io.dir;
         self.busy_until = Some(done);
         if p.report {
             self.push_completion(done, p.token);
+        }
+    }
+
+    /// Runs the mechanism up to `now`: finishes commands and starts the next ones.
+    fn catch_up(&mut self, now: Nanos) {
+        while let Some(t) = self.busy_until {
+            if t > now {
+                break;
+            }
+            self.busy_until = None;
+            self.start_next(t);
         }
     }
 
@@ -519,22 +580,36 @@ impl Hdd {
 
 impl Component for Hdd {
     fn submit(&mut self, now: Nanos, io: DeviceIo, token: u64) {
+        // Catch up on commands that finished before `now` (completions stay queued
+        // until `advance`), so a late driver cannot start this command in the past.
+        self.catch_up(now);
+        let offset = io.offset_bytes % self.spec.capacity_bytes;
+        let x = self.radial(offset);
+        let rate = self.rate_at(x);
+        let track_bytes = rate * self.rev_ns;
         let mut p = Pending {
             io,
+            offset,
             token,
             arrival_ns: now,
+            x,
+            rate,
+            track_bytes,
+            angle: frac(offset as f64 / track_bytes),
             report: true,
         };
+        // Cached writes stay queued in the drive, so the cache holds at most a queue's
+        // worth of commands (and `write_cache_bytes`).
         if io.dir == IoDir::Write
             && self.spec.write_cache
             && self.cached_write_bytes + io.size_bytes as u64 <= self.spec.write_cache_bytes
+            && self.queue.len() + self.backlog.len() < self.spec.queue_depth as usize
         {
             // Acknowledged once the data is in the drive's DRAM; the media write stays
             // queued (it is lost on power failure, which is why RAID tests disable it).
             self.cached_write_bytes += io.size_bytes as u64;
-            let ack = now as f64
-                + self.overhead_ns
-                + io.size_bytes as f64 / self.interface_bytes_per_ns;
+            let ack =
+                now as f64 + self.overhead_ns + io.size_bytes as f64 / self.interface_bytes_per_ns;
             self.push_completion(ack.round() as Nanos, token);
             p.report = false;
         }
@@ -553,13 +628,7 @@ impl Component for Hdd {
     }
 
     fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>) {
-        while let Some(t) = self.busy_until {
-            if t > now {
-                break;
-            }
-            self.busy_until = None;
-            self.start_next(t);
-        }
+        self.catch_up(now);
         while let Some(Reverse((at, _, token))) = self.completions.peek().copied() {
             if at > now {
                 break;

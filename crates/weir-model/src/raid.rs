@@ -5,8 +5,9 @@
 //! `data_elements × stripe_element_bytes`; consecutive rows go to consecutive spans.
 //! Inside a span:
 //! * RAID 0: element `j` of a row is on drive `j`;
-//! * RAID 1/10: element `j` is on the mirror pair `(2j, 2j+1)`; reads use the
-//!   mirror given by the row's parity (pure, balanced for random and sequential);
+//! * RAID 1/10: element `j` is on the mirror pair `(2j, 2j+1)`; reads alternate
+//!   mirrors every `MIRROR_RUN_ROWS` rows (pure; balanced for random reads, while a
+//!   sequential stream stays contiguous on one mirror for a while);
 //! * RAID 5: left-symmetric rotating parity: row `r` has parity on drive
 //!   `m−1−(r mod m)` and data element `j` on `(P+1+j) mod m`;
 //! * RAID 6: P as RAID 5, Q on `(P+1) mod m`, data `j` on `(P+2+j) mod m`.
@@ -51,6 +52,9 @@ impl RaidSpec {
         }
     }
 }
+
+/// Rows read from one mirror before reads switch to the other.
+pub const MIRROR_RUN_ROWS: u64 = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SpanKind {
@@ -127,7 +131,7 @@ impl RaidLayout {
             reason,
         };
         let e = spec.stripe_element_bytes;
-        if e < 512 || e % 512 != 0 || e > (64 << 20) {
+        if e < 512 || !e.is_multiple_of(512) || e > (64 << 20) {
             return Err(bad(format!(
                 "stripe_element_bytes = {e}: must be a multiple of 512 between 512 and 64 MiB"
             )));
@@ -152,8 +156,10 @@ impl RaidLayout {
                 (SpanKind::Mirror, 1)
             }
             10 => {
-                if n < 4 || n % 2 != 0 {
-                    return Err(bad(format!("needs an even number >= 4 of drives (got {n})")));
+                if n < 4 || !n.is_multiple_of(2) {
+                    return Err(bad(format!(
+                        "needs an even number >= 4 of drives (got {n})"
+                    )));
                 }
                 (SpanKind::Mirror, 1)
             }
@@ -170,8 +176,10 @@ impl RaidLayout {
                 if s < 2 {
                     return Err(bad(format!("needs spans >= 2 (got {s})")));
                 }
-                if n % s != 0 {
-                    return Err(bad(format!("{n} drives do not divide into {s} equal spans")));
+                if !n.is_multiple_of(s) {
+                    return Err(bad(format!(
+                        "{n} drives do not divide into {s} equal spans"
+                    )));
                 }
                 if n / s < p + 2 {
                     return Err(bad(format!(
@@ -343,7 +351,7 @@ impl RaidLayout {
         let e = self.element;
         self.for_each_piece(w0, w1, |j, a, b| {
             let mut d = self.data_drive_local(r, j);
-            if self.kind == SpanKind::Mirror && r % 2 == 1 {
+            if self.kind == SpanKind::Mirror && (r / MIRROR_RUN_ROWS) % 2 == 1 {
                 d += 1;
             }
             push_merged(

@@ -1,7 +1,9 @@
 //! Flash devices: a set of parallel flash channels (each busy for the flash access
 //! time of an operation) followed by a shared data path (busy for
-//! `max(bytes / bandwidth, 1 / IOPS cap)`). A SATA SSD and a PCIe flash card differ
-//! only in their numbers.
+//! `max(bytes / bandwidth, slots / IOPS cap)`, where a read takes one slot, a random
+//! write one slot per 4 KiB and a sequential write none). A SATA SSD and a PCIe flash card differ
+//! only in their numbers. The device bandwidth (not a per-channel one) is the
+//! parameter because a large request is striped over all channels.
 //!
 //! Both stages are FIFO, so an operation's completion time is computed when it is
 //! submitted (exact for FIFO servers); the component then releases completions in
@@ -109,6 +111,8 @@ pub struct Ssd {
     spec: SsdSpec,
     channel_free_ns: Vec<Nanos>,
     path_free_ns: Nanos,
+    /// End of the last write (sequential-write detection).
+    last_write_end: u64,
     completions: BinaryHeap<Reverse<(Nanos, u64, u64)>>,
     seq: u64,
     channel_busy_ns: u64,
@@ -122,6 +126,7 @@ impl Ssd {
             spec: spec.clone(),
             channel_free_ns: vec![0; spec.channels as usize],
             path_free_ns: 0,
+            last_write_end: u64::MAX,
             completions: BinaryHeap::new(),
             seq: 0,
             channel_busy_ns: 0,
@@ -170,8 +175,22 @@ impl Component for Ssd {
         // Shared data path: bandwidth and the sustained IOPS cap (4 KiB-normalised).
         let bytes = io.size_bytes as f64;
         let xfer_ns = bytes / (bw * 1e-3);
-        // Each command costs at least one slot of the sustained IOPS cap.
-        let iops_ns = 1e9 / iops;
+        // A read costs one slot of the sustained IOPS cap. A random
+        // write costs one slot per 4 KiB: its steady-state cost is garbage collection
+        // (write amplification), which grows with the bytes written, whereas a write
+        // that continues the previous one fills erase blocks sequentially and only
+        // pays the bandwidth.
+        let slots = match io.dir {
+            IoDir::Write if io.offset_bytes != self.last_write_end => {
+                (io.size_bytes as f64 / 4096.0).ceil().max(1.0)
+            }
+            IoDir::Write => 0.0,
+            IoDir::Read => 1.0,
+        };
+        if io.dir == IoDir::Write {
+            self.last_write_end = io.offset_bytes.saturating_add(io.size_bytes as u64);
+        }
+        let iops_ns = 1e9 / iops * slots;
         let path_ns = xfer_ns.max(iops_ns).round() as Nanos;
         let path_start = flash_done.max(self.path_free_ns);
         let done = path_start + path_ns;

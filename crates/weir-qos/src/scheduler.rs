@@ -237,7 +237,7 @@ pub enum Dispatch<T> {
 }
 
 /// Counters for one volume since it was added.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct VolumeStats {
     pub queued: usize,
     pub dispatched_ios: u64,
@@ -254,7 +254,7 @@ pub struct VolumeStats {
 }
 
 /// Completion counters for one client (host or VM), across all its volumes.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ClientStats {
     pub ios: u64,
     pub bytes: u64,
