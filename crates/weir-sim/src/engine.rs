@@ -987,6 +987,10 @@ pub(crate) fn check_metric(
     vms: &[VmPlan],
     volumes: &[VolumePlan],
 ) -> Result<(), String> {
+    if let Some((a, b)) = metric.split_once(" / ") {
+        check_metric(a.trim(), vms, volumes)?;
+        return check_metric(b.trim(), vms, volumes);
+    }
     let Some((name, field)) = metric.rsplit_once('.') else {
         return Err(format!(
             "metric {metric:?} must look like `<vm>.<field>`, `volume:<name>.<field>`, `total.<field>` or `component:<name>.utilisation`"
@@ -1023,6 +1027,9 @@ pub(crate) fn check_metric(
 
 /// The value of a compare metric in a finished case.
 pub(crate) fn metric_value(report: &CaseReport, metric: &str) -> Option<f64> {
+    if let Some((a, b)) = metric.split_once(" / ") {
+        return Some(metric_value(report, a.trim())? / metric_value(report, b.trim())?);
+    }
     let (name, field) = metric.rsplit_once('.')?;
     if let Some(c) = name.strip_prefix("component:") {
         let c = report.components.iter().find(|x| x.name == c)?;

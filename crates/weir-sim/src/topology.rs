@@ -174,7 +174,8 @@ pub struct CaseSweep {
 pub struct CompareSpec {
     /// What Weir figure: `<vm>.<field>`, `volume:<name>.<field>`, `total.<field>` or
     /// `component:<name>.utilisation`; fields: iops, mbps, read_iops, write_iops,
-    /// latency_mean_ms, latency_p50_ms, latency_p95_ms, latency_p99_ms.
+    /// latency_mean_ms, latency_p50_ms, latency_p95_ms, latency_p99_ms, latency_max_ms;
+    /// or the ratio of two metrics, `"app05.mbps / app04.mbps"`.
     pub metric: String,
     /// Label shown in reports (default: `metric`).
     #[serde(default)]
