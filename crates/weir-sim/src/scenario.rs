@@ -899,3 +899,64 @@ fn locate_error(file: &str, text: &str, path: &[Seg], message: String) -> Scenar
         message,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc() -> toml::Value {
+        toml::from_str(
+            "[datastore]\nname = \"ds\"\n[[vm]]\nname = \"a\"\nshares = 1000\n[[vm]]\nname = \"b\"\nshares = 1000\n",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn set_path_addresses_named_elements_and_creates_tables() {
+        let mut v = doc();
+        set_path(&mut v, "vm.b.shares", toml::Value::Integer(2000)).unwrap();
+        assert_eq!(v["vm"][1]["shares"].as_integer(), Some(2000));
+        assert_eq!(v["vm"][0]["shares"].as_integer(), Some(1000));
+        set_path(
+            &mut v,
+            "datastore.congestion.enabled",
+            toml::Value::Boolean(true),
+        )
+        .unwrap();
+        assert_eq!(
+            v["datastore"]["congestion"]["enabled"].as_bool(),
+            Some(true)
+        );
+        let e = set_path(&mut v, "vm.c.shares", toml::Value::Integer(1)).unwrap_err();
+        assert!(
+            e.contains("no entry named \"c\"") && e.contains("a, b"),
+            "{e}"
+        );
+        assert!(set_path(&mut v, "datastore.name.x", toml::Value::Integer(1)).is_err());
+        assert!(set_path(&mut v, "vm..shares", toml::Value::Integer(1)).is_err());
+    }
+
+    #[test]
+    fn locations_and_paths() {
+        let text = "[scenario]\nname = \"x\"\n\n[[vm]]\nname = \"a\"\nhost = \"h\"\n";
+        assert_eq!(line_col(text, text.find("host").unwrap()), (6, 1));
+        let root = toml::de::DeTable::parse(text).unwrap();
+        assert_eq!(
+            path_at(root.get_ref(), text.find("\"h\"").unwrap()),
+            "vm[a].host"
+        );
+        let (span, rendered) = span_of(root.get_ref(), &[key("vm"), Seg::Index(0), key("host")]);
+        assert_eq!(rendered, "vm[a].host");
+        assert_eq!(line_col(text, span.unwrap().start).0, 6);
+        // A missing key keeps the deepest existing location.
+        let (span, rendered) = span_of(root.get_ref(), &[key("vm"), Seg::Index(0), key("volume")]);
+        assert_eq!(rendered, "vm[a].volume");
+        assert_eq!(line_col(text, span.unwrap().start).0, 5);
+    }
+
+    #[test]
+    fn numbers_print_without_trailing_zeros() {
+        assert_eq!(fmt_num(64.0), "64");
+        assert_eq!(fmt_num(0.5), "0.5");
+    }
+}
