@@ -131,10 +131,11 @@ struct Stats {
 }
 
 impl Stats {
-    fn new() -> Stats {
+    /// Latency from 1 µs to 100 s at `sigfig` significant figures (3 for totals and
+    /// volumes, 2 (1 %) per VM: 20 KB instead of 140 KB each, for thousands of VMs).
+    fn new(sigfig: u8) -> Stats {
         Stats {
-            // 1 µs .. 100 s at 3 significant figures.
-            hist: Histogram::new_with_bounds(1, 100_000_000, 3)
+            hist: Histogram::new_with_bounds(1, 100_000_000, sigfig)
                 .expect("constant histogram bounds are valid"),
             ios: 0,
             bytes: 0,
@@ -223,7 +224,8 @@ pub(crate) struct Engine<'p> {
     datastore_latency: DatastoreLatency,
     parts_at_start: Vec<PartSnapshot>,
     completed: u64,
-    series_total: Vec<(u64, u64)>,
+    /// Per timeline interval: bytes, I/Os, device latency sum (ns).
+    series_total: Vec<(u64, u64, u128)>,
 }
 
 fn splitmix(mut x: u64) -> u64 {
@@ -346,7 +348,7 @@ impl<'p> Engine<'p> {
                 generator: Box::new(generator),
                 outstanding: vec![0; workers],
                 wake_at: vec![None; workers],
-                stats: Stats::new(),
+                stats: Stats::new(2),
                 buckets: vec![(0, 0, 0); buckets],
             });
         }
@@ -372,12 +374,12 @@ impl<'p> Engine<'p> {
             measuring: plan.warmup_ns == 0,
             measure_start: 0,
             end: plan.warmup_ns + plan.duration_ns,
-            volume_stats: plan.volumes.iter().map(|_| Stats::new()).collect(),
-            total: Stats::new(),
+            volume_stats: plan.volumes.iter().map(|_| Stats::new(3)).collect(),
+            total: Stats::new(3),
             datastore_latency: DatastoreLatency::new(),
             parts_at_start: Vec::new(),
             completed: 0,
-            series_total: vec![(0, 0); buckets],
+            series_total: vec![(0, 0, 0); buckets],
         })
     }
 
@@ -819,6 +821,7 @@ impl<'p> Engine<'p> {
             if let Some(b) = self.series_total.get_mut(bucket) {
                 b.0 += r.io.size_bytes as u64;
                 b.1 += 1;
+                b.2 += (now - r.host_dispatched_at) as u128;
             }
             if self.measuring {
                 if error {
@@ -927,6 +930,21 @@ impl<'p> Engine<'p> {
             unit: "IOPS".into(),
             interval_s,
             values: tb.iter().map(|x| x.1 as f64 / interval_s).collect(),
+        });
+        timeline.push(TimelineSeries {
+            name: "datastore device latency".into(),
+            unit: "ms".into(),
+            interval_s,
+            values: tb
+                .iter()
+                .map(|x| {
+                    if x.1 == 0 {
+                        0.0
+                    } else {
+                        x.2 as f64 / x.1 as f64 / 1e6
+                    }
+                })
+                .collect(),
         });
         for (i, h) in self.hosts.iter().enumerate() {
             if !h.window_series.is_empty() {

@@ -364,6 +364,11 @@ fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Result<()
     Ok(())
 }
 
+/// Most I/Os the VMs of one case may keep outstanding (memory bound).
+const MAX_IN_FLIGHT: u64 = 4_000_000;
+/// Most per-VM timeline points of one case (memory bound).
+const MAX_TIMELINE_POINTS: u64 = 5_000_000;
+
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
@@ -694,6 +699,28 @@ pub(crate) fn plan_case(
             });
             next_offset += disk_bytes;
         }
+    }
+    let in_flight: u64 = vms
+        .iter()
+        .map(|v| v.spec.workers as u64 * v.spec.outstanding_ios as u64)
+        .sum();
+    if in_flight > MAX_IN_FLIGHT {
+        return Err(err(
+            vec![key("vm")],
+            format!(
+                "the VMs keep {in_flight} I/Os outstanding; at most {MAX_IN_FLIGHT} are simulated"
+            ),
+        ));
+    }
+    let intervals = (duration_ns + warmup_ns) / interval_ns + 1;
+    if vms.len() as u64 * intervals > MAX_TIMELINE_POINTS {
+        return Err(err(
+            vec![key("scenario"), key("timeline_interval_s")],
+            format!(
+                "{} VMs × {intervals} timeline intervals is too many points (max {MAX_TIMELINE_POINTS}); use a longer interval",
+                vms.len()
+            ),
+        ));
     }
     if vms.is_empty() {
         return Err(err(

@@ -120,11 +120,22 @@ fn sioc_shares_pattern_of_003() {
     // Every case carries the seed's figures beside Weir's.
     assert!(report.cases.iter().all(|c| !c.comparisons.is_empty()));
     let cmp = &case(&report, "two-hosts/on/2-1").comparisons;
-    let high = cmp.iter().find(|c| c.metric == "app05 (High) MB/s").expect("app05 comparison");
+    let high = cmp
+        .iter()
+        .find(|c| c.metric == "app05 (High) MB/s")
+        .expect("app05 comparison");
     assert_eq!(high.seed, 504.0);
     assert!(high.source.contains("003") && high.weir > 0.0);
-    let split = cmp.iter().find(|c| c.metric.starts_with("share split")).expect("share split comparison");
-    assert!((split.weir / split.seed - 1.0).abs() < 0.2, "share split {} vs {}", split.weir, split.seed);
+    let split = cmp
+        .iter()
+        .find(|c| c.metric.starts_with("share split"))
+        .expect("share split comparison");
+    assert!(
+        (split.weir / split.seed - 1.0).abs() < 0.2,
+        "share split {} vs {}",
+        split.weir,
+        split.seed
+    );
 }
 
 #[test]
