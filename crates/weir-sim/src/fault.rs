@@ -1,12 +1,13 @@
 //! Fault injection hook.
 //!
 //! Every request passes [`FaultInjector::before_array`] when it reaches the array
-//! (after the links, before array-side QoS). The simulator runs with [`NoFaults`]
-//! today; seeded injectors (a slow device, read/write errors, as in TigerBeetle's
-//! simulated storage) plug in here and get their randomness from
-//! `stream_seed(seed, "faults")` so a failing seed replays exactly.
+//! (after the links, before array-side QoS). `Scenario::run` uses [`NoFaults`];
+//! `Scenario::run_with_faults` takes a builder for seeded injectors (a slow device,
+//! read/write errors, as in TigerBeetle's simulated storage), which derive their
+//! randomness from the run's seed so that a failing seed replays exactly. Scenario
+//! files do not describe faults yet.
 
-use weir_model::DeviceIo;
+pub use weir_model::DeviceIo;
 use weir_qos::Nanos;
 
 /// What happens to one request at the array's door.

@@ -74,11 +74,22 @@ impl Scenario {
 
     /// Runs every case; `seed` overrides the file's.
     pub fn run(&self, seed: Option<u64>, progress: &mut dyn FnMut(Progress)) -> ScenarioReport {
+        self.run_with_faults(seed, &|_, _| Box::new(fault::NoFaults), progress)
+    }
+
+    /// Like [`Scenario::run`], with a fault injector per case: `faults(case_name,
+    /// seed)` builds it (derive its randomness from the seed so runs replay).
+    pub fn run_with_faults(
+        &self,
+        seed: Option<u64>,
+        faults: &dyn Fn(&str, u64) -> Box<dyn fault::FaultInjector>,
+        progress: &mut dyn FnMut(Progress),
+    ) -> ScenarioReport {
         let seed = seed.unwrap_or(self.seed);
         let total = self.cases.len();
         let mut cases = Vec::with_capacity(total);
         for (i, plan) in self.cases.iter().enumerate() {
-            let report = match engine::Engine::new(plan, seed, Box::new(fault::NoFaults)) {
+            let report = match engine::Engine::new(plan, seed, faults(&plan.name, seed)) {
                 Ok(engine) => engine.run(progress, i, total),
                 Err(e) => weir_report::CaseReport {
                     name: plan.name.clone(),

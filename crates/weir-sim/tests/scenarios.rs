@@ -315,3 +315,49 @@ fn sweeps_expand_cases_with_params() {
     assert!((one / 10_000.0 - 1.0).abs() < 0.01, "{one}");
     assert!((eight / 40_000.0 - 1.0).abs() < 0.01, "{eight}");
 }
+
+/// Fails every 10th request and delays every 10th other one by 5 ms.
+struct EveryTenth {
+    seen: u64,
+}
+
+impl weir_sim::fault::FaultInjector for EveryTenth {
+    fn before_array(
+        &mut self,
+        _now: u64,
+        _io: &weir_sim::fault::DeviceIo,
+    ) -> weir_sim::fault::FaultAction {
+        self.seen += 1;
+        match self.seen % 10 {
+            0 => weir_sim::fault::FaultAction::Fail,
+            5 => weir_sim::fault::FaultAction::Delay(5_000_000),
+            _ => weir_sim::fault::FaultAction::Pass,
+        }
+    }
+}
+
+#[test]
+fn fault_hook_fails_and_delays_requests() {
+    let s = Scenario::from_toml_str("faults.toml", GOOD).unwrap();
+    let clean = s.run(None, &mut |_| {});
+    let faulty = s.run_with_faults(None, &|_, _| Box::new(EveryTenth { seen: 0 }), &mut |_| {});
+    let (c, f) = (
+        clean.cases[0].total.as_ref().unwrap(),
+        faulty.cases[0].total.as_ref().unwrap(),
+    );
+    assert_eq!(c.errors, 0);
+    let error_share = f.errors as f64 / (f.errors + f.ios) as f64;
+    assert!(
+        (error_share - 0.1).abs() < 0.01,
+        "errors {} of {}",
+        f.errors,
+        f.ios + f.errors
+    );
+    // Delayed requests show up in the tail.
+    assert!(
+        f.latency_ms.p95 >= 5.0 && c.latency_ms.p99 < 5.0,
+        "clean p99 {} faulty p95 {}",
+        c.latency_ms.p99,
+        f.latency_ms.p95
+    );
+}

@@ -342,4 +342,38 @@ mod tests {
             "{e}"
         );
     }
+
+    proptest::proptest! {
+        #[test]
+        fn requests_stay_inside_the_dataset_and_aligned(
+            size_kib in 1u32..2048,
+            align_kib in proptest::option::of(1u32..512),
+            read_pct in 0.0f64..=100.0,
+            random_pct in 0.0f64..=100.0,
+            workers in 1u32..8,
+            fraction in 0.05f64..=1.0,
+            volume_mib in 64u64..4096,
+            seed in 0u64..1000,
+        ) {
+            let mut spec = AccessSpec::simple(size_kib * 1024, read_pct, random_pct, 4);
+            spec.workers = workers;
+            spec.dataset_fraction = fraction;
+            spec.alignment_bytes = align_kib.map(|a| a * 1024);
+            let volume = volume_mib << 20;
+            match AccessGenerator::new(&spec, volume, seed) {
+                Err(_) => proptest::prop_assert!((volume as f64 * fraction) < (size_kib as f64 * 1024.0) * 2.0),
+                Ok(mut g) => {
+                    let align = spec.alignment_bytes.unwrap_or(size_kib * 1024) as u64;
+                    for w in 0..workers {
+                        for _ in 0..50 {
+                            let Issue::Io(r) = g.poll(0, w, 0) else { panic!("blocked with nothing outstanding") };
+                            proptest::prop_assert!(r.offset_bytes + r.size_bytes as u64 <= g.dataset_bytes());
+                            proptest::prop_assert!(g.dataset_bytes() <= volume);
+                            proptest::prop_assert_eq!(r.offset_bytes % align, 0);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
