@@ -1,10 +1,10 @@
 //! Runs a scenario file (or a shipped scenario by name) and prints a summary:
-//! `cargo run --release -p weir-sim --example run_scenario -- scenarios/sioc-shares.toml [case-filter] [--json]`
+//! `cargo run --release -p weir-sim --example run_scenario -- scenarios/sioc-shares.toml [case-filter] [--json | --text]`
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(target) = args.first() else {
-        eprintln!("usage: run_scenario <file.toml | shipped name> [case filter] [--json]");
+        eprintln!("usage: run_scenario <file.toml | shipped name> [case filter] [--json | --text]");
         std::process::exit(2);
     };
     let json = args.iter().any(|a| a == "--json");
@@ -31,6 +31,14 @@ fn main() {
             "{}",
             serde_json::to_string_pretty(&report).unwrap_or_default()
         );
+        return;
+    }
+    if args.iter().any(|a| a == "--text") {
+        let opts = weir_report::TextOptions {
+            color: false,
+            sparklines: true,
+        };
+        println!("{}", weir_report::render_text(&report, &opts));
         return;
     }
     let events: u64 = report.cases.iter().map(|c| c.events).sum();

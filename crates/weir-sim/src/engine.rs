@@ -110,6 +110,7 @@ struct HostState {
     area: u128,
     last_change: Nanos,
     dispatched: u64,
+    dispatched_bytes: u64,
     window_series: Vec<f64>,
 }
 
@@ -319,6 +320,7 @@ impl<'p> Engine<'p> {
                 area: 0,
                 last_change: 0,
                 dispatched: 0,
+                dispatched_bytes: 0,
                 window_series: Vec::new(),
             });
         }
@@ -486,6 +488,7 @@ impl<'p> Engine<'p> {
             h.area = 0;
             h.last_change = self.now;
             h.dispatched = 0;
+            h.dispatched_bytes = 0;
         }
     }
 
@@ -579,6 +582,7 @@ impl<'p> Engine<'p> {
                     Self::note_outstanding(h, now);
                     h.outstanding += 1;
                     h.dispatched += 1;
+                    h.dispatched_bytes += d.cost.size_bytes as u64;
                     let slot = d.payload;
                     let link = h.link;
                     let r = &mut self.reqs[slot as usize];
@@ -886,14 +890,21 @@ impl<'p> Engine<'p> {
                 mbps: p.bytes.saturating_sub(bytes0) as f64 / 1e6 / duration_s,
             });
         }
+        let used_intervals = (now / plan.interval_ns) as usize;
         for (i, h) in self.hosts.iter_mut().enumerate() {
             Self::note_outstanding(h, now);
+            // The last interval ends with the run: sample the window there too.
+            if let Some(w) = &h.window
+                && h.window_series.len() < used_intervals
+            {
+                h.window_series.push(w.window() as f64);
+            }
             components.push(ComponentResult {
                 name: format!("host {}", plan.hosts[i].name),
                 kind: "host".into(),
                 utilisation: h.area as f64 / 1e9 / duration_s / h.queue_depth as f64,
                 ios: h.dispatched,
-                mbps: 0.0,
+                mbps: h.dispatched_bytes as f64 / 1e6 / duration_s,
             });
         }
         let interval_s = plan.interval_ns as f64 / 1e9;
