@@ -361,3 +361,105 @@ fn fault_hook_fails_and_delays_requests() {
         f.latency_ms.p95
     );
 }
+
+const DISK: &str = r#"[scenario]
+name = "disk"
+duration_s = 0.05
+
+[array]
+controller = "pcie-gen2"
+drive = "sas-15k"
+raid = { level = 5, drives = 8, stripe_element_bytes = 65536 }
+policy = { write_policy = "write-back" }
+
+[array_qos]
+backend_concurrency = 16
+
+[[volume]]
+name = "v1"
+policy = "gold"
+
+[[policy]]
+name = "gold"
+limit_iops = 500
+
+[[host]]
+name = "h1"
+link = "fc-4g"
+queue_depth = 32
+
+[[workload]]
+name = "w"
+block_kib = 8
+read_pct = 70
+random_pct = 100
+outstanding_ios = 8
+workers = 2
+
+[[vm]]
+name = "a"
+host = "h1"
+workload = "w"
+volume = "v1"
+disk_gib = 10
+
+[[case]]
+name = "c"
+set = { "vm.a.shares" = "high" }
+[[case.sweep]]
+param = "queue_depth"
+values = [1, 4]
+"#;
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..Default::default() })]
+    /// Mangled files are rejected with a located error (or accepted and run), never a panic.
+    #[test]
+    fn mangled_files_never_panic(line in 0usize..60, how in 0u8..4, value in proptest::prop_oneof![
+        proptest::strategy::Just("0".to_string()),
+        proptest::strategy::Just("-1".to_string()),
+        proptest::strategy::Just("1e308".to_string()),
+        proptest::strategy::Just("4294967296".to_string()),
+        proptest::strategy::Just("\"x\"".to_string()),
+        proptest::strategy::Just("nan".to_string()),
+        proptest::strategy::Just("[]".to_string()),
+    ]) {
+        let lines: Vec<&str> = DISK.lines().collect();
+        let i = line % lines.len();
+        let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        match how {
+            0 => { out.remove(i); }
+            1 => if let Some((k, _)) = lines[i].split_once(" = ") { out[i] = format!("{k} = {value}"); },
+            2 => out[i] = lines[i].chars().take(lines[i].len() / 2).collect(),
+            _ => out.insert(i, format!("bogus = {value}")),
+        }
+        let text = out.join("\n");
+        match Scenario::from_toml_str("mangled.toml", &text) {
+            Ok(s) => {
+                let r = s.run(None, &mut |_| {});
+                proptest::prop_assert_eq!(r.cases.len(), s.case_names().len());
+            }
+            Err(ScenarioError::Invalid { line, field, message, .. }) => {
+                proptest::prop_assert!(line >= 1 && !field.is_empty() && !message.is_empty());
+            }
+            Err(e) => proptest::prop_assert!(false, "unexpected error kind: {}", e),
+        }
+    }
+}
+
+#[test]
+fn disk_fixture_runs_with_array_qos_limit() {
+    let s = Scenario::from_toml_str("disk.toml", DISK).unwrap();
+    assert_eq!(s.case_names(), vec!["c/queue_depth=1", "c/queue_depth=4"]);
+    let r = s.run(None, &mut |_| {});
+    for c in &r.cases {
+        let v1 = workload(c, "volume:v1");
+        assert!(
+            v1.iops > 0.0 && v1.iops <= 500.0 * 1.05,
+            "{}: {}",
+            c.name,
+            v1.iops
+        );
+        assert!(c.components.iter().any(|x| x.kind == "drive"));
+    }
+}
