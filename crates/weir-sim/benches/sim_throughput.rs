@@ -1,1 +1,145 @@
-fn main() {}
+//! Simulated I/Os per wall-clock second.
+//!
+//! `cargo bench -p weir-sim --bench sim_throughput`
+//!
+//! Two large scenarios, each run once after a warm-up run:
+//! - `engine`: 64 VMs on 4 hosts (host schedulers with shares and limits, PARDA windows,
+//!   FC links, array-side QoS on 4 volumes) on an `ideal` array: the cost of the event
+//!   loop, the weir-qos schedulers and the links.
+//! - `disk-array`: OLTP (random 70:30 8K) from 8 VMs on a 24 × 15K SAS RAID 5
+//!   weir-model array: adds the drive, RAID and cache models.
+
+use std::time::Instant;
+use weir_sim::Scenario;
+
+const ENGINE: &str = r#"
+[scenario]
+name = "bench-engine"
+duration_s = 10
+
+[datastore]
+congestion = { enabled = true, threshold_ms = 30, period_ms = 250 }
+
+[array]
+ideal = { servers = 64, service_us = 100 }
+
+[array_qos]
+backend_concurrency = 128
+
+[[policy]]
+name = "capped"
+limit_iops = 100000
+
+[[volume]]
+name = "v1"
+policy = "mission-critical"
+[[volume]]
+name = "v2"
+policy = "business-critical"
+[[volume]]
+name = "v3"
+policy = "capped"
+[[volume]]
+name = "v4"
+
+[[host]]
+name = "h1"
+link = "fc-8g"
+queue_depth = 64
+[[host]]
+name = "h2"
+link = "fc-8g"
+queue_depth = 64
+[[host]]
+name = "h3"
+link = "fc-8g"
+queue_depth = 64
+[[host]]
+name = "h4"
+link = "fc-8g"
+queue_depth = 64
+
+[[workload]]
+name = "w"
+block_kib = 4
+read_pct = 70
+random_pct = 100
+outstanding_ios = 8
+
+[[vm]]
+name = "a"
+host = "h1"
+volume = "v1"
+workload = "w"
+count = 16
+disk_gib = 4
+[[vm]]
+name = "b"
+host = "h2"
+volume = "v2"
+workload = "w"
+shares = "high"
+count = 16
+disk_gib = 4
+[[vm]]
+name = "c"
+host = "h3"
+volume = "v3"
+workload = "w"
+limit_iops = 5000
+count = 16
+disk_gib = 4
+[[vm]]
+name = "d"
+host = "h4"
+volume = "v4"
+workload = "w"
+shares = "low"
+count = 16
+disk_gib = 4
+"#;
+
+const DISK_ARRAY: &str = r#"
+[scenario]
+name = "bench-disk-array"
+duration_s = 20
+
+[array]
+preset = "15k-sas-raid5x24"
+
+[[host]]
+name = "h1"
+link = "fc-8g"
+queue_depth = 256
+
+[[vm]]
+name = "oltp"
+host = "h1"
+workload = "oltp"
+count = 8
+disk_gib = 500
+"#;
+
+fn measure(name: &str, text: &str) {
+    let scenario = match Scenario::from_toml_str(name, text) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
+    let _ = scenario.run(None, &mut |_| {});
+    let started = Instant::now();
+    let report = scenario.run(None, &mut |_| {});
+    let wall_s = started.elapsed().as_secs_f64();
+    let ios: u64 = report.cases.iter().map(|c| c.events).sum();
+    println!(
+        "{name:<12} {ios:>10} simulated I/Os in {wall_s:>6.3} s wall = {:>10.0} simulated I/Os per wall second",
+        ios as f64 / wall_s
+    );
+}
+
+fn main() {
+    measure("engine", ENGINE);
+    measure("disk-array", DISK_ARRAY);
+}

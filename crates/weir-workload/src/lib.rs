@@ -1,1 +1,58 @@
-//! Workload models: Iometer access specifications, application profiles (later VDI/OLTP/Exchange)
+//! # weir-workload — what the clients ask of storage
+//!
+//! Pure: no I/O, no clock, no threads. A workload is a generator of
+//! `(offset_bytes, size_bytes, read/write)` requests, polled by a driver (the
+//! simulator on a virtual clock, later the load generator on a real one):
+//!
+//! - [`AccessSpec`]: an Iometer access specification (transfer-size mix with % read and
+//!   % random per line, alignment, burstiness, outstanding I/Os per worker, workers,
+//!   ramp-up, run time, dataset share of the volume), serde/TOML with unknown fields
+//!   rejected.
+//! - [`AccessGenerator`]: a deterministic generator for an `AccessSpec`
+//!   (ChaCha8 by seed), one sequential stream per worker.
+//! - [`IoGenerator`]: the small trait every generator implements, shaped so that models
+//!   with think time (VDI, OLTP, Exchange; issue 4) fit: the driver polls a worker and
+//!   gets an I/O, a time to come back, or "blocked until a completion".
+//! - [`profiles`]: the nine application profiles of 002 Table 15 as named built-ins.
+//! - [`Sweep`]: a parameter swept over a list of values (block size, queue depth…).
+
+mod access;
+mod generator;
+mod profiles;
+mod sweep;
+
+pub use access::{AccessSpec, DEFAULT_DATASET_FRACTION, MAX_TRANSFER_BYTES, TransferLine};
+pub use generator::{AccessGenerator, IoGenerator, IoRequest, Issue};
+pub use profiles::{Profile, ProfileMetric, profile, profile_names, profiles};
+pub use sweep::{SWEEP_PARAMS, Sweep, expand_sweeps};
+
+/// Nanoseconds on the driver's clock.
+pub type Nanos = u64;
+
+/// Direction of a request.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    Read,
+    Write,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WorkloadError {
+    /// A field has a value outside its range.
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error("unknown sweep parameter {0:?} (known: {known})", known = SWEEP_PARAMS.join(", "))]
+    UnknownParam(String),
+    #[error("unknown application profile {0:?} (known: {known})", known = profile_names().join(", "))]
+    UnknownProfile(String),
+}
+
+impl WorkloadError {
+    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        WorkloadError::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,1089 @@
+//! The discrete-event loop of one case.
+//!
+//! Path of a request: workload → host scheduler (VM disk shares/limits/reservations)
+//! → host window (device queue depth, and PARDA's window when datastore-wide control is
+//! on) → host link (writes carry data out) → target link → array-side QoS (optional) →
+//! array → target link → host link (reads carry data back) → completion, reported to
+//! the host scheduler (latency as the VM saw it) and to the datastore-wide latency
+//! average (device latency, from host dispatch to completion, as SIOC measures it).
+
+use crate::Progress;
+use crate::fault::{FaultAction, FaultInjector};
+use crate::hw::{self, Hw, PartSnapshot};
+use crate::scenario::{CasePlan, VmPlan, VolumePlan};
+use hdrhistogram::Histogram;
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+use weir_model::{Component, DeviceIo};
+use weir_qos::{
+    ClientId, DatastoreLatency, Dispatch, HostWindow, IoCost, IoKind, Nanos, Scheduler,
+    SchedulerConfig, VolumeId,
+};
+use weir_report::{
+    CaseReport, Comparison, ComponentResult, LatencySummary, TimelineSeries, WorkloadResult,
+};
+use weir_workload::{AccessGenerator, Direction, IoGenerator, IoRequest, Issue};
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Ev {
+    WorkerWake { vm: u32, worker: u32 },
+    HostWake(u32),
+    ArrayQosWake,
+    Component(u32),
+    FaultRelease(u32),
+    CongestionTick,
+    Sample,
+    MeasureStart,
+    End,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Event {
+    at: Nanos,
+    seq: u64,
+    ev: Ev,
+}
+
+impl Ord for Event {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Stage {
+    HostLinkOut,
+    TargetLinkOut,
+    Array,
+    TargetLinkBack,
+    HostLinkBack,
+    Free,
+}
+
+#[derive(Copy, Clone, Debug)]
+struct Req {
+    vm: u32,
+    worker: u32,
+    io: IoRequest,
+    stage: Stage,
+    issued_at: Nanos,
+    host_dispatched_at: Nanos,
+    array_arrived_at: Nanos,
+}
+
+const FREE_REQ: Req = Req {
+    vm: 0,
+    worker: 0,
+    io: IoRequest {
+        offset_bytes: 0,
+        size_bytes: 0,
+        dir: Direction::Read,
+    },
+    stage: Stage::Free,
+    issued_at: 0,
+    host_dispatched_at: 0,
+    array_arrived_at: 0,
+};
+
+struct Comp {
+    c: Hw,
+    pending: Option<Nanos>,
+    name: String,
+    kind: &'static str,
+    busy_at_start: Nanos,
+    ios: u64,
+    bytes: u64,
+}
+
+struct HostState {
+    sched: Scheduler<u32>,
+    outstanding: u32,
+    queue_depth: u32,
+    window: Option<HostWindow>,
+    wake_at: Option<Nanos>,
+    link: Option<u32>,
+    area: u128,
+    last_change: Nanos,
+    dispatched: u64,
+    dispatched_bytes: u64,
+    window_series: Vec<f64>,
+}
+
+struct ArrayQos {
+    sched: Scheduler<u32>,
+    outstanding: u32,
+    concurrency: u32,
+    wake_at: Option<Nanos>,
+}
+
+struct Stats {
+    hist: Histogram<u64>,
+    ios: u64,
+    bytes: u64,
+    reads: u64,
+    writes: u64,
+    errors: u64,
+    latency_sum_ns: u128,
+}
+
+impl Stats {
+    /// Latency from 1 µs to 100 s at `sigfig` significant figures (3 for totals and
+    /// volumes, 2 (1 %) per VM: 20 KB instead of 140 KB each, for thousands of VMs).
+    fn new(sigfig: u8) -> Stats {
+        Stats {
+            hist: Histogram::new_with_bounds(1, 100_000_000, sigfig)
+                .expect("constant histogram bounds are valid"),
+            ios: 0,
+            bytes: 0,
+            reads: 0,
+            writes: 0,
+            errors: 0,
+            latency_sum_ns: 0,
+        }
+    }
+    fn record(&mut self, io: &IoRequest, latency_ns: Nanos) {
+        self.hist.saturating_record((latency_ns / 1000).max(1));
+        self.ios += 1;
+        self.bytes += io.size_bytes as u64;
+        match io.dir {
+            Direction::Read => self.reads += 1,
+            Direction::Write => self.writes += 1,
+        }
+        self.latency_sum_ns += latency_ns as u128;
+    }
+    fn result(&self, name: String, duration_s: f64) -> WorkloadResult {
+        let q = |p: f64| {
+            if self.ios == 0 {
+                0.0
+            } else {
+                self.hist.value_at_quantile(p) as f64 / 1000.0
+            }
+        };
+        WorkloadResult {
+            name,
+            volume: None,
+            host: None,
+            iops: self.ios as f64 / duration_s,
+            mbps: self.bytes as f64 / 1e6 / duration_s,
+            latency_ms: LatencySummary {
+                mean: if self.ios == 0 {
+                    0.0
+                } else {
+                    self.latency_sum_ns as f64 / self.ios as f64 / 1e6
+                },
+                p50: q(0.5),
+                p95: q(0.95),
+                p99: q(0.99),
+                max: if self.ios == 0 {
+                    0.0
+                } else {
+                    self.hist.max() as f64 / 1000.0
+                },
+            },
+            read_iops: self.reads as f64 / duration_s,
+            write_iops: self.writes as f64 / duration_s,
+            ios: self.ios,
+            errors: self.errors,
+        }
+    }
+}
+
+struct VmState {
+    plan: VmPlan,
+    generator: Box<dyn IoGenerator>,
+    outstanding: Vec<u32>,
+    wake_at: Vec<Option<Nanos>>,
+    stats: Stats,
+    /// Per timeline interval: bytes, I/Os, latency sum (ns).
+    buckets: Vec<(u64, u64, u128)>,
+}
+
+pub(crate) struct Engine<'p> {
+    plan: &'p CasePlan,
+    now: Nanos,
+    seq: u64,
+    heap: BinaryHeap<Reverse<Event>>,
+    reqs: Vec<Req>,
+    free: Vec<u32>,
+    vms: Vec<VmState>,
+    hosts: Vec<HostState>,
+    comps: Vec<Comp>,
+    target_link: Option<u32>,
+    array_qos: Option<ArrayQos>,
+    faults: Box<dyn FaultInjector>,
+    done: Vec<weir_model::Completion>,
+    measuring: bool,
+    measure_start: Nanos,
+    end: Nanos,
+    volume_stats: Vec<Stats>,
+    total: Stats,
+    datastore_latency: DatastoreLatency,
+    parts_at_start: Vec<PartSnapshot>,
+    completed: u64,
+    /// Per timeline interval: bytes, I/Os, device latency sum (ns).
+    series_total: Vec<(u64, u64, u128)>,
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Stable seed for a named stream (FNV-1a of the name, mixed with the run's seed).
+pub(crate) fn stream_seed(seed: u64, name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    splitmix(seed ^ splitmix(h))
+}
+
+impl<'p> Engine<'p> {
+    pub(crate) fn new(
+        plan: &'p CasePlan,
+        seed: u64,
+        faults: Box<dyn FaultInjector>,
+    ) -> Result<Engine<'p>, String> {
+        let mut comps = Vec::new();
+        let disks_bytes: u64 = plan.vms.iter().map(|v| v.disk_bytes).sum();
+        let array = hw::build_array(&plan.file.array, stream_seed(seed, "array"), disks_bytes)?;
+        comps.push(Comp {
+            c: array,
+            pending: None,
+            name: "array".into(),
+            kind: "array",
+            busy_at_start: 0,
+            ios: 0,
+            bytes: 0,
+        });
+        let mut target_link = None;
+        if let Some(spec) = &plan.file.datastore.target_link
+            && let Some(c) = hw::build_link(spec)?
+        {
+            target_link = Some(comps.len() as u32);
+            comps.push(Comp {
+                c,
+                pending: None,
+                name: format!("target link {}", plan.file.datastore.name),
+                kind: "link",
+                busy_at_start: 0,
+                ios: 0,
+                bytes: 0,
+            });
+        }
+        let mut hosts = Vec::new();
+        for (hi, h) in plan.hosts.iter().enumerate() {
+            let mut sched = Scheduler::new(SchedulerConfig {
+                cost_unit_bytes: h.cost_unit_bytes,
+            });
+            let mut host_shares = 0u64;
+            for (vi, vm) in plan.vms.iter().enumerate() {
+                if vm.host == hi {
+                    sched.add_volume(0, VolumeId(vi as u32), vm.policy.clone());
+                    host_shares += vm.policy.shares.get() as u64;
+                }
+            }
+            let window = plan.congestion.enabled.then(|| {
+                HostWindow::new(plan.congestion.clone(), host_shares.max(1), h.queue_depth)
+            });
+            let link = match hw::build_link(&h.link)? {
+                Some(c) => {
+                    comps.push(Comp {
+                        c,
+                        pending: None,
+                        name: format!("link {}", h.name),
+                        kind: "link",
+                        busy_at_start: 0,
+                        ios: 0,
+                        bytes: 0,
+                    });
+                    Some(comps.len() as u32 - 1)
+                }
+                None => None,
+            };
+            hosts.push(HostState {
+                sched,
+                outstanding: 0,
+                queue_depth: h.queue_depth,
+                window,
+                wake_at: None,
+                link,
+                area: 0,
+                last_change: 0,
+                dispatched: 0,
+                dispatched_bytes: 0,
+                window_series: Vec::new(),
+            });
+        }
+        let array_qos = plan.file.array_qos.as_ref().map(|q| {
+            let mut sched = Scheduler::new(SchedulerConfig {
+                cost_unit_bytes: q.cost_unit_bytes,
+            });
+            for (i, v) in plan.volumes.iter().enumerate() {
+                sched.add_volume(0, VolumeId(i as u32), v.policy.clone());
+            }
+            ArrayQos {
+                sched,
+                outstanding: 0,
+                concurrency: q.backend_concurrency,
+                wake_at: None,
+            }
+        });
+        let buckets = ((plan.warmup_ns + plan.duration_ns) / plan.interval_ns + 1) as usize;
+        let mut vms = Vec::new();
+        for vm in &plan.vms {
+            let generator =
+                AccessGenerator::new(&vm.spec, vm.disk_bytes, stream_seed(seed, &vm.name))
+                    .map_err(|e| format!("VM {}: {e}", vm.name))?;
+            let workers = generator.workers() as usize;
+            vms.push(VmState {
+                plan: vm.clone(),
+                generator: Box::new(generator),
+                outstanding: vec![0; workers],
+                wake_at: vec![None; workers],
+                stats: Stats::new(2),
+                buckets: vec![(0, 0, 0); buckets],
+            });
+        }
+        let in_flight: usize = plan
+            .vms
+            .iter()
+            .map(|v| (v.spec.workers * v.spec.outstanding_ios) as usize)
+            .sum();
+        Ok(Engine {
+            plan,
+            now: 0,
+            seq: 0,
+            heap: BinaryHeap::with_capacity(in_flight * 2 + 64),
+            reqs: Vec::with_capacity(in_flight),
+            free: Vec::with_capacity(in_flight),
+            vms,
+            hosts,
+            comps,
+            target_link,
+            array_qos,
+            faults,
+            done: Vec::with_capacity(64),
+            measuring: plan.warmup_ns == 0,
+            measure_start: 0,
+            end: plan.warmup_ns + plan.duration_ns,
+            volume_stats: plan.volumes.iter().map(|_| Stats::new(3)).collect(),
+            total: Stats::new(3),
+            datastore_latency: DatastoreLatency::new(),
+            parts_at_start: Vec::new(),
+            completed: 0,
+            series_total: vec![(0, 0, 0); buckets],
+        })
+    }
+
+    fn push(&mut self, at: Nanos, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse(Event {
+            at,
+            seq: self.seq,
+            ev,
+        }));
+    }
+
+    pub(crate) fn run(
+        mut self,
+        progress: &mut dyn FnMut(Progress),
+        cases_done: usize,
+        cases_total: usize,
+    ) -> CaseReport {
+        let plan = self.plan;
+        if plan.warmup_ns > 0 {
+            self.push(plan.warmup_ns, Ev::MeasureStart);
+        }
+        self.push(self.end, Ev::End);
+        self.push(plan.interval_ns, Ev::Sample);
+        let period_ns = plan.congestion.period_ns();
+        if plan.congestion.enabled {
+            self.push(period_ns, Ev::CongestionTick);
+        }
+        for vm in 0..self.vms.len() {
+            for w in 0..self.vms[vm].outstanding.len() {
+                self.poll_worker(vm as u32, w as u32);
+            }
+        }
+        while let Some(Reverse(e)) = self.heap.pop() {
+            self.now = e.at;
+            match e.ev {
+                Ev::WorkerWake { vm, worker } => {
+                    if self.vms[vm as usize].wake_at[worker as usize] == Some(e.at) {
+                        self.vms[vm as usize].wake_at[worker as usize] = None;
+                        self.poll_worker(vm, worker);
+                    }
+                }
+                Ev::HostWake(h) => {
+                    if self.hosts[h as usize].wake_at == Some(e.at) {
+                        self.hosts[h as usize].wake_at = None;
+                        self.pump_host(h as usize);
+                    }
+                }
+                Ev::ArrayQosWake => {
+                    if let Some(aq) = &mut self.array_qos
+                        && aq.wake_at == Some(e.at)
+                    {
+                        aq.wake_at = None;
+                        self.pump_array_qos();
+                    }
+                }
+                Ev::Component(i) => self.service_component(i),
+                Ev::FaultRelease(slot) => self.enter_array(slot),
+                Ev::CongestionTick => {
+                    if let Some(mean_ms) = self.datastore_latency.take_mean_ms() {
+                        for h in &mut self.hosts {
+                            if let Some(w) = &mut h.window {
+                                w.update(self.now, mean_ms);
+                            }
+                        }
+                    }
+                    self.push(self.now + period_ns.max(1), Ev::CongestionTick);
+                    for h in 0..self.hosts.len() {
+                        self.pump_host(h);
+                    }
+                }
+                Ev::Sample => {
+                    for h in &mut self.hosts {
+                        if let Some(w) = &h.window {
+                            h.window_series.push(w.window() as f64);
+                        }
+                    }
+                    progress(Progress {
+                        cases_done,
+                        cases_total,
+                        case: plan.name.clone(),
+                        simulated_s: self.now as f64 / 1e9,
+                        case_simulated_s: self.end as f64 / 1e9,
+                    });
+                    self.push(self.now + plan.interval_ns, Ev::Sample);
+                }
+                Ev::MeasureStart => self.start_measuring(),
+                Ev::End => break,
+            }
+        }
+        self.report()
+    }
+
+    fn start_measuring(&mut self) {
+        self.measuring = true;
+        self.measure_start = self.now;
+        for c in &mut self.comps {
+            c.busy_at_start = c.c.busy_ns();
+            c.ios = 0;
+            c.bytes = 0;
+        }
+        self.parts_at_start = self.comps[0].c.parts();
+        for h in &mut self.hosts {
+            h.area = 0;
+            h.last_change = self.now;
+            h.dispatched = 0;
+            h.dispatched_bytes = 0;
+        }
+    }
+
+    fn poll_worker(&mut self, vm: u32, worker: u32) {
+        loop {
+            let v = &mut self.vms[vm as usize];
+            let out = v.outstanding[worker as usize];
+            match v.generator.poll(self.now, worker, out) {
+                Issue::Io(io) => {
+                    v.outstanding[worker as usize] += 1;
+                    self.issue(vm, worker, io);
+                }
+                Issue::At(t) => {
+                    let t = t.max(self.now + 1);
+                    if v.wake_at[worker as usize] != Some(t) {
+                        v.wake_at[worker as usize] = Some(t);
+                        self.push(t, Ev::WorkerWake { vm, worker });
+                    }
+                    break;
+                }
+                Issue::Blocked => break,
+            }
+        }
+    }
+
+    fn cost(io: &IoRequest) -> IoCost {
+        IoCost {
+            kind: if io.dir == Direction::Read {
+                IoKind::Read
+            } else {
+                IoKind::Write
+            },
+            size_bytes: io.size_bytes,
+        }
+    }
+
+    fn issue(&mut self, vm: u32, worker: u32, io: IoRequest) {
+        let req = Req {
+            vm,
+            worker,
+            io,
+            stage: Stage::Free,
+            issued_at: self.now,
+            host_dispatched_at: 0,
+            array_arrived_at: 0,
+        };
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.reqs[s as usize] = req;
+                s
+            }
+            None => {
+                self.reqs.push(req);
+                self.reqs.len() as u32 - 1
+            }
+        };
+        let h = self.vms[vm as usize].plan.host;
+        let now = self.now;
+        if self.hosts[h]
+            .sched
+            .enqueue(now, VolumeId(vm), ClientId(vm), Self::cost(&io), slot)
+            .is_err()
+        {
+            self.fail(slot);
+            return;
+        }
+        self.pump_host(h);
+    }
+
+    fn host_limit(h: &HostState) -> u32 {
+        match &h.window {
+            Some(w) => h.queue_depth.min(w.window().max(1)),
+            None => h.queue_depth,
+        }
+    }
+
+    fn note_outstanding(h: &mut HostState, now: Nanos) {
+        h.area += h.outstanding as u128 * (now - h.last_change) as u128;
+        h.last_change = now;
+    }
+
+    fn pump_host(&mut self, hi: usize) {
+        loop {
+            let now = self.now;
+            let h = &mut self.hosts[hi];
+            if h.outstanding >= Self::host_limit(h) {
+                return;
+            }
+            match h.sched.dispatch(now) {
+                Dispatch::Io(d) => {
+                    Self::note_outstanding(h, now);
+                    h.outstanding += 1;
+                    h.dispatched += 1;
+                    h.dispatched_bytes += d.cost.size_bytes as u64;
+                    let slot = d.payload;
+                    let link = h.link;
+                    let r = &mut self.reqs[slot as usize];
+                    r.host_dispatched_at = now;
+                    if r.io.dir == Direction::Write
+                        && let Some(l) = link
+                    {
+                        r.stage = Stage::HostLinkOut;
+                        self.submit(l, slot);
+                    } else {
+                        self.after_host_link(slot);
+                    }
+                }
+                Dispatch::WaitUntil(t) => {
+                    let t = t.max(now + 1);
+                    if h.wake_at != Some(t) {
+                        h.wake_at = Some(t);
+                        self.push(t, Ev::HostWake(hi as u32));
+                    }
+                    return;
+                }
+                Dispatch::Idle => return,
+            }
+        }
+    }
+
+    fn device_io(&self, slot: u32) -> DeviceIo {
+        let r = &self.reqs[slot as usize];
+        DeviceIo {
+            offset_bytes: self.vms[r.vm as usize].plan.base_offset + r.io.offset_bytes,
+            size_bytes: r.io.size_bytes,
+            dir: hw::dir_of(r.io.dir == Direction::Read),
+        }
+    }
+
+    fn submit(&mut self, comp: u32, slot: u32) {
+        let io = self.device_io(slot);
+        let c = &mut self.comps[comp as usize];
+        c.c.submit(self.now, io, slot as u64);
+        self.arm(comp);
+    }
+
+    fn arm(&mut self, comp: u32) {
+        let c = &mut self.comps[comp as usize];
+        if let Some(t) = c.c.next_event_ns() {
+            let t = t.max(self.now);
+            if c.pending.is_none_or(|p| t < p) {
+                c.pending = Some(t);
+                self.push(t, Ev::Component(comp));
+            }
+        }
+    }
+
+    fn service_component(&mut self, comp: u32) {
+        let now = self.now;
+        let mut done = std::mem::take(&mut self.done);
+        {
+            let c = &mut self.comps[comp as usize];
+            if c.pending == Some(now) {
+                c.pending = None;
+            }
+            c.c.advance(now, &mut done);
+        }
+        for d in done.drain(..) {
+            let slot = d.token as u32;
+            if slot as usize >= self.reqs.len() || self.reqs[slot as usize].stage == Stage::Free {
+                continue; // a model returned a token it was never given: ignore it
+            }
+            if self.measuring {
+                let c = &mut self.comps[comp as usize];
+                c.ios += 1;
+                c.bytes += self.reqs[slot as usize].io.size_bytes as u64;
+            }
+            match self.reqs[slot as usize].stage {
+                Stage::HostLinkOut => self.after_host_link(slot),
+                Stage::TargetLinkOut => self.arrive_array(slot),
+                Stage::Array => self.array_done(slot),
+                Stage::TargetLinkBack => self.after_target_back(slot),
+                Stage::HostLinkBack => self.host_complete(slot, false),
+                Stage::Free => {}
+            }
+        }
+        self.done = done;
+        self.arm(comp);
+    }
+
+    fn after_host_link(&mut self, slot: u32) {
+        let r = &mut self.reqs[slot as usize];
+        if r.io.dir == Direction::Write
+            && let Some(t) = self.target_link
+        {
+            r.stage = Stage::TargetLinkOut;
+            self.submit(t, slot);
+        } else {
+            self.arrive_array(slot);
+        }
+    }
+
+    fn arrive_array(&mut self, slot: u32) {
+        self.reqs[slot as usize].array_arrived_at = self.now;
+        let io = self.device_io(slot);
+        match self.faults.before_array(self.now, &io) {
+            FaultAction::Pass => self.enter_array(slot),
+            FaultAction::Delay(ns) => self.push(self.now + ns, Ev::FaultRelease(slot)),
+            FaultAction::Fail => self.host_complete(slot, true),
+        }
+    }
+
+    fn enter_array(&mut self, slot: u32) {
+        if let Some(aq) = &mut self.array_qos {
+            let r = &self.reqs[slot as usize];
+            let vm = &self.vms[r.vm as usize].plan;
+            let (vol, client) = (VolumeId(vm.volume as u32), ClientId(vm.host as u32));
+            if aq
+                .sched
+                .enqueue(self.now, vol, client, Self::cost(&r.io), slot)
+                .is_err()
+            {
+                self.host_complete(slot, true);
+                return;
+            }
+            self.pump_array_qos();
+        } else {
+            self.reqs[slot as usize].stage = Stage::Array;
+            self.submit(0, slot);
+        }
+    }
+
+    fn pump_array_qos(&mut self) {
+        loop {
+            let now = self.now;
+            let Some(aq) = &mut self.array_qos else {
+                return;
+            };
+            if aq.outstanding >= aq.concurrency {
+                return;
+            }
+            match aq.sched.dispatch(now) {
+                Dispatch::Io(d) => {
+                    aq.outstanding += 1;
+                    let slot = d.payload;
+                    self.reqs[slot as usize].stage = Stage::Array;
+                    self.submit(0, slot);
+                }
+                Dispatch::WaitUntil(t) => {
+                    let t = t.max(now + 1);
+                    if aq.wake_at != Some(t) {
+                        aq.wake_at = Some(t);
+                        self.push(t, Ev::ArrayQosWake);
+                    }
+                    return;
+                }
+                Dispatch::Idle => return,
+            }
+        }
+    }
+
+    fn array_done(&mut self, slot: u32) {
+        if self.array_qos.is_some() {
+            let r = self.reqs[slot as usize];
+            let vm = &self.vms[r.vm as usize].plan;
+            let (vol, client) = (VolumeId(vm.volume as u32), ClientId(vm.host as u32));
+            let now = self.now;
+            if let Some(aq) = &mut self.array_qos {
+                aq.outstanding = aq.outstanding.saturating_sub(1);
+                aq.sched.complete(
+                    now,
+                    vol,
+                    client,
+                    Self::cost(&r.io),
+                    now - r.array_arrived_at,
+                );
+            }
+            self.pump_array_qos();
+        }
+        let r = &mut self.reqs[slot as usize];
+        if r.io.dir == Direction::Read {
+            if let Some(t) = self.target_link {
+                r.stage = Stage::TargetLinkBack;
+                self.submit(t, slot);
+            } else {
+                self.after_target_back(slot);
+            }
+        } else {
+            self.host_complete(slot, false);
+        }
+    }
+
+    fn after_target_back(&mut self, slot: u32) {
+        let vm = self.reqs[slot as usize].vm;
+        let h = self.vms[vm as usize].plan.host;
+        if let Some(l) = self.hosts[h].link {
+            self.reqs[slot as usize].stage = Stage::HostLinkBack;
+            self.submit(l, slot);
+        } else {
+            self.host_complete(slot, false);
+        }
+    }
+
+    /// A request that never reached the host's device queue.
+    fn fail(&mut self, slot: u32) {
+        let r = self.reqs[slot as usize];
+        let v = &mut self.vms[r.vm as usize];
+        v.outstanding[r.worker as usize] -= 1;
+        if self.measuring {
+            v.stats.errors += 1;
+        }
+        self.reqs[slot as usize] = FREE_REQ;
+        self.free.push(slot);
+    }
+
+    fn host_complete(&mut self, slot: u32, error: bool) {
+        let now = self.now;
+        let r = self.reqs[slot as usize];
+        let vi = r.vm as usize;
+        let hi = self.vms[vi].plan.host;
+        let latency = now - r.issued_at;
+        {
+            let h = &mut self.hosts[hi];
+            Self::note_outstanding(h, now);
+            h.outstanding -= 1;
+            h.sched.complete(
+                now,
+                VolumeId(r.vm),
+                ClientId(r.vm),
+                Self::cost(&r.io),
+                latency,
+            );
+        }
+        self.datastore_latency.record(now - r.host_dispatched_at);
+        self.completed += 1;
+        let bucket = (now / self.plan.interval_ns) as usize;
+        {
+            let v = &mut self.vms[vi];
+            if let Some(b) = v.buckets.get_mut(bucket) {
+                b.0 += r.io.size_bytes as u64;
+                b.1 += 1;
+                b.2 += latency as u128;
+            }
+            if let Some(b) = self.series_total.get_mut(bucket) {
+                b.0 += r.io.size_bytes as u64;
+                b.1 += 1;
+                b.2 += (now - r.host_dispatched_at) as u128;
+            }
+            if self.measuring {
+                if error {
+                    v.stats.errors += 1;
+                    self.total.errors += 1;
+                } else {
+                    v.stats.record(&r.io, latency);
+                    self.volume_stats[v.plan.volume].record(&r.io, latency);
+                    self.total.record(&r.io, latency);
+                }
+            }
+            v.generator.on_complete(now, r.worker, &r.io, latency);
+            v.outstanding[r.worker as usize] -= 1;
+        }
+        self.reqs[slot as usize] = FREE_REQ;
+        self.free.push(slot);
+        self.pump_host(hi);
+        self.poll_worker(r.vm, r.worker);
+    }
+
+    fn report(mut self) -> CaseReport {
+        let plan = self.plan;
+        let now = self.now;
+        let duration_s = (now - self.measure_start).max(1) as f64 / 1e9;
+        let mut workloads = Vec::new();
+        for v in &self.vms {
+            let mut w = v.stats.result(v.plan.name.clone(), duration_s);
+            w.volume = Some(plan.volumes[v.plan.volume].name.clone());
+            w.host = Some(plan.hosts[v.plan.host].name.clone());
+            workloads.push(w);
+        }
+        if plan.volumes.len() > 1 || plan.file.array_qos.is_some() {
+            for (i, vol) in plan.volumes.iter().enumerate() {
+                let mut w = self.volume_stats[i].result(format!("volume:{}", vol.name), duration_s);
+                w.volume = Some(vol.name.clone());
+                workloads.push(w);
+            }
+        }
+        let total = self.total.result("total".into(), duration_s);
+        let mut components = Vec::new();
+        for c in &self.comps {
+            components.push(ComponentResult {
+                name: c.name.clone(),
+                kind: c.kind.to_string(),
+                utilisation: (c.c.busy_ns().saturating_sub(c.busy_at_start)) as f64
+                    / 1e9
+                    / duration_s,
+                ios: c.ios,
+                mbps: c.bytes as f64 / 1e6 / duration_s,
+            });
+        }
+        for (i, p) in self.comps[0].c.parts().into_iter().enumerate() {
+            let (busy0, ios0, bytes0) = self
+                .parts_at_start
+                .get(i)
+                .map_or((0, 0, 0), |s| (s.busy_ns, s.ios, s.bytes));
+            components.push(ComponentResult {
+                name: p.name,
+                kind: p.kind.to_string(),
+                utilisation: p.busy_ns.saturating_sub(busy0) as f64 / 1e9 / duration_s,
+                ios: p.ios.saturating_sub(ios0),
+                mbps: p.bytes.saturating_sub(bytes0) as f64 / 1e6 / duration_s,
+            });
+        }
+        let used_intervals = (now / plan.interval_ns) as usize;
+        for (i, h) in self.hosts.iter_mut().enumerate() {
+            Self::note_outstanding(h, now);
+            // The last interval ends with the run: sample the window there too.
+            if let Some(w) = &h.window
+                && h.window_series.len() < used_intervals
+            {
+                h.window_series.push(w.window() as f64);
+            }
+            components.push(ComponentResult {
+                name: format!("host {}", plan.hosts[i].name),
+                kind: "host".into(),
+                utilisation: h.area as f64 / 1e9 / duration_s / h.queue_depth as f64,
+                ios: h.dispatched,
+                mbps: h.dispatched_bytes as f64 / 1e6 / duration_s,
+            });
+        }
+        let interval_s = plan.interval_ns as f64 / 1e9;
+        let used = (now / plan.interval_ns) as usize;
+        let mut timeline = Vec::new();
+        for v in &self.vms {
+            let b = &v.buckets[..used.min(v.buckets.len())];
+            let series =
+                |suffix: &str, unit: &str, f: &dyn Fn(&(u64, u64, u128)) -> f64| TimelineSeries {
+                    name: format!("{} {suffix}", v.plan.name),
+                    unit: unit.into(),
+                    interval_s,
+                    values: b.iter().map(f).collect(),
+                };
+            timeline.push(series("MB/s", "MB/s", &|x| x.0 as f64 / 1e6 / interval_s));
+            timeline.push(series("IOPS", "IOPS", &|x| x.1 as f64 / interval_s));
+            timeline.push(series("latency", "ms", &|x| {
+                if x.1 == 0 {
+                    0.0
+                } else {
+                    x.2 as f64 / x.1 as f64 / 1e6
+                }
+            }));
+        }
+        let tb = &self.series_total[..used.min(self.series_total.len())];
+        timeline.push(TimelineSeries {
+            name: "total MB/s".into(),
+            unit: "MB/s".into(),
+            interval_s,
+            values: tb.iter().map(|x| x.0 as f64 / 1e6 / interval_s).collect(),
+        });
+        timeline.push(TimelineSeries {
+            name: "total IOPS".into(),
+            unit: "IOPS".into(),
+            interval_s,
+            values: tb.iter().map(|x| x.1 as f64 / interval_s).collect(),
+        });
+        timeline.push(TimelineSeries {
+            name: "datastore device latency".into(),
+            unit: "ms".into(),
+            interval_s,
+            values: tb
+                .iter()
+                .map(|x| {
+                    if x.1 == 0 {
+                        0.0
+                    } else {
+                        x.2 as f64 / x.1 as f64 / 1e6
+                    }
+                })
+                .collect(),
+        });
+        for (i, h) in self.hosts.iter().enumerate() {
+            if !h.window_series.is_empty() {
+                timeline.push(TimelineSeries {
+                    name: format!("host {} window", plan.hosts[i].name),
+                    unit: "I/Os".into(),
+                    interval_s,
+                    values: h.window_series.clone(),
+                });
+            }
+        }
+        let mut report = CaseReport {
+            name: plan.name.clone(),
+            description: plan.description.clone(),
+            params: plan.params.clone(),
+            duration_s,
+            workloads,
+            total: Some(total),
+            comparisons: Vec::new(),
+            components,
+            timeline,
+            events: self.completed,
+        };
+        report.comparisons = plan
+            .compare
+            .iter()
+            .map(|c| Comparison {
+                metric: if c.label.is_empty() {
+                    c.metric.clone()
+                } else {
+                    c.label.clone()
+                },
+                weir: metric_value(&report, &c.metric).unwrap_or(f64::NAN),
+                seed: c.seed,
+                source: c.source.clone(),
+                note: c.note.clone(),
+            })
+            .collect();
+        report
+    }
+}
+
+const FIELDS: &[&str] = &[
+    "iops",
+    "mbps",
+    "read_iops",
+    "write_iops",
+    "latency_mean_ms",
+    "latency_p50_ms",
+    "latency_p95_ms",
+    "latency_p99_ms",
+    "latency_max_ms",
+];
+
+/// Validates a compare metric against a case's VMs and volumes.
+pub(crate) fn check_metric(
+    metric: &str,
+    vms: &[VmPlan],
+    volumes: &[VolumePlan],
+) -> Result<(), String> {
+    if let Some((a, b)) = metric.split_once(" / ") {
+        check_metric(a.trim(), vms, volumes)?;
+        return check_metric(b.trim(), vms, volumes);
+    }
+    let Some((name, field)) = metric.rsplit_once('.') else {
+        return Err(format!(
+            "metric {metric:?} must look like `<vm>.<field>`, `volume:<name>.<field>`, `total.<field>` or `component:<name>.utilisation`"
+        ));
+    };
+    if let Some(_component) = name.strip_prefix("component:") {
+        return if matches!(field, "utilisation" | "mbps" | "ios") {
+            Ok(())
+        } else {
+            Err(format!(
+                "component metrics are utilisation, mbps, ios; got {field:?}"
+            ))
+        };
+    }
+    if !FIELDS.contains(&field) {
+        return Err(format!(
+            "unknown field {field:?} in metric {metric:?} (fields: {})",
+            FIELDS.join(", ")
+        ));
+    }
+    let known = name == "total"
+        || vms.iter().any(|v| v.name == name)
+        || name
+            .strip_prefix("volume:")
+            .is_some_and(|n| volumes.iter().any(|v| v.name == n));
+    if known {
+        Ok(())
+    } else {
+        Err(format!(
+            "metric {metric:?}: no VM, volume or total named {name:?}"
+        ))
+    }
+}
+
+/// The value of a compare metric in a finished case.
+pub(crate) fn metric_value(report: &CaseReport, metric: &str) -> Option<f64> {
+    if let Some((a, b)) = metric.split_once(" / ") {
+        return Some(metric_value(report, a.trim())? / metric_value(report, b.trim())?);
+    }
+    let (name, field) = metric.rsplit_once('.')?;
+    if let Some(c) = name.strip_prefix("component:") {
+        let c = report.components.iter().find(|x| x.name == c)?;
+        return match field {
+            "utilisation" => Some(c.utilisation),
+            "mbps" => Some(c.mbps),
+            "ios" => Some(c.ios as f64),
+            _ => None,
+        };
+    }
+    let w = if name == "total" {
+        report.total.as_ref()?
+    } else {
+        report.workloads.iter().find(|w| w.name == name)?
+    };
+    Some(match field {
+        "iops" => w.iops,
+        "mbps" => w.mbps,
+        "read_iops" => w.read_iops,
+        "write_iops" => w.write_iops,
+        "latency_mean_ms" => w.latency_ms.mean,
+        "latency_p50_ms" => w.latency_ms.p50,
+        "latency_p95_ms" => w.latency_ms.p95,
+        "latency_p99_ms" => w.latency_ms.p99,
+        "latency_max_ms" => w.latency_ms.max,
+        _ => return None,
+    })
+}

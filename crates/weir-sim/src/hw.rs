@@ -1,0 +1,286 @@
+//! Building the hardware of a case from its TOML description.
+//!
+//! `[array]` is a weir-model `ArraySpec` (`controller`, `raid`, `drive`, `policy`), or
+//! `preset = "15k-sas-raid5x24"` (a weir-model array preset), or
+//! `ideal = { servers, service_us, mbps }` (an [`IdealArraySpec`]). Links are
+//! weir-model `LinkSpec`s: a preset name (`fc-4g`, `fc-8g`, `10gbe`, `1gbe`) or a
+//! table (`bandwidth_mbps`, `latency_us`); `"none"` means no link at all.
+
+use std::collections::VecDeque;
+use weir_model::{Array, ArraySpec, Completion, Component, DeviceIo, IoDir, Link, LinkSpec, Nanos};
+
+/// Every simulated component, statically dispatched.
+pub(crate) enum Hw {
+    Link(Link),
+    Ideal(IdealArray),
+    Array(Box<Array>),
+}
+
+/// A component's counters at one moment (for utilisation over the measured interval).
+#[derive(Clone, Debug)]
+pub(crate) struct PartSnapshot {
+    pub name: String,
+    pub kind: &'static str,
+    pub busy_ns: Nanos,
+    pub ios: u64,
+    pub bytes: u64,
+}
+
+impl Hw {
+    /// Usable capacity, when the component has one.
+    pub(crate) fn capacity_bytes(&self) -> Option<u64> {
+        match self {
+            Hw::Array(a) => Some(a.capacity_bytes()),
+            _ => None,
+        }
+    }
+
+    /// Internal parts worth reporting (controller, drives) with their counters.
+    pub(crate) fn parts(&self) -> Vec<PartSnapshot> {
+        match self {
+            Hw::Array(a) => {
+                let st = a.stats();
+                let bytes = st.host_read_bytes + st.host_write_bytes;
+                let ns_per_byte = 1e3 / a.controller().bandwidth_mbps;
+                let mut parts = vec![PartSnapshot {
+                    name: "controller".into(),
+                    kind: "controller",
+                    busy_ns: (bytes as f64 * ns_per_byte) as Nanos,
+                    ios: st.host_reads + st.host_writes,
+                    bytes,
+                }];
+                for d in a.drive_stats() {
+                    parts.push(PartSnapshot {
+                        name: format!("drive {}", d.drive),
+                        kind: "drive",
+                        busy_ns: d.stats.busy_ns,
+                        ios: d.stats.reads + d.stats.writes,
+                        bytes: d.stats.read_bytes + d.stats.write_bytes,
+                    });
+                }
+                parts
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl Component for Hw {
+    fn submit(&mut self, now: Nanos, io: DeviceIo, token: u64) {
+        match self {
+            Hw::Link(l) => l.submit(now, io, token),
+            Hw::Ideal(a) => a.submit(now, io, token),
+            Hw::Array(a) => a.submit(now, io, token),
+        }
+    }
+    fn next_event_ns(&self) -> Option<Nanos> {
+        match self {
+            Hw::Link(l) => l.next_event_ns(),
+            Hw::Ideal(a) => a.next_event_ns(),
+            Hw::Array(a) => a.next_event_ns(),
+        }
+    }
+    fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>) {
+        match self {
+            Hw::Link(l) => l.advance(now, done),
+            Hw::Ideal(a) => a.advance(now, done),
+            Hw::Array(a) => a.advance(now, done),
+        }
+    }
+    fn busy_ns(&self) -> Nanos {
+        match self {
+            Hw::Link(l) => l.busy_ns(),
+            Hw::Ideal(a) => a.busy_ns(),
+            Hw::Array(a) => a.busy_ns(),
+        }
+    }
+}
+
+/// `Ok(None)`: no link.
+pub(crate) fn build_link(spec: &toml::Value) -> Result<Option<Hw>, String> {
+    let link_spec = match spec {
+        toml::Value::String(s) if s == "none" => return Ok(None),
+        toml::Value::String(s) => LinkSpec::preset(s).map_err(|e| format!("{e} (or \"none\")"))?,
+        other => other
+            .clone()
+            .try_into::<LinkSpec>()
+            .map_err(|e| e.message().to_string())?,
+    };
+    Ok(Some(Hw::Link(
+        Link::new(&link_spec).map_err(|e| e.to_string())?,
+    )))
+}
+
+/// Builds the array; `needed_bytes` is the space the VMs' disks take.
+pub(crate) fn build_array(spec: &toml::Table, seed: u64, needed_bytes: u64) -> Result<Hw, String> {
+    if let Some(ideal) = spec.get("ideal") {
+        if spec.len() != 1 {
+            return Err("an `ideal` array takes no other keys".into());
+        }
+        let ideal: IdealArraySpec = ideal
+            .clone()
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("ideal: {}", e.message()))?;
+        return Ok(Hw::Ideal(IdealArray::new(&ideal)?));
+    }
+    let array_spec = match spec.get("preset") {
+        Some(p) => {
+            if spec.len() != 1 {
+                return Err("an array `preset` takes no other keys".into());
+            }
+            let name = p.as_str().ok_or("preset must be a string")?;
+            ArraySpec::preset(name).map_err(|e| e.to_string())?
+        }
+        None => toml::Value::Table(spec.clone())
+            .try_into::<ArraySpec>()
+            .map_err(|e| e.message().to_string())?,
+    };
+    let array = Array::new(&array_spec, seed).map_err(|e| e.to_string())?;
+    if needed_bytes > array.capacity_bytes() {
+        return Err(format!(
+            "the VMs' disks need {:.1} GiB but the array holds {:.1} GiB",
+            needed_bytes as f64 / (1u64 << 30) as f64,
+            array.capacity_bytes() as f64 / (1u64 << 30) as f64
+        ));
+    }
+    Ok(Hw::Array(Box::new(array)))
+}
+
+/// An array of identical parallel servers: each request takes
+/// `service_us + size / mbps` on one server, FIFO. No caching, no RAID, no seeks:
+/// the reference against which the QoS invariants are easiest to read.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdealArraySpec {
+    pub servers: u32,
+    pub service_us: f64,
+    /// Transfer rate of one server, MB/s (0: transfers take no time).
+    #[serde(default)]
+    pub mbps: f64,
+}
+
+pub(crate) struct IdealArray {
+    servers: u32,
+    service_ns: f64,
+    ns_per_byte: f64,
+    queue: VecDeque<(u64, Nanos)>,
+    /// In service: (finish time, token), kept sorted by finish time.
+    running: VecDeque<(Nanos, u64)>,
+    busy_ns: u128,
+}
+
+impl IdealArray {
+    pub(crate) fn new(spec: &IdealArraySpec) -> Result<Self, String> {
+        if spec.servers == 0 || spec.servers > 100_000 {
+            return Err(format!(
+                "ideal.servers must be 1-100000, got {}",
+                spec.servers
+            ));
+        }
+        if !(spec.service_us.is_finite()
+            && spec.service_us >= 0.0
+            && spec.mbps.is_finite()
+            && spec.mbps >= 0.0)
+        {
+            return Err("ideal.service_us and ideal.mbps must be finite and ≥ 0".into());
+        }
+        if spec.service_us == 0.0 && spec.mbps == 0.0 {
+            return Err("an ideal array needs service_us > 0 or mbps > 0".into());
+        }
+        Ok(IdealArray {
+            servers: spec.servers,
+            service_ns: spec.service_us * 1e3,
+            ns_per_byte: if spec.mbps > 0.0 {
+                1e3 / spec.mbps
+            } else {
+                0.0
+            },
+            queue: VecDeque::new(),
+            running: VecDeque::new(),
+            busy_ns: 0,
+        })
+    }
+
+    fn start(&mut self, at: Nanos, token: u64, size: u32) {
+        let service = (self.service_ns + size as f64 * self.ns_per_byte)
+            .round()
+            .max(1.0) as Nanos;
+        self.busy_ns += service as u128;
+        let finish = at + service;
+        let pos = self.running.partition_point(|&(f, _)| f <= finish);
+        self.running.insert(pos, (finish, token));
+    }
+}
+
+impl Component for IdealArray {
+    fn submit(&mut self, now: Nanos, io: DeviceIo, token: u64) {
+        if (self.running.len() as u32) < self.servers {
+            self.start(now, token, io.size_bytes);
+        } else {
+            self.queue.push_back((token, io.size_bytes as Nanos));
+        }
+    }
+    fn next_event_ns(&self) -> Option<Nanos> {
+        self.running.front().map(|&(f, _)| f)
+    }
+    fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>) {
+        while let Some(&(finish, token)) = self.running.front() {
+            if finish > now {
+                break;
+            }
+            self.running.pop_front();
+            done.push(Completion {
+                token,
+                at_ns: finish,
+            });
+            if let Some((t, size)) = self.queue.pop_front() {
+                self.start(finish, t, size as u32);
+            }
+        }
+    }
+    fn busy_ns(&self) -> Nanos {
+        (self.busy_ns / self.servers as u128) as Nanos
+    }
+}
+
+/// Direction of a request as the hardware sees it.
+pub(crate) fn dir_of(read: bool) -> IoDir {
+    if read { IoDir::Read } else { IoDir::Write }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ideal_array_is_fifo_over_parallel_servers() {
+        let mut a = IdealArray::new(&IdealArraySpec {
+            servers: 2,
+            service_us: 1000.0,
+            mbps: 0.0,
+        })
+        .unwrap();
+        let io = DeviceIo {
+            offset_bytes: 0,
+            size_bytes: 4096,
+            dir: IoDir::Read,
+        };
+        for t in 0..3 {
+            a.submit(0, io, t);
+        }
+        assert_eq!(a.next_event_ns(), Some(1_000_000));
+        let mut done = Vec::new();
+        a.advance(1_500_000, &mut done);
+        assert_eq!(done.len(), 2);
+        assert_eq!(a.next_event_ns(), Some(2_000_000));
+        a.advance(2_000_000, &mut done);
+        assert_eq!(
+            done[2],
+            Completion {
+                token: 2,
+                at_ns: 2_000_000
+            }
+        );
+        assert_eq!(a.busy_ns(), 1_500_000);
+    }
+}

@@ -1,0 +1,989 @@
+//! Loading scenario files: parse, apply each case's overrides and sweeps, validate,
+//! and turn errors into `file:line:column: field: message`.
+
+use crate::hw;
+use crate::topology::{CaseSpec, CompareSpec, ScenarioFile};
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+use weir_qos::{CongestionConfig, Policy, PolicyCatalog};
+use weir_workload::{AccessGenerator, AccessSpec, SWEEP_PARAMS};
+
+/// A scenario file that failed to load.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("{file}: {message}")]
+    Io { file: String, message: String },
+    /// `field` is a dotted path into the file (`vm[app05].host`, `case[2].set`).
+    #[error("{file}:{line}:{column}: {field}: {message}")]
+    Invalid {
+        file: String,
+        line: usize,
+        column: usize,
+        field: String,
+        message: String,
+    },
+}
+
+/// A path inside the document: table keys and array indices.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+pub(crate) type PathErr = (Vec<Seg>, String);
+
+fn key(s: &str) -> Seg {
+    Seg::Key(s.to_string())
+}
+
+/// One fully resolved case, ready to run.
+#[derive(Clone, Debug)]
+pub(crate) struct CasePlan {
+    pub name: String,
+    pub description: String,
+    pub params: BTreeMap<String, f64>,
+    pub duration_ns: u64,
+    pub warmup_ns: u64,
+    pub interval_ns: u64,
+    pub file: ScenarioFile,
+    pub hosts: Vec<HostPlan>,
+    pub vms: Vec<VmPlan>,
+    pub volumes: Vec<VolumePlan>,
+    pub congestion: CongestionConfig,
+    pub compare: Vec<CompareSpec>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct HostPlan {
+    pub name: String,
+    pub link: toml::Value,
+    pub queue_depth: u32,
+    pub cost_unit_bytes: u32,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct VmPlan {
+    pub name: String,
+    pub host: usize,
+    pub volume: usize,
+    /// The VM disk's shares/limit/reservation as a host-scheduler policy.
+    pub policy: Policy,
+    pub spec: AccessSpec,
+    pub disk_bytes: u64,
+    /// Where the disk starts on the array.
+    pub base_offset: u64,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct VolumePlan {
+    pub name: String,
+    pub policy: Policy,
+}
+
+/// A loaded scenario: its cases, expanded and validated.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    /// Seed used when `run` gets none.
+    pub seed: u64,
+    pub(crate) cases: Vec<CasePlan>,
+}
+
+impl Scenario {
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> {
+        let path = path.as_ref();
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError::Io {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
+        Scenario::from_toml_str(&file, &text)
+    }
+
+    /// Parses scenario text; `name_for_errors` stands for the file in messages.
+    pub fn from_toml_str(name_for_errors: &str, text: &str) -> Result<Scenario, ScenarioError> {
+        let located =
+            |path: &[Seg], message: String| locate_error(name_for_errors, text, path, message);
+        let file: ScenarioFile = match toml::from_str(text) {
+            Ok(f) => f,
+            Err(e) => {
+                let span = e.span().unwrap_or(0..0);
+                let (line, column) = line_col(text, span.start);
+                let field = toml::de::DeTable::parse(text)
+                    .map(|root| path_at(root.get_ref(), span.start))
+                    .unwrap_or_default();
+                return Err(ScenarioError::Invalid {
+                    file: name_for_errors.to_string(),
+                    line,
+                    column,
+                    field: if field.is_empty() {
+                        "(document)".to_string()
+                    } else {
+                        field
+                    },
+                    message: e.message().to_string(),
+                });
+            }
+        };
+        // The base file must be valid on its own.
+        plan_case(&file, "base", "", BTreeMap::new(), &[]).map_err(|(p, m)| located(&p, m))?;
+        let base_value =
+            toml::Value::try_from(&file).map_err(|e| located(&[], format!("internal: {e}")))?;
+        let mut cases = Vec::new();
+        let specs: Vec<CaseSpec> = if file.case.is_empty() {
+            vec![CaseSpec {
+                name: "base".into(),
+                description: String::new(),
+                set: Default::default(),
+                sweep: vec![],
+                compare: vec![],
+            }]
+        } else {
+            file.case.clone()
+        };
+        let mut names = std::collections::BTreeSet::new();
+        for (ci, case) in specs.iter().enumerate() {
+            let at = |sub: &[Seg]| {
+                let mut p = vec![key("case"), Seg::Index(ci)];
+                p.extend_from_slice(sub);
+                p
+            };
+            let mut value = base_value.clone();
+            for (k, v) in &case.set {
+                set_path(&mut value, k, v.clone())
+                    .map_err(|m| located(&at(&[key("set"), key(k)]), m))?;
+            }
+            for (si, sweep) in case.sweep.iter().enumerate() {
+                let known =
+                    sweep.param.contains('.') || SWEEP_PARAMS.contains(&sweep.param.as_str());
+                if !known || sweep.values.is_empty() {
+                    let m = if known {
+                        "a sweep needs at least one value".to_string()
+                    } else {
+                        format!(
+                            "unknown sweep parameter {:?} (workload parameters: {}; or a dotted path such as \"array.drives\")",
+                            sweep.param,
+                            SWEEP_PARAMS.join(", ")
+                        )
+                    };
+                    return Err(located(
+                        &at(&[key("sweep"), Seg::Index(si), key("param")]),
+                        m,
+                    ));
+                }
+            }
+            let sweeps: Vec<weir_workload::Sweep> = case
+                .sweep
+                .iter()
+                .map(|s| weir_workload::Sweep {
+                    param: s.param.clone(),
+                    values: s.values.clone(),
+                })
+                .collect();
+            for params in weir_workload::expand_sweeps(&sweeps) {
+                let mut v = value.clone();
+                for (p, x) in &params {
+                    if p.contains('.') {
+                        let num = if x.fract() == 0.0 && x.abs() < 9e15 {
+                            toml::Value::Integer(*x as i64)
+                        } else {
+                            toml::Value::Float(*x)
+                        };
+                        set_path(&mut v, p, num).map_err(|m| located(&at(&[key("sweep")]), m))?;
+                    }
+                }
+                let resolved: ScenarioFile = v.try_into().map_err(|e: toml::de::Error| {
+                    located(
+                        &at(&[key("set")]),
+                        format!("after this case's overrides: {}", e.message()),
+                    )
+                })?;
+                let name = if params.is_empty() {
+                    case.name.clone()
+                } else {
+                    let p: Vec<String> = params
+                        .iter()
+                        .map(|(k, x)| format!("{k}={}", fmt_num(*x)))
+                        .collect();
+                    format!("{}/{}", case.name, p.join(","))
+                };
+                if !names.insert(name.clone()) {
+                    return Err(located(
+                        &at(&[key("name")]),
+                        format!("two cases are named {name:?}"),
+                    ));
+                }
+                let mut plan = plan_case(
+                    &resolved,
+                    &name,
+                    &case.description,
+                    params.clone(),
+                    &case.compare,
+                )
+                .map_err(|(p, m)| {
+                    let field = render_path(&p);
+                    located(&at(&[]), format!("case {name:?}: {field}: {m}"))
+                })?;
+                // Workload sweeps apply to the resolved VMs.
+                for (si, s) in case.sweep.iter().enumerate() {
+                    if s.param.contains('.') {
+                        continue;
+                    }
+                    for vm_name in &s.vms {
+                        if !plan
+                            .vms
+                            .iter()
+                            .any(|v| &v.name == vm_name || base_name(&v.name) == vm_name)
+                        {
+                            return Err(located(
+                                &at(&[key("sweep"), Seg::Index(si), key("vms")]),
+                                format!("no VM named {vm_name:?}"),
+                            ));
+                        }
+                    }
+                    let x = params[&s.param];
+                    for vm in plan.vms.iter_mut().filter(|v| {
+                        s.vms.is_empty()
+                            || s.vms
+                                .iter()
+                                .any(|n| n == &v.name || n == base_name(&v.name))
+                    }) {
+                        vm.spec
+                            .set_param(&s.param, x)
+                            .and_then(|_| {
+                                AccessGenerator::new(&vm.spec, vm.disk_bytes, 0).map(|_| ())
+                            })
+                            .map_err(|e| {
+                                located(
+                                    &at(&[key("sweep"), Seg::Index(si), key("values")]),
+                                    format!("case {name:?}, VM {}: {e}", vm.name),
+                                )
+                            })?;
+                    }
+                }
+                cases.push(plan);
+            }
+        }
+        Ok(Scenario {
+            name: file.scenario.name.clone(),
+            description: file.scenario.description.clone(),
+            seed: file.scenario.seed,
+            cases,
+        })
+    }
+
+    /// Names of the (expanded) cases, in run order.
+    pub fn case_names(&self) -> Vec<String> {
+        self.cases.iter().map(|c| c.name.clone()).collect()
+    }
+
+    /// Scales every case's warm-up and measured time by `factor` (0 < factor ≤ 1), e.g.
+    /// for quick checks; the timeline interval is kept.
+    pub fn scale_duration(&mut self, factor: f64) {
+        let f = factor.clamp(1e-6, 1.0);
+        for c in &mut self.cases {
+            c.duration_ns =
+                ((c.duration_ns as f64 * f) as u64).max(c.interval_ns.min(c.duration_ns));
+            c.warmup_ns = (c.warmup_ns as f64 * f) as u64;
+        }
+    }
+
+    /// Keeps only the cases whose name contains `pattern`.
+    pub fn retain_cases(&mut self, pattern: &str) {
+        self.cases.retain(|c| c.name.contains(pattern));
+    }
+}
+
+fn base_name(vm: &str) -> &str {
+    match vm.rsplit_once('-') {
+        Some((b, n)) if n.bytes().all(|c| c.is_ascii_digit()) => b,
+        _ => vm,
+    }
+}
+
+pub(crate) fn fmt_num(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{}", x as i64)
+    } else {
+        format!("{x}")
+    }
+}
+
+/// Sets `path` (dot separated; arrays of named tables addressed by name) to `value`.
+fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Result<(), String> {
+    let segs: Vec<&str> = path.split('.').collect();
+    if segs.iter().any(|s| s.is_empty()) {
+        return Err(format!("bad path {path:?}: empty segment"));
+    }
+    let mut cur = root;
+    let mut i = 0;
+    while i < segs.len() {
+        let seg = segs[i];
+        let last = i + 1 == segs.len();
+        cur = match cur {
+            toml::Value::Table(t) => {
+                if last {
+                    t.insert(seg.to_string(), value);
+                    return Ok(());
+                }
+                t.entry(seg.to_string())
+                    .or_insert_with(|| toml::Value::Table(Default::default()))
+            }
+            toml::Value::Array(items) => {
+                let Some(pos) = items
+                    .iter()
+                    .position(|v| v.get("name").and_then(|n| n.as_str()) == Some(seg))
+                else {
+                    let names: Vec<&str> = items
+                        .iter()
+                        .filter_map(|v| v.get("name").and_then(|n| n.as_str()))
+                        .collect();
+                    return Err(format!(
+                        "{path:?}: no entry named {seg:?} (have: {})",
+                        names.join(", ")
+                    ));
+                };
+                if last {
+                    items[pos] = value;
+                    return Ok(());
+                }
+                &mut items[pos]
+            }
+            _ => {
+                return Err(format!(
+                    "{path:?}: {:?} is not a table",
+                    segs[..i].join(".")
+                ));
+            }
+        };
+        i += 1;
+    }
+    Ok(())
+}
+
+/// Most I/Os the VMs of one case may keep outstanding (memory bound).
+const MAX_IN_FLIGHT: u64 = 4_000_000;
+/// Most per-VM timeline points of one case (memory bound).
+const MAX_TIMELINE_POINTS: u64 = 5_000_000;
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Resolves and validates one case; errors carry a path into `file`.
+pub(crate) fn plan_case(
+    file: &ScenarioFile,
+    name: &str,
+    description: &str,
+    params: BTreeMap<String, f64>,
+    compare: &[CompareSpec],
+) -> Result<CasePlan, PathErr> {
+    let err = |p: Vec<Seg>, m: String| -> PathErr { (p, m) };
+    let h = &file.scenario;
+    let secs = |field: &str, v: f64, min_exclusive: bool| -> Result<u64, PathErr> {
+        let ok = v.is_finite() && v <= 1e6 && if min_exclusive { v > 0.0 } else { v >= 0.0 };
+        if ok {
+            Ok((v * 1e9).round() as u64)
+        } else {
+            Err(err(
+                vec![key("scenario"), key(field)],
+                format!(
+                    "must be {} 1e6 s, got {v}",
+                    if min_exclusive { "in (0," } else { "in [0," }
+                )
+                .replace(" 1e6", " 1e6]"),
+            ))
+        }
+    };
+    let duration_ns = secs("duration_s", h.duration_s, true)?;
+    let warmup_ns = secs("warmup_s", h.warmup_s, false)?;
+    let interval_ns = secs("timeline_interval_s", h.timeline_interval_s, true)?;
+    if h.name.is_empty() {
+        return Err(err(
+            vec![key("scenario"), key("name")],
+            "must not be empty".into(),
+        ));
+    }
+    if (duration_ns + warmup_ns) / interval_ns > 100_000 {
+        return Err(err(
+            vec![key("scenario"), key("timeline_interval_s")],
+            "more than 100,000 timeline intervals".into(),
+        ));
+    }
+    // Policies.
+    let mut catalog = PolicyCatalog::new();
+    for (i, p) in file.policy.iter().enumerate() {
+        catalog
+            .insert(p.clone())
+            .map_err(|e| err(vec![key("policy"), Seg::Index(i)], e.to_string()))?;
+    }
+    // Volumes.
+    let mut volumes = Vec::new();
+    for (i, v) in file.volume.iter().enumerate() {
+        if !valid_name(&v.name) {
+            return Err(err(
+                vec![key("volume"), Seg::Index(i), key("name")],
+                format!(
+                    "names are 1-64 characters of [A-Za-z0-9_-], got {:?}",
+                    v.name
+                ),
+            ));
+        }
+        if volumes.iter().any(|x: &VolumePlan| x.name == v.name) {
+            return Err(err(
+                vec![key("volume"), Seg::Index(i), key("name")],
+                format!("two volumes are named {:?}", v.name),
+            ));
+        }
+        let policy = match &v.policy {
+            Some(p) => catalog
+                .get(p)
+                .map_err(|e| {
+                    err(
+                        vec![key("volume"), Seg::Index(i), key("policy")],
+                        e.to_string(),
+                    )
+                })?
+                .clone(),
+            None => Policy::best_effort(v.name.clone()),
+        };
+        volumes.push(VolumePlan {
+            name: v.name.clone(),
+            policy,
+        });
+    }
+    // Hosts.
+    if file.host.is_empty() {
+        return Err(err(
+            vec![key("host")],
+            "a scenario needs at least one [[host]]".into(),
+        ));
+    }
+    let mut hosts = Vec::new();
+    for (i, hs) in file.host.iter().enumerate() {
+        let at = |f: &str| vec![key("host"), Seg::Index(i), key(f)];
+        if !valid_name(&hs.name) {
+            return Err(err(
+                at("name"),
+                format!(
+                    "names are 1-64 characters of [A-Za-z0-9_-], got {:?}",
+                    hs.name
+                ),
+            ));
+        }
+        if hosts.iter().any(|x: &HostPlan| x.name == hs.name) {
+            return Err(err(
+                at("name"),
+                format!("two hosts are named {:?}", hs.name),
+            ));
+        }
+        if !(1..=65536).contains(&hs.queue_depth) {
+            return Err(err(
+                at("queue_depth"),
+                format!("must be 1-65536, got {}", hs.queue_depth),
+            ));
+        }
+        if hs.cost_unit_bytes == 0 {
+            return Err(err(at("cost_unit_bytes"), "must be at least 1".into()));
+        }
+        hw::build_link(&hs.link).map_err(|m| err(at("link"), m))?;
+        hosts.push(HostPlan {
+            name: hs.name.clone(),
+            link: hs.link.clone(),
+            queue_depth: hs.queue_depth,
+            cost_unit_bytes: hs.cost_unit_bytes,
+        });
+    }
+    if let Some(t) = &file.datastore.target_link {
+        hw::build_link(t).map_err(|m| err(vec![key("datastore"), key("target_link")], m))?;
+    }
+    let c = &file.datastore.congestion;
+    let cat = |f: &str| vec![key("datastore"), key("congestion"), key(f)];
+    if !(c.threshold_ms.is_finite() && (5.0..=100.0).contains(&c.threshold_ms)) {
+        return Err(err(
+            cat("threshold_ms"),
+            format!("must be 5-100 ms, got {}", c.threshold_ms),
+        ));
+    }
+    if !(c.gamma.is_finite() && c.gamma > 0.0 && c.gamma <= 1.0) {
+        return Err(err(
+            cat("gamma"),
+            format!("must be in (0, 1], got {}", c.gamma),
+        ));
+    }
+    if c.min_window == 0 || c.min_window > c.max_window {
+        return Err(err(
+            cat("min_window"),
+            format!(
+                "need 1 ≤ min_window ≤ max_window, got {} and {}",
+                c.min_window, c.max_window
+            ),
+        ));
+    }
+    if !(c.period_ms.is_finite() && c.period_ms >= 1.0) {
+        return Err(err(
+            cat("period_ms"),
+            format!("must be at least 1 ms, got {}", c.period_ms),
+        ));
+    }
+    if let Some(q) = &file.array_qos {
+        if q.backend_concurrency == 0 || q.backend_concurrency > 65536 {
+            return Err(err(
+                vec![key("array_qos"), key("backend_concurrency")],
+                format!("must be 1-65536, got {}", q.backend_concurrency),
+            ));
+        }
+        if q.cost_unit_bytes == 0 {
+            return Err(err(
+                vec![key("array_qos"), key("cost_unit_bytes")],
+                "must be at least 1".into(),
+            ));
+        }
+    }
+    // Named workloads.
+    for (i, w) in file.workload.iter().enumerate() {
+        if !valid_name(&w.name) {
+            return Err(err(
+                vec![key("workload"), Seg::Index(i), key("name")],
+                format!(
+                    "a [[workload]] needs a name of [A-Za-z0-9_-], got {:?}",
+                    w.name
+                ),
+            ));
+        }
+    }
+    // VMs.
+    if file.vm.is_empty() {
+        return Err(err(
+            vec![key("vm")],
+            "a scenario needs at least one [[vm]]".into(),
+        ));
+    }
+    let mut vms: Vec<VmPlan> = Vec::new();
+    let mut next_offset = 0u64;
+    // `disk_gib = 0`: the VM's disk takes an equal part of what the others leave.
+    let fill_vms: u64 = file
+        .vm
+        .iter()
+        .filter(|v| v.disk_gib == 0.0)
+        .map(|v| v.count as u64)
+        .sum();
+    let fill_bytes = if fill_vms == 0 {
+        0
+    } else {
+        let capacity = hw::build_array(&file.array, 0, 0)
+            .map_err(|m| err(vec![key("array")], m))?
+            .capacity_bytes()
+            .ok_or_else(|| err(vec![key("array")], "`disk_gib = 0` (the rest of the array) needs an array with a capacity; an ideal array has none".into()))?;
+        let fixed: f64 = file
+            .vm
+            .iter()
+            .filter(|v| v.disk_gib > 0.0)
+            .map(|v| v.disk_gib * v.count as f64 * (1u64 << 30) as f64)
+            .sum();
+        let rest = capacity.saturating_sub(fixed as u64);
+        rest.checked_div(fill_vms).unwrap_or(0) / (1 << 20) * (1 << 20)
+    };
+    for (i, v) in file.vm.iter().enumerate() {
+        let at = |f: &str| vec![key("vm"), Seg::Index(i), key(f)];
+        if !valid_name(&v.name) {
+            return Err(err(
+                at("name"),
+                format!(
+                    "names are 1-64 characters of [A-Za-z0-9_-], got {:?}",
+                    v.name
+                ),
+            ));
+        }
+        let host = hosts
+            .iter()
+            .position(|x| x.name == v.host)
+            .ok_or_else(|| err(at("host"), format!("no [[host]] named {:?}", v.host)))?;
+        let spec = match file.workload.iter().find(|w| w.name == v.workload) {
+            Some(w) => w.clone(),
+            None => weir_workload::profile(&v.workload)
+                .map(|p| p.spec)
+                .map_err(|_| {
+                    err(
+                        at("workload"),
+                        format!(
+                            "no [[workload]] or built-in profile named {:?} (profiles: {})",
+                            v.workload,
+                            weir_workload::profile_names().join(", ")
+                        ),
+                    )
+                })?,
+        };
+        let volume = match &v.volume {
+            Some(name) => volumes
+                .iter()
+                .position(|x| &x.name == name)
+                .ok_or_else(|| err(at("volume"), format!("no [[volume]] named {name:?}")))?,
+            None => {
+                if let Some(p) = volumes.iter().position(|x| x.name == file.datastore.name) {
+                    p
+                } else {
+                    volumes.push(VolumePlan {
+                        name: file.datastore.name.clone(),
+                        policy: Policy::best_effort("datastore"),
+                    });
+                    volumes.len() - 1
+                }
+            }
+        };
+        if !(v.disk_gib.is_finite() && v.disk_gib >= 0.0 && v.disk_gib <= 1e6) {
+            return Err(err(
+                at("disk_gib"),
+                format!(
+                    "must be in [0, 1e6] (0: the rest of the array), got {}",
+                    v.disk_gib
+                ),
+            ));
+        }
+        if v.count > 10_000 {
+            return Err(err(
+                at("count"),
+                format!("must be 0-10000, got {}", v.count),
+            ));
+        }
+        let disk_bytes = if v.disk_gib == 0.0 {
+            fill_bytes
+        } else {
+            (v.disk_gib * (1u64 << 30) as f64) as u64 / 4096 * 4096
+        };
+        if disk_bytes == 0 {
+            return Err(err(
+                at("disk_gib"),
+                "the other VMs' disks leave no room on the array".into(),
+            ));
+        }
+        for k in 0..v.count {
+            let vm_name = if v.count == 1 {
+                v.name.clone()
+            } else {
+                format!("{}-{}", v.name, k + 1)
+            };
+            if vms.iter().any(|x| x.name == vm_name) {
+                return Err(err(at("name"), format!("two VMs are named {vm_name:?}")));
+            }
+            let policy = Policy {
+                name: vm_name.clone(),
+                service_level: None,
+                reservation_iops: v.reservation_iops,
+                reservation_mbps: None,
+                limit_iops: v.limit_iops,
+                limit_mbps: None,
+                shares: v.shares,
+                latency_target_ms: None,
+                burst_seconds: 0.0,
+            };
+            policy
+                .validate()
+                .map_err(|e| err(at("limit_iops"), e.to_string()))?;
+            AccessGenerator::new(&spec, disk_bytes, 0)
+                .map_err(|e| err(at("workload"), format!("workload {:?}: {e}", v.workload)))?;
+            vms.push(VmPlan {
+                name: vm_name,
+                host,
+                volume,
+                policy,
+                spec: spec.clone(),
+                disk_bytes,
+                base_offset: next_offset,
+            });
+            next_offset += disk_bytes;
+        }
+    }
+    let in_flight: u64 = vms
+        .iter()
+        .map(|v| v.spec.workers as u64 * v.spec.outstanding_ios as u64)
+        .sum();
+    if in_flight > MAX_IN_FLIGHT {
+        return Err(err(
+            vec![key("vm")],
+            format!(
+                "the VMs keep {in_flight} I/Os outstanding; at most {MAX_IN_FLIGHT} are simulated"
+            ),
+        ));
+    }
+    let intervals = (duration_ns + warmup_ns) / interval_ns + 1;
+    if vms.len() as u64 * intervals > MAX_TIMELINE_POINTS {
+        return Err(err(
+            vec![key("scenario"), key("timeline_interval_s")],
+            format!(
+                "{} VMs × {intervals} timeline intervals is too many points (max {MAX_TIMELINE_POINTS}); use a longer interval",
+                vms.len()
+            ),
+        ));
+    }
+    if vms.is_empty() {
+        return Err(err(
+            vec![key("vm")],
+            "every [[vm]] has count = 0: nothing to run".into(),
+        ));
+    }
+    hw::build_array(&file.array, 0, next_offset).map_err(|m| err(vec![key("array")], m))?;
+    let compare: Vec<CompareSpec> = compare
+        .iter()
+        .filter(|c| c.when.iter().all(|(k, v)| params.get(k) == Some(v)))
+        .cloned()
+        .collect();
+    for (i, cmp) in compare.iter().enumerate() {
+        crate::engine::check_metric(&cmp.metric, &vms, &volumes)
+            .map_err(|m| err(vec![key("compare"), Seg::Index(i), key("metric")], m))?;
+    }
+    Ok(CasePlan {
+        name: name.to_string(),
+        description: description.to_string(),
+        params,
+        duration_ns,
+        warmup_ns,
+        interval_ns,
+        file: file.clone(),
+        hosts,
+        vms,
+        volumes,
+        congestion: file.datastore.congestion.clone(),
+        compare,
+    })
+}
+
+// ---- error locations -------------------------------------------------------
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let col = before
+        .rsplit('\n')
+        .next()
+        .map(|l| l.chars().count())
+        .unwrap_or(0)
+        + 1;
+    (line, col)
+}
+
+type DeTable<'a> = toml::de::DeTable<'a>;
+type DeValue<'a> = toml::de::DeValue<'a>;
+
+fn element_label(v: &DeValue<'_>, index: usize) -> String {
+    if let DeValue::Table(t) = v
+        && let Some(n) = t.get("name")
+        && let DeValue::String(s) = n.get_ref()
+    {
+        return s.to_string();
+    }
+    index.to_string()
+}
+
+/// The dotted path of the deepest key whose key or value span holds `offset`.
+fn path_at(root: &DeTable<'_>, offset: usize) -> String {
+    fn walk_value(v: &toml::Spanned<DeValue<'_>>, offset: usize, out: &mut String) {
+        match v.get_ref() {
+            DeValue::Table(t) => walk_table(t, offset, out),
+            DeValue::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    if item.span().contains(&offset) || contains_deep(item, offset) {
+                        out.push_str(&format!("[{}]", element_label(item.get_ref(), i)));
+                        walk_value(item, offset, out);
+                        return;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    fn contains_deep(v: &toml::Spanned<DeValue<'_>>, offset: usize) -> bool {
+        match v.get_ref() {
+            DeValue::Table(t) => t.iter().any(|(k, v)| {
+                k.span().contains(&offset) || v.span().contains(&offset) || contains_deep(v, offset)
+            }),
+            DeValue::Array(items) => items
+                .iter()
+                .any(|i| i.span().contains(&offset) || contains_deep(i, offset)),
+            _ => false,
+        }
+    }
+    fn walk_table(t: &DeTable<'_>, offset: usize, out: &mut String) {
+        for (k, v) in t.iter() {
+            if k.span().contains(&offset) || v.span().contains(&offset) || contains_deep(v, offset)
+            {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k.get_ref());
+                walk_value(v, offset, out);
+                return;
+            }
+        }
+    }
+    let mut out = String::new();
+    walk_table(root, offset, &mut out);
+    out
+}
+
+/// The span of `path` (deepest existing prefix), and the path rendered with element names.
+fn span_of(root: &DeTable<'_>, path: &[Seg]) -> (Option<Range<usize>>, String) {
+    let mut rendered = String::new();
+    let mut span = None;
+    let mut cur: Option<&DeValue<'_>> = None;
+    let mut table = Some(root);
+    for seg in path {
+        match seg {
+            Seg::Key(k) => {
+                if !rendered.is_empty() {
+                    rendered.push('.');
+                }
+                rendered.push_str(k);
+                let found = table.and_then(|t| t.get_key_value(k.as_str()));
+                match found {
+                    Some((ks, v)) => {
+                        span = Some(ks.span());
+                        cur = Some(v.get_ref());
+                        table = match v.get_ref() {
+                            DeValue::Table(t) => Some(t),
+                            _ => None,
+                        };
+                    }
+                    None => {
+                        cur = None;
+                        table = None;
+                    }
+                }
+            }
+            Seg::Index(i) => {
+                let item = match cur {
+                    Some(DeValue::Array(items)) => items.get(*i),
+                    _ => None,
+                };
+                match item {
+                    Some(item) => {
+                        rendered.push_str(&format!("[{}]", element_label(item.get_ref(), *i)));
+                        // Arrays of tables: point at the element's first key.
+                        span = match item.get_ref() {
+                            DeValue::Table(t) => t
+                                .iter()
+                                .map(|(k, _)| k.span())
+                                .min_by_key(|s| s.start)
+                                .or(Some(item.span())),
+                            _ => Some(item.span()),
+                        };
+                        cur = Some(item.get_ref());
+                        table = match item.get_ref() {
+                            DeValue::Table(t) => Some(t),
+                            _ => None,
+                        };
+                    }
+                    None => {
+                        rendered.push_str(&format!("[{i}]"));
+                        cur = None;
+                        table = None;
+                    }
+                }
+            }
+        }
+    }
+    (span, rendered)
+}
+
+pub(crate) fn render_path(path: &[Seg]) -> String {
+    let mut s = String::new();
+    for seg in path {
+        match seg {
+            Seg::Key(k) => {
+                if !s.is_empty() {
+                    s.push('.');
+                }
+                s.push_str(k);
+            }
+            Seg::Index(i) => s.push_str(&format!("[{i}]")),
+        }
+    }
+    s
+}
+
+fn locate_error(file: &str, text: &str, path: &[Seg], message: String) -> ScenarioError {
+    let (span, rendered) = match toml::de::DeTable::parse(text) {
+        Ok(root) => span_of(root.get_ref(), path),
+        Err(_) => (None, render_path(path)),
+    };
+    let (line, column) = span.map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+    ScenarioError::Invalid {
+        file: file.to_string(),
+        line,
+        column,
+        field: if rendered.is_empty() {
+            "(document)".to_string()
+        } else {
+            rendered
+        },
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc() -> toml::Value {
+        toml::from_str(
+            "[datastore]\nname = \"ds\"\n[[vm]]\nname = \"a\"\nshares = 1000\n[[vm]]\nname = \"b\"\nshares = 1000\n",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn set_path_addresses_named_elements_and_creates_tables() {
+        let mut v = doc();
+        set_path(&mut v, "vm.b.shares", toml::Value::Integer(2000)).unwrap();
+        assert_eq!(v["vm"][1]["shares"].as_integer(), Some(2000));
+        assert_eq!(v["vm"][0]["shares"].as_integer(), Some(1000));
+        set_path(
+            &mut v,
+            "datastore.congestion.enabled",
+            toml::Value::Boolean(true),
+        )
+        .unwrap();
+        assert_eq!(
+            v["datastore"]["congestion"]["enabled"].as_bool(),
+            Some(true)
+        );
+        let e = set_path(&mut v, "vm.c.shares", toml::Value::Integer(1)).unwrap_err();
+        assert!(
+            e.contains("no entry named \"c\"") && e.contains("a, b"),
+            "{e}"
+        );
+        assert!(set_path(&mut v, "datastore.name.x", toml::Value::Integer(1)).is_err());
+        assert!(set_path(&mut v, "vm..shares", toml::Value::Integer(1)).is_err());
+    }
+
+    #[test]
+    fn locations_and_paths() {
+        let text = "[scenario]\nname = \"x\"\n\n[[vm]]\nname = \"a\"\nhost = \"h\"\n";
+        assert_eq!(line_col(text, text.find("host").unwrap()), (6, 1));
+        let root = toml::de::DeTable::parse(text).unwrap();
+        assert_eq!(
+            path_at(root.get_ref(), text.find("\"h\"").unwrap()),
+            "vm[a].host"
+        );
+        let (span, rendered) = span_of(root.get_ref(), &[key("vm"), Seg::Index(0), key("host")]);
+        assert_eq!(rendered, "vm[a].host");
+        assert_eq!(line_col(text, span.unwrap().start).0, 6);
+        // A missing key keeps the deepest existing location.
+        let (span, rendered) = span_of(root.get_ref(), &[key("vm"), Seg::Index(0), key("volume")]);
+        assert_eq!(rendered, "vm[a].volume");
+        assert_eq!(line_col(text, span.unwrap().start).0, 5);
+    }
+
+    #[test]
+    fn numbers_print_without_trailing_zeros() {
+        assert_eq!(fmt_num(64.0), "64");
+        assert_eq!(fmt_num(0.5), "0.5");
+    }
+}

@@ -1,0 +1,225 @@
+//! The scenario file's data model (TOML, unknown fields rejected).
+
+use serde::{Deserialize, Serialize};
+use weir_qos::{CongestionConfig, Policy, Shares};
+use weir_workload::AccessSpec;
+
+/// A whole scenario file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    pub scenario: ScenarioHeader,
+    #[serde(default)]
+    pub datastore: DatastoreSpec,
+    /// The array (weir-model `ArraySpec`), kept as TOML here and built per case.
+    pub array: toml::Table,
+    /// Appliance-side QoS (like ioControl): on when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_qos: Option<ArrayQosSpec>,
+    /// User-defined QoS policies (the five built-ins of 000 are always there).
+    #[serde(default)]
+    pub policy: Vec<Policy>,
+    /// Array volumes (LUNs) the VMs' disks live on; none: one volume named "datastore".
+    #[serde(default)]
+    pub volume: Vec<VolumeSpec>,
+    pub host: Vec<HostSpec>,
+    pub vm: Vec<VmSpec>,
+    /// Named access specifications (`vm.workload` may also name a built-in profile).
+    #[serde(default)]
+    pub workload: Vec<AccessSpec>,
+    #[serde(default, skip_serializing)]
+    pub case: Vec<CaseSpec>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioHeader {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default = "one_u64")]
+    pub seed: u64,
+    /// Measured simulated time, s (after the warm-up).
+    pub duration_s: f64,
+    /// Simulated time before measurement starts, s (Iometer's ramp-up).
+    #[serde(default)]
+    pub warmup_s: f64,
+    /// Interval of the timeline series, s.
+    #[serde(default = "one_f64")]
+    pub timeline_interval_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatastoreSpec {
+    #[serde(default = "default_datastore_name")]
+    pub name: String,
+    /// Datastore-wide congestion control (SIOC/PARDA). Off unless `enabled = true`.
+    #[serde(default = "congestion_off")]
+    pub congestion: CongestionConfig,
+    /// The array's own port (weir-model `LinkSpec`: a preset such as `"10gbe"` or a
+    /// table), shared by every host; none: the hosts' links are the only links.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_link: Option<toml::Value>,
+}
+
+impl Default for DatastoreSpec {
+    fn default() -> Self {
+        DatastoreSpec {
+            name: default_datastore_name(),
+            congestion: congestion_off(),
+            target_link: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArrayQosSpec {
+    /// Requests the appliance keeps outstanding on its back end.
+    #[serde(default = "default_backend_concurrency")]
+    pub backend_concurrency: u32,
+    /// IOPS are counted in units of this many bytes (weir-qos `cost_unit_bytes`).
+    #[serde(default = "default_cost_unit")]
+    pub cost_unit_bytes: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeSpec {
+    pub name: String,
+    /// Name of a built-in or `[[policy]]` policy (array-side QoS); none: best effort.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    pub name: String,
+    /// HBA/NIC toward the datastore (weir-model `LinkSpec`: preset or table).
+    #[serde(default = "default_link")]
+    pub link: toml::Value,
+    /// Requests the host keeps outstanding on the datastore (ESX's DQLEN /
+    /// Disk.SchedNumReqOutstanding, 32 by default).
+    #[serde(default = "default_queue_depth")]
+    pub queue_depth: u32,
+    /// Cost unit of the host's scheduler for VM limits/reservations in IOPS
+    /// (`4294967295`: every I/O counts as one, as ESXi 5.0 did).
+    #[serde(default = "default_cost_unit")]
+    pub cost_unit_bytes: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    pub name: String,
+    pub host: String,
+    /// Name of a `[[workload]]` or a built-in profile (`oltp`, `dss`, …).
+    pub workload: String,
+    /// The VM disk's shares on its host (low 500, normal 1000, high 2000, 200-4000).
+    #[serde(default)]
+    pub shares: Shares,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_iops: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_iops: Option<f64>,
+    /// Size of the VM's disk on the datastore (the workload addresses
+    /// `dataset_fraction` of it); 0: an equal part of the array space the other VMs
+    /// leave (a whole-volume test such as 002's).
+    #[serde(default = "default_disk_gib")]
+    pub disk_gib: f64,
+    /// Array volume the disk lives on (a `[[volume]]` name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    /// Identical copies of this VM (named `name-1` … `name-N` when above 1; 0: the VM
+    /// is left out, e.g. by a case).
+    #[serde(default = "one_u32")]
+    pub count: u32,
+}
+
+/// One `[[case]]`: overrides of the base file, optional sweeps, seed figures.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseSpec {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Overrides: dotted paths into the file (`"vm.app05.shares" = "high"`,
+    /// `"datastore.congestion.enabled" = true`); arrays of named tables are addressed
+    /// by the element's name.
+    #[serde(default)]
+    pub set: toml::Table,
+    #[serde(default)]
+    pub sweep: Vec<CaseSweep>,
+    #[serde(default)]
+    pub compare: Vec<CompareSpec>,
+}
+
+/// A swept parameter: a workload parameter (`block_kib`, `queue_depth`, `read_pct`,
+/// …) applied to the workloads of `vms` (all VMs when empty), or a dotted path into
+/// the file (`array.drives`) set to each value.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseSweep {
+    pub param: String,
+    pub values: Vec<f64>,
+    #[serde(default)]
+    pub vms: Vec<String>,
+}
+
+/// A seed document's figure to put beside Weir's.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompareSpec {
+    /// What Weir figure: `<vm>.<field>`, `volume:<name>.<field>`, `total.<field>` or
+    /// `component:<name>.utilisation`; fields: iops, mbps, read_iops, write_iops,
+    /// latency_mean_ms, latency_p50_ms, latency_p95_ms, latency_p99_ms, latency_max_ms;
+    /// or the ratio of two metrics, `"app05.mbps / app04.mbps"`.
+    pub metric: String,
+    /// Label shown in reports (default: `metric`).
+    #[serde(default)]
+    pub label: String,
+    pub seed: f64,
+    pub source: String,
+    #[serde(default)]
+    pub note: String,
+    /// Only for the swept cases whose parameters have these values
+    /// (e.g. `when = { block_kib = 64 }`).
+    #[serde(default)]
+    pub when: std::collections::BTreeMap<String, f64>,
+}
+
+fn one_u64() -> u64 {
+    1
+}
+fn one_u32() -> u32 {
+    1
+}
+fn one_f64() -> f64 {
+    1.0
+}
+fn default_datastore_name() -> String {
+    "datastore".to_string()
+}
+fn congestion_off() -> CongestionConfig {
+    CongestionConfig {
+        enabled: false,
+        ..CongestionConfig::default()
+    }
+}
+fn default_backend_concurrency() -> u32 {
+    64
+}
+fn default_cost_unit() -> u32 {
+    4096
+}
+fn default_link() -> toml::Value {
+    toml::Value::String("fc-8g".to_string())
+}
+fn default_queue_depth() -> u32 {
+    32
+}
+fn default_disk_gib() -> f64 {
+    100.0
+}

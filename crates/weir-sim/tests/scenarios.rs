@@ -1,0 +1,465 @@
+//! Whole-scenario tests: determinism, the SIOC pattern of 003, the QoS invariants,
+//! every shipped scenario loads and runs, bad files give file:line:field errors.
+
+use weir_report::{CaseReport, WorkloadResult};
+use weir_sim::{Scenario, ScenarioError, ScenarioReport, builtin_scenarios};
+
+fn shipped(name: &str) -> Scenario {
+    match Scenario::builtin(name) {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => panic!("shipped scenario {name} does not load: {e}"),
+        None => panic!("no shipped scenario {name}"),
+    }
+}
+
+fn case<'a>(report: &'a ScenarioReport, name: &str) -> &'a CaseReport {
+    report
+        .cases
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no case {name}"))
+}
+
+fn workload<'a>(case: &'a CaseReport, name: &str) -> &'a WorkloadResult {
+    case.workloads
+        .iter()
+        .find(|w| w.name == name)
+        .unwrap_or_else(|| panic!("no workload {name} in {}", case.name))
+}
+
+fn ratio(case: &CaseReport, a: &str, b: &str) -> f64 {
+    workload(case, a).mbps / workload(case, b).mbps
+}
+
+#[test]
+fn every_shipped_scenario_loads_and_runs_shortened() {
+    assert_eq!(builtin_scenarios().len(), 5);
+    for (name, _) in builtin_scenarios() {
+        let mut s = shipped(name);
+        assert!(!s.case_names().is_empty());
+        s.scale_duration(0.02);
+        let mut progress_calls = 0;
+        let report = s.run(Some(3), &mut |p| {
+            assert!(p.cases_done <= p.cases_total);
+            progress_calls += 1;
+        });
+        assert_eq!(report.cases.len(), s.case_names().len(), "{name}");
+        assert!(progress_calls >= report.cases.len());
+        for c in &report.cases {
+            assert!(
+                c.events > 0,
+                "{name}/{}: no I/O completed ({})",
+                c.name,
+                c.description
+            );
+            let total = c.total.as_ref().expect("total");
+            assert!(
+                total.iops > 0.0 && total.latency_ms.p99 >= total.latency_ms.p50,
+                "{name}/{}",
+                c.name
+            );
+            assert!(
+                c.comparisons.iter().all(|x| x.weir.is_finite()),
+                "{name}/{}",
+                c.name
+            );
+        }
+    }
+}
+
+#[test]
+fn same_seed_same_json_and_other_seed_differs_on_disks() {
+    let mut s = shipped("raid-characterization");
+    s.retain_cases("random-70-30/raid5/15k/queue_depth=48");
+    s.scale_duration(0.1);
+    let a = serde_json::to_string(&s.run(Some(11), &mut |_| {})).unwrap();
+    let b = serde_json::to_string(&s.run(Some(11), &mut |_| {})).unwrap();
+    let c = serde_json::to_string(&s.run(Some(12), &mut |_| {})).unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a, c, "random offsets on disks depend on the seed");
+}
+
+#[test]
+fn sioc_shares_pattern_of_003() {
+    let report = shipped("sioc-shares").run(None, &mut |_| {});
+    let within = |x: f64, target: f64, tol: f64| (x / target - 1.0).abs() <= tol;
+    // One host: the host scheduler enforces shares with or without datastore-wide control.
+    for name in ["one-host/off/2-1", "one-host/on/2-1"] {
+        let r = ratio(case(&report, name), "app05", "app04");
+        assert!(within(r, 2.0, 0.15), "{name}: app05/app04 = {r}");
+    }
+    for name in [
+        "one-host/off/1-1",
+        "one-host/on/1-1",
+        "two-hosts/off/1-1",
+        "two-hosts/on/1-1",
+    ] {
+        let r = ratio(case(&report, name), "app05", "app04");
+        assert!(within(r, 1.0, 0.15), "{name}: app05/app04 = {r}");
+    }
+    // Two hosts without control: each host gets an equal part whatever the shares.
+    let r = ratio(case(&report, "two-hosts/off/2-1"), "app05", "app04");
+    assert!(within(r, 1.0, 0.15), "two-hosts/off/2-1: app05/app04 = {r}");
+    // With control the host windows follow the hosts' shares.
+    let r = ratio(case(&report, "two-hosts/on/2-1"), "app05", "app04");
+    assert!(within(r, 2.0, 0.15), "two-hosts/on/2-1: app05/app04 = {r}");
+    // Limits: never more than the limit (+2%), and the other VM takes the rest.
+    for (name, limit) in [
+        ("limit/1-1/limit-200", 200.0),
+        ("limit/1-1/limit-62", 62.0),
+        ("limit/2-1/limit-62", 62.0),
+    ] {
+        let c = case(&report, name);
+        let limited = workload(c, "app05").iops;
+        assert!(
+            limited <= limit * 1.02 && limited >= limit * 0.9,
+            "{name}: app05 at {limited} IOPS"
+        );
+        assert!(workload(c, "app04").iops > 2.0 * limited, "{name}");
+    }
+    // Every case carries the seed's figures beside Weir's.
+    assert!(report.cases.iter().all(|c| !c.comparisons.is_empty()));
+    let cmp = &case(&report, "two-hosts/on/2-1").comparisons;
+    let high = cmp
+        .iter()
+        .find(|c| c.metric == "app05 (High) MB/s")
+        .expect("app05 comparison");
+    assert_eq!(high.seed, 504.0);
+    assert!(high.source.contains("003") && high.weir > 0.0);
+    let split = cmp
+        .iter()
+        .find(|c| c.metric.starts_with("share split"))
+        .expect("share split comparison");
+    assert!(
+        (split.weir / split.seed - 1.0).abs() < 0.2,
+        "share split {} vs {}",
+        split.weir,
+        split.seed
+    );
+}
+
+#[test]
+fn qos_invariants_hold() {
+    let mut s = shipped("qos-invariants");
+    s.scale_duration(0.4);
+    let report = s.run(None, &mut |_| {});
+    let capacity = 10_000.0; // 8 servers × 1 / 800 µs
+    for c in &report.cases {
+        let total = c.total.as_ref().unwrap();
+        // Demand exceeds capacity: the device never idles and the total is the capacity.
+        let array = c.components.iter().find(|x| x.name == "array").unwrap();
+        assert!(
+            array.utilisation > 0.98,
+            "{}: array busy {}",
+            c.name,
+            array.utilisation
+        );
+        assert!(
+            (total.iops / capacity - 1.0).abs() < 0.02,
+            "{}: total {}",
+            c.name,
+            total.iops
+        );
+    }
+    let vol = |c: &str, v: &str| workload(case(&report, c), &format!("volume:{v}")).iops;
+    assert!(
+        vol("limit", "vol-a") <= 1500.0 * 1.02,
+        "limit: {}",
+        vol("limit", "vol-a")
+    );
+    assert!(vol("limit", "vol-a") >= 1500.0 * 0.95);
+    assert!(
+        vol("reservation", "vol-a") >= 6000.0 * 0.98,
+        "reservation: {}",
+        vol("reservation", "vol-a")
+    );
+    let (a, b, cc) = (
+        vol("shares", "vol-a"),
+        vol("shares", "vol-b"),
+        vol("shares", "vol-c"),
+    );
+    assert!(
+        (a / b - 2.0).abs() < 0.1 && (b / cc - 2.0).abs() < 0.1,
+        "shares: {a} {b} {cc}"
+    );
+    // Ten VMs on one volume share its limit; two volumes on one policy each get it.
+    let ten = case(&report, "ten-vms-one-volume");
+    let tenants: f64 = ten
+        .workloads
+        .iter()
+        .filter(|w| w.name.starts_with("tenant-"))
+        .map(|w| w.iops)
+        .sum();
+    assert_eq!(
+        ten.workloads
+            .iter()
+            .filter(|w| w.name.starts_with("tenant-"))
+            .count(),
+        10
+    );
+    assert!(
+        (3000.0 * 0.95..=3000.0 * 1.02).contains(&tenants),
+        "ten VMs: {tenants}"
+    );
+    assert!(vol("two-volumes-same-policy", "vol-a") >= 3000.0 * 0.95);
+    assert!(vol("two-volumes-same-policy", "vol-b") >= 3000.0 * 0.95);
+    assert!(vol("two-volumes-same-policy", "vol-a") <= 3000.0 * 1.02);
+}
+
+fn invalid(text: &str) -> (usize, String, String) {
+    match Scenario::from_toml_str("bad.toml", text) {
+        Err(ScenarioError::Invalid {
+            file,
+            line,
+            field,
+            message,
+            ..
+        }) => {
+            assert_eq!(file, "bad.toml");
+            (line, field, message)
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("accepted a bad file"),
+    }
+}
+
+const GOOD: &str = r#"[scenario]
+name = "t"
+duration_s = 1
+
+[array]
+ideal = { servers = 4, service_us = 100 }
+
+[[host]]
+name = "h1"
+link = "none"
+
+[[vm]]
+name = "a"
+host = "h1"
+workload = "oltp"
+disk_gib = 1
+"#;
+
+#[test]
+fn bad_files_name_file_line_and_field() {
+    assert!(Scenario::from_toml_str("good.toml", GOOD).is_ok());
+    // Unknown field (line 16).
+    let (line, field, msg) = invalid(&format!("{GOOD}sharez = \"high\"\n"));
+    assert_eq!((line, field.as_str()), (17, "vm[a].sharez"), "{msg}");
+    assert!(msg.contains("unknown field"), "{msg}");
+    // Out-of-range value.
+    let (line, field, msg) = invalid(&GOOD.replace("disk_gib = 1", "shares = 7"));
+    assert_eq!((line, field.as_str()), (16, "vm[a].shares"), "{msg}");
+    // Reference to a host that does not exist.
+    let (line, field, msg) = invalid(&GOOD.replace("host = \"h1\"", "host = \"h9\""));
+    assert_eq!((line, field.as_str()), (14, "vm[a].host"), "{msg}");
+    assert!(msg.contains("h9"));
+    // Wrong type.
+    let (line, field, _) = invalid(&GOOD.replace("duration_s = 1", "duration_s = \"long\""));
+    assert_eq!((line, field.as_str()), (3, "scenario.duration_s"));
+    // Syntax error.
+    let (line, _, msg) = invalid(&GOOD.replace("[[host]]", "[[host]"));
+    assert_eq!(line, 8, "{msg}");
+    // A case that overrides something that does not exist.
+    let text = format!("{GOOD}\n[[case]]\nname = \"c\"\nset = {{ \"vm.b.shares\" = \"high\" }}\n");
+    let (line, field, msg) = invalid(&text);
+    assert_eq!(line, 20, "{field}: {msg}");
+    assert!(field.starts_with("case[c].set"), "{field}");
+    // A case whose override has a bad value.
+    let text = format!("{GOOD}\n[[case]]\nname = \"c\"\nset = {{ \"vm.a.shares\" = \"huge\" }}\n");
+    let (_, field, msg) = invalid(&text);
+    assert!(
+        field.starts_with("case[c]") && msg.contains("huge"),
+        "{field}: {msg}"
+    );
+    // Unknown sweep parameter and unknown compare metric.
+    let text = format!(
+        "{GOOD}\n[[case]]\nname = \"c\"\n[[case.sweep]]\nparam = \"colour\"\nvalues = [1]\n"
+    );
+    let (line, field, _) = invalid(&text);
+    assert_eq!((line, field.as_str()), (21, "case[c].sweep[0].param"));
+    let text = format!(
+        "{GOOD}\n[[case]]\nname = \"c\"\n[[case.compare]]\nmetric = \"b.iops\"\nseed = 1\nsource = \"x\"\n"
+    );
+    let (_, field, msg) = invalid(&text);
+    assert!(
+        field.starts_with("case[c]") && msg.contains("b.iops"),
+        "{field}: {msg}"
+    );
+    // Missing file.
+    assert!(matches!(
+        Scenario::from_file("/nonexistent/x.toml"),
+        Err(ScenarioError::Io { .. })
+    ));
+}
+
+#[test]
+fn sweeps_expand_cases_with_params() {
+    let text = format!(
+        "{GOOD}\n[[case]]\nname = \"qd\"\n[[case.sweep]]\nparam = \"queue_depth\"\nvalues = [1, 8]\n[[case.sweep]]\nparam = \"host.h1.queue_depth\"\nvalues = [4]\n"
+    );
+    let s = Scenario::from_toml_str("sweep.toml", &text).unwrap();
+    assert_eq!(
+        s.case_names(),
+        vec![
+            "qd/host.h1.queue_depth=4,queue_depth=1",
+            "qd/host.h1.queue_depth=4,queue_depth=8"
+        ]
+    );
+    let r = s.run(None, &mut |_| {});
+    assert_eq!(r.cases[1].params["queue_depth"], 8.0);
+    // One outstanding I/O on a 100 µs server: 10,000 IOPS; eight capped by the host's 4.
+    let one = r.cases[0].total.as_ref().unwrap().iops;
+    let eight = r.cases[1].total.as_ref().unwrap().iops;
+    assert!((one / 10_000.0 - 1.0).abs() < 0.01, "{one}");
+    assert!((eight / 40_000.0 - 1.0).abs() < 0.01, "{eight}");
+}
+
+/// Fails every 10th request and delays every 10th other one by 5 ms.
+struct EveryTenth {
+    seen: u64,
+}
+
+impl weir_sim::fault::FaultInjector for EveryTenth {
+    fn before_array(
+        &mut self,
+        _now: u64,
+        _io: &weir_sim::fault::DeviceIo,
+    ) -> weir_sim::fault::FaultAction {
+        self.seen += 1;
+        match self.seen % 10 {
+            0 => weir_sim::fault::FaultAction::Fail,
+            5 => weir_sim::fault::FaultAction::Delay(5_000_000),
+            _ => weir_sim::fault::FaultAction::Pass,
+        }
+    }
+}
+
+#[test]
+fn fault_hook_fails_and_delays_requests() {
+    let s = Scenario::from_toml_str("faults.toml", GOOD).unwrap();
+    let clean = s.run(None, &mut |_| {});
+    let faulty = s.run_with_faults(None, &|_, _| Box::new(EveryTenth { seen: 0 }), &mut |_| {});
+    let (c, f) = (
+        clean.cases[0].total.as_ref().unwrap(),
+        faulty.cases[0].total.as_ref().unwrap(),
+    );
+    assert_eq!(c.errors, 0);
+    let error_share = f.errors as f64 / (f.errors + f.ios) as f64;
+    assert!(
+        (error_share - 0.1).abs() < 0.01,
+        "errors {} of {}",
+        f.errors,
+        f.ios + f.errors
+    );
+    // Delayed requests show up in the tail.
+    assert!(
+        f.latency_ms.p95 >= 5.0 && c.latency_ms.p99 < 5.0,
+        "clean p99 {} faulty p95 {}",
+        c.latency_ms.p99,
+        f.latency_ms.p95
+    );
+}
+
+const DISK: &str = r#"[scenario]
+name = "disk"
+duration_s = 0.05
+
+[array]
+controller = "pcie-gen2"
+drive = "sas-15k"
+raid = { level = 5, drives = 8, stripe_element_bytes = 65536 }
+policy = { write_policy = "write-back" }
+
+[array_qos]
+backend_concurrency = 16
+
+[[volume]]
+name = "v1"
+policy = "gold"
+
+[[policy]]
+name = "gold"
+limit_iops = 500
+
+[[host]]
+name = "h1"
+link = "fc-4g"
+queue_depth = 32
+
+[[workload]]
+name = "w"
+block_kib = 8
+read_pct = 70
+random_pct = 100
+outstanding_ios = 8
+workers = 2
+
+[[vm]]
+name = "a"
+host = "h1"
+workload = "w"
+volume = "v1"
+disk_gib = 10
+
+[[case]]
+name = "c"
+set = { "vm.a.shares" = "high" }
+[[case.sweep]]
+param = "queue_depth"
+values = [1, 4]
+"#;
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..Default::default() })]
+    /// Mangled files are rejected with a located error (or accepted and run), never a panic.
+    #[test]
+    fn mangled_files_never_panic(line in 0usize..60, how in 0u8..4, value in proptest::prop_oneof![
+        proptest::strategy::Just("0".to_string()),
+        proptest::strategy::Just("-1".to_string()),
+        proptest::strategy::Just("1e308".to_string()),
+        proptest::strategy::Just("4294967296".to_string()),
+        proptest::strategy::Just("\"x\"".to_string()),
+        proptest::strategy::Just("nan".to_string()),
+        proptest::strategy::Just("[]".to_string()),
+    ]) {
+        let lines: Vec<&str> = DISK.lines().collect();
+        let i = line % lines.len();
+        let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        match how {
+            0 => { out.remove(i); }
+            1 => if let Some((k, _)) = lines[i].split_once(" = ") { out[i] = format!("{k} = {value}"); },
+            2 => out[i] = lines[i].chars().take(lines[i].len() / 2).collect(),
+            _ => out.insert(i, format!("bogus = {value}")),
+        }
+        let text = out.join("\n");
+        match Scenario::from_toml_str("mangled.toml", &text) {
+            Ok(s) => {
+                let r = s.run(None, &mut |_| {});
+                proptest::prop_assert_eq!(r.cases.len(), s.case_names().len());
+            }
+            Err(ScenarioError::Invalid { line, field, message, .. }) => {
+                proptest::prop_assert!(line >= 1 && !field.is_empty() && !message.is_empty());
+            }
+            Err(e) => proptest::prop_assert!(false, "unexpected error kind: {}", e),
+        }
+    }
+}
+
+#[test]
+fn disk_fixture_runs_with_array_qos_limit() {
+    let s = Scenario::from_toml_str("disk.toml", DISK).unwrap();
+    assert_eq!(s.case_names(), vec!["c/queue_depth=1", "c/queue_depth=4"]);
+    let r = s.run(None, &mut |_| {});
+    for c in &r.cases {
+        let v1 = workload(c, "volume:v1");
+        assert!(
+            v1.iops > 0.0 && v1.iops <= 500.0 * 1.05,
+            "{}: {}",
+            c.name,
+            v1.iops
+        );
+        assert!(c.components.iter().any(|x| x.kind == "drive"));
+    }
+}
