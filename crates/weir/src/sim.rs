@@ -31,13 +31,25 @@ pub struct SimArgs {
 }
 
 fn load(name_or_path: &str) -> Result<Scenario> {
-    if let Some((_, text)) = weir_sim::builtin_scenarios().iter().find(|(n, _)| *n == name_or_path) {
-        return Ok(Scenario::from_toml_str(&format!("{name_or_path} (built-in)"), text)?);
+    if let Some((_, text)) = weir_sim::builtin_scenarios()
+        .iter()
+        .find(|(n, _)| *n == name_or_path)
+    {
+        return Ok(Scenario::from_toml_str(
+            &format!("{name_or_path} (built-in)"),
+            text,
+        )?);
     }
     let path = PathBuf::from(name_or_path);
     if !path.exists() {
-        let names: Vec<&str> = weir_sim::builtin_scenarios().iter().map(|(n, _)| *n).collect();
-        bail!("no scenario file {name_or_path:?} and no built-in of that name (built-ins: {})", names.join(", "));
+        let names: Vec<&str> = weir_sim::builtin_scenarios()
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        bail!(
+            "no scenario file {name_or_path:?} and no built-in of that name (built-ins: {})",
+            names.join(", ")
+        );
     }
     Ok(Scenario::from_file(&path)?)
 }
@@ -46,7 +58,7 @@ pub fn run(args: SimArgs) -> Result<()> {
     if args.list {
         for (name, text) in weir_sim::builtin_scenarios() {
             let description = Scenario::from_toml_str(name, text)
-                .map(|s| s.description().to_string())
+                .map(|s| s.description)
                 .unwrap_or_default();
             println!("{name:<24} {description}");
         }
@@ -57,8 +69,10 @@ pub fn run(args: SimArgs) -> Result<()> {
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
         let bar = ProgressBar::new(scenario.case_names().len() as u64);
         bar.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} cases  {msg}")
-                .expect("static template"),
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} cases  {msg}",
+            )
+            .expect("static template"),
         );
         bar
     });
@@ -76,7 +90,10 @@ pub fn run(args: SimArgs) -> Result<()> {
     if args.json {
         println!("{}", weir_report::render_json(&report));
     } else {
-        print!("{}", weir_report::render_text(&report, &weir_report::TextOptions::default()));
+        print!(
+            "{}",
+            weir_report::render_text(&report, &weir_report::TextOptions::default())
+        );
     }
     if let Some(path) = &args.html {
         std::fs::write(path, weir_report::render_html(&report))
