@@ -84,11 +84,8 @@ proptest! {
         let mut d = RequestDecoder::new(info.block_size.max_payload_bytes);
         for piece in bytes.chunks(split) {
             d.feed(piece);
-            loop {
-                match d.next_request() {
-                    Ok(Some(r)) => { let _ = validate(&r, &info); }
-                    Ok(None) | Err(_) => break,
-                }
+            while let Ok(Some(r)) = d.next_request() {
+                let _ = validate(&r, &info);
             }
         }
     }
