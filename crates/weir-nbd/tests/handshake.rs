@@ -20,7 +20,7 @@ fn catalog() -> Vec<ExportDescription> {
 /// `trickle` (exercises partial input everywhere).
 fn pump(
     config: ClientConfig,
-    exports: &[ExportDescription],
+    exports: &dyn weir_nbd::ExportCatalog,
     trickle: bool,
 ) -> (Result<ClientOutcome, ProtocolError>, Option<HandshakeEvent>) {
     let mut server = ServerHandshake::new();
