@@ -9,12 +9,16 @@
 //! column count them).
 
 pub mod congestion;
+mod heap;
 pub mod policy;
 pub mod scheduler;
 
-pub use congestion::{CongestionConfig, DatastoreLatency, HostWindow};
+pub use congestion::{CongestionConfig, CongestionError, DatastoreLatency, HostWindow};
 pub use policy::{Policy, PolicyCatalog, PolicyError, ServiceLevel, Shares};
-pub use scheduler::{Dispatch, Dispatched, IoCost, IoKind, Phase, Scheduler, SchedulerConfig, VolumeStats};
+pub use scheduler::{
+    ClientStats, Dispatch, Dispatched, IoCost, IoKind, Phase, Scheduler, SchedulerConfig,
+    VolumeStats,
+};
 
 /// Nanoseconds on the driver's clock (virtual or real).
 pub type Nanos = u64;
@@ -24,9 +28,13 @@ pub const NANOS_PER_MS: Nanos = 1_000_000;
 pub const BYTES_PER_MB: f64 = 1_000_000.0;
 
 /// A volume (LUN, export, or one VM's virtual disk).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct VolumeId(pub u32);
 
 /// A client of a volume: a host (initiator) or a VM, as the driver decides.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct ClientId(pub u32);

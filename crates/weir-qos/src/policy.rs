@@ -19,7 +19,11 @@ pub enum ServiceLevel {
 }
 
 impl ServiceLevel {
-    pub const ALL: [ServiceLevel; 3] = [Self::MissionCritical, Self::BusinessCritical, Self::NonCritical];
+    pub const ALL: [ServiceLevel; 3] = [
+        Self::MissionCritical,
+        Self::BusinessCritical,
+        Self::NonCritical,
+    ];
     /// 0 for the most important level.
     pub fn rank(self) -> usize {
         self as usize
@@ -130,13 +134,21 @@ pub enum PolicyError {
     #[error("{field} must be a positive finite number, got {value}")]
     NotPositive { field: &'static str, value: f64 },
     #[error("reservation_{what} ({reservation}) exceeds limit_{what} ({limit})")]
-    ReservationAboveLimit { what: &'static str, reservation: f64, limit: f64 },
+    ReservationAboveLimit {
+        what: &'static str,
+        reservation: f64,
+        limit: f64,
+    },
     #[error("policy name must be 1-64 characters of [A-Za-z0-9._-], got {0:?}")]
     Name(String),
     #[error("policy {0:?} is built in and cannot be changed or deleted")]
     BuiltIn(String),
     #[error("no policy named {0:?}")]
     Unknown(String),
+    #[error("no volume {0}")]
+    UnknownVolume(u32),
+    #[error("volume {0} already exists")]
+    VolumeExists(u32),
 }
 
 impl Policy {
@@ -163,13 +175,18 @@ impl Policy {
     pub fn validate(&self) -> Result<(), PolicyError> {
         let name_ok = !self.name.is_empty()
             && self.name.len() <= 64
-            && self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
         if !name_ok {
             return Err(PolicyError::Name(self.name.clone()));
         }
         Shares::new(self.shares.get())?;
         let positive = |field: &'static str, v: Option<f64>| match v {
-            Some(x) if !(x.is_finite() && x > 0.0) => Err(PolicyError::NotPositive { field, value: x }),
+            Some(x) if !(x.is_finite() && x > 0.0) => {
+                Err(PolicyError::NotPositive { field, value: x })
+            }
             _ => Ok(()),
         };
         positive("reservation_iops", self.reservation_iops)?;
@@ -182,7 +199,10 @@ impl Policy {
             }
         }
         if !(self.burst_seconds.is_finite() && self.burst_seconds >= 0.0) {
-            return Err(PolicyError::NotPositive { field: "burst_seconds", value: self.burst_seconds });
+            return Err(PolicyError::NotPositive {
+                field: "burst_seconds",
+                value: self.burst_seconds,
+            });
         }
         for (what, r, l) in [
             ("iops", self.reservation_iops, self.effective_limit_iops()),
@@ -190,7 +210,11 @@ impl Policy {
         ] {
             if let (Some(reservation), Some(limit)) = (r, l) {
                 if reservation > limit {
-                    return Err(PolicyError::ReservationAboveLimit { what, reservation, limit });
+                    return Err(PolicyError::ReservationAboveLimit {
+                        what,
+                        reservation,
+                        limit,
+                    });
                 }
             }
         }
@@ -216,7 +240,13 @@ pub fn builtin_policies() -> Vec<Policy> {
     vec![
         p("mission-critical", MissionCritical, 75_000.0, 750.0, 10.0),
         p("business-critical", BusinessCritical, 30_000.0, 375.0, 20.0),
-        p("business-critical-2", BusinessCritical, 15_000.0, 150.0, 40.0),
+        p(
+            "business-critical-2",
+            BusinessCritical,
+            15_000.0,
+            150.0,
+            40.0,
+        ),
         p("non-critical", NonCritical, 7_500.0, 75.0, 100.0),
         p("non-critical-2", NonCritical, 1_500.0, 37.0, 250.0),
     ]
@@ -247,7 +277,10 @@ impl Default for PolicyCatalog {
 
 impl PolicyCatalog {
     pub fn new() -> Self {
-        let policies = builtin_policies().into_iter().map(|p| (p.name.clone(), p)).collect();
+        let policies = builtin_policies()
+            .into_iter()
+            .map(|p| (p.name.clone(), p))
+            .collect();
         PolicyCatalog { policies }
     }
 
@@ -256,7 +289,9 @@ impl PolicyCatalog {
     }
 
     pub fn get(&self, name: &str) -> Result<&Policy, PolicyError> {
-        self.policies.get(alias(name)).ok_or_else(|| PolicyError::Unknown(name.to_string()))
+        self.policies
+            .get(alias(name))
+            .ok_or_else(|| PolicyError::Unknown(name.to_string()))
     }
 
     /// Adds or replaces a user-defined policy.
@@ -273,7 +308,9 @@ impl PolicyCatalog {
         if Self::is_builtin(name) {
             return Err(PolicyError::BuiltIn(name.to_string()));
         }
-        self.policies.remove(name).ok_or_else(|| PolicyError::Unknown(name.to_string()))
+        self.policies
+            .remove(name)
+            .ok_or_else(|| PolicyError::Unknown(name.to_string()))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Policy> {
@@ -292,7 +329,10 @@ mod tests {
         assert_eq!(mc.name, "mission-critical");
         assert_eq!(mc.reservation_iops, Some(75_000.0));
         assert_eq!(mc.latency_target_ms, Some(10.0));
-        assert_eq!(c.get("non-critical-2").unwrap().reservation_mbps, Some(37.0));
+        assert_eq!(
+            c.get("non-critical-2").unwrap().reservation_mbps,
+            Some(37.0)
+        );
         for p in builtin_policies() {
             p.validate().unwrap();
         }
@@ -301,8 +341,14 @@ mod tests {
     #[test]
     fn builtins_cannot_be_replaced_or_removed() {
         let mut c = PolicyCatalog::new();
-        assert!(matches!(c.remove("mission-critical"), Err(PolicyError::BuiltIn(_))));
-        assert!(matches!(c.insert(Policy::best_effort("policy-2")), Err(PolicyError::BuiltIn(_))));
+        assert!(matches!(
+            c.remove("mission-critical"),
+            Err(PolicyError::BuiltIn(_))
+        ));
+        assert!(matches!(
+            c.insert(Policy::best_effort("policy-2")),
+            Err(PolicyError::BuiltIn(_))
+        ));
         c.insert(Policy::best_effort("gold")).unwrap();
         assert!(c.get("gold").is_ok());
         c.remove("gold").unwrap();
@@ -325,7 +371,10 @@ mod tests {
         let mut q = Policy::best_effort("y");
         q.reservation_iops = Some(500.0);
         q.limit_iops = Some(100.0);
-        assert!(matches!(q.validate(), Err(PolicyError::ReservationAboveLimit { .. })));
+        assert!(matches!(
+            q.validate(),
+            Err(PolicyError::ReservationAboveLimit { .. })
+        ));
         assert!(Policy::best_effort("bad name").validate().is_err());
     }
 

@@ -12,8 +12,132 @@
 //!   as the client saw it (queueing in the scheduler included).
 //! - All state is per volume: the clients of one volume share its reservation and
 //!   limit; two volumes with the same policy each get the policy's full targets.
+//!
+//! # Cost of a request
+//!
+//! A request of `size_bytes` costs `units = max(1, ceil(size_bytes / cost_unit_bytes))`
+//! against IOPS figures and `size_bytes` against MB/s figures (MB = 10^6 bytes).
+//! `IoKind::Other` costs one unit and no bytes. A figure in MB/s does not apply to a
+//! request that moves no data (so a flush is free against a MB/s-only policy).
+//! When a policy sets both an IOPS and a MB/s *reservation*, a request advances the
+//! reservation tag by the smaller of the two increments (the volume is entitled to
+//! whichever figure is more generous for its request sizes); for *limits*, by the
+//! larger (whichever is more restrictive). Shares are charged `units / shares`.
+//!
+//! # Tags
+//!
+//! Each volume carries three tags for its head request (integers: time tags are
+//! nanoseconds in 44.20 fixed point, share tags `units·2^40 / shares`):
+//! - **R** (reservation): the time the volume is next owed a request. Advanced by the
+//!   reservation increment only when a request is released *by* the reservation rule;
+//!   a request released in the weight phase leaves R alone, which is mClock's
+//!   "decrease the R tags by 1/r" adjustment: spare-capacity service is not counted
+//!   against the reservation.
+//! - **L** (limit): the earliest time the volume may release its next request. On a
+//!   release, `L ← max(L, now − slack) + limit increment`, where
+//!   `slack = max(burst_seconds, 10 ms)`: the limit can lag `now` by at most the
+//!   policy's burst allowance, plus 10 ms so that a release delayed by a busy device
+//!   does not cost the volume throughput. In any window of `W` seconds a volume is
+//!   therefore released at most `rate · (W + slack)` plus one request.
+//! - **P** (proportional share): start-time fair queueing in virtual time; every
+//!   release (whichever phase) advances P by `units / shares`, so a volume receives
+//!   `max(reservation, its share of the capacity)` (mClock's semantics: capacity left
+//!   after the reservations is split by shares among the volumes that are not
+//!   pinned at their reservation).
+//!
+//! An idle volume banks no credit: when a volume's queue goes from empty to
+//! non-empty, `R ← max(R, now − burst)` and `P ← max(P, v)`, where `v` is the virtual
+//! time (the P tag of the last request released by the ordinary share rule). A volume
+//! held back by its limit is treated like an idle one for P when it becomes eligible
+//! again, so time spent at the limit is not banked as share credit either.
+//!
+//! # Dispatch
+//!
+//! 1. Constraint phase: among backlogged volumes that are not limit-held
+//!    (`L ≤ now`), the one with the smallest `R ≤ now` is released
+//!    ([`Phase::Reservation`]).
+//! 2. Weight phase: among volumes that are not limit-held, the smallest P
+//!    ([`Phase::Share`]), subject to service-level protection below.
+//! 3. If every queued request is limit-held: `WaitUntil(smallest L)`.
+//!
+//! Volumes with an empty queue appear in no structure, so they never block anyone,
+//! and the scheduler is work conserving: if any request is queued and not limit-held,
+//! `dispatch` returns `Io`.
+//!
+//! # Service-level protection under overload
+//!
+//! A volume is *protectable* when its policy has a latency target and its service
+//! level is mission-critical or business-critical (a policy without a service level
+//! ranks as non-critical; protecting the lowest level would change nothing). A
+//! protectable volume that is backlogged and not held by its own limit (reordering
+//! cannot help that one) is **at risk** when either
+//! - the exponentially weighted mean (weight 1/8 per completion) of the latencies
+//!   reported through [`Scheduler::complete`] is at least
+//!   [`RISK_LATENCY_FRACTION`] (50 %) of its latency target, or
+//! - its oldest queued request has waited in the scheduler for at least
+//!   [`RISK_QUEUE_AGE_FRACTION`] (25 %) of its latency target.
+//!
+//! In the weight phase, let `ℓ*` be the most important service level that has an
+//! at-risk volume. Then only volumes of level `ℓ*` or more important compete (by
+//! the ordinary P rule among themselves); less important volumes wait. If no volume
+//! at those levels is eligible (all limit-held), everyone competes as usual, so
+//! protection never idles the device. When no volume is at risk, the ordinary share
+//! rule applies unchanged, so share ratios hold exactly.
+//!
+//! A release made *because of* protection (the chosen volume is not the one the share
+//! rule would have picked) is charged shares from the current virtual time:
+//! `P ← min(P, v) + units/shares`. Protection therefore reorders service without
+//! leaving the protected volume a share debt to pay back once the overload is over.
+//! It never overrides a limit, and reservations are served before it.
+//!
+//! # Cost of a decision
+//!
+//! Volumes live in indexed binary heaps (one per role: reservation, limit-held,
+//! ready per service level, queue-age deadline per protectable level), so
+//! `enqueue`, `dispatch` and `complete` are O(log n) in the number of backlogged
+//! volumes, with no allocation per request beyond the volume's FIFO.
 
-use crate::{ClientId, Nanos, Policy, VolumeId};
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::heap::IndexedHeap;
+use crate::{ClientId, Nanos, Policy, PolicyError, VolumeId};
+
+/// A protectable volume is at risk when its mean completion latency (EWMA) reaches
+/// this fraction of its latency target.
+pub const RISK_LATENCY_FRACTION: f64 = 0.5;
+/// … or when its oldest queued request has waited this fraction of its target.
+pub const RISK_QUEUE_AGE_FRACTION: f64 = 0.25;
+/// Weight of one completion in the latency EWMA.
+pub const LATENCY_EWMA_WEIGHT: f64 = 1.0 / 8.0;
+/// How far a limit tag may lag `now` when the policy sets no larger burst.
+pub const LIMIT_SLACK_NS: Nanos = 10_000_000;
+
+/// Time tags are nanoseconds shifted left by this many bits.
+const TAG_SHIFT: u32 = 20;
+const TICKS_PER_NS: f64 = (1u64 << TAG_SHIFT) as f64;
+/// Share tags: one unit at one share advances P by this much.
+const SHARE_SCALE: u128 = 1 << 40;
+/// Levels that can be protected (mission-critical, business-critical).
+const PROTECTABLE_LEVELS: usize = 2;
+const LEVELS: usize = 3;
+
+fn ticks(ns: Nanos) -> u128 {
+    (ns as u128) << TAG_SHIFT
+}
+
+fn ticks_to_ns_ceil(t: u128) -> Nanos {
+    let ns = (t + (1u128 << TAG_SHIFT) - 1) >> TAG_SHIFT;
+    u64::try_from(ns).unwrap_or(u64::MAX)
+}
+
+fn secs_to_ticks(seconds: f64) -> u128 {
+    if seconds.is_finite() && seconds > 0.0 {
+        (seconds * 1e9 * TICKS_PER_NS) as u128
+    } else {
+        0
+    }
+}
 
 /// What kind of request (only size and direction matter for cost).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -31,19 +155,57 @@ pub struct IoCost {
     pub size_bytes: u32,
 }
 
+impl IoCost {
+    pub fn read(size_bytes: u32) -> IoCost {
+        IoCost {
+            kind: IoKind::Read,
+            size_bytes,
+        }
+    }
+    pub fn write(size_bytes: u32) -> IoCost {
+        IoCost {
+            kind: IoKind::Write,
+            size_bytes,
+        }
+    }
+    pub fn other() -> IoCost {
+        IoCost {
+            kind: IoKind::Other,
+            size_bytes: 0,
+        }
+    }
+    /// Bytes moved (0 for `Other`).
+    pub fn bytes(&self) -> u64 {
+        match self.kind {
+            IoKind::Other => 0,
+            IoKind::Read | IoKind::Write => self.size_bytes as u64,
+        }
+    }
+    /// I/Os charged against IOPS figures: `max(1, ceil(bytes / cost_unit_bytes))`;
+    /// `cost_unit_bytes` of 0 or `u32::MAX` counts every request as one I/O.
+    pub fn units(&self, cost_unit_bytes: u32) -> u64 {
+        if cost_unit_bytes == 0 || cost_unit_bytes == u32::MAX {
+            return 1;
+        }
+        self.bytes().div_ceil(cost_unit_bytes as u64).max(1)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct SchedulerConfig {
     /// IOPS are counted in units of this many bytes: a request costs
     /// `max(1, ceil(size / cost_unit_bytes))` I/Os against reservations and limits
     /// in IOPS, so one 1 MiB I/O uses the budget of 256 × 4 KiB I/Os (default 4096).
     /// `u32::MAX` counts every request as one I/O whatever its size (what
-    /// ESXi 5.0 did, see scenarios/sioc-shares.toml).
+    /// ESXi 5.0 did, see scenarios/sioc-shares.toml). 0 is treated like `u32::MAX`.
     pub cost_unit_bytes: u32,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        SchedulerConfig { cost_unit_bytes: 4096 }
+        SchedulerConfig {
+            cost_unit_bytes: 4096,
+        }
     }
 }
 
@@ -84,50 +246,679 @@ pub struct VolumeStats {
     pub completed_bytes: u64,
     pub latency_sum_ns: u128,
     pub reservation_dispatches: u64,
+    /// Weight-phase releases that service-level protection moved ahead of the
+    /// volume the share rule would have picked.
+    pub protected_dispatches: u64,
+    /// Cost units released (see [`IoCost::units`]).
+    pub dispatched_units: u64,
 }
 
+/// Completion counters for one client (host or VM), across all its volumes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClientStats {
+    pub ios: u64,
+    pub bytes: u64,
+    pub latency_sum_ns: u128,
+}
+
+/// Policy figures turned into tag increments.
+#[derive(Clone, Debug)]
+struct Rates {
+    /// Ticks per cost unit / per byte; `None` when the figure is not set.
+    reservation_per_unit: Option<f64>,
+    reservation_per_byte: Option<f64>,
+    limit_per_unit: Option<f64>,
+    limit_per_byte: Option<f64>,
+    shares: u128,
+    /// 0 mission-critical, 1 business-critical, 2 non-critical or none.
+    rank: usize,
+    /// Queue age (ns) and EWMA latency (ns) at which the volume is at risk; only
+    /// for protectable volumes.
+    risk_age_ns: Option<u64>,
+    risk_latency_ns: Option<f64>,
+    burst_ticks: u128,
+    limit_slack_ticks: u128,
+}
+
+fn per_unit(rate: Option<f64>) -> Option<f64> {
+    rate.filter(|r| r.is_finite() && *r > 0.0)
+        .map(|r| 1e9 * TICKS_PER_NS / r)
+}
+
+impl Rates {
+    fn from_policy(policy: &Policy) -> Rates {
+        let rank = policy
+            .service_level
+            .map_or(LEVELS - 1, |l| l.rank().min(LEVELS - 1));
+        let target_ns = policy
+            .latency_target_ms
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .map(|t| t * 1e6);
+        let protectable = rank < PROTECTABLE_LEVELS;
+        let burst_ticks = secs_to_ticks(policy.burst_seconds);
+        Rates {
+            reservation_per_unit: per_unit(policy.reservation_iops),
+            reservation_per_byte: per_unit(
+                policy.reservation_mbps.map(|m| m * crate::BYTES_PER_MB),
+            ),
+            limit_per_unit: per_unit(policy.effective_limit_iops()),
+            limit_per_byte: per_unit(policy.limit_mbps.map(|m| m * crate::BYTES_PER_MB)),
+            shares: policy.shares.get().max(1) as u128,
+            rank,
+            risk_age_ns: target_ns
+                .filter(|_| protectable)
+                .map(|t| (t * RISK_QUEUE_AGE_FRACTION) as u64),
+            risk_latency_ns: target_ns
+                .filter(|_| protectable)
+                .map(|t| t * RISK_LATENCY_FRACTION),
+            burst_ticks,
+            limit_slack_ticks: burst_ticks.max(ticks(LIMIT_SLACK_NS)),
+        }
+    }
+
+    fn has_reservation(&self) -> bool {
+        self.reservation_per_unit.is_some() || self.reservation_per_byte.is_some()
+    }
+
+    fn has_limit(&self) -> bool {
+        self.limit_per_unit.is_some() || self.limit_per_byte.is_some()
+    }
+
+    fn increments(
+        per_unit: Option<f64>,
+        per_byte: Option<f64>,
+        units: u64,
+        bytes: u64,
+    ) -> (Option<f64>, Option<f64>) {
+        (
+            per_unit.map(|k| k * units as f64),
+            per_byte.filter(|_| bytes > 0).map(|k| k * bytes as f64),
+        )
+    }
+
+    fn reservation_increment(&self, units: u64, bytes: u64) -> u128 {
+        match Self::increments(
+            self.reservation_per_unit,
+            self.reservation_per_byte,
+            units,
+            bytes,
+        ) {
+            (Some(a), Some(b)) => a.min(b) as u128,
+            (Some(a), None) | (None, Some(a)) => a as u128,
+            (None, None) => 0,
+        }
+    }
+
+    fn limit_increment(&self, units: u64, bytes: u64) -> u128 {
+        match Self::increments(self.limit_per_unit, self.limit_per_byte, units, bytes) {
+            (Some(a), Some(b)) => a.max(b) as u128,
+            (Some(a), None) | (None, Some(a)) => a as u128,
+            (None, None) => 0,
+        }
+    }
+
+    fn share_increment(&self, units: u64) -> u128 {
+        units as u128 * SHARE_SCALE / self.shares
+    }
+}
+
+#[derive(Debug)]
+struct Queued<T> {
+    client: ClientId,
+    cost: IoCost,
+    enqueued_at: Nanos,
+    payload: T,
+}
+
+/// The last release that moved a tag: its start tag and cost, so a policy change
+/// can retag the queued requests with the new rates.
+#[derive(Copy, Clone, Debug, Default)]
+struct LastRelease {
+    base: u128,
+    units: u64,
+    bytes: u64,
+}
+
+#[derive(Debug)]
+struct Volume<T> {
+    id: VolumeId,
+    policy: Policy,
+    rates: Rates,
+    queue: VecDeque<Queued<T>>,
+    next_r: u128,
+    next_l: u128,
+    next_p: u128,
+    last_r: Option<LastRelease>,
+    last_l: Option<LastRelease>,
+    last_p: Option<LastRelease>,
+    /// Counted in `ewma_at_risk_backlogged` / present in `age_risk_heaps`.
+    risk_tracked: bool,
+    latency_ewma_ns: Option<f64>,
+    ewma_at_risk: bool,
+    stats: VolumeStats,
+}
+
+/// A small multiplicative hasher for the u32 ids (the default SipHash costs more than
+/// the rest of a decision).
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// The per-volume tag scheduler (see the module docs for the rules).
 pub struct Scheduler<T> {
-    _todo: std::marker::PhantomData<T>,
+    config: SchedulerConfig,
+    volumes: Vec<Option<Volume<T>>>,
+    free_slots: Vec<u32>,
+    index: IdMap<VolumeId, u32>,
+    clients: IdMap<ClientId, ClientStats>,
+    /// Backlogged, not limit-held volumes with a reservation, by R.
+    reservation_heap: IndexedHeap,
+    /// Backlogged, limit-held volumes, by L.
+    held_heap: IndexedHeap,
+    /// Backlogged, not limit-held volumes per service-level rank, by P.
+    ready_heaps: [IndexedHeap; LEVELS],
+    /// Backlogged, not limit-held protectable volumes per rank, by the time their
+    /// head request reaches the at-risk queue age (ns).
+    age_risk_heaps: [IndexedHeap; PROTECTABLE_LEVELS],
+    /// Backlogged, not limit-held protectable volumes per rank whose latency EWMA is
+    /// at risk.
+    ewma_at_risk_backlogged: [usize; PROTECTABLE_LEVELS],
+    /// Virtual time for shares: P of the last request released by the share rule.
+    share_vtime: u128,
+    queued: usize,
 }
 
 impl<T> Scheduler<T> {
     pub fn new(config: SchedulerConfig) -> Self {
-        let _ = config;
-        todo!("weir-qos helper")
+        Scheduler {
+            config,
+            volumes: Vec::new(),
+            free_slots: Vec::new(),
+            index: IdMap::default(),
+            clients: IdMap::default(),
+            reservation_heap: IndexedHeap::default(),
+            held_heap: IndexedHeap::default(),
+            ready_heaps: Default::default(),
+            age_risk_heaps: Default::default(),
+            ewma_at_risk_backlogged: [0; PROTECTABLE_LEVELS],
+            share_vtime: 0,
+            queued: 0,
+        }
     }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
     /// Adds a volume (policy already validated by the caller via `Policy::validate`).
+    /// Figures that are not positive and finite are ignored (treated as not set).
+    /// Adding a volume that already exists changes its policy (`set_policy`).
     pub fn add_volume(&mut self, now: Nanos, volume: VolumeId, policy: Policy) {
-        let _ = (now, volume, policy);
-        todo!()
+        if self.index.contains_key(&volume) {
+            self.set_policy(now, volume, policy);
+            return;
+        }
+        let rates = Rates::from_policy(&policy);
+        let state = Volume {
+            id: volume,
+            policy,
+            rates,
+            queue: VecDeque::new(),
+            next_r: ticks(now),
+            next_l: 0,
+            next_p: self.share_vtime,
+            last_r: None,
+            last_l: None,
+            last_p: None,
+            risk_tracked: false,
+            latency_ewma_ns: None,
+            ewma_at_risk: false,
+            stats: VolumeStats::default(),
+        };
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.volumes[slot as usize] = Some(state);
+                slot
+            }
+            None => {
+                self.volumes.push(Some(state));
+                (self.volumes.len() - 1) as u32
+            }
+        };
+        let slots = self.volumes.len();
+        self.reservation_heap.ensure_slots(slots);
+        self.held_heap.ensure_slots(slots);
+        for h in self
+            .ready_heaps
+            .iter_mut()
+            .chain(self.age_risk_heaps.iter_mut())
+        {
+            h.ensure_slots(slots);
+        }
+        self.index.insert(volume, slot);
     }
+
+    /// Like `add_volume`, but validates the policy and refuses a volume that exists.
+    pub fn try_add_volume(
+        &mut self,
+        now: Nanos,
+        volume: VolumeId,
+        policy: Policy,
+    ) -> Result<(), PolicyError> {
+        policy.validate()?;
+        if self.index.contains_key(&volume) {
+            return Err(PolicyError::VolumeExists(volume.0));
+        }
+        self.add_volume(now, volume, policy);
+        Ok(())
+    }
+
     /// Changes a volume's policy; applies to requests already queued.
+    ///
+    /// The head request is retagged at once: R and L are recomputed from the last
+    /// release's start tag with the new rates (R never earlier than `now − burst`), and
+    /// P restarts at the virtual time (any share lead or lag from the old policy is
+    /// forgiven). Unknown volumes are ignored.
     pub fn set_policy(&mut self, now: Nanos, volume: VolumeId, policy: Policy) {
-        let _ = (now, volume, policy);
-        todo!()
+        let Some(&slot) = self.index.get(&volume) else {
+            return;
+        };
+        let backlogged = self.volume(slot).is_some_and(|v| !v.queue.is_empty());
+        if backlogged {
+            self.unplace(slot);
+        }
+        let now_t = ticks(now);
+        let vtime = self.share_vtime;
+        let Some(v) = self.volume_mut(slot) else {
+            return;
+        };
+        v.rates = Rates::from_policy(&policy);
+        v.policy = policy;
+        let floor_r = now_t.saturating_sub(v.rates.burst_ticks);
+        v.next_r = match v.last_r {
+            Some(last) => {
+                (last.base + v.rates.reservation_increment(last.units, last.bytes)).max(floor_r)
+            }
+            None => v.next_r.max(floor_r),
+        };
+        if let Some(last) = v.last_l {
+            v.next_l = last.base + v.rates.limit_increment(last.units, last.bytes);
+        }
+        v.next_p = vtime;
+        // Re-evaluate the latency flag against the new target.
+        v.ewma_at_risk = match (v.latency_ewma_ns, v.rates.risk_latency_ns) {
+            (Some(e), Some(limit)) => e >= limit,
+            _ => false,
+        };
+        if backlogged {
+            self.place(slot, now);
+        }
     }
+
     /// Removes a volume and returns its queued payloads (the driver fails them).
     pub fn remove_volume(&mut self, volume: VolumeId) -> Vec<T> {
-        let _ = volume;
-        todo!()
+        let Some(slot) = self.index.remove(&volume) else {
+            return Vec::new();
+        };
+        let backlogged = self.volume(slot).is_some_and(|v| !v.queue.is_empty());
+        if backlogged {
+            self.unplace(slot);
+        }
+        let Some(v) = self.volumes[slot as usize].take() else {
+            return Vec::new();
+        };
+        self.free_slots.push(slot);
+        self.queued -= v.queue.len();
+        v.queue.into_iter().map(|q| q.payload).collect()
     }
+
     /// Queues a request. Unknown volumes are an error the driver reports.
-    pub fn enqueue(&mut self, now: Nanos, volume: VolumeId, client: ClientId, cost: IoCost, payload: T) -> Result<(), crate::PolicyError> {
-        let _ = (now, volume, client, cost, payload);
-        todo!()
+    pub fn enqueue(
+        &mut self,
+        now: Nanos,
+        volume: VolumeId,
+        client: ClientId,
+        cost: IoCost,
+        payload: T,
+    ) -> Result<(), crate::PolicyError> {
+        let Some(&slot) = self.index.get(&volume) else {
+            return Err(PolicyError::UnknownVolume(volume.0));
+        };
+        let Some(v) = self.volume_mut(slot) else {
+            return Err(PolicyError::UnknownVolume(volume.0));
+        };
+        let was_idle = v.queue.is_empty();
+        v.queue.push_back(Queued {
+            client,
+            cost,
+            enqueued_at: now,
+            payload,
+        });
+        self.queued += 1;
+        if was_idle {
+            self.activate(slot, now);
+        }
+        Ok(())
     }
+
     pub fn dispatch(&mut self, now: Nanos) -> Dispatch<T> {
+        if self.queued == 0 {
+            return Dispatch::Idle;
+        }
+        let now_t = ticks(now);
+        // Volumes whose limit tag has come due become eligible again.
+        while let Some((l, slot)) = self.held_heap.peek() {
+            if l > now_t {
+                break;
+            }
+            self.held_heap.pop();
+            let vtime = self.share_vtime;
+            if let Some(v) = self.volume_mut(slot) {
+                // Time spent at the limit is not banked as share credit.
+                v.next_p = v.next_p.max(vtime);
+            }
+            self.refresh(slot, now);
+        }
+        // Constraint phase.
+        if let Some((r, slot)) = self.reservation_heap.peek() {
+            if r <= now_t {
+                if let Some(d) = self.release(slot, now, Phase::Reservation, false) {
+                    return Dispatch::Io(d);
+                }
+            }
+        }
+        // Weight phase.
+        let min_ready = |heaps: &[IndexedHeap]| heaps.iter().filter_map(IndexedHeap::peek).min();
+        let global = min_ready(&self.ready_heaps);
+        let chosen = match self.protected_rank(now) {
+            Some(rank) => min_ready(&self.ready_heaps[..=rank]).or(global),
+            None => global,
+        };
+        match chosen {
+            Some((_, slot)) => {
+                let protected = global.is_some_and(|(_, g)| g != slot);
+                match self.release(slot, now, Phase::Share, protected) {
+                    Some(d) => Dispatch::Io(d),
+                    None => Dispatch::Idle,
+                }
+            }
+            None => match self.held_heap.peek() {
+                Some((l, _)) => Dispatch::WaitUntil(ticks_to_ns_ceil(l).max(now.saturating_add(1))),
+                None => Dispatch::Idle,
+            },
+        }
+    }
+
+    pub fn complete(
+        &mut self,
+        now: Nanos,
+        volume: VolumeId,
+        client: ClientId,
+        cost: IoCost,
+        latency_ns: Nanos,
+    ) {
         let _ = now;
-        todo!()
+        let c = self.clients.entry(client).or_default();
+        c.ios += 1;
+        c.bytes += cost.bytes();
+        c.latency_sum_ns += latency_ns as u128;
+        let Some(&slot) = self.index.get(&volume) else {
+            return;
+        };
+        let Some(v) = self.volume_mut(slot) else {
+            return;
+        };
+        v.stats.completed_ios += 1;
+        v.stats.completed_bytes += cost.bytes();
+        v.stats.latency_sum_ns += latency_ns as u128;
+        let sample = latency_ns as f64;
+        let ewma = match v.latency_ewma_ns {
+            Some(e) => e + (sample - e) * LATENCY_EWMA_WEIGHT,
+            None => sample,
+        };
+        v.latency_ewma_ns = Some(ewma);
+        let at_risk = v.rates.risk_latency_ns.is_some_and(|limit| ewma >= limit);
+        if at_risk != v.ewma_at_risk {
+            v.ewma_at_risk = at_risk;
+            let (rank, tracked) = (v.rates.rank, v.risk_tracked);
+            if tracked {
+                if at_risk {
+                    self.ewma_at_risk_backlogged[rank] += 1;
+                } else {
+                    self.ewma_at_risk_backlogged[rank] -= 1;
+                }
+            }
+        }
     }
-    pub fn complete(&mut self, now: Nanos, volume: VolumeId, client: ClientId, cost: IoCost, latency_ns: Nanos) {
-        let _ = (now, volume, client, cost, latency_ns);
-        todo!()
-    }
+
     pub fn queued(&self) -> usize {
-        todo!()
+        self.queued
     }
+
     pub fn stats(&self, volume: VolumeId) -> Option<VolumeStats> {
-        let _ = volume;
-        todo!()
+        let v = self.volume(*self.index.get(&volume)?)?;
+        let mut s = v.stats.clone();
+        s.queued = v.queue.len();
+        Some(s)
+    }
+
+    /// Completion counters of one client, across all volumes (None if it never
+    /// completed a request).
+    pub fn client_stats(&self, client: ClientId) -> Option<ClientStats> {
+        self.clients.get(&client).cloned()
+    }
+
+    pub fn policy(&self, volume: VolumeId) -> Option<&Policy> {
+        Some(&self.volume(*self.index.get(&volume)?)?.policy)
+    }
+
+    /// The volumes, in no particular order.
+    pub fn volumes(&self) -> impl Iterator<Item = VolumeId> + '_ {
+        self.index.keys().copied()
+    }
+
+    /// The volume's latency EWMA in ms (None before its first completion).
+    pub fn latency_ewma_ms(&self, volume: VolumeId) -> Option<f64> {
+        self.volume(*self.index.get(&volume)?)?
+            .latency_ewma_ns
+            .map(|e| e / 1e6)
+    }
+
+    /// Whether the volume is backlogged and at risk of missing its latency target at
+    /// `now` (see the module docs).
+    pub fn at_risk(&self, now: Nanos, volume: VolumeId) -> bool {
+        let Some(v) = self.index.get(&volume).and_then(|&s| self.volume(s)) else {
+            return false;
+        };
+        let Some(head) = v.queue.front() else {
+            return false;
+        };
+        v.ewma_at_risk
+            || v.rates
+                .risk_age_ns
+                .is_some_and(|age| now.saturating_sub(head.enqueued_at) >= age)
+    }
+
+    fn volume(&self, slot: u32) -> Option<&Volume<T>> {
+        self.volumes.get(slot as usize)?.as_ref()
+    }
+
+    fn volume_mut(&mut self, slot: u32) -> Option<&mut Volume<T>> {
+        self.volumes.get_mut(slot as usize)?.as_mut()
+    }
+
+    /// The most important service level with an at-risk backlogged volume.
+    fn protected_rank(&self, now: Nanos) -> Option<usize> {
+        (0..PROTECTABLE_LEVELS).find(|&rank| {
+            self.ewma_at_risk_backlogged[rank] > 0
+                || self.age_risk_heaps[rank]
+                    .peek()
+                    .is_some_and(|(deadline, _)| deadline <= now as u128)
+        })
+    }
+
+    /// An idle volume became backlogged: restart its tags (no banked credit).
+    fn activate(&mut self, slot: u32, now: Nanos) {
+        let vtime = self.share_vtime;
+        let now_t = ticks(now);
+        if let Some(v) = self.volume_mut(slot) {
+            v.next_r = v.next_r.max(now_t.saturating_sub(v.rates.burst_ticks));
+            v.next_p = v.next_p.max(vtime);
+        }
+        self.place(slot, now);
+    }
+
+    /// Puts a backlogged volume into the heaps its tags call for.
+    fn place(&mut self, slot: u32, now: Nanos) {
+        self.refresh(slot, now);
+    }
+
+    /// Updates the heap entries of a backlogged volume after its tags or head changed.
+    fn refresh(&mut self, slot: u32, now: Nanos) {
+        let Some(v) = self.volumes.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let Some(head) = v.queue.front() else {
+            return;
+        };
+        let rank = v.rates.rank;
+        let held = v.rates.has_limit() && v.next_l > ticks(now);
+        // Risk is tracked for eligible protectable volumes only: a volume held back by
+        // its own limit cannot be helped by reordering.
+        match v.rates.risk_age_ns {
+            Some(age) if !held => {
+                self.age_risk_heaps[rank].set(slot, head.enqueued_at as u128 + age as u128);
+                if !v.risk_tracked && v.ewma_at_risk {
+                    self.ewma_at_risk_backlogged[rank] += 1;
+                }
+                v.risk_tracked = true;
+            }
+            _ => {
+                if v.risk_tracked {
+                    self.age_risk_heaps[rank].remove(slot);
+                    if v.ewma_at_risk {
+                        self.ewma_at_risk_backlogged[rank] -= 1;
+                    }
+                    v.risk_tracked = false;
+                }
+            }
+        }
+        if held {
+            self.held_heap.set(slot, v.next_l);
+            self.ready_heaps[rank].remove(slot);
+            self.reservation_heap.remove(slot);
+        } else {
+            self.held_heap.remove(slot);
+            self.ready_heaps[rank].set(slot, v.next_p);
+            if v.rates.has_reservation() {
+                self.reservation_heap.set(slot, v.next_r);
+            } else {
+                self.reservation_heap.remove(slot);
+            }
+        }
+    }
+
+    /// Takes a volume out of every heap (its queue emptied, or its policy changes).
+    fn unplace(&mut self, slot: u32) {
+        let Some(v) = self.volumes.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let rank = v.rates.rank;
+        if v.risk_tracked {
+            self.age_risk_heaps[rank].remove(slot);
+            if v.ewma_at_risk {
+                self.ewma_at_risk_backlogged[rank] -= 1;
+            }
+            v.risk_tracked = false;
+        }
+        self.reservation_heap.remove(slot);
+        self.held_heap.remove(slot);
+        self.ready_heaps[rank].remove(slot);
+    }
+
+    /// Releases the head request of `slot` and advances its tags.
+    fn release(
+        &mut self,
+        slot: u32,
+        now: Nanos,
+        phase: Phase,
+        protected: bool,
+    ) -> Option<Dispatched<T>> {
+        let now_t = ticks(now);
+        let unit_bytes = self.config.cost_unit_bytes;
+        let vtime = self.share_vtime;
+        let v = self.volumes.get_mut(slot as usize)?.as_mut()?;
+        let req = v.queue.pop_front()?;
+        let units = req.cost.units(unit_bytes);
+        let bytes = req.cost.bytes();
+        if phase == Phase::Reservation {
+            v.last_r = Some(LastRelease {
+                base: v.next_r,
+                units,
+                bytes,
+            });
+            v.next_r += v.rates.reservation_increment(units, bytes);
+            v.stats.reservation_dispatches += 1;
+        }
+        let l_base = v
+            .next_l
+            .max(now_t.saturating_sub(v.rates.limit_slack_ticks));
+        v.last_l = Some(LastRelease {
+            base: l_base,
+            units,
+            bytes,
+        });
+        v.next_l = l_base + v.rates.limit_increment(units, bytes);
+        let p_base = if protected {
+            v.next_p.min(vtime)
+        } else {
+            v.next_p
+        };
+        v.last_p = Some(LastRelease {
+            base: p_base,
+            units,
+            bytes,
+        });
+        v.next_p = p_base + v.rates.share_increment(units);
+        if protected {
+            v.stats.protected_dispatches += 1;
+        }
+        v.stats.dispatched_ios += 1;
+        v.stats.dispatched_bytes += bytes;
+        v.stats.dispatched_units += units;
+        let volume = v.id;
+        let now_empty = v.queue.is_empty();
+        if phase == Phase::Share && !protected {
+            self.share_vtime = self.share_vtime.max(p_base);
+        }
+        self.queued -= 1;
+        if now_empty {
+            self.unplace(slot);
+        } else {
+            self.refresh(slot, now);
+        }
+        Some(Dispatched {
+            volume,
+            client: req.client,
+            cost: req.cost,
+            enqueued_at: req.enqueued_at,
+            phase,
+            payload: req.payload,
+        })
     }
 }
