@@ -15,6 +15,7 @@ pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod metrics;
+pub mod nbd_client;
 pub mod qos;
 pub mod server;
 pub mod session;
