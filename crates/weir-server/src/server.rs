@@ -38,7 +38,10 @@ impl ServerState {
                 sc.cost_unit_bytes = c;
             }
             if let Some(device) = &p.device {
-                tracing::warn!(pool = %p.name, %device, "emulated devices are not implemented yet; serving from files");
+                anyhow::bail!(
+                    "pool {:?}: device = {device:?}: emulated devices are not implemented yet (remove the field to serve from files)",
+                    p.name
+                );
             }
             pools.insert(
                 p.name.clone(),

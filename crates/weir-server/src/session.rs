@@ -270,8 +270,17 @@ pub async fn run_session(
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let writer = tokio::spawn(async move {
-        while let Some(buf) = rx.recv().await {
-            if wr.write_all(&buf).await.is_err() {
+        // Small replies that are ready together go out in one write.
+        let mut wr = tokio::io::BufWriter::with_capacity(64 * 1024, wr);
+        'replies: while let Some(buf) = rx.recv().await {
+            let mut next = Some(buf);
+            while let Some(buf) = next.take() {
+                if wr.write_all(&buf).await.is_err() {
+                    break 'replies;
+                }
+                next = rx.try_recv().ok();
+            }
+            if wr.flush().await.is_err() {
                 break;
             }
         }
