@@ -666,8 +666,8 @@ impl ClientSession {
         if self.input.len() < CHUNK_HEADER_LEN + len {
             return Ok(false);
         }
-        let payload = self.input.as_slice()[CHUNK_HEADER_LEN..CHUNK_HEADER_LEN + len].to_vec();
-        self.input.consume(CHUNK_HEADER_LEN + len);
+        // Borrowed in place (no copy of READ data beyond the one into the result).
+        let payload = &self.input.as_slice()[CHUNK_HEADER_LEN..CHUNK_HEADER_LEN + len];
         let Some(p) = self.pending.get_mut(&handle) else {
             return Err(ProtocolError::unexpected(
                 "structured reply",
@@ -676,7 +676,7 @@ impl ClientSession {
         };
         let bad =
             |detail: &str| ProtocolError::unexpected("structured reply chunk", detail.to_string());
-        let mut r = Reader::new(&payload);
+        let mut r = Reader::new(payload);
         match kind {
             REPLY_TYPE_NONE => {
                 if len != 0 || flags & REPLY_FLAG_DONE == 0 {
@@ -739,6 +739,7 @@ impl ClientSession {
             }
             other => return Err(bad(&format!("unknown chunk type {other}"))),
         }
+        self.input.consume(CHUNK_HEADER_LEN + len);
         if flags & REPLY_FLAG_DONE != 0 {
             let Some(p) = self.pending.remove(&handle) else {
                 return Err(bad("reply for a finished request"));
