@@ -41,7 +41,10 @@ policy = "unlimited"
         c.session().write(i << 20, &chunk, false);
     }
     while c.session().in_flight() > 0 {
-        c.next_completion().await?.result.map_err(|e| anyhow::anyhow!("{e}"))?;
+        c.next_completion()
+            .await?
+            .result
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     let payload = vec![0xa5u8; block as usize];
     for write in [false, true] {
@@ -59,7 +62,11 @@ policy = "unlimited"
         loop {
             while sent.len() < depth && Instant::now() < deadline {
                 let off = next_offset();
-                let h = if write { c.session().write(off, &payload, false) } else { c.session().read(off, block) };
+                let h = if write {
+                    c.session().write(off, &payload, false)
+                } else {
+                    c.session().read(off, block)
+                };
                 sent.insert(h, Instant::now());
             }
             if sent.is_empty() {
@@ -67,7 +74,10 @@ policy = "unlimited"
             }
             let comp = c.next_completion().await?;
             comp.result.map_err(|e| anyhow::anyhow!("{e}"))?;
-            latency_sum += sent.remove(&comp.handle).map(|t| t.elapsed()).unwrap_or_default();
+            latency_sum += sent
+                .remove(&comp.handle)
+                .map(|t| t.elapsed())
+                .unwrap_or_default();
             done += 1;
         }
         let secs = start.elapsed().as_secs_f64();

@@ -261,3 +261,47 @@ async fn nbdinfo_lists_visible_exports_and_describes_one() {
     );
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fio_nbd_engine_writes_and_verifies() {
+    if !common::have("fio") {
+        return;
+    }
+    let engines = run("fio", vec!["--enghelp".into()]).await;
+    if !text(&engines).lines().any(|l| l.trim() == "nbd") {
+        println!("skipped: fio built without the nbd engine");
+        return;
+    }
+    let dir = common::TempDir::new("fio");
+    let server = common::start(dir.path()).await;
+    let o = run(
+        "fio",
+        vec![
+            "--name=verify".into(),
+            "--ioengine=nbd".into(),
+            format!("--uri={}", common::uri(&server, "open")),
+            "--rw=randwrite".into(),
+            "--bs=4k".into(),
+            "--size=8M".into(),
+            "--iodepth=16".into(),
+            "--verify=crc32c".into(),
+            "--do_verify=1".into(),
+            "--output-format=json".into(),
+        ],
+    )
+    .await;
+    assert!(o.status.success(), "{}", text(&o));
+    // fio may print notes before the JSON document.
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let v: serde_json::Value =
+        serde_json::from_str(&stdout[stdout.find('{').unwrap_or(0)..]).unwrap();
+    let job = &v["jobs"][0];
+    assert_eq!(job["error"], 0, "{job}");
+    assert_eq!(job["write"]["io_bytes"], 8 << 20);
+    assert_eq!(
+        job["read"]["io_bytes"],
+        8 << 20,
+        "verify pass read everything back"
+    );
+    server.shutdown().await.unwrap();
+}
