@@ -514,3 +514,59 @@ fn export_info_matches_catalog_flags() {
     assert!(!info.structured_replies);
     assert_eq!(info.transmission_flags & FLAG_CAN_MULTI_CONN, 0);
 }
+
+/// An old server without structured replies or NBD_OPT_GO: the client falls back
+/// to NBD_OPT_EXPORT_NAME and reads the 124 zero bytes it did not negotiate away.
+#[test]
+fn client_falls_back_to_export_name_on_old_servers() {
+    let mut c = ClientHandshake::new(ClientConfig::go("old"));
+    let mut greeting = NBDMAGIC.to_be_bytes().to_vec();
+    greeting.extend(IHAVEOPT.to_be_bytes());
+    greeting.extend(FLAG_FIXED_NEWSTYLE.to_be_bytes()); // no NO_ZEROES
+    assert_eq!(c.input(&greeting).unwrap(), None);
+    let out = c.take_output();
+    assert_eq!(
+        &out[..4],
+        &FLAG_C_FIXED_NEWSTYLE.to_be_bytes(),
+        "no NO_ZEROES flag sent"
+    );
+    assert_eq!(
+        u32::from_be_bytes(out[12..16].try_into().unwrap()),
+        OPT_STRUCTURED_REPLY
+    );
+    let rep = |option: u32, t: u32| {
+        let mut v = REPLY_MAGIC.to_be_bytes().to_vec();
+        v.extend(option.to_be_bytes());
+        v.extend(t.to_be_bytes());
+        v.extend(0u32.to_be_bytes());
+        v
+    };
+    assert_eq!(
+        c.input(&rep(OPT_STRUCTURED_REPLY, REP_ERR_UNSUP)).unwrap(),
+        None
+    );
+    let out = c.take_output();
+    assert_eq!(
+        u32::from_be_bytes(out[8..12].try_into().unwrap()),
+        OPT_GO,
+        "no meta contexts without structured replies"
+    );
+    assert_eq!(c.input(&rep(OPT_GO, REP_ERR_UNSUP)).unwrap(), None);
+    let out = c.take_output();
+    assert_eq!(
+        u32::from_be_bytes(out[8..12].try_into().unwrap()),
+        OPT_EXPORT_NAME
+    );
+    assert_eq!(&out[16..], b"old");
+    let mut reply = (1u64 << 30).to_be_bytes().to_vec();
+    reply.extend((FLAG_HAS_FLAGS | FLAG_READ_ONLY).to_be_bytes());
+    reply.extend([0u8; 124]);
+    let (first, second) = reply.split_at(70);
+    assert_eq!(c.input(first).unwrap(), None);
+    let Some(ClientOutcome::Connected(export)) = c.input(second).unwrap() else {
+        panic!()
+    };
+    assert_eq!(export.size_bytes, 1 << 30);
+    assert!(!export.structured_replies);
+    assert!(export.export_info().read_only());
+}

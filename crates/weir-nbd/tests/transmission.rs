@@ -555,3 +555,35 @@ fn decoder_rejects_bad_magic_and_stays_failed() {
     assert!(d.next_request().is_err());
     assert!(d.next_request().is_err());
 }
+
+#[test]
+fn error_offset_and_unknown_error_chunks_fail_the_request() {
+    let export = info(true, false);
+    let mut client = ClientSession::new(export);
+    let a = client.read(0, 8192);
+    let b = client.write(0, b"x", false);
+    let mut out = vec![];
+    reply::offset_data_header(&mut out, a, 0, 4096, false);
+    out.extend_from_slice(&[1u8; 4096]);
+    let e = weir_nbd::NbdError::new(ErrorCode::Io, "media error");
+    reply::error_offset_chunk(&mut out, a, &e, 4096, false);
+    reply::none_chunk(&mut out, a);
+    // An error chunk of a type this client does not know (bit 15 set) still errors.
+    reply::chunk_header(
+        &mut out,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_ERROR_BIT | 77,
+        b,
+        6 + 3,
+    );
+    out.extend_from_slice(&28u32.to_be_bytes());
+    out.extend_from_slice(&3u16.to_be_bytes());
+    out.extend_from_slice(b"ful");
+    client.input(&out).unwrap();
+    let ca = client.poll_completion().unwrap();
+    assert_eq!(ca.handle, a);
+    assert_eq!(ca.result, Err(e));
+    let cb = client.poll_completion().unwrap();
+    assert_eq!(cb.handle, b);
+    assert_eq!(cb.result.unwrap_err().code, ErrorCode::NoSpc);
+}
