@@ -14,6 +14,10 @@
 //! | POST | `/v1/policies` | `Policy` | `Policy` (201) |
 //! | GET | `/v1/policies/{name}` | | `Policy` |
 //! | DELETE | `/v1/policies/{name}` | | `Policy` |
+//! | GET | `/v1/access-groups` | | `[AccessGroupConfig]` |
+//! | PUT | `/v1/access-groups/{name}` | `AccessGroupConfig` | `AccessGroupConfig` (create or replace) |
+//! | GET | `/v1/access-groups/{name}` | | `AccessGroupConfig` |
+//! | DELETE | `/v1/access-groups/{name}` | | `AccessGroupConfig` |
 //! | GET | `/metrics` | | Prometheus text |
 //!
 //! Errors are `{"error": "message"}` with 400 (invalid), 404 (not found),
@@ -32,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use weir_qos::{Policy, VolumeId};
 
+use crate::config::AccessGroupConfig;
 use crate::metrics::CounterSnapshot;
 use crate::server::ServerState;
 use crate::store::{StoreError, VolumeCreate, VolumeRecord};
@@ -100,6 +105,11 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route(
             "/v1/policies/{name}",
             get(show_policy).delete(delete_policy),
+        )
+        .route("/v1/access-groups", get(list_groups))
+        .route(
+            "/v1/access-groups/{name}",
+            get(show_group).put(put_group).delete(delete_group),
         )
         .route("/metrics", get(metrics))
         .with_state(state)
@@ -184,6 +194,41 @@ async fn show_policy(State(s): Shared, Path(name): Path<String>) -> ApiResult<Js
 
 async fn delete_policy(State(s): Shared, Path(name): Path<String>) -> ApiResult<Json<Policy>> {
     Ok(Json(s.store().delete_policy(&name)?))
+}
+
+async fn list_groups(State(s): Shared) -> Json<Vec<AccessGroupConfig>> {
+    Json(s.store().access_groups())
+}
+
+async fn show_group(
+    State(s): Shared,
+    Path(name): Path<String>,
+) -> ApiResult<Json<AccessGroupConfig>> {
+    Ok(Json(s.store().access_group(&name)?))
+}
+
+async fn put_group(
+    State(s): Shared,
+    Path(name): Path<String>,
+    Json(group): Json<AccessGroupConfig>,
+) -> ApiResult<Json<AccessGroupConfig>> {
+    if group.name != name {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "group name {:?} in the body does not match {name:?} in the path",
+                group.name
+            ),
+        ));
+    }
+    Ok(Json(s.store().put_access_group(group)?))
+}
+
+async fn delete_group(
+    State(s): Shared,
+    Path(name): Path<String>,
+) -> ApiResult<Json<AccessGroupConfig>> {
+    Ok(Json(s.store().delete_access_group(&name)?))
 }
 
 async fn metrics(State(s): Shared) -> impl IntoResponse {
@@ -292,6 +337,37 @@ impl Client {
         self.call(
             "DELETE",
             &format!("/v1/policies/{}", encode(name)),
+            None::<&()>,
+        )
+        .await
+    }
+    pub async fn list_access_groups(&self) -> Result<Vec<AccessGroupConfig>, ClientError> {
+        self.call("GET", "/v1/access-groups", None::<&()>).await
+    }
+    pub async fn show_access_group(&self, name: &str) -> Result<AccessGroupConfig, ClientError> {
+        self.call(
+            "GET",
+            &format!("/v1/access-groups/{}", encode(name)),
+            None::<&()>,
+        )
+        .await
+    }
+    /// Creates or replaces the group `group.name`.
+    pub async fn put_access_group(
+        &self,
+        group: &AccessGroupConfig,
+    ) -> Result<AccessGroupConfig, ClientError> {
+        self.call(
+            "PUT",
+            &format!("/v1/access-groups/{}", encode(&group.name)),
+            Some(group),
+        )
+        .await
+    }
+    pub async fn delete_access_group(&self, name: &str) -> Result<AccessGroupConfig, ClientError> {
+        self.call(
+            "DELETE",
+            &format!("/v1/access-groups/{}", encode(name)),
             None::<&()>,
         )
         .await

@@ -438,6 +438,65 @@ impl VolumeStore {
             .map_err(|e| StoreError::NotFound(e.to_string()))
     }
 
+    pub fn access_groups(&self) -> Vec<AccessGroupConfig> {
+        let mut g = self.meta.access_groups.clone();
+        g.sort_by(|a, b| a.name.cmp(&b.name));
+        g
+    }
+
+    pub fn access_group(&self, name: &str) -> Result<AccessGroupConfig, StoreError> {
+        self.meta
+            .access_groups
+            .iter()
+            .find(|g| g.name == name)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(format!("no access group named {name:?}")))
+    }
+
+    /// Creates or replaces an access group (replacing changes who may open the
+    /// volumes that name it from the next connection on).
+    pub fn put_access_group(
+        &mut self,
+        group: AccessGroupConfig,
+    ) -> Result<AccessGroupConfig, StoreError> {
+        validate_name("access group", &group.name).map_err(StoreError::Invalid)?;
+        let patterns = group
+            .hosts
+            .iter()
+            .map(|h| HostPattern::parse(h))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(StoreError::Invalid)?;
+        let before = self.meta.access_groups.clone();
+        self.meta.access_groups.retain(|g| g.name != group.name);
+        self.meta.access_groups.push(group.clone());
+        if let Err(e) = self.persist() {
+            self.meta.access_groups = before;
+            return Err(e);
+        }
+        self.groups.insert(group.name.clone(), patterns);
+        Ok(group)
+    }
+
+    pub fn delete_access_group(&mut self, name: &str) -> Result<AccessGroupConfig, StoreError> {
+        let group = self.access_group(name)?;
+        let users: Vec<&str> = self
+            .meta
+            .volumes
+            .iter()
+            .filter(|r| r.access_groups.iter().any(|g| g == name))
+            .map(|r| r.name.as_str())
+            .collect();
+        if !users.is_empty() {
+            return Err(StoreError::Conflict(format!(
+                "access group {name:?} is used by volumes {users:?}"
+            )));
+        }
+        self.meta.access_groups.retain(|g| g.name != name);
+        self.persist()?;
+        self.groups.remove(name);
+        Ok(group)
+    }
+
     pub fn policies(&self) -> Vec<Policy> {
         self.catalog.iter().cloned().collect()
     }

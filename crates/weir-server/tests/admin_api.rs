@@ -228,6 +228,74 @@ async fn metadata_and_data_survive_a_restart() {
     server.shutdown().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_groups_decide_who_sees_a_volume() {
+    use weir_server::config::AccessGroupConfig;
+    let dir = common::TempDir::new("groups");
+    let server = common::start(dir.path()).await;
+    let admin = Client::new(server.admin_addr());
+    let names: Vec<String> = admin
+        .list_access_groups()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    assert_eq!(names, ["far", "loopback"]);
+    let lab = AccessGroupConfig {
+        name: "lab".into(),
+        hosts: vec!["192.168.0.0/16".into()],
+    };
+    assert_eq!(admin.put_access_group(&lab).await.unwrap(), lab);
+    let bad = AccessGroupConfig {
+        name: "bad".into(),
+        hosts: vec!["not-an-ip".into()],
+    };
+    assert_eq!(status(admin.put_access_group(&bad).await.unwrap_err()), 400);
+    let req = VolumeCreate {
+        name: "labvol".into(),
+        size_bytes: 1 << 20,
+        policy: "non-critical".into(),
+        pool: None,
+        access_groups: vec!["lab".into()],
+        read_only: false,
+        description: String::new(),
+    };
+    admin.create_volume(&req).await.unwrap();
+    let visible = |l: Vec<weir_nbd::ExportListing>| l.into_iter().any(|e| e.name == "labvol");
+    assert!(
+        !visible(NbdClient::list(server.nbd_addr()).await.unwrap()),
+        "127.0.0.1 is not in lab"
+    );
+    assert!(
+        NbdClient::connect(server.nbd_addr(), ClientConfig::go("labvol"))
+            .await
+            .is_err()
+    );
+    // Add loopback to the group: the volume appears for new connections.
+    let lab2 = AccessGroupConfig {
+        name: "lab".into(),
+        hosts: vec!["192.168.0.0/16".into(), "127.0.0.1".into()],
+    };
+    admin.put_access_group(&lab2).await.unwrap();
+    assert!(visible(NbdClient::list(server.nbd_addr()).await.unwrap()));
+    NbdClient::connect(server.nbd_addr(), ClientConfig::go("labvol"))
+        .await
+        .unwrap();
+    assert_eq!(
+        status(admin.delete_access_group("lab").await.unwrap_err()),
+        409,
+        "group in use"
+    );
+    admin.delete_volume("labvol").await.unwrap();
+    admin.delete_access_group("lab").await.unwrap();
+    assert_eq!(
+        status(admin.show_access_group("lab").await.unwrap_err()),
+        404
+    );
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn unreachable_admin_api_is_a_clear_error() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
