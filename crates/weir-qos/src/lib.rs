@@ -4,6 +4,13 @@
 //! No I/O, no wall clock, no threads: the server drives it with real time, the
 //! simulator with virtual time, and both get the same decisions.
 //!
+//! - [`Scheduler`]: per-volume reservation / shares / limit tags (mClock) with
+//!   size-normalised cost and service-level protection; see the `scheduler` module
+//!   docs for every rule.
+//! - [`HostWindow`] and [`DatastoreLatency`]: PARDA-style datastore-wide congestion
+//!   control (a host's outstanding-I/O window against a latency threshold).
+//! - [`Policy`] / [`PolicyCatalog`]: policies, the five built-ins, validation.
+//!
 //! Time is `Nanos` (u64 nanoseconds since an arbitrary epoch chosen by the driver).
 //! Sizes are bytes; MB means 10^6 bytes (as storage vendors and Iometer's decimal
 //! column count them).

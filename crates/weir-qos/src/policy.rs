@@ -193,10 +193,10 @@ impl Policy {
         positive("reservation_mbps", self.reservation_mbps)?;
         positive("limit_mbps", self.limit_mbps)?;
         positive("latency_target_ms", self.latency_target_ms)?;
-        if let Some(l) = self.limit_iops {
-            if !(MIN_LIMIT_IOPS..=MAX_LIMIT_IOPS).contains(&l) {
-                return Err(PolicyError::LimitIops(l));
-            }
+        if let Some(l) = self.limit_iops
+            && !(MIN_LIMIT_IOPS..=MAX_LIMIT_IOPS).contains(&l)
+        {
+            return Err(PolicyError::LimitIops(l));
         }
         if !(self.burst_seconds.is_finite() && self.burst_seconds >= 0.0) {
             return Err(PolicyError::NotPositive {
@@ -208,14 +208,14 @@ impl Policy {
             ("iops", self.reservation_iops, self.effective_limit_iops()),
             ("mbps", self.reservation_mbps, self.limit_mbps),
         ] {
-            if let (Some(reservation), Some(limit)) = (r, l) {
-                if reservation > limit {
-                    return Err(PolicyError::ReservationAboveLimit {
-                        what,
-                        reservation,
-                        limit,
-                    });
-                }
+            if let (Some(reservation), Some(limit)) = (r, l)
+                && reservation > limit
+            {
+                return Err(PolicyError::ReservationAboveLimit {
+                    what,
+                    reservation,
+                    limit,
+                });
             }
         }
         Ok(())

@@ -46,7 +46,7 @@
 //!   pinned at their reservation).
 //!
 //! An idle volume banks no credit: when a volume's queue goes from empty to
-//! non-empty, `R ← max(R, now − burst)` and `P ← max(P, v)`, where `v` is the virtual
+//! non-empty, `R ← max(R, now − burst)`, `L ← max(L, now − burst)` and `P ← max(P, v)`, where `v` is the virtual
 //! time (the P tag of the last request released by the ordinary share rule). A volume
 //! held back by its limit is treated like an idle one for P when it becomes eligible
 //! again, so time spent at the limit is not banked as share credit either.
@@ -237,7 +237,7 @@ pub enum Dispatch<T> {
 }
 
 /// Counters for one volume since it was added.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct VolumeStats {
     pub queued: usize,
     pub dispatched_ios: u64,
@@ -254,7 +254,7 @@ pub struct VolumeStats {
 }
 
 /// Completion counters for one client (host or VM), across all its volumes.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ClientStats {
     pub ios: u64,
     pub bytes: u64,
@@ -635,12 +635,11 @@ impl<T> Scheduler<T> {
             self.refresh(slot, now);
         }
         // Constraint phase.
-        if let Some((r, slot)) = self.reservation_heap.peek() {
-            if r <= now_t {
-                if let Some(d) = self.release(slot, now, Phase::Reservation, false) {
-                    return Dispatch::Io(d);
-                }
-            }
+        if let Some((r, slot)) = self.reservation_heap.peek()
+            && r <= now_t
+            && let Some(d) = self.release(slot, now, Phase::Reservation, false)
+        {
+            return Dispatch::Io(d);
         }
         // Weight phase.
         let min_ready = |heaps: &[IndexedHeap]| heaps.iter().filter_map(IndexedHeap::peek).min();
@@ -777,7 +776,11 @@ impl<T> Scheduler<T> {
         let vtime = self.share_vtime;
         let now_t = ticks(now);
         if let Some(v) = self.volume_mut(slot) {
-            v.next_r = v.next_r.max(now_t.saturating_sub(v.rates.burst_ticks));
+            let floor = now_t.saturating_sub(v.rates.burst_ticks);
+            v.next_r = v.next_r.max(floor);
+            // The 10 ms limit slack covers late dispatch calls while backlogged, not
+            // idle time: after idling only `burst_seconds` of credit remain.
+            v.next_l = v.next_l.max(floor);
             v.next_p = v.next_p.max(vtime);
         }
         self.place(slot, now);
@@ -920,5 +923,580 @@ impl<T> Scheduler<T> {
             phase,
             payload: req.payload,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{NANOS_PER_MS, NANOS_PER_SEC, ServiceLevel, Shares};
+
+    const MS: Nanos = NANOS_PER_MS;
+    const KIB4: u32 = 4096;
+
+    fn policy(name: &str) -> Policy {
+        Policy::best_effort(name)
+    }
+
+    fn with_limit(iops: f64) -> Policy {
+        Policy {
+            limit_iops: Some(iops),
+            ..policy("limited")
+        }
+    }
+
+    fn sched() -> Scheduler<u32> {
+        Scheduler::new(SchedulerConfig::default())
+    }
+
+    fn fill(s: &mut Scheduler<u32>, now: Nanos, volume: u32, n: u32) {
+        for i in 0..n {
+            s.enqueue(
+                now,
+                VolumeId(volume),
+                ClientId(volume),
+                IoCost::read(KIB4),
+                i,
+            )
+            .unwrap();
+        }
+    }
+
+    fn io(d: Dispatch<u32>) -> Dispatched<u32> {
+        match d {
+            Dispatch::Io(d) => d,
+            other => panic!("expected Io, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cost_units_round_up_by_cost_unit() {
+        assert_eq!(IoCost::read(4096).units(4096), 1);
+        assert_eq!(IoCost::read(4097).units(4096), 2);
+        assert_eq!(IoCost::write(1 << 20).units(4096), 256);
+        assert_eq!(IoCost::read(0).units(4096), 1);
+        assert_eq!(IoCost::read(512).units(4096), 1);
+        assert_eq!(
+            IoCost {
+                kind: IoKind::Other,
+                size_bytes: 1 << 20
+            }
+            .units(4096),
+            1
+        );
+        assert_eq!(
+            IoCost {
+                kind: IoKind::Other,
+                size_bytes: 1 << 20
+            }
+            .bytes(),
+            0
+        );
+        assert_eq!(IoCost::read(1 << 20).units(u32::MAX), 1);
+        assert_eq!(IoCost::read(1 << 20).units(0), 1);
+    }
+
+    #[test]
+    fn increments_take_the_generous_reservation_and_the_strict_limit() {
+        let p = Policy {
+            reservation_iops: Some(1000.0),
+            reservation_mbps: Some(8.192),
+            limit_iops: Some(2000.0),
+            limit_mbps: Some(16.384),
+            ..policy("both")
+        };
+        let r = Rates::from_policy(&p);
+        let ns = |t: u128| t as f64 / TICKS_PER_NS;
+        // 4 KiB: reservation IOPS 1 ms, bandwidth 0.5 ms → the smaller, 0.5 ms;
+        // limit: IOPS 0.5 ms, bandwidth 0.25 ms → the larger, 0.5 ms.
+        assert!((ns(r.reservation_increment(1, 4096)) - 500_000.0).abs() < 1.0);
+        assert!((ns(r.limit_increment(1, 4096)) - 500_000.0).abs() < 1.0);
+        // 64 KiB: IOPS 16 ms, bandwidth 8 ms → reservation 8 ms; limit IOPS 8 ms, bw 4 ms → 8 ms.
+        assert!((ns(r.reservation_increment(16, 65536)) - 8_000_000.0).abs() < 1.0);
+        assert!((ns(r.limit_increment(16, 65536)) - 8_000_000.0).abs() < 1.0);
+        // No data moved: the MB/s figures do not apply.
+        assert!((ns(r.reservation_increment(1, 0)) - 1_000_000.0).abs() < 1.0);
+        let bw_only = Rates::from_policy(&Policy {
+            limit_mbps: Some(10.0),
+            ..policy("bw")
+        });
+        assert_eq!(bw_only.limit_increment(1, 0), 0);
+        // Shares: units / shares.
+        let low = Rates::from_policy(&Policy {
+            shares: Shares::LOW,
+            ..policy("low")
+        });
+        let high = Rates::from_policy(&Policy {
+            shares: Shares::HIGH,
+            ..policy("high")
+        });
+        assert!(low.share_increment(1).abs_diff(4 * high.share_increment(1)) < 4);
+        assert!(
+            low.share_increment(256)
+                .abs_diff(256 * low.share_increment(1))
+                < 256
+        );
+    }
+
+    #[test]
+    fn reservation_phase_comes_first_then_shares() {
+        let mut s = sched();
+        s.add_volume(
+            0,
+            VolumeId(1),
+            Policy {
+                reservation_iops: Some(100.0),
+                shares: Shares::new(200).unwrap(),
+                ..policy("r")
+            },
+        );
+        s.add_volume(
+            0,
+            VolumeId(2),
+            Policy {
+                shares: Shares::new(4000).unwrap(),
+                ..policy("s")
+            },
+        );
+        fill(&mut s, 0, 2, 50);
+        fill(&mut s, 0, 1, 50);
+        let first = io(s.dispatch(0));
+        assert_eq!(
+            (first.volume, first.phase),
+            (VolumeId(1), Phase::Reservation)
+        );
+        // Its next reservation tag is 10 ms away; volume 2's 20× shares win the weight phase.
+        let mut counts = [0; 3];
+        for _ in 0..20 {
+            let d = io(s.dispatch(1));
+            assert_eq!(d.phase, Phase::Share);
+            counts[d.volume.0 as usize] += 1;
+        }
+        assert_eq!(counts, [0, 0, 20]);
+        let d = io(s.dispatch(10 * MS));
+        assert_eq!((d.volume, d.phase), (VolumeId(1), Phase::Reservation));
+        assert_eq!(s.stats(VolumeId(1)).unwrap().reservation_dispatches, 2);
+    }
+
+    #[test]
+    fn weight_phase_service_does_not_delay_the_reservation() {
+        let mut s = sched();
+        s.add_volume(
+            0,
+            VolumeId(1),
+            Policy {
+                reservation_iops: Some(100.0),
+                ..policy("r")
+            },
+        );
+        fill(&mut s, 0, 1, 100);
+        assert_eq!(io(s.dispatch(0)).phase, Phase::Reservation);
+        for _ in 0..20 {
+            assert_eq!(io(s.dispatch(MS)).phase, Phase::Share);
+        }
+        // Twenty spare-capacity releases later the reservation is still owed at 10 ms.
+        assert_eq!(io(s.dispatch(10 * MS)).phase, Phase::Reservation);
+    }
+
+    #[test]
+    fn limit_holds_requests_and_reports_when_to_come_back() {
+        let mut s = sched();
+        s.add_volume(0, VolumeId(1), with_limit(100.0));
+        fill(&mut s, 0, 1, 3);
+        io(s.dispatch(0));
+        assert!(matches!(s.dispatch(0), Dispatch::WaitUntil(t) if t == 10 * MS));
+        assert!(matches!(s.dispatch(9 * MS), Dispatch::WaitUntil(t) if t == 10 * MS));
+        io(s.dispatch(10 * MS));
+        io(s.dispatch(20 * MS));
+        assert!(matches!(s.dispatch(20 * MS), Dispatch::Idle));
+        assert_eq!(s.queued(), 0);
+    }
+
+    #[test]
+    fn a_limit_held_volume_never_blocks_others() {
+        let mut s = sched();
+        s.add_volume(
+            0,
+            VolumeId(1),
+            Policy {
+                shares: Shares::new(4000).unwrap(),
+                ..with_limit(100.0)
+            },
+        );
+        s.add_volume(
+            0,
+            VolumeId(2),
+            Policy {
+                shares: Shares::new(200).unwrap(),
+                ..policy("b")
+            },
+        );
+        fill(&mut s, 0, 1, 10);
+        fill(&mut s, 0, 2, 10);
+        assert_eq!(io(s.dispatch(0)).volume, VolumeId(1));
+        for _ in 0..10 {
+            assert_eq!(io(s.dispatch(MS)).volume, VolumeId(2));
+        }
+        assert!(matches!(s.dispatch(MS), Dispatch::WaitUntil(t) if t == 10 * MS));
+    }
+
+    #[test]
+    fn shares_split_releases_in_ratio_and_by_size() {
+        let mut s = sched();
+        s.add_volume(
+            0,
+            VolumeId(1),
+            Policy {
+                shares: Shares::HIGH,
+                ..policy("a")
+            },
+        );
+        s.add_volume(
+            0,
+            VolumeId(2),
+            Policy {
+                shares: Shares::NORMAL,
+                ..policy("b")
+            },
+        );
+        s.add_volume(
+            0,
+            VolumeId(3),
+            Policy {
+                shares: Shares::NORMAL,
+                ..policy("c")
+            },
+        );
+        fill(&mut s, 0, 1, 1000);
+        fill(&mut s, 0, 2, 1000);
+        // Volume 3 issues 16 KiB requests: 4 units each.
+        for i in 0..1000 {
+            s.enqueue(0, VolumeId(3), ClientId(3), IoCost::read(16384), i)
+                .unwrap();
+        }
+        let mut units = [0u64; 4];
+        for _ in 0..900 {
+            let d = io(s.dispatch(0));
+            units[d.volume.0 as usize] += d.cost.units(4096);
+        }
+        let total: u64 = units.iter().sum();
+        for (v, expected) in [(1, 0.5), (2, 0.25), (3, 0.25)] {
+            let got = units[v] as f64 / total as f64;
+            assert!(
+                (got - expected).abs() < 0.01,
+                "volume {v}: {got} of units, expected {expected}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_idle_volume_banks_no_credit() {
+        let mut s = sched();
+        s.add_volume(0, VolumeId(1), with_limit(100.0));
+        fill(&mut s, 0, 1, 1);
+        io(s.dispatch(0));
+        // Five idle seconds later, only one request goes at once; the next waits 10 ms.
+        fill(&mut s, 5 * NANOS_PER_SEC, 1, 5);
+        io(s.dispatch(5 * NANOS_PER_SEC));
+        assert!(
+            matches!(s.dispatch(5 * NANOS_PER_SEC), Dispatch::WaitUntil(t) if t == 5 * NANOS_PER_SEC + 10 * MS)
+        );
+        // Same for shares: a volume idle while another ran does not get to catch up.
+        let mut s = sched();
+        s.add_volume(0, VolumeId(1), policy("a"));
+        s.add_volume(0, VolumeId(2), policy("b"));
+        fill(&mut s, 0, 1, 200);
+        for _ in 0..100 {
+            io(s.dispatch(0));
+        }
+        fill(&mut s, 0, 2, 100);
+        let mut counts = [0u32; 3];
+        for _ in 0..100 {
+            counts[io(s.dispatch(0)).volume.0 as usize] += 1;
+        }
+        assert!(counts[1].abs_diff(counts[2]) <= 1, "{counts:?}");
+    }
+
+    #[test]
+    fn burst_seconds_allow_a_bounded_burst_after_idling() {
+        let mut s = sched();
+        s.add_volume(
+            0,
+            VolumeId(1),
+            Policy {
+                burst_seconds: 0.1,
+                ..with_limit(100.0)
+            },
+        );
+        fill(&mut s, 10 * NANOS_PER_SEC, 1, 30);
+        let now = 10 * NANOS_PER_SEC;
+        let mut immediate = 0;
+        while let Dispatch::Io(_) = s.dispatch(now) {
+            immediate += 1;
+        }
+        // 0.1 s × 100 IOPS of credit, plus the request the tag allows at `now`.
+        assert_eq!(immediate, 11);
+    }
+
+    #[test]
+    fn the_limit_keeps_at_most_ten_ms_of_lag() {
+        let mut s = sched();
+        s.add_volume(0, VolumeId(1), with_limit(1000.0));
+        fill(&mut s, 0, 1, 100);
+        io(s.dispatch(0));
+        // The driver comes back late (device busy): 10 ms of lag are kept, the rest lost.
+        let late = 50 * MS;
+        let mut immediate = 0;
+        while let Dispatch::Io(_) = s.dispatch(late) {
+            immediate += 1;
+        }
+        assert_eq!(immediate, 11);
+    }
+
+    #[test]
+    fn set_policy_retags_queued_requests() {
+        let mut s = sched();
+        s.add_volume(0, VolumeId(1), with_limit(16.0));
+        fill(&mut s, 0, 1, 20);
+        io(s.dispatch(0));
+        assert!(matches!(s.dispatch(0), Dispatch::WaitUntil(t) if t == 62_500_000));
+        s.set_policy(MS, VolumeId(1), with_limit(1000.0));
+        // The head is now due 1 ms after the last release, not 62.5 ms.
+        io(s.dispatch(MS));
+        io(s.dispatch(2 * MS));
+        assert!(matches!(s.dispatch(2 * MS), Dispatch::WaitUntil(t) if t == 3 * MS));
+        // And the other way: back to a tight limit holds the queue at once.
+        s.set_policy(2 * MS, VolumeId(1), with_limit(16.0));
+        assert!(matches!(s.dispatch(3 * MS), Dispatch::WaitUntil(t) if t == 2 * MS + 62_500_000));
+        // Removing the limit releases everything.
+        s.set_policy(3 * MS, VolumeId(1), policy("free"));
+        let mut n = 0;
+        while let Dispatch::Io(_) = s.dispatch(3 * MS) {
+            n += 1;
+        }
+        assert_eq!(n, 17);
+    }
+
+    #[test]
+    fn remove_volume_returns_payloads_and_unknown_volumes_are_errors() {
+        let mut s = sched();
+        s.add_volume(0, VolumeId(1), policy("a"));
+        s.add_volume(0, VolumeId(2), with_limit(100.0));
+        fill(&mut s, 0, 1, 3);
+        fill(&mut s, 0, 2, 2);
+        assert_eq!(s.queued(), 5);
+        assert_eq!(s.remove_volume(VolumeId(1)), vec![0, 1, 2]);
+        assert_eq!(s.queued(), 2);
+        assert!(s.remove_volume(VolumeId(1)).is_empty());
+        let err = s
+            .enqueue(0, VolumeId(1), ClientId(1), IoCost::read(KIB4), 9)
+            .unwrap_err();
+        assert_eq!(err, PolicyError::UnknownVolume(1));
+        assert_eq!(err.to_string(), "no volume 1");
+        assert!(s.stats(VolumeId(1)).is_none());
+        // The slot is reused cleanly.
+        s.add_volume(0, VolumeId(3), policy("c"));
+        fill(&mut s, 0, 3, 1);
+        let d = io(s.dispatch(0));
+        assert!(d.volume == VolumeId(2) || d.volume == VolumeId(3));
+        assert!(matches!(
+            s.try_add_volume(0, VolumeId(3), policy("c")),
+            Err(PolicyError::VolumeExists(3))
+        ));
+        assert!(
+            s.try_add_volume(
+                0,
+                VolumeId(4),
+                Policy {
+                    limit_iops: Some(1.0),
+                    ..policy("bad")
+                }
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn stats_count_per_volume_and_per_client() {
+        let mut s = sched();
+        s.add_volume(0, VolumeId(1), policy("a"));
+        s.enqueue(0, VolumeId(1), ClientId(7), IoCost::read(8192), 0)
+            .unwrap();
+        s.enqueue(0, VolumeId(1), ClientId(8), IoCost::other(), 1)
+            .unwrap();
+        assert_eq!(s.stats(VolumeId(1)).unwrap().queued, 2);
+        let a = io(s.dispatch(0));
+        let b = io(s.dispatch(0));
+        s.complete(2 * MS, a.volume, a.client, a.cost, 2 * MS);
+        s.complete(3 * MS, b.volume, b.client, b.cost, 3 * MS);
+        let st = s.stats(VolumeId(1)).unwrap();
+        assert_eq!(
+            (
+                st.queued,
+                st.dispatched_ios,
+                st.dispatched_bytes,
+                st.completed_ios,
+                st.completed_bytes,
+                st.dispatched_units
+            ),
+            (0, 2, 8192, 2, 8192, 3)
+        );
+        assert_eq!(st.latency_sum_ns, 5 * MS as u128);
+        assert_eq!(
+            s.client_stats(ClientId(7)),
+            Some(ClientStats {
+                ios: 1,
+                bytes: 8192,
+                latency_sum_ns: 2 * MS as u128
+            })
+        );
+        assert_eq!(
+            s.client_stats(ClientId(8)),
+            Some(ClientStats {
+                ios: 1,
+                bytes: 0,
+                latency_sum_ns: 3 * MS as u128
+            })
+        );
+        assert_eq!(s.client_stats(ClientId(9)), None);
+        assert!((s.latency_ewma_ms(VolumeId(1)).unwrap() - 2.125).abs() < 1e-9);
+    }
+
+    fn critical(target_ms: f64) -> Policy {
+        Policy {
+            service_level: Some(ServiceLevel::MissionCritical),
+            latency_target_ms: Some(target_ms),
+            ..policy("mc")
+        }
+    }
+
+    #[test]
+    fn protection_by_queue_age_serves_the_critical_volume_first() {
+        let mut s = sched();
+        let low = Shares::new(200).unwrap();
+        let high = Shares::new(4000).unwrap();
+        s.add_volume(
+            0,
+            VolumeId(1),
+            Policy {
+                shares: low,
+                ..critical(10.0)
+            },
+        );
+        s.add_volume(
+            0,
+            VolumeId(2),
+            Policy {
+                service_level: Some(ServiceLevel::NonCritical),
+                shares: high,
+                ..policy("nc")
+            },
+        );
+        fill(&mut s, 0, 2, 100);
+        for _ in 0..10 {
+            assert_eq!(io(s.dispatch(0)).volume, VolumeId(2));
+        }
+        fill(&mut s, MS, 1, 5);
+        // Fresh volume 1 starts at the virtual time and gets one request; then its
+        // 200 shares against 4000 put it 20 requests of volume 2 behind.
+        assert_eq!(io(s.dispatch(2 * MS)).volume, VolumeId(1));
+        assert!(!s.at_risk(2 * MS, VolumeId(1)));
+        for _ in 0..5 {
+            assert_eq!(io(s.dispatch(2 * MS)).volume, VolumeId(2));
+        }
+        // At 3.5 ms its head has waited 2.5 ms = 25 % of its 10 ms target: it goes first.
+        let t = 3 * MS + MS / 2;
+        assert!(s.at_risk(t, VolumeId(1)));
+        for _ in 0..4 {
+            let d = io(s.dispatch(t));
+            assert_eq!((d.volume, d.phase), (VolumeId(1), Phase::Share));
+        }
+        assert_eq!(s.stats(VolumeId(1)).unwrap().protected_dispatches, 4);
+        assert_eq!(s.stats(VolumeId(2)).unwrap().protected_dispatches, 0);
+        assert_eq!(io(s.dispatch(t)).volume, VolumeId(2));
+    }
+
+    #[test]
+    fn protection_by_latency_ewma_and_levels_in_order() {
+        let mut s = sched();
+        let business = Policy {
+            service_level: Some(ServiceLevel::BusinessCritical),
+            latency_target_ms: Some(20.0),
+            ..policy("bc")
+        };
+        s.add_volume(0, VolumeId(1), critical(10.0));
+        s.add_volume(0, VolumeId(2), business);
+        s.add_volume(0, VolumeId(3), policy("nc"));
+        // Completions at 12 ms put the business-critical volume at risk (≥ 10 ms).
+        for _ in 0..4 {
+            s.complete(0, VolumeId(2), ClientId(2), IoCost::read(KIB4), 12 * MS);
+        }
+        fill(&mut s, 0, 3, 10);
+        fill(&mut s, 0, 2, 4);
+        assert!(s.at_risk(0, VolumeId(2)));
+        let order: Vec<u32> = (0..6).map(|_| io(s.dispatch(0)).volume.0).collect();
+        assert_eq!(order, [2, 2, 2, 2, 3, 3]);
+        // Now both critical levels are at risk: mission-critical goes before business.
+        for _ in 0..4 {
+            s.complete(0, VolumeId(1), ClientId(1), IoCost::read(KIB4), 9 * MS);
+        }
+        fill(&mut s, 0, 2, 3);
+        fill(&mut s, 0, 1, 3);
+        let order: Vec<u32> = (0..8).map(|_| io(s.dispatch(0)).volume.0).collect();
+        assert_eq!(order, [1, 1, 1, 2, 2, 2, 3, 3]);
+        // Fast completions clear the risk: ordinary shares again.
+        for _ in 0..40 {
+            s.complete(0, VolumeId(2), ClientId(2), IoCost::read(KIB4), MS);
+        }
+        assert!(!s.at_risk(0, VolumeId(2)));
+    }
+
+    #[test]
+    fn protection_never_overrides_a_limit() {
+        let mut s = sched();
+        s.add_volume(
+            0,
+            VolumeId(1),
+            Policy {
+                limit_iops: Some(100.0),
+                ..critical(10.0)
+            },
+        );
+        s.add_volume(0, VolumeId(2), policy("nc"));
+        for _ in 0..4 {
+            s.complete(0, VolumeId(1), ClientId(1), IoCost::read(KIB4), 9 * MS);
+        }
+        fill(&mut s, 0, 1, 5);
+        fill(&mut s, 0, 2, 5);
+        assert_eq!(io(s.dispatch(0)).volume, VolumeId(1));
+        // Held by its limit; the non-critical volume is served meanwhile.
+        for _ in 0..5 {
+            assert_eq!(io(s.dispatch(MS)).volume, VolumeId(2));
+        }
+        assert_eq!(io(s.dispatch(10 * MS)).volume, VolumeId(1));
+    }
+
+    #[test]
+    fn idle_when_empty_and_invalid_figures_are_ignored() {
+        let mut s = sched();
+        assert!(matches!(s.dispatch(0), Dispatch::Idle));
+        // Not validated: a NaN limit is treated as no limit rather than a panic.
+        s.add_volume(
+            0,
+            VolumeId(1),
+            Policy {
+                limit_iops: Some(f64::NAN),
+                reservation_mbps: Some(-3.0),
+                ..policy("bad")
+            },
+        );
+        fill(&mut s, 0, 1, 3);
+        for _ in 0..3 {
+            io(s.dispatch(0));
+        }
+        assert!(matches!(s.dispatch(0), Dispatch::Idle));
+        // Completions for unknown volumes only count for the client.
+        s.complete(0, VolumeId(99), ClientId(1), IoCost::read(KIB4), MS);
+        assert_eq!(s.client_stats(ClientId(1)).unwrap().ios, 1);
     }
 }
