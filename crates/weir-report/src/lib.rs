@@ -3,8 +3,44 @@
 //! The document model below is what `weir sim --json` prints (and later `weir load`).
 //! Producers (the simulator, the load generator) fill it in; this crate renders it as
 //! terminal tables, JSON, or a self-contained HTML page with charts.
+//!
+//! * [`render_text`] — terminal tables per case (workloads with a total line, "Weir vs
+//!   seed" with a `!! >20%` marker, components, timeline sparklines) and, for sweeps,
+//!   a table with one row per case and the parameters as columns.
+//! * [`render_json`] / [`parse_json`] — pretty, deterministic JSON; non-finite numbers
+//!   are written as `null` and read back as NaN.
+//! * [`render_html`] — one self-contained page (inline CSS and SVG, no scripts): paired
+//!   Weir-vs-seed bars, line charts over time, utilisation bars, sweep charts (see the
+//!   grouping rule in the `html` module docs).
+//! * [`Table`] — a generic aligned terminal table for other crates (`weir volume list`),
+//!   with the number formatters [`fmt_iops`], [`fmt_mbps`], [`fmt_ms`], [`fmt_pct`]…
+//! * [`UxGrade`] — good / fair / poor grades of the VDI study's thresholds.
+//!
+//! Every renderer accepts any report: empty cases, NaN / infinite figures and
+//! one-point series render as `n/a`, placeholders or markers, never a panic.
 
 use serde::{Deserialize, Serialize};
+
+mod format;
+mod html;
+mod json;
+mod nan;
+mod svg;
+mod table;
+mod text;
+mod ux;
+
+pub use format::{
+    fmt_count, fmt_iops, fmt_mbps, fmt_ms, fmt_number, fmt_param, fmt_pct, fmt_ratio, fmt_thousands,
+};
+pub use html::render_html;
+pub use json::{parse_json, render_json};
+pub use table::{Align, Cell, Column, Style, Table};
+pub use text::{TextOptions, render_text};
+pub use ux::UxGrade;
+
+/// Weir and seed figures that differ by more than this fraction are flagged.
+pub const MISMATCH_THRESHOLD: f64 = 0.20;
 
 /// One run of one scenario file.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -23,9 +59,10 @@ pub struct CaseReport {
     #[serde(default)]
     pub description: String,
     /// Swept parameters of this case (e.g. `block_kib`, `queue_depth`), for sweep charts.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nan::map_f64_or_null")]
     pub params: std::collections::BTreeMap<String, f64>,
     /// Simulated (or wall) seconds measured, after ramp-up.
+    #[serde(deserialize_with = "nan::f64_or_null")]
     pub duration_s: f64,
     pub workloads: Vec<WorkloadResult>,
     /// Totals over all workloads of the case.
@@ -52,13 +89,15 @@ pub struct WorkloadResult {
     pub volume: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    #[serde(deserialize_with = "nan::f64_or_null")]
     pub iops: f64,
     /// MB/s, MB = 10^6 bytes.
+    #[serde(deserialize_with = "nan::f64_or_null")]
     pub mbps: f64,
     pub latency_ms: LatencySummary,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nan::f64_or_null")]
     pub read_iops: f64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nan::f64_or_null")]
     pub write_iops: f64,
     #[serde(default)]
     pub ios: u64,
@@ -68,11 +107,15 @@ pub struct WorkloadResult {
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct LatencySummary {
+    #[serde(deserialize_with = "nan::f64_or_null")]
     pub mean: f64,
+    #[serde(deserialize_with = "nan::f64_or_null")]
     pub p50: f64,
+    #[serde(deserialize_with = "nan::f64_or_null")]
     pub p95: f64,
+    #[serde(deserialize_with = "nan::f64_or_null")]
     pub p99: f64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nan::f64_or_null")]
     pub max: f64,
 }
 
@@ -81,7 +124,9 @@ pub struct LatencySummary {
 pub struct Comparison {
     /// What is compared, e.g. "VM A (High) MB/s".
     pub metric: String,
+    #[serde(deserialize_with = "nan::f64_or_null")]
     pub weir: f64,
+    #[serde(deserialize_with = "nan::f64_or_null")]
     pub seed: f64,
     /// Where the seed figure comes from, e.g. "003 usage model 2, table".
     pub source: String,
@@ -93,7 +138,24 @@ pub struct Comparison {
 impl Comparison {
     /// weir / seed (NaN when the seed figure is 0).
     pub fn ratio(&self) -> f64 {
-        if self.seed == 0.0 { f64::NAN } else { self.weir / self.seed }
+        if self.seed == 0.0 {
+            f64::NAN
+        } else {
+            self.weir / self.seed
+        }
+    }
+
+    /// True when Weir's figure is more than [`MISMATCH_THRESHOLD`] away from the seed's
+    /// (relative to the seed), or when the two cannot be compared (a non-finite figure,
+    /// or a zero seed figure beside a non-zero Weir figure).
+    pub fn differs(&self) -> bool {
+        if !self.weir.is_finite() || !self.seed.is_finite() {
+            return true;
+        }
+        if self.seed == 0.0 {
+            return self.weir != 0.0;
+        }
+        (self.weir / self.seed - 1.0).abs() > MISMATCH_THRESHOLD
     }
 }
 
@@ -103,11 +165,29 @@ pub struct ComponentResult {
     pub name: String,
     pub kind: String,
     /// Busy fraction 0..1 over the measured interval.
+    #[serde(deserialize_with = "nan::f64_or_null")]
     pub utilisation: f64,
     #[serde(default)]
     pub ios: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nan::f64_or_null")]
     pub mbps: f64,
+}
+
+impl ScenarioReport {
+    /// True when any case carries swept parameters (a sweep scenario).
+    pub fn is_sweep(&self) -> bool {
+        self.cases.iter().any(|c| !c.params.is_empty())
+    }
+}
+
+impl CaseReport {
+    /// The figure that stands for the whole case: `total`, or the only workload.
+    pub fn headline(&self) -> Option<&WorkloadResult> {
+        self.total.as_ref().or(match self.workloads.as_slice() {
+            [only] => Some(only),
+            _ => None,
+        })
+    }
 }
 
 /// A series sampled once per interval, for charts.
@@ -116,6 +196,8 @@ pub struct TimelineSeries {
     /// e.g. "VM A MB/s", "total latency p99 ms".
     pub name: String,
     pub unit: String,
+    #[serde(deserialize_with = "nan::f64_or_null")]
     pub interval_s: f64,
+    #[serde(deserialize_with = "nan::vec_f64_or_null")]
     pub values: Vec<f64>,
 }

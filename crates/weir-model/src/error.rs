@@ -1,0 +1,58 @@
+//! Errors for invalid specifications.
+
+/// Why a model could not be built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ModelError {
+    /// A numeric field is out of its physical range.
+    #[error("invalid {what}: {field} = {value} ({reason})")]
+    InvalidField {
+        what: &'static str,
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    /// A RAID level cannot be built from this many drives / spans.
+    #[error("invalid RAID {level} layout: {reason}")]
+    InvalidRaid { level: u32, reason: String },
+    /// A preset name is not known.
+    #[error("unknown {kind} preset {name:?}; known presets: {known}")]
+    UnknownPreset {
+        kind: &'static str,
+        name: String,
+        known: String,
+    },
+}
+
+pub(crate) fn check_positive(
+    what: &'static str,
+    field: &'static str,
+    value: f64,
+) -> Result<(), ModelError> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(ModelError::InvalidField {
+            what,
+            field,
+            value: value.to_string(),
+            reason: "must be a finite number > 0",
+        })
+    }
+}
+
+pub(crate) fn check_non_negative(
+    what: &'static str,
+    field: &'static str,
+    value: f64,
+) -> Result<(), ModelError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(ModelError::InvalidField {
+            what,
+            field,
+            value: value.to_string(),
+            reason: "must be a finite number >= 0",
+        })
+    }
+}

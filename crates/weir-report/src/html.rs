@@ -1,0 +1,976 @@
+//! One self-contained HTML page (inline CSS and SVG, no scripts, no network).
+//!
+//! Layout: a summary header (scenario, seed, cases, how many seed figures Weir matches
+//! within ±20%, links to cases); for sweeps, charts of MB/s, IOPS and latency against
+//! each swept parameter plus a sweep table; then per case a workloads table, Weir-vs-
+//! seed paired bars and table, line charts over time (one per unit), utilisation bars.
+//!
+//! ## Sweep grouping rule
+//! A parameter is *swept* when cases carry at least two distinct finite values of it.
+//! For each swept parameter `p` (the x axis), the cases with a finite `p` and a headline
+//! figure (`total`, or the only workload) are grouped into series so that one series
+//! holds the cases that differ only by `p`:
+//! 1. the case name is cut into tokens at anything other than letters, digits and `.`;
+//!    tokens that spell the value of `p` (`64` in `bs64k`, `qd32`; for `*kib`/`*kb`
+//!    parameters also `1m` for 1024) are dropped, the rest form the *name key*
+//!    (`raid5-seq-read-bs64k` → `raid5 seq read`);
+//! 2. the other parameters of the case (`queue_depth=32`) form the *param key*;
+//! 3. cases with equal (name key, param key) form a series, labelled by the name key,
+//!    plus the param key when the name key alone would merge series;
+//! 4. if that grouping is degenerate (a series holds the same `p` twice, or every series
+//!    is a single point although there are several cases), the param key alone is used.
+//!
+//! Series keep the order in which their first case appears; points are sorted by `p`.
+//! The x axis is log2 when all values are positive and span a factor of 8 or more
+//! (block sizes 4 KiB … 4 MiB, queue depths 1 … 256).
+
+use crate::format::{
+    fmt_count, fmt_iops, fmt_mbps, fmt_ms, fmt_number, fmt_param, fmt_pct, fmt_ratio,
+};
+use crate::svg::{
+    LineChart, LineSeries, Pair, XScale, esc, paired_bars, utilisation_bars, utilisation_colour,
+};
+use crate::{CaseReport, ScenarioReport, TimelineSeries, WorkloadResult};
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+const CSS: &str = r#"
+:root{--fg:#1f2430;--muted:#6b7280;--line:#e6e8ec;--bg:#f3f5f8;--card:#fff;--accent:#4e79a7;--good:#2e7d32;--bad:#c62828}
+*{box-sizing:border-box}
+body{margin:0;background:var(--bg);color:var(--fg);font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif}
+header.top{background:linear-gradient(135deg,#1d3557,#2f6690);color:#fff;padding:26px 40px 20px}
+header.top .inner{max-width:1240px;margin:0 auto}
+.brand{font-size:12px;letter-spacing:.16em;text-transform:uppercase;opacity:.75;font-weight:600}
+h1{margin:4px 0 4px;font-size:28px;font-weight:700}
+header.top p.desc{margin:0;opacity:.9;max-width:900px}
+.kpis{display:flex;gap:12px;flex-wrap:wrap;margin-top:16px}
+.kpi{background:rgba(255,255,255,.10);border:1px solid rgba(255,255,255,.20);border-radius:10px;padding:9px 16px;min-width:130px}
+.kpi .v{font-size:21px;font-weight:700;font-variant-numeric:tabular-nums}
+.kpi .l{font-size:12px;opacity:.8}
+.kpi.ok .v{color:#b9f6ca}.kpi.off .v{color:#ffcdd2}
+nav.cases{display:flex;flex-wrap:wrap;gap:6px;margin-top:16px}
+nav.cases a{color:#fff;text-decoration:none;font-size:12.5px;background:rgba(255,255,255,.12);border-radius:14px;padding:3px 11px}
+nav.cases a:hover{background:rgba(255,255,255,.25)}
+nav.cases a.off::after{content:" \25CF";color:#ff8a80}
+main{max-width:1240px;margin:0 auto;padding:22px 24px 10px}
+section.card{background:var(--card);border:1px solid var(--line);border-radius:12px;padding:18px 24px 20px;margin-bottom:22px;box-shadow:0 1px 3px rgba(16,24,40,.05)}
+h2{font-size:19px;margin:0;display:inline}
+h3{font-size:13px;text-transform:uppercase;letter-spacing:.07em;color:var(--muted);margin:22px 0 8px;font-weight:700}
+summary{cursor:pointer;list-style:none;display:flex;align-items:baseline;gap:14px;flex-wrap:wrap}
+summary::-webkit-details-marker{display:none}
+summary::before{content:"\25B8";color:var(--muted);transition:transform .15s}
+details[open] summary::before{transform:rotate(90deg)}
+.headline{color:var(--muted);font-size:13px;font-variant-numeric:tabular-nums}
+.headline b{color:var(--fg)}
+p.case-desc{margin:8px 0 0;color:#374151}
+.meta{margin-top:6px;color:var(--muted);font-size:12.5px}
+.chip{display:inline-block;background:#eef2f7;color:#334155;border-radius:10px;padding:1px 9px;margin-right:5px;font-size:12px;font-variant-numeric:tabular-nums}
+.tablewrap{overflow-x:auto}
+table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums;font-size:13px}
+th{font-weight:650;color:var(--muted);font-size:11.5px;text-transform:uppercase;letter-spacing:.04em;text-align:left;border-bottom:2px solid var(--line);padding:6px 10px;white-space:nowrap}
+td{padding:6px 10px;border-bottom:1px solid var(--line);vertical-align:top}
+tbody tr:hover td{background:#f8fafc}
+td.num,th.num{text-align:right;white-space:nowrap}
+td.src{color:var(--muted);font-size:12px}
+td.note{color:#4b5563;font-size:12.5px;max-width:360px}
+tr.total td{font-weight:700;border-top:2px solid #cfd6df;background:#f8fafc}
+.badge{display:inline-block;padding:1px 9px;border-radius:10px;font-size:12px;font-weight:650;white-space:nowrap}
+.badge.ok{background:#e8f5e9;color:var(--good)}
+.badge.off{background:#fdecea;color:var(--bad)}
+.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:6px;vertical-align:baseline}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(480px,1fr));gap:16px}
+figure{margin:0;border:1px solid var(--line);border-radius:10px;padding:10px 12px 6px;background:#fff}
+figcaption{font-weight:650;font-size:13.5px;margin:0 0 4px 4px}
+figcaption span{font-weight:400;color:var(--muted);font-size:12px;margin-left:6px}
+svg.chart{width:100%;height:auto;display:block;font-family:system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;font-size:12px}
+svg.bars{max-width:1140px}
+svg .grid{stroke:#e9ecf0;stroke-width:1}
+svg .axis{stroke:#9aa3af;stroke-width:1}
+svg .tick{fill:#6b7280;font-size:11px}
+svg .axis-label{fill:#374151;font-size:12px;font-weight:600}
+svg .muted{fill:#8a929e;font-size:12px}
+svg .bar-label{fill:#1f2430;font-size:12.5px}
+svg .bar-value{fill:#374151;font-size:12px}
+svg .badge-text{font-weight:700;font-size:12.5px}
+svg .legend-item text{fill:#374151;font-size:12px}
+p.hint{color:var(--muted);font-size:12.5px;margin:4px 0 10px}
+.empty{color:var(--muted);font-style:italic}
+footer{max-width:1240px;margin:0 auto;padding:6px 24px 30px;color:var(--muted);font-size:12px}
+"#;
+
+/// Reports with more cases than this list them in the sweep table, not the header.
+const NAV_CASES: usize = 16;
+
+/// Chart title for a timeline unit: `MB/s` → `Throughput (MB/s)`.
+fn unit_title(unit: &str) -> String {
+    match unit.to_ascii_lowercase().as_str() {
+        "" => "Value".to_string(),
+        "mb/s" | "mib/s" | "gb/s" => format!("Throughput ({unit})"),
+        "iops" | "ops/s" => format!("I/O rate ({unit})"),
+        "ms" | "us" | "µs" | "s" => format!("Latency ({unit})"),
+        "%" | "fraction" => format!("Utilisation ({unit})"),
+        _ => unit.to_string(),
+    }
+}
+
+/// The whole report as one self-contained HTML document.
+pub fn render_html(report: &ScenarioReport) -> String {
+    let mut out = String::with_capacity(64 * 1024);
+    let title = if report.scenario.is_empty() {
+        "Weir report".to_string()
+    } else {
+        format!("Weir report: {}", report.scenario)
+    };
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
+         <title>{}</title>\n<style>{CSS}</style>\n</head>\n<body>\n",
+        esc(&title)
+    );
+    header(&mut out, report);
+    out.push_str("<main>\n");
+    if report.cases.is_empty() {
+        out.push_str(
+            "<section class=\"card\"><p class=\"empty\">This report has no cases.</p></section>\n",
+        );
+    }
+    if report.is_sweep() {
+        sweep_section(&mut out, report);
+    }
+    let open = !report.is_sweep() || report.cases.len() <= 4;
+    for (index, case) in report.cases.iter().enumerate() {
+        case_section(&mut out, case, index, open);
+    }
+    let _ = write!(
+        out,
+        "</main>\n<footer>Generated by weir-report {}. Weir figures come from the run; \
+         seed figures from the source documents named beside them. MB = 10<sup>6</sup> bytes.\
+         </footer>\n</body>\n</html>\n",
+        esc(env!("CARGO_PKG_VERSION"))
+    );
+    out
+}
+
+fn header(out: &mut String, report: &ScenarioReport) {
+    out.push_str("<header class=\"top\"><div class=\"inner\">\n<div class=\"brand\">Weir · storage QoS report</div>\n");
+    let _ = writeln!(
+        out,
+        "<h1>{}</h1>",
+        esc(if report.scenario.is_empty() {
+            "(unnamed scenario)"
+        } else {
+            &report.scenario
+        })
+    );
+    if !report.description.trim().is_empty() {
+        let _ = writeln!(
+            out,
+            "<p class=\"desc\">{}</p>",
+            esc(report.description.trim())
+        );
+    }
+    out.push_str("<div class=\"kpis\">");
+    let kpi = |out: &mut String, class: &str, value: &str, label: &str| {
+        let _ = write!(
+            out,
+            "<div class=\"kpi {class}\"><div class=\"v\">{}</div><div class=\"l\">{}</div></div>",
+            esc(value),
+            esc(label)
+        );
+    };
+    kpi(out, "", &fmt_count(report.cases.len() as u64), "cases");
+    kpi(out, "", &report.seed.to_string(), "seed");
+    let comparisons: Vec<_> = report.cases.iter().flat_map(|c| &c.comparisons).collect();
+    if !comparisons.is_empty() {
+        let within = comparisons.iter().filter(|c| !c.differs()).count();
+        let class = if within == comparisons.len() {
+            "ok"
+        } else {
+            "off"
+        };
+        kpi(
+            out,
+            class,
+            &format!("{within} / {}", comparisons.len()),
+            "seed figures matched within ±20%",
+        );
+    }
+    let swept = swept_parameters(report);
+    if !swept.is_empty() {
+        kpi(out, "", &swept.join(", "), "swept");
+    }
+    out.push_str("</div>\n");
+    if report.cases.len() > 1 {
+        out.push_str("<nav class=\"cases\">");
+        if report.is_sweep() {
+            out.push_str("<a href=\"#sweep\">sweep charts</a>");
+        }
+        // Long sweeps link their cases from the sweep table instead.
+        let listed = if report.cases.len() <= NAV_CASES {
+            report.cases.len()
+        } else {
+            0
+        };
+        if listed == 0 {
+            let _ = write!(
+                out,
+                "<a href=\"#sweep-cases\">all {} cases</a>",
+                report.cases.len()
+            );
+        }
+        for (index, case) in report.cases.iter().enumerate().take(listed) {
+            let off = case.comparisons.iter().any(|c| c.differs());
+            let _ = write!(
+                out,
+                "<a href=\"#case-{}\"{}>{}</a>",
+                index + 1,
+                if off {
+                    " class=\"off\" title=\"a figure differs from the seed by more than 20%\""
+                } else {
+                    ""
+                },
+                esc(&case_title(case, index))
+            );
+        }
+        out.push_str("</nav>\n");
+    }
+    out.push_str("</div></header>\n");
+}
+
+fn case_title(case: &CaseReport, index: usize) -> String {
+    if case.name.is_empty() {
+        format!("case {}", index + 1)
+    } else {
+        case.name.clone()
+    }
+}
+
+fn case_section(out: &mut String, case: &CaseReport, index: usize, open: bool) {
+    let _ = write!(
+        out,
+        "<section class=\"card case\" id=\"case-{}\">\n<details{}>\n<summary><h2>{}</h2>",
+        index + 1,
+        if open { " open" } else { "" },
+        esc(&case_title(case, index))
+    );
+    if let Some(w) = case.headline() {
+        let _ = write!(
+            out,
+            "<span class=\"headline\"><b>{}</b> IOPS · <b>{}</b> MB/s · <b>{}</b> ms mean · <b>{}</b> ms p99</span>",
+            esc(&fmt_iops(w.iops)),
+            esc(&fmt_mbps(w.mbps)),
+            esc(&fmt_ms(w.latency_ms.mean)),
+            esc(&fmt_ms(w.latency_ms.p99))
+        );
+    }
+    if !case.comparisons.is_empty() {
+        let off = case.comparisons.iter().filter(|c| c.differs()).count();
+        let _ = write!(
+            out,
+            "<span class=\"badge {}\">{}</span>",
+            if off == 0 { "ok" } else { "off" },
+            if off == 0 {
+                "matches seed".to_string()
+            } else {
+                format!("{off} off by >20%")
+            }
+        );
+    }
+    out.push_str("</summary>\n");
+    if !case.description.trim().is_empty() {
+        let _ = writeln!(
+            out,
+            "<p class=\"case-desc\">{}</p>",
+            esc(case.description.trim())
+        );
+    }
+    out.push_str("<div class=\"meta\">");
+    let _ = write!(
+        out,
+        "<span class=\"chip\">measured {} s</span>",
+        esc(&fmt_number(case.duration_s))
+    );
+    if case.events > 0 {
+        let _ = write!(
+            out,
+            "<span class=\"chip\">{} simulated I/Os</span>",
+            esc(&fmt_count(case.events))
+        );
+    }
+    for (key, value) in &case.params {
+        let _ = write!(
+            out,
+            "<span class=\"chip\">{} = {}</span>",
+            esc(key),
+            esc(&fmt_param(*value))
+        );
+    }
+    out.push_str("</div>\n");
+
+    out.push_str("<h3>Workloads</h3>\n");
+    if case.workloads.is_empty() && case.total.is_none() {
+        out.push_str("<p class=\"empty\">No workloads.</p>\n");
+    } else {
+        workloads_table(out, case);
+    }
+
+    if !case.comparisons.is_empty() {
+        out.push_str("<h3>Weir vs seed</h3>\n");
+        let labels: Vec<String> = case.comparisons.iter().map(|c| c.metric.clone()).collect();
+        let pairs: Vec<Pair<'_>> = case
+            .comparisons
+            .iter()
+            .zip(&labels)
+            .map(|(c, label)| Pair {
+                label,
+                weir: c.weir,
+                seed: c.seed,
+                ratio: c.ratio(),
+                differs: c.differs(),
+                weir_text: fmt_number(c.weir),
+                seed_text: fmt_number(c.seed),
+            })
+            .collect();
+        out.push_str("<figure>");
+        out.push_str(&paired_bars(&pairs));
+        out.push_str("</figure>\n");
+        comparisons_table(out, case);
+    }
+
+    if !case.timeline.is_empty() {
+        out.push_str("<h3>Over time</h3>\n<div class=\"charts\">\n");
+        for (unit, series) in timeline_groups(&case.timeline) {
+            let chart = LineChart {
+                x_label: if series.iter().all(|s| valid_interval(s.interval_s)) {
+                    "time (s)".to_string()
+                } else {
+                    "interval".to_string()
+                },
+                y_label: unit.to_string(),
+                series: series
+                    .iter()
+                    .map(|s| LineSeries {
+                        name: s.name.clone(),
+                        points: timeline_points(s),
+                    })
+                    .collect(),
+                x_scale: XScale::Linear,
+                ticks_at_data: false,
+                y_from_zero: true,
+                x_name: "t =".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "<figure><figcaption>{} over time<span>{} series</span></figcaption>{}</figure>",
+                esc(&unit_title(unit)),
+                series.len(),
+                chart.render()
+            );
+        }
+        out.push_str("</div>\n");
+    }
+
+    if !case.components.is_empty() {
+        out.push_str("<h3>Components</h3>\n<figure>");
+        let rows: Vec<(&str, &str, f64)> = case
+            .components
+            .iter()
+            .map(|c| (c.name.as_str(), c.kind.as_str(), c.utilisation))
+            .collect();
+        out.push_str(&utilisation_bars(&rows));
+        out.push_str("</figure>\n");
+        components_table(out, case);
+    }
+    out.push_str("</details>\n</section>\n");
+}
+
+fn valid_interval(interval_s: f64) -> bool {
+    interval_s.is_finite() && interval_s > 0.0
+}
+
+fn timeline_points(series: &TimelineSeries) -> Vec<(f64, f64)> {
+    let step = if valid_interval(series.interval_s) {
+        series.interval_s
+    } else {
+        1.0
+    };
+    series
+        .values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (i as f64 * step, *v))
+        .collect()
+}
+
+/// Timeline series grouped by unit, units in order of first appearance.
+fn timeline_groups(timeline: &[TimelineSeries]) -> Vec<(&str, Vec<&TimelineSeries>)> {
+    let mut groups: Vec<(&str, Vec<&TimelineSeries>)> = Vec::new();
+    for series in timeline {
+        let unit = series.unit.trim();
+        match groups.iter_mut().find(|(u, _)| *u == unit) {
+            Some((_, members)) => members.push(series),
+            None => groups.push((unit, vec![series])),
+        }
+    }
+    groups
+}
+
+fn th(out: &mut String, headers: &[(&str, bool)]) {
+    out.push_str("<thead><tr>");
+    for (header, numeric) in headers {
+        let _ = write!(
+            out,
+            "<th{}>{}</th>",
+            if *numeric { " class=\"num\"" } else { "" },
+            esc(header)
+        );
+    }
+    out.push_str("</tr></thead>");
+}
+
+fn td_num(out: &mut String, text: &str) {
+    let _ = write!(out, "<td class=\"num\">{}</td>", esc(text));
+}
+
+fn td(out: &mut String, text: &str) {
+    let _ = write!(out, "<td>{}</td>", esc(text));
+}
+
+fn workloads_table(out: &mut String, case: &CaseReport) {
+    let all: Vec<&WorkloadResult> = case.workloads.iter().chain(case.total.as_ref()).collect();
+    let show_volume = all.iter().any(|w| w.volume.is_some());
+    let show_host = all.iter().any(|w| w.host.is_some());
+    let show_max = all.iter().any(|w| w.latency_ms.max != 0.0);
+    let show_errors = all.iter().any(|w| w.errors != 0);
+    let mut headers = vec![("workload", false)];
+    if show_volume {
+        headers.push(("volume", false));
+    }
+    if show_host {
+        headers.push(("host", false));
+    }
+    headers.extend([
+        ("IOPS", true),
+        ("MB/s", true),
+        ("mean ms", true),
+        ("p50 ms", true),
+        ("p95 ms", true),
+        ("p99 ms", true),
+    ]);
+    if show_max {
+        headers.push(("max ms", true));
+    }
+    if show_errors {
+        headers.push(("errors", true));
+    }
+    out.push_str("<div class=\"tablewrap\"><table>");
+    th(out, &headers);
+    out.push_str("<tbody>");
+    let row = |out: &mut String, w: &WorkloadResult, total: bool| {
+        out.push_str(if total {
+            "<tr class=\"total\">"
+        } else {
+            "<tr>"
+        });
+        td(
+            out,
+            if total && w.name.is_empty() {
+                "total"
+            } else {
+                &w.name
+            },
+        );
+        if show_volume {
+            td(out, w.volume.as_deref().unwrap_or(""));
+        }
+        if show_host {
+            td(out, w.host.as_deref().unwrap_or(""));
+        }
+        td_num(out, &fmt_iops(w.iops));
+        td_num(out, &fmt_mbps(w.mbps));
+        let l = &w.latency_ms;
+        for v in [l.mean, l.p50, l.p95, l.p99] {
+            td_num(out, &fmt_ms(v));
+        }
+        if show_max {
+            td_num(out, &fmt_ms(l.max));
+        }
+        if show_errors {
+            td_num(out, &fmt_count(w.errors));
+        }
+        out.push_str("</tr>");
+    };
+    for w in &case.workloads {
+        row(out, w, false);
+    }
+    if let Some(total) = &case.total {
+        row(out, total, true);
+    }
+    out.push_str("</tbody></table></div>\n");
+}
+
+fn comparisons_table(out: &mut String, case: &CaseReport) {
+    out.push_str("<div class=\"tablewrap\"><table>");
+    th(
+        out,
+        &[
+            ("metric", false),
+            ("Weir", true),
+            ("seed", true),
+            ("ratio", true),
+            ("", false),
+            ("source", false),
+            ("note", false),
+        ],
+    );
+    out.push_str("<tbody>");
+    for c in &case.comparisons {
+        out.push_str("<tr>");
+        td(out, &c.metric);
+        td_num(out, &fmt_number(c.weir));
+        td_num(out, &fmt_number(c.seed));
+        td_num(out, &fmt_ratio(c.ratio()));
+        let (class, label) = if !c.differs() {
+            ("ok", "within 20%")
+        } else if c.ratio().is_finite() {
+            ("off", "differs >20%")
+        } else {
+            ("off", "no ratio")
+        };
+        let _ = write!(
+            out,
+            "<td><span class=\"badge {class}\">{}</span></td>",
+            esc(label)
+        );
+        let _ = write!(out, "<td class=\"src\">{}</td>", esc(&c.source));
+        let _ = write!(out, "<td class=\"note\">{}</td>", esc(&c.note));
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table></div>\n");
+}
+
+fn components_table(out: &mut String, case: &CaseReport) {
+    let show_ios = case.components.iter().any(|c| c.ios != 0);
+    let show_mbps = case.components.iter().any(|c| c.mbps != 0.0);
+    let mut headers = vec![("component", false), ("kind", false), ("busy", true)];
+    if show_ios {
+        headers.push(("I/Os", true));
+    }
+    if show_mbps {
+        headers.push(("MB/s", true));
+    }
+    out.push_str("<div class=\"tablewrap\"><table>");
+    th(out, &headers);
+    out.push_str("<tbody>");
+    for c in &case.components {
+        out.push_str("<tr>");
+        td(out, &c.name);
+        td(out, &c.kind);
+        let _ = write!(
+            out,
+            "<td class=\"num\"><span class=\"swatch\" style=\"background:{}\"></span>{}</td>",
+            utilisation_colour(c.utilisation),
+            esc(&fmt_pct(c.utilisation))
+        );
+        if show_ios {
+            td_num(out, &fmt_count(c.ios));
+        }
+        if show_mbps {
+            td_num(out, &fmt_mbps(c.mbps));
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table></div>\n");
+}
+
+// ---------------------------------------------------------------- sweeps
+
+/// Parameters with at least two distinct finite values across the cases, sorted.
+pub(crate) fn swept_parameters(report: &ScenarioReport) -> Vec<String> {
+    let keys: BTreeSet<&String> = report.cases.iter().flat_map(|c| c.params.keys()).collect();
+    keys.into_iter()
+        .filter(|key| {
+            let mut values: Vec<f64> = report
+                .cases
+                .iter()
+                .filter_map(|c| c.params.get(*key).copied())
+                .filter(|v| v.is_finite())
+                .collect();
+            values.sort_by(f64::total_cmp);
+            values.dedup();
+            values.len() >= 2
+        })
+        .map(|k| k.to_string())
+        .collect()
+}
+
+/// One line of a sweep chart: cases that differ only by the swept parameter.
+pub(crate) struct SweepSeries<'a> {
+    pub label: String,
+    /// (parameter value, headline figure), sorted by value.
+    pub points: Vec<(f64, &'a WorkloadResult)>,
+}
+
+/// The digits that spell `value` in a name: `64`, `0.5`.
+fn spelled(value: f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        format!("{}", value as i64)
+    } else {
+        let text = format!("{value:.3}");
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// True when the name token spells the parameter's value (see the module docs).
+fn token_spells(token: &str, key: &str, value: f64) -> bool {
+    let plain = spelled(value);
+    let key = key.to_ascii_lowercase();
+    let kib_like = key.ends_with("kib") || key.ends_with("kb") || key.ends_with("_k");
+    let mebi = (kib_like && value >= 1024.0 && (value / 1024.0).fract() == 0.0)
+        .then(|| spelled(value / 1024.0));
+    let chars: Vec<char> = token.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i].is_ascii_digit() {
+            let start = i;
+            while i < chars.len() && (chars[i].is_ascii_digit() || chars[i] == '.') {
+                i += 1;
+            }
+            let run: String = chars[start..i].iter().collect();
+            let run = run.trim_end_matches('.');
+            if run == plain {
+                return true;
+            }
+            if let Some(mebi) = &mebi {
+                let next = chars.get(start + run.chars().count());
+                if run == mebi && matches!(next, Some('m' | 'M')) {
+                    return true;
+                }
+            }
+        } else {
+            i += 1;
+        }
+    }
+    false
+}
+
+fn name_key(name: &str, key: &str, value: f64) -> String {
+    name.split(|c: char| !(c.is_alphanumeric() || c == '.'))
+        .map(|t| t.trim_matches('.'))
+        .filter(|t| !t.is_empty() && !token_spells(t, key, value))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn param_key(case: &CaseReport, key: &str) -> String {
+    case.params
+        .iter()
+        .filter(|(k, _)| k.as_str() != key)
+        .map(|(k, v)| format!("{k}={}", fmt_param(*v)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Groups `cases` into series along parameter `key` (rule in the module docs).
+pub(crate) fn sweep_series<'a>(cases: &'a [CaseReport], key: &str) -> Vec<SweepSeries<'a>> {
+    struct Member<'a> {
+        x: f64,
+        name_key: String,
+        param_key: String,
+        headline: &'a WorkloadResult,
+    }
+    let members: Vec<Member<'a>> = cases
+        .iter()
+        .filter_map(|case| {
+            let x = *case.params.get(key)?;
+            if !x.is_finite() {
+                return None;
+            }
+            Some(Member {
+                x,
+                name_key: name_key(&case.name, key, x),
+                param_key: param_key(case, key),
+                headline: case.headline()?,
+            })
+        })
+        .collect();
+    if members.is_empty() {
+        return Vec::new();
+    }
+    // Group by a key function, keeping first-appearance order.
+    let group = |key_of: &dyn Fn(&Member<'a>) -> String| -> Vec<(String, Vec<usize>)> {
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        for (i, m) in members.iter().enumerate() {
+            let k = key_of(m);
+            match groups.iter_mut().find(|(g, _)| *g == k) {
+                Some((_, idx)) => idx.push(i),
+                None => groups.push((k, vec![i])),
+            }
+        }
+        groups
+    };
+    let degenerate = |groups: &[(String, Vec<usize>)]| {
+        let repeated_x = groups.iter().any(|(_, idx)| {
+            let mut xs: Vec<f64> = idx.iter().map(|&i| members[i].x).collect();
+            xs.sort_by(f64::total_cmp);
+            xs.windows(2).any(|w| w[0] == w[1])
+        });
+        let all_single = members.len() > 1 && groups.iter().all(|(_, idx)| idx.len() == 1);
+        repeated_x || all_single
+    };
+    let join = |a: &str, b: &str| match (a.is_empty(), b.is_empty()) {
+        (true, _) => b.to_string(),
+        (false, true) => a.to_string(),
+        (false, false) => format!("{a} · {b}"),
+    };
+    let by_both = group(&|m| join(&m.name_key, &m.param_key));
+    let by_name = group(&|m| m.name_key.clone());
+    let groups = if !degenerate(&by_both) {
+        // Label by the name alone when it already separates the series.
+        if by_name.len() == by_both.len() {
+            by_name
+        } else {
+            by_both
+        }
+    } else {
+        let by_params = group(&|m| m.param_key.clone());
+        if degenerate(&by_params) {
+            by_both
+        } else {
+            by_params
+        }
+    };
+    let single = groups.len() == 1;
+    groups
+        .into_iter()
+        .map(|(label, idx)| {
+            let mut points: Vec<(f64, &WorkloadResult)> = idx
+                .iter()
+                .map(|&i| (members[i].x, members[i].headline))
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let label = if label.is_empty() {
+                if single {
+                    "all cases".to_string()
+                } else {
+                    "(unnamed)".to_string()
+                }
+            } else {
+                label
+            };
+            SweepSeries { label, points }
+        })
+        .collect()
+}
+
+fn sweep_section(out: &mut String, report: &ScenarioReport) {
+    out.push_str("<section class=\"card\" id=\"sweep\">\n<h2>Sweep</h2>\n");
+    let swept = swept_parameters(report);
+    if swept.is_empty() {
+        out.push_str(
+            "<p class=\"hint\">The cases carry parameters, but none of them varies.</p>\n",
+        );
+    }
+    type Metric = (&'static str, &'static str, fn(&WorkloadResult) -> f64);
+    let metrics: [Metric; 4] = [
+        ("MB/s", "MB/s", |w| w.mbps),
+        ("IOPS", "IOPS", |w| w.iops),
+        ("Mean latency", "ms", |w| w.latency_ms.mean),
+        ("p99 latency", "ms", |w| w.latency_ms.p99),
+    ];
+    for key in &swept {
+        let series = sweep_series(&report.cases, key);
+        let xs: Vec<f64> = series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.0))
+            .collect();
+        let (lo, hi) = xs
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
+                (lo.min(v), hi.max(v))
+            });
+        let x_scale = if lo > 0.0 && hi / lo >= 8.0 {
+            XScale::Log2
+        } else {
+            XScale::Linear
+        };
+        let _ = writeln!(
+            out,
+            "<h3>Against {}</h3>\n<p class=\"hint\">{} series; each point is one case's \
+             total (or only workload) figure.{}</p>\n<div class=\"charts\">",
+            esc(key),
+            series.len(),
+            if x_scale == XScale::Log2 {
+                " The x axis is logarithmic (base 2)."
+            } else {
+                ""
+            }
+        );
+        for (title, unit, value) in metrics {
+            let chart = LineChart {
+                x_label: key.clone(),
+                y_label: unit.to_string(),
+                series: series
+                    .iter()
+                    .map(|s| LineSeries {
+                        name: s.label.clone(),
+                        points: s.points.iter().map(|(x, w)| (*x, value(w))).collect(),
+                    })
+                    .collect(),
+                x_scale,
+                ticks_at_data: true,
+                y_from_zero: true,
+                x_name: format!("{key} ="),
+            };
+            let _ = writeln!(
+                out,
+                "<figure><figcaption>{} vs {}<span>{}</span></figcaption>{}</figure>",
+                esc(title),
+                esc(key),
+                esc(unit),
+                chart.render()
+            );
+        }
+        out.push_str("</div>\n");
+    }
+    // Sweep table: one row per case with parameters.
+    let keys: BTreeSet<&String> = report.cases.iter().flat_map(|c| c.params.keys()).collect();
+    out.push_str(
+        "<h3 id=\"sweep-cases\">Cases</h3>\n<div class=\"tablewrap\"><table><thead><tr><th>case</th>",
+    );
+    for key in &keys {
+        let _ = write!(out, "<th class=\"num\">{}</th>", esc(key));
+    }
+    out.push_str(
+        "<th class=\"num\">IOPS</th><th class=\"num\">MB/s</th><th class=\"num\">mean ms</th>\
+         <th class=\"num\">p99 ms</th></tr></thead><tbody>",
+    );
+    for (index, case) in report.cases.iter().enumerate() {
+        if case.params.is_empty() {
+            continue;
+        }
+        let _ = write!(
+            out,
+            "<tr><td><a href=\"#case-{}\">{}</a></td>",
+            index + 1,
+            esc(&case_title(case, index))
+        );
+        for key in &keys {
+            td_num(
+                out,
+                &case
+                    .params
+                    .get(*key)
+                    .map(|v| fmt_param(*v))
+                    .unwrap_or_default(),
+            );
+        }
+        match case.headline() {
+            Some(w) => {
+                td_num(out, &fmt_iops(w.iops));
+                td_num(out, &fmt_mbps(w.mbps));
+                td_num(out, &fmt_ms(w.latency_ms.mean));
+                td_num(out, &fmt_ms(w.latency_ms.p99));
+            }
+            None => {
+                for _ in 0..4 {
+                    td_num(out, "n/a");
+                }
+            }
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table></div>\n</section>\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LatencySummary;
+
+    fn case(name: &str, params: &[(&str, f64)], mbps: f64) -> CaseReport {
+        CaseReport {
+            name: name.to_string(),
+            params: params.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            duration_s: 10.0,
+            total: Some(WorkloadResult {
+                name: "total".into(),
+                iops: mbps * 10.0,
+                mbps,
+                latency_ms: LatencySummary::default(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn tokens_spelling_the_value_are_dropped() {
+        assert_eq!(
+            name_key("raid5-seq-read-bs64k", "block_kib", 64.0),
+            "raid5 seq read"
+        );
+        assert_eq!(
+            name_key("raid5 seq read 1MiB", "block_kib", 1024.0),
+            "raid5 seq read"
+        );
+        assert_eq!(
+            name_key("raid10/qd32/bs8k", "queue_depth", 32.0),
+            "raid10 bs8k"
+        );
+        assert_eq!(name_key("oltp 0.5", "ratio", 0.5), "oltp");
+    }
+
+    #[test]
+    fn series_per_raid_level_and_direction() {
+        let mut cases = Vec::new();
+        for raid in [0, 5, 10] {
+            for dir in ["read", "write"] {
+                for bs in [4.0, 64.0, 1024.0] {
+                    cases.push(case(
+                        &format!("raid{raid}-seq-{dir}-bs{bs}k"),
+                        &[("block_kib", bs), ("raid_level", raid as f64)],
+                        bs,
+                    ));
+                }
+            }
+        }
+        let series = sweep_series(&cases, "block_kib");
+        assert_eq!(series.len(), 6);
+        assert_eq!(series[0].label, "raid0 seq read");
+        assert_eq!(series[1].label, "raid0 seq write");
+        assert!(series.iter().all(|s| s.points.len() == 3));
+        assert_eq!(series[0].points[2].0, 1024.0);
+        // Along raid_level the name keeps the block size and direction.
+        let series = sweep_series(&cases, "raid_level");
+        assert_eq!(series.len(), 6);
+        assert!(series.iter().all(|s| s.points.len() == 3));
+    }
+
+    #[test]
+    fn unhelpful_names_fall_back_to_other_params() {
+        let cases = vec![
+            case("a", &[("block_kib", 4.0), ("queue_depth", 1.0)], 1.0),
+            case("b", &[("block_kib", 8.0), ("queue_depth", 1.0)], 2.0),
+            case("c", &[("block_kib", 4.0), ("queue_depth", 8.0)], 3.0),
+            case("d", &[("block_kib", 8.0), ("queue_depth", 8.0)], 4.0),
+        ];
+        let series = sweep_series(&cases, "block_kib");
+        let labels: Vec<&str> = series.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(labels, ["queue_depth=1", "queue_depth=8"]);
+        assert_eq!(series[1].points[1].1.mbps, 4.0);
+    }
+
+    #[test]
+    fn swept_parameters_need_two_values() {
+        let report = ScenarioReport {
+            cases: vec![
+                case("x", &[("block_kib", 4.0), ("queue_depth", 8.0)], 1.0),
+                case("y", &[("block_kib", 8.0), ("queue_depth", 8.0)], 1.0),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(swept_parameters(&report), ["block_kib"]);
+    }
+}

@@ -1,0 +1,666 @@
+//! Small inline-SVG chart helpers: line charts (linear or log2 x axis), paired bars
+//! (Weir beside seed), utilisation bars. Everything is text in, SVG text out; no
+//! scripts, no external resources. Non-finite values never reach a coordinate.
+
+use crate::format::{fmt_param, fmt_pct, fmt_ratio, fmt_thousands};
+use std::fmt::Write as _;
+
+/// Series colours (Tableau 10, readable on white and for most colour-blind readers).
+pub(crate) const PALETTE: [&str; 10] = [
+    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+    "#9c755f", "#bab0ac",
+];
+pub(crate) const GOOD: &str = "#59a14f";
+pub(crate) const WARN: &str = "#f28e2b";
+pub(crate) const BAD: &str = "#e15759";
+const WEIR_COLOUR: &str = "#4e79a7";
+const SEED_COLOUR: &str = "#a5a09b";
+/// Colour and dash pattern of series `index`: past the palette, lines are dashed so
+/// that series 0 and 10 stay apart.
+fn series_stroke(index: usize) -> (&'static str, &'static str) {
+    let colour = PALETTE[index % PALETTE.len()];
+    let dash = match (index / PALETTE.len()) % 3 {
+        0 => "",
+        1 => " stroke-dasharray=\"7 4\"",
+        _ => " stroke-dasharray=\"2 3\"",
+    };
+    (colour, dash)
+}
+
+/// Rough width of one character of the 12 px chart font, for layout.
+const CHAR_PX: f64 = 6.6;
+
+/// Escapes text for HTML and SVG (element content and attribute values).
+pub(crate) fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c if c.is_control() && c != '\n' && c != '\t' => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `text` cut to `max_chars` with an ellipsis.
+pub(crate) fn truncate(text: &str, max_chars: usize) -> String {
+    if text.chars().count() <= max_chars {
+        text.to_string()
+    } else {
+        let mut cut: String = text.chars().take(max_chars.saturating_sub(1)).collect();
+        cut.push('…');
+        cut
+    }
+}
+
+fn px(v: f64) -> String {
+    format!("{v:.1}")
+}
+
+/// A step of 1, 2, 2.5 or 5 × 10^k giving about `target` intervals over `range`.
+fn nice_step(range: f64, target: usize) -> f64 {
+    let raw = range / target.max(1) as f64;
+    let magnitude = 10f64.powf(raw.log10().floor());
+    let normalised = raw / magnitude;
+    let nice = if normalised <= 1.0 {
+        1.0
+    } else if normalised <= 2.0 {
+        2.0
+    } else if normalised <= 2.5 {
+        2.5
+    } else if normalised <= 5.0 {
+        5.0
+    } else {
+        10.0
+    };
+    nice * magnitude
+}
+
+/// Axis domain and ticks covering `[min, max]` (both finite).
+pub(crate) fn linear_ticks(min: f64, max: f64, target: usize) -> (f64, f64, Vec<f64>, f64) {
+    let (min, max) = if max > min {
+        (min, max)
+    } else if min == 0.0 {
+        (0.0, 1.0)
+    } else {
+        let pad = min.abs() * 0.5;
+        (min - pad, max + pad)
+    };
+    let step = nice_step(max - min, target);
+    let lo = (min / step).floor() * step;
+    let hi = (max / step).ceil() * step;
+    let count = ((hi - lo) / step).round() as usize;
+    let ticks = (0..=count.min(100)).map(|i| lo + step * i as f64).collect();
+    (lo, hi, ticks, step)
+}
+
+/// Tick label: thousands as `k`, millions as `M` (decided by the axis' largest
+/// magnitude so all labels of an axis agree), decimals from the tick step.
+pub(crate) fn tick_label(value: f64, step: f64, axis_max_abs: f64) -> String {
+    let (divisor, suffix) = if axis_max_abs >= 1e6 {
+        (1e6, "M")
+    } else if axis_max_abs >= 1e4 {
+        (1e3, "k")
+    } else {
+        (1.0, "")
+    };
+    let scaled_step = step / divisor;
+    // As many decimals as the step needs (2.5k → 1, 0.25 → 2), at most 6.
+    let decimals = (0..=6usize)
+        .find(|&d| {
+            let scaled = scaled_step * 10f64.powi(d as i32);
+            (scaled - scaled.round()).abs() < 1e-6 * scaled.abs().max(1.0)
+        })
+        .unwrap_or(6);
+    let value = value / divisor;
+    // Zero reads best bare ("0", not "0k" or "-0" from floating error).
+    if value.abs() < scaled_step * 1e-9 {
+        return "0".to_string();
+    }
+    format!("{}{suffix}", fmt_thousands(value, decimals))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum XScale {
+    Linear,
+    Log2,
+}
+
+pub(crate) struct LineSeries {
+    pub name: String,
+    /// (x, y); points with a non-finite coordinate break the line.
+    pub points: Vec<(f64, f64)>,
+}
+
+pub(crate) struct LineChart {
+    pub x_label: String,
+    pub y_label: String,
+    pub series: Vec<LineSeries>,
+    pub x_scale: XScale,
+    /// Put x ticks exactly at the data's x values (sweeps with few distinct values).
+    pub ticks_at_data: bool,
+    /// Include y = 0 in the axis (throughput, latency).
+    pub y_from_zero: bool,
+    /// Tooltip format for x values (e.g. `t=12 s` or `block_kib=64`).
+    pub x_name: String,
+}
+
+const CHART_W: f64 = 600.0;
+const PLOT_LEFT: f64 = 74.0;
+const PLOT_RIGHT: f64 = 18.0;
+const PLOT_TOP: f64 = 14.0;
+const PLOT_H: f64 = 220.0;
+
+fn no_data_svg(width: f64, height: f64, message: &str) -> String {
+    format!(
+        "<svg class=\"chart\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" role=\"img\" \
+         xmlns=\"http://www.w3.org/2000/svg\"><rect x=\"0.5\" y=\"0.5\" width=\"{w1}\" \
+         height=\"{h1}\" rx=\"6\" fill=\"#fafafa\" stroke=\"#e3e3e3\"/><text x=\"{cx}\" \
+         y=\"{cy}\" text-anchor=\"middle\" class=\"muted\">{msg}</text></svg>",
+        w = px(width),
+        h = px(height),
+        w1 = px(width - 1.0),
+        h1 = px(height - 1.0),
+        cx = px(width / 2.0),
+        cy = px(height / 2.0),
+        msg = esc(message)
+    )
+}
+
+impl LineChart {
+    fn x_value(&self, x: f64) -> Option<f64> {
+        match self.x_scale {
+            XScale::Linear if x.is_finite() => Some(x),
+            XScale::Log2 if x.is_finite() && x > 0.0 => Some(x.log2()),
+            _ => None,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let usable: Vec<(usize, f64, f64)> = self
+            .series
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| {
+                s.points
+                    .iter()
+                    .filter_map(move |&(x, y)| Some((i, self.x_value(x)?, y)))
+                    .filter(|(_, _, y)| y.is_finite())
+            })
+            .collect();
+        if usable.is_empty() {
+            return no_data_svg(CHART_W, 120.0, "no data");
+        }
+        let fold = |f: fn(&(usize, f64, f64)) -> f64| {
+            usable
+                .iter()
+                .map(f)
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                    (lo.min(v), hi.max(v))
+                })
+        };
+        let (x_min, x_max) = fold(|p| p.1);
+        let (mut y_min, mut y_max) = fold(|p| p.2);
+        if self.y_from_zero {
+            y_min = y_min.min(0.0);
+            y_max = y_max.max(0.0);
+        }
+        let (y_lo, y_hi, y_ticks, y_step) = linear_ticks(y_min, y_max, 5);
+        let y_abs = y_lo.abs().max(y_hi.abs());
+
+        // x domain and ticks (in transformed units) with their labels.
+        let (x_lo, x_hi, x_ticks): (f64, f64, Vec<(f64, String)>) = {
+            let mut data_xs: Vec<f64> = usable.iter().map(|p| p.1).collect();
+            data_xs.sort_by(f64::total_cmp);
+            data_xs.dedup();
+            let untransform = |v: f64| match self.x_scale {
+                XScale::Linear => v,
+                XScale::Log2 => v.exp2(),
+            };
+            if self.ticks_at_data && data_xs.len() <= 12 {
+                let (lo, hi) = if x_max > x_min {
+                    let pad = (x_max - x_min) * 0.04;
+                    (x_min - pad, x_max + pad)
+                } else {
+                    (x_min - 1.0, x_max + 1.0)
+                };
+                let ticks = data_xs
+                    .iter()
+                    .map(|&v| (v, fmt_param(untransform(v))))
+                    .collect();
+                (lo, hi, ticks)
+            } else if self.x_scale == XScale::Log2 {
+                let lo = x_min.floor();
+                let hi = x_max.ceil().max(lo + 1.0);
+                let stride = (((hi - lo) / 8.0).ceil() as i64).max(1);
+                let ticks = (lo as i64..=hi as i64)
+                    .step_by(stride as usize)
+                    .map(|e| (e as f64, fmt_param((e as f64).exp2())))
+                    .collect();
+                (lo, hi, ticks)
+            } else {
+                let (lo, hi, ticks, step) = linear_ticks(x_min, x_max, 6);
+                let abs = lo.abs().max(hi.abs());
+                let ticks = ticks
+                    .into_iter()
+                    .map(|t| (t, tick_label(t, step, abs)))
+                    .collect();
+                (lo, hi, ticks)
+            }
+        };
+
+        let plot_w = CHART_W - PLOT_LEFT - PLOT_RIGHT;
+        let sx = |x: f64| PLOT_LEFT + (x - x_lo) / (x_hi - x_lo) * plot_w;
+        let sy = |y: f64| PLOT_TOP + PLOT_H - (y - y_lo) / (y_hi - y_lo) * PLOT_H;
+
+        // Legend layout (wrapping rows under the x axis label).
+        let legend_top = PLOT_TOP + PLOT_H + 58.0;
+        let mut legend = String::new();
+        let mut lx = PLOT_LEFT;
+        let mut ly = legend_top;
+        let show_legend = self.series.len() > 1 || !self.series[0].name.is_empty();
+        if show_legend {
+            for (i, s) in self.series.iter().enumerate() {
+                let label = truncate(&s.name, 40);
+                let item_w = 26.0 + label.chars().count() as f64 * CHAR_PX + 18.0;
+                if lx + item_w > CHART_W && lx > PLOT_LEFT {
+                    lx = PLOT_LEFT;
+                    ly += 18.0;
+                }
+                let (colour, dash) = series_stroke(i);
+                let _ = write!(
+                    legend,
+                    "<g class=\"legend-item\"><line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" \
+                     stroke=\"{colour}\" stroke-width=\"3\"{dash}/>\
+                     <text x=\"{}\" y=\"{}\">{}</text></g>",
+                    px(lx),
+                    px(ly - 4.0),
+                    px(lx + 18.0),
+                    px(ly - 4.0),
+                    px(lx + 24.0),
+                    px(ly),
+                    esc(&label)
+                );
+                lx += item_w;
+            }
+        }
+        let height = if show_legend {
+            ly + 10.0
+        } else {
+            legend_top - 8.0
+        };
+
+        let mut svg = String::new();
+        let _ = write!(
+            svg,
+            "<svg class=\"chart\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" \
+             role=\"img\" xmlns=\"http://www.w3.org/2000/svg\">",
+            w = px(CHART_W),
+            h = px(height)
+        );
+        // Grid and y ticks.
+        for &t in &y_ticks {
+            let y = sy(t);
+            let _ = write!(
+                svg,
+                "<line class=\"grid\" x1=\"{}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\"/>\
+                 <text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
+                px(PLOT_LEFT),
+                px(CHART_W - PLOT_RIGHT),
+                px(PLOT_LEFT - 8.0),
+                px(y + 4.0),
+                esc(&tick_label(t, y_step, y_abs)),
+                y = px(y)
+            );
+        }
+        // x ticks.
+        let bottom = PLOT_TOP + PLOT_H;
+        let mut last_label_end = f64::NEG_INFINITY;
+        for (t, label) in &x_ticks {
+            let x = sx(*t);
+            let _ = write!(
+                svg,
+                "<line class=\"axis\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\"/>",
+                px(bottom),
+                px(bottom + 5.0),
+                x = px(x)
+            );
+            // Skip labels that would overlap the previous one.
+            let half = label.chars().count() as f64 * CHAR_PX / 2.0;
+            if x - half > last_label_end + 4.0 {
+                let _ = write!(
+                    svg,
+                    "<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                    px(x),
+                    px(bottom + 18.0),
+                    esc(label)
+                );
+                last_label_end = x + half;
+            }
+        }
+        // Axes and labels.
+        let _ = write!(
+            svg,
+            "<line class=\"axis\" x1=\"{l}\" y1=\"{t}\" x2=\"{l}\" y2=\"{b}\"/>\
+             <line class=\"axis\" x1=\"{l}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\"/>\
+             <text class=\"axis-label\" x=\"{cx}\" y=\"{xl}\" text-anchor=\"middle\">{xlabel}</text>\
+             <text class=\"axis-label\" transform=\"translate(16 {cy}) rotate(-90)\" \
+             text-anchor=\"middle\">{ylabel}</text>",
+            l = px(PLOT_LEFT),
+            t = px(PLOT_TOP),
+            b = px(bottom),
+            r = px(CHART_W - PLOT_RIGHT),
+            cx = px(PLOT_LEFT + plot_w / 2.0),
+            xl = px(bottom + 38.0),
+            cy = px(PLOT_TOP + PLOT_H / 2.0),
+            xlabel = esc(&self.x_label),
+            ylabel = esc(&self.y_label)
+        );
+        // Series.
+        for (i, s) in self.series.iter().enumerate() {
+            let (colour, dash) = series_stroke(i);
+            let mut path = String::new();
+            let mut pen_down = false;
+            let mut markers = String::new();
+            let finite_points = s
+                .points
+                .iter()
+                .filter(|(x, y)| self.x_value(*x).is_some() && y.is_finite())
+                .count();
+            let draw_markers = finite_points <= 40;
+            for &(x_raw, y) in &s.points {
+                let Some(x) = self.x_value(x_raw).filter(|_| y.is_finite()) else {
+                    pen_down = false;
+                    continue;
+                };
+                let (px_x, px_y) = (sx(x), sy(y));
+                let _ = write!(
+                    path,
+                    "{}{} {} ",
+                    if pen_down { "L" } else { "M" },
+                    px(px_x),
+                    px(px_y)
+                );
+                pen_down = true;
+                if draw_markers {
+                    let _ = write!(
+                        markers,
+                        "<circle cx=\"{}\" cy=\"{}\" r=\"3.2\" fill=\"{colour}\"><title>{}: {} → {}</title></circle>",
+                        px(px_x),
+                        px(px_y),
+                        esc(&s.name),
+                        esc(&format!("{} {}", self.x_name, fmt_param(x_raw))),
+                        esc(&format!(
+                            "{} {}",
+                            fmt_thousands(y, if y.abs() >= 100.0 { 0 } else { 2 }),
+                            self.y_label
+                        ))
+                    );
+                }
+            }
+            let _ = write!(
+                svg,
+                "<g class=\"series\"><path d=\"{}\" fill=\"none\" stroke=\"{colour}\" \
+                 stroke-width=\"2.2\" stroke-linejoin=\"round\" stroke-linecap=\"round\"{dash}/>{markers}</g>",
+                path.trim_end()
+            );
+        }
+        svg.push_str(&legend);
+        svg.push_str("</svg>");
+        svg
+    }
+}
+
+/// One Weir-vs-seed pair for [`paired_bars`].
+pub(crate) struct Pair<'a> {
+    pub label: &'a str,
+    pub weir: f64,
+    pub seed: f64,
+    pub ratio: f64,
+    pub differs: bool,
+    pub weir_text: String,
+    pub seed_text: String,
+}
+
+/// Horizontal paired bars, each pair scaled to its own larger figure, with a ratio
+/// badge (green within ±20%, red beyond).
+pub(crate) fn paired_bars(pairs: &[Pair<'_>]) -> String {
+    const W: f64 = 1140.0;
+    const LABEL_END: f64 = 330.0;
+    const BAR_X: f64 = 342.0;
+    const BAR_MAX: f64 = 600.0;
+    const ROW_H: f64 = 48.0;
+    const TOP: f64 = 30.0;
+    if pairs.is_empty() {
+        return no_data_svg(W, 80.0, "no comparisons");
+    }
+    let height = TOP + ROW_H * pairs.len() as f64 + 6.0;
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        "<svg class=\"chart bars\" viewBox=\"0 0 {W} {h}\" width=\"{W}\" height=\"{h}\" \
+         role=\"img\" xmlns=\"http://www.w3.org/2000/svg\">\
+         <rect x=\"{BAR_X}\" y=\"6\" width=\"12\" height=\"12\" rx=\"2\" fill=\"{WEIR_COLOUR}\"/>\
+         <text x=\"{}\" y=\"16\">Weir</text>\
+         <rect x=\"{}\" y=\"6\" width=\"12\" height=\"12\" rx=\"2\" fill=\"{SEED_COLOUR}\"/>\
+         <text x=\"{}\" y=\"16\">seed document</text>\
+         <text class=\"muted\" x=\"{}\" y=\"16\">each pair scaled to its larger figure</text>\
+         <text class=\"muted\" x=\"{}\" y=\"16\" text-anchor=\"middle\">Weir / seed</text>",
+        px(BAR_X + 17.0),
+        px(BAR_X + 64.0),
+        px(BAR_X + 81.0),
+        px(BAR_X + 190.0),
+        px(W - 50.0),
+        h = px(height)
+    );
+    for (i, p) in pairs.iter().enumerate() {
+        let y = TOP + ROW_H * i as f64;
+        if i % 2 == 1 {
+            let _ = write!(
+                svg,
+                "<rect x=\"0\" y=\"{}\" width=\"{W}\" height=\"{ROW_H}\" fill=\"#f7f8fa\"/>",
+                px(y)
+            );
+        }
+        let _ = write!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"bar-label\"><title>{}</title>{}</text>",
+            px(LABEL_END),
+            px(y + ROW_H / 2.0 + 4.0),
+            esc(p.label),
+            esc(&truncate(p.label, 44))
+        );
+        let scale = [p.weir, p.seed]
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold(0.0f64, |m, v| m.max(v.abs()));
+        for (j, (value, text, colour)) in [
+            (p.weir, &p.weir_text, WEIR_COLOUR),
+            (p.seed, &p.seed_text, SEED_COLOUR),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let bar_y = y + 7.0 + j as f64 * 18.0;
+            let len = if value.is_finite() && scale > 0.0 {
+                (value.max(0.0) / scale * BAR_MAX).max(if value > 0.0 { 1.5 } else { 0.0 })
+            } else {
+                0.0
+            };
+            let _ = write!(
+                svg,
+                "<rect x=\"{BAR_X}\" y=\"{}\" width=\"{}\" height=\"15\" rx=\"3\" fill=\"{colour}\"/>\
+                 <text class=\"bar-value\" x=\"{}\" y=\"{}\">{}</text>",
+                px(bar_y),
+                px(len),
+                px(BAR_X + len + 6.0),
+                px(bar_y + 12.0),
+                esc(text)
+            );
+        }
+        let badge = if p.differs { BAD } else { GOOD };
+        let _ = write!(
+            svg,
+            "<rect x=\"{}\" y=\"{}\" width=\"84\" height=\"24\" rx=\"12\" fill=\"{badge}\" \
+             fill-opacity=\"0.14\" stroke=\"{badge}\"/>\
+             <text x=\"{}\" y=\"{}\" text-anchor=\"middle\" class=\"badge-text\" fill=\"{badge}\">{}{}</text>",
+            px(W - 92.0),
+            px(y + ROW_H / 2.0 - 12.0),
+            px(W - 50.0),
+            px(y + ROW_H / 2.0 + 4.5),
+            esc(&fmt_ratio(p.ratio)),
+            if p.differs { " ⚠" } else { "" }
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+pub(crate) fn utilisation_colour(fraction: f64) -> &'static str {
+    match fraction {
+        f if !f.is_finite() => "#bab0ac",
+        f if f >= 0.9 => BAD,
+        f if f >= 0.7 => WARN,
+        _ => GOOD,
+    }
+}
+
+/// Horizontal 0–100 % bars, one per (label, kind, busy fraction).
+pub(crate) fn utilisation_bars(rows: &[(&str, &str, f64)]) -> String {
+    const W: f64 = 1140.0;
+    const LABEL_END: f64 = 300.0;
+    const BAR_X: f64 = 312.0;
+    const BAR_W: f64 = 740.0;
+    const ROW_H: f64 = 26.0;
+    const TOP: f64 = 8.0;
+    if rows.is_empty() {
+        return no_data_svg(W, 80.0, "no components");
+    }
+    let height = TOP + ROW_H * rows.len() as f64 + 22.0;
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        "<svg class=\"chart bars\" viewBox=\"0 0 {W} {h}\" width=\"{W}\" height=\"{h}\" \
+         role=\"img\" xmlns=\"http://www.w3.org/2000/svg\">",
+        h = px(height)
+    );
+    let bottom = TOP + ROW_H * rows.len() as f64;
+    for q in 0..=4 {
+        let x = BAR_X + BAR_W * q as f64 / 4.0;
+        let _ = write!(
+            svg,
+            "<line class=\"grid\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\"/>\
+             <text class=\"tick\" x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{}%</text>",
+            px(TOP),
+            px(bottom),
+            px(bottom + 15.0),
+            q * 25,
+            x = px(x)
+        );
+    }
+    for (i, (label, kind, fraction)) in rows.iter().enumerate() {
+        let y = TOP + ROW_H * i as f64;
+        let colour = utilisation_colour(*fraction);
+        let len = if fraction.is_finite() {
+            fraction.clamp(0.0, 1.0) * BAR_W
+        } else {
+            0.0
+        };
+        let full = if kind.is_empty() {
+            label.to_string()
+        } else {
+            format!("{label} ({kind})")
+        };
+        let _ = write!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"bar-label\"><title>{}</title>{}</text>\
+             <rect x=\"{BAR_X}\" y=\"{}\" width=\"{BAR_W}\" height=\"16\" rx=\"3\" fill=\"#eef0f3\"/>\
+             <rect x=\"{BAR_X}\" y=\"{}\" width=\"{}\" height=\"16\" rx=\"3\" fill=\"{colour}\"/>\
+             <text class=\"bar-value\" x=\"{}\" y=\"{}\">{}</text>",
+            px(LABEL_END),
+            px(y + 17.0),
+            esc(&full),
+            esc(&truncate(&full, 38)),
+            px(y + 5.0),
+            px(y + 5.0),
+            px(len),
+            px(BAR_X + BAR_W + 8.0),
+            px(y + 17.0),
+            esc(&fmt_pct(*fraction))
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_nice_and_cover_the_range() {
+        let (lo, hi, ticks, step) = linear_ticks(3.0, 97.0, 5);
+        assert_eq!((lo, hi, step), (0.0, 100.0, 20.0));
+        assert_eq!(ticks, vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
+        let (lo, hi, ticks, _) = linear_ticks(5.0, 5.0, 5);
+        assert!(lo < 5.0 && hi > 5.0 && ticks.len() >= 2);
+        let (lo, hi, _, _) = linear_ticks(0.0, 0.0, 5);
+        assert_eq!((lo, hi), (0.0, 1.0));
+    }
+
+    #[test]
+    fn tick_labels_use_suffixes_per_axis() {
+        assert_eq!(tick_label(25000.0, 5000.0, 75000.0), "25k");
+        assert_eq!(tick_label(2500.0, 2500.0, 75000.0), "2.5k");
+        assert_eq!(tick_label(1_500_000.0, 500_000.0, 3e6), "1.5M");
+        assert_eq!(tick_label(0.25, 0.05, 1.0), "0.25");
+        assert_eq!(tick_label(800.0, 200.0, 1000.0), "800");
+        assert_eq!(tick_label(0.0, 50_000.0, 200_000.0), "0");
+        assert_eq!(tick_label(-1e-12, 0.5, 2.0), "0");
+    }
+
+    #[test]
+    fn escaping() {
+        assert_eq!(
+            esc("<a href=\"x\">&'</a>"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;&lt;/a&gt;"
+        );
+    }
+
+    #[test]
+    fn line_chart_handles_degenerate_series() {
+        let chart = |points: Vec<(f64, f64)>| {
+            LineChart {
+                x_label: "time (s)".into(),
+                y_label: "MB/s".into(),
+                series: vec![LineSeries {
+                    name: "a".into(),
+                    points,
+                }],
+                x_scale: XScale::Linear,
+                ticks_at_data: false,
+                y_from_zero: true,
+                x_name: "t".into(),
+            }
+            .render()
+        };
+        let empty = chart(vec![]);
+        assert!(empty.contains("no data"));
+        let nan = chart(vec![(0.0, f64::NAN), (1.0, f64::INFINITY)]);
+        assert!(nan.contains("no data"));
+        let single = chart(vec![(3.0, 42.0)]);
+        assert!(single.contains("<circle"));
+        assert!(!single.contains("NaN") && !single.contains("inf"));
+        let gap = chart(vec![(0.0, 1.0), (1.0, f64::NAN), (2.0, 3.0)]);
+        let path_d = gap.split("d=\"").nth(1).unwrap_or("");
+        assert_eq!(
+            path_d.split('"').next().unwrap_or("").matches('M').count(),
+            2
+        );
+    }
+}

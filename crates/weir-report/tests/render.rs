@@ -1,0 +1,375 @@
+mod fixtures;
+
+use fixtures::{comparison, raid_sweep_report, sioc_report, workload};
+use weir_report::{
+    CaseReport, ScenarioReport, TextOptions, TimelineSeries, parse_json, render_html, render_json,
+    render_text,
+};
+
+/// Checks that every element opened is closed in order (void elements and `/>` aside),
+/// skipping `<style>` content and comments.
+fn assert_balanced(html: &str) {
+    const VOID: [&str; 6] = ["meta", "br", "hr", "img", "input", "link"];
+    let mut stack: Vec<String> = Vec::new();
+    let mut rest = html;
+    while let Some(start) = rest.find('<') {
+        rest = &rest[start..];
+        if rest.starts_with("<!") {
+            let end = rest.find('>').expect("unterminated declaration");
+            rest = &rest[end + 1..];
+            continue;
+        }
+        let end = rest.find('>').expect("unterminated tag");
+        let tag = &rest[1..end];
+        rest = &rest[end + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            let open = stack
+                .pop()
+                .unwrap_or_else(|| panic!("</{name}> closes nothing"));
+            assert_eq!(open, name.trim(), "mismatched closing tag");
+            continue;
+        }
+        let name: String = tag
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        assert!(!name.is_empty(), "bad tag <{tag}>");
+        if tag.ends_with('/') || VOID.contains(&name.as_str()) {
+            continue;
+        }
+        if name == "style" {
+            let close = rest.find("</style>").expect("unterminated style");
+            assert!(!rest[..close].contains('<'), "'<' inside style");
+            rest = &rest[close + "</style>".len()..];
+            continue;
+        }
+        stack.push(name);
+    }
+    assert!(stack.is_empty(), "unclosed elements: {stack:?}");
+}
+
+#[test]
+fn text_has_tables_totals_and_mismatch_markers() {
+    let text = render_text(&sioc_report(), &TextOptions::default());
+    assert!(text.starts_with("Weir report: sioc-and-service-levels (seed 42, 2 cases)"));
+    assert!(text.contains("Weir vs seed: 5 of 8 figures within ±20%"));
+    assert!(text.contains("━━ Case 1/2: two-hosts datastore-wide on"));
+    // Workload rows with volume and host, thousands separators, a total line.
+    let vm_a = text
+        .lines()
+        .find(|l| l.contains("VM A (High)") && l.contains("vol-a"))
+        .expect("VM A row");
+    assert!(
+        vm_a.contains("host-1") && vm_a.contains("512.8") && vm_a.contains("24.6"),
+        "{vm_a}"
+    );
+    let sql = text
+        .lines()
+        .find(|l| l.contains("SQL OLTP"))
+        .expect("SQL row");
+    assert!(sql.contains("31,250"), "{sql}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("total") && l.contains("62,790"))
+    );
+    // Comparison rows: within 20% marked ok, beyond marked clearly.
+    let vm_b = text
+        .lines()
+        .find(|l| l.contains("VM B (Normal) MB/s"))
+        .expect("comparison row");
+    assert!(vm_b.contains("0.95×") && vm_b.contains("ok"), "{vm_b}");
+    let p99 = text
+        .lines()
+        .find(|l| l.contains("datastore latency p99 ms"))
+        .expect("p99 row");
+    assert!(
+        p99.contains("2.99×") && p99.contains("!! >20%") && p99.contains("tail"),
+        "{p99}"
+    );
+    let boot = text
+        .lines()
+        .find(|l| l.contains("power-on read MB/s"))
+        .expect("boot row");
+    assert!(boot.contains("0.71×") && boot.contains("!! >20%"), "{boot}");
+    // Components with utilisation; timeline sparklines.
+    let ctl = text
+        .lines()
+        .find(|l| l.contains("array controller"))
+        .expect("component row");
+    assert!(ctl.contains("93.0%") && ctl.contains('█'), "{ctl}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("VM A MB/s") && l.contains('▁'))
+    );
+    assert!(!text.contains("Sweep"), "no sweep table without params");
+    assert!(!text.contains('\x1b'), "colour is off by default");
+}
+
+#[test]
+fn text_colour_is_optional() {
+    let plain = render_text(&sioc_report(), &TextOptions::default());
+    let coloured = render_text(
+        &sioc_report(),
+        &TextOptions {
+            color: true,
+            ..Default::default()
+        },
+    );
+    assert!(coloured.contains("\x1b[1;31m!! >20%\x1b[0m"));
+    let stripped = coloured
+        .split('\x1b')
+        .enumerate()
+        .map(|(i, part)| {
+            if i == 0 {
+                part
+            } else {
+                part.split_once('m').map_or(part, |(_, rest)| rest)
+            }
+        })
+        .collect::<String>();
+    assert_eq!(stripped, plain, "colour adds escapes only");
+}
+
+#[test]
+fn text_sweep_table_has_params_as_columns() {
+    let text = render_text(
+        &raid_sweep_report(),
+        &TextOptions {
+            sparklines: false,
+            ..Default::default()
+        },
+    );
+    assert!(text.contains("Sweep over block_kib, queue_depth"));
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("case "))
+        .expect("sweep header");
+    for column in [
+        "block_kib",
+        "queue_depth",
+        "IOPS",
+        "MB/s",
+        "mean ms",
+        "p99 ms",
+    ] {
+        assert!(header.contains(column), "{header}");
+    }
+    let row = text
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with("raid10-seq-write-bs4096k"))
+        .expect("sweep row");
+    assert!(row.contains("4,096") && row.contains("32"), "{row}");
+    // 66 cases in the sweep table (one row each), after the per-case sections.
+    let sweep_part = text.split("Sweep over").nth(1).unwrap_or_default();
+    assert_eq!(
+        sweep_part
+            .lines()
+            .filter(|l| l.trim_start().starts_with("raid"))
+            .count(),
+        66
+    );
+}
+
+#[test]
+fn json_round_trips_and_is_deterministic() {
+    for report in [sioc_report(), raid_sweep_report()] {
+        let mut finite = report.clone();
+        // The fixture holds NaN gaps, which never compare equal; check them separately.
+        for case in &mut finite.cases {
+            for series in &mut case.timeline {
+                series.values.retain(|v| v.is_finite());
+            }
+        }
+        let json = render_json(&finite);
+        assert_eq!(json, render_json(&finite.clone()));
+        let back = parse_json(&json).expect("parses");
+        assert!(
+            back == finite,
+            "parsed report differs from the rendered one"
+        );
+        assert_eq!(render_json(&back), json);
+    }
+    let json = render_json(&sioc_report());
+    let scenario_at = json.find("\"scenario\"").expect("field");
+    let cases_at = json.find("\"cases\"").expect("field");
+    assert!(scenario_at < cases_at, "declaration order");
+}
+
+#[test]
+fn json_non_finite_numbers_become_null_and_parse_back_as_nan() {
+    let mut report = sioc_report();
+    report.cases[0].comparisons[0].weir = f64::NAN;
+    report.cases[0].comparisons[1].seed = f64::INFINITY;
+    report.cases[0].params.insert("block_kib".into(), f64::NAN);
+    let json = render_json(&report);
+    assert!(json.contains("\"weir\": null"));
+    let back = parse_json(&json).expect("parses");
+    assert!(back.cases[0].comparisons[0].weir.is_nan());
+    assert!(back.cases[0].comparisons[1].seed.is_nan());
+    assert!(back.cases[0].params["block_kib"].is_nan());
+    assert!(back.cases[1].timeline[5].values[200].is_nan());
+    assert!(parse_json("{\"scenario\": 3}").is_err());
+}
+
+#[test]
+fn html_is_self_contained_balanced_and_has_a_chart_per_figure() {
+    let html = render_html(&sioc_report());
+    assert_balanced(&html);
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert!(!html.contains("<script"), "no scripts");
+    // The only URL is the SVG namespace name, which is never fetched.
+    assert_eq!(
+        html.matches("http://").count(),
+        html.matches("xmlns=\"http://www.w3.org/2000/svg\"").count()
+    );
+    for external in ["https://", "src=", "href=\"http", "@import", "url("] {
+        assert!(!html.contains(external), "external reference {external}");
+    }
+    // Case 1: comparisons bars + 2 timeline charts (MB/s, ms) + utilisation bars = 4;
+    // case 2: bars + 2 timeline charts (IOPS, ms) + utilisation = 4.
+    assert_eq!(html.matches("<svg").count(), 8);
+    assert!(
+        html.contains("Throughput (MB/s) over time") && html.contains("I/O rate (IOPS) over time")
+    );
+    assert!(html.contains("5 / 8"), "summary of matches");
+    assert!(html.contains("differs &gt;20%"));
+    assert!(html.contains("31,250"));
+    assert!(
+        !html.contains("NaN") && !html.contains("inf\""),
+        "no non-finite coordinates"
+    );
+}
+
+#[test]
+fn html_sweep_has_charts_per_metric_and_series_per_raid_level_and_direction() {
+    let html = render_html(&raid_sweep_report());
+    assert_balanced(&html);
+    assert!(html.contains("id=\"sweep\""));
+    assert!(html.contains("<h3>Against block_kib</h3>"));
+    assert!(html.contains("6 series"), "RAID 0/5/10 × read/write");
+    for label in ["raid0 seq read", "raid5 seq write", "raid10 seq read"] {
+        // A legend entry of every chart against block_kib.
+        assert_eq!(
+            html.matches(&format!(">{label}</text>")).count(),
+            4,
+            "{label}"
+        );
+    }
+    assert!(html.contains("logarithmic"));
+    // queue_depth does not vary: no chart against it.
+    assert!(!html.contains("Against queue_depth"));
+    // 4 sweep charts + per case (66) a utilisation chart + 1 comparison chart.
+    assert_eq!(html.matches("<svg").count(), 4 + 66 + 1);
+    // Many cases: sections start collapsed.
+    assert!(html.contains("<details>"));
+}
+
+#[test]
+fn text_is_escaped_everywhere() {
+    let mut report = sioc_report();
+    report.scenario = "<script>alert('x')</script>".into();
+    report.cases[0].name = "a <b> & \"c\"".into();
+    report.cases[0].workloads[0].name = "<img src=x>".into();
+    report.cases[0].comparisons[0].metric = "</text></svg><b>".into();
+    report.cases[0].timeline[0].name = "</svg>".into();
+    report.cases[0].components[0].name = "</text>".into();
+    let html = render_html(&report);
+    assert_balanced(&html);
+    assert!(!html.contains("<script"));
+    assert!(!html.contains("<img"));
+    assert!(html.contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"));
+    assert!(html.contains("a &lt;b&gt; &amp; &quot;c&quot;"));
+}
+
+#[test]
+fn empty_nan_and_single_point_reports_render() {
+    let empty = ScenarioReport::default();
+    let html = render_html(&empty);
+    assert_balanced(&html);
+    assert!(html.contains("no cases"));
+    assert!(render_text(&empty, &TextOptions::default()).contains("(no cases)"));
+    assert!(parse_json(&render_json(&empty)).is_ok());
+
+    let mut w = workload("nan-workload", "", "", f64::NAN, 4.0, f64::INFINITY);
+    w.mbps = f64::NEG_INFINITY;
+    let report = ScenarioReport {
+        scenario: "degenerate".into(),
+        cases: vec![
+            CaseReport {
+                name: "nothing measured".into(),
+                duration_s: f64::NAN,
+                ..Default::default()
+            },
+            CaseReport {
+                name: "bad numbers qd1".into(),
+                params: [("queue_depth".to_string(), 1.0)].into_iter().collect(),
+                workloads: vec![w],
+                comparisons: vec![
+                    comparison("zero seed", 5.0, 0.0, "none", ""),
+                    comparison("both zero", 0.0, 0.0, "none", ""),
+                    comparison("nan weir", f64::NAN, 3.0, "none", ""),
+                ],
+                timeline: vec![
+                    TimelineSeries {
+                        name: "single".into(),
+                        unit: "IOPS".into(),
+                        interval_s: 1.0,
+                        values: vec![42.0],
+                    },
+                    TimelineSeries {
+                        name: "empty".into(),
+                        unit: "MB/s".into(),
+                        interval_s: 0.0,
+                        values: vec![],
+                    },
+                    TimelineSeries {
+                        name: "all nan".into(),
+                        unit: "ms".into(),
+                        interval_s: f64::NAN,
+                        values: vec![f64::NAN; 3],
+                    },
+                ],
+                ..Default::default()
+            },
+            CaseReport {
+                name: "good qd8".into(),
+                params: [("queue_depth".to_string(), 8.0)].into_iter().collect(),
+                workloads: vec![workload("w", "", "", 100.0, 4.0, 1.0)],
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    let html = render_html(&report);
+    assert_balanced(&html);
+    assert!(!html.contains("NaN"));
+    assert!(html.contains("no data"), "empty series get a placeholder");
+    assert!(
+        html.contains("<circle"),
+        "single points are drawn as markers"
+    );
+    assert!(html.contains("no ratio"));
+    let text = render_text(&report, &TextOptions::default());
+    assert!(text.contains("n/a") && text.contains("-inf"));
+    let zero_seed = text.lines().find(|l| l.contains("zero seed")).expect("row");
+    assert!(zero_seed.contains("!! no ratio"), "{zero_seed}");
+    let both_zero = text.lines().find(|l| l.contains("both zero")).expect("row");
+    assert!(both_zero.contains("ok"), "{both_zero}");
+    let json = render_json(&report);
+    assert!(parse_json(&json).is_ok());
+}
+
+#[test]
+fn writes_sample_reports_for_inspection() {
+    let dir = std::env::temp_dir();
+    for (file, report) in [
+        ("weir-report-sample.html", sioc_report()),
+        ("weir-report-sweep.html", raid_sweep_report()),
+    ] {
+        let html = render_html(&report);
+        std::fs::write(dir.join(file), &html).expect("write sample");
+        let text = render_text(&report, &TextOptions::default());
+        std::fs::write(dir.join(file.replace(".html", ".txt")), &text).expect("write sample");
+    }
+}
