@@ -286,6 +286,8 @@ async fn fio_nbd_engine_writes_and_verifies() {
             "--iodepth=16".into(),
             "--verify=crc32c".into(),
             "--do_verify=1".into(),
+            "--verify_state_save=0".into(),
+            format!("--directory={}", dir.path().display()),
             "--output-format=json".into(),
         ],
     )
