@@ -9,7 +9,8 @@
 //! [[pools]]
 //! name = "default"                  # a directory data_dir/pools/<name> of sparse files
 //! max_in_flight = 64                # I/Os the pool's QoS dispatcher keeps outstanding
-//! # device = "15k-sas-raid5x24"     # emulated device (reserved; not implemented yet)
+//! # device = "15k-sas-raid5x24"     # emulated device: I/Os complete no earlier than this
+//!                                   # weir-model array says (any of weir_model::ARRAY_PRESETS)
 //!
 //! [[policies]]                      # user-defined, beside the five built-ins
 //! name = "gold"
@@ -72,7 +73,8 @@ pub struct PoolConfig {
     /// Cost unit of the pool's scheduler (bytes per I/O against IOPS figures).
     #[serde(default)]
     pub cost_unit_bytes: Option<u32>,
-    /// Emulated device model name (reserved for the emulated-device backend layer).
+    /// Emulated device (a `weir_model::ARRAY_PRESETS` name): READ/WRITE replies wait
+    /// until the model completes them; data still goes to the pool's files.
     #[serde(default)]
     pub device: Option<String>,
 }

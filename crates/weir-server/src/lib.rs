@@ -14,6 +14,7 @@ pub mod access;
 pub mod admin;
 pub mod backend;
 pub mod config;
+pub mod device;
 pub mod metrics;
 pub mod nbd_client;
 pub mod qos;

@@ -10,10 +10,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+use weir_model::IoDir;
+use weir_nbd::Command;
 use weir_qos::{
     ClientId, Dispatch, Dispatched, IoCost, Nanos, Policy, Scheduler, SchedulerConfig, VolumeId,
 };
 
+use crate::device::EmulatedDevice;
 use crate::session::Job;
 
 pub struct QosPool {
@@ -23,10 +26,18 @@ pub struct QosPool {
     in_flight: AtomicUsize,
     max_in_flight: usize,
     epoch: Instant,
+    device: Option<Arc<EmulatedDevice>>,
 }
 
 impl QosPool {
-    pub fn new(name: &str, max_in_flight: u32, config: SchedulerConfig, epoch: Instant) -> QosPool {
+    /// `device`: emulated-device mode (READ/WRITE complete no earlier than the model says).
+    pub fn new(
+        name: &str,
+        max_in_flight: u32,
+        config: SchedulerConfig,
+        epoch: Instant,
+        device: Option<Arc<EmulatedDevice>>,
+    ) -> QosPool {
         QosPool {
             name: name.to_string(),
             scheduler: Mutex::new(Scheduler::new(config)),
@@ -34,7 +45,12 @@ impl QosPool {
             in_flight: AtomicUsize::new(0),
             max_in_flight: max_in_flight.max(1) as usize,
             epoch,
+            device,
         }
+    }
+
+    pub fn device(&self) -> Option<&Arc<EmulatedDevice>> {
+        self.device.as_ref()
     }
 
     /// Nanoseconds since the server's epoch (the scheduler's clock).
@@ -135,7 +151,24 @@ impl QosPool {
             payload: job,
             ..
         } = d;
+        // Emulated device: the model starts serving the request now, in parallel
+        // with the real file I/O; the reply waits for both.
+        let device_done = self.device.as_ref().and_then(|dev| {
+            let (offset, length, dir) = match job.command {
+                Command::Read { offset, length, .. } => (offset, length, IoDir::Read),
+                Command::Write { offset, length, .. } => (offset, length, IoDir::Write),
+                _ => return None,
+            };
+            Some(dev.submit(
+                dev.volume_base(job.volume.id.0).wrapping_add(offset),
+                length,
+                dir,
+            ))
+        });
         let completed = tokio::task::spawn_blocking(move || crate::session::perform(job)).await;
+        if let Some(done) = device_done {
+            let _ = done.await;
+        }
         let now = self.now_ns();
         self.lock()
             .complete(now, volume, client, cost, now.saturating_sub(enqueued_at));

@@ -13,6 +13,7 @@ use weir_nbd::{ErrorCode, NbdError};
 use weir_qos::{ClientId, Policy, SchedulerConfig, VolumeId};
 
 use crate::config::WeirConfig;
+use crate::device::EmulatedDevice;
 use crate::metrics::Metrics;
 use crate::qos::QosPool;
 use crate::store::{StoreError, VolumeCreate, VolumeRecord, VolumeStore};
@@ -37,15 +38,15 @@ impl ServerState {
             if let Some(c) = p.cost_unit_bytes {
                 sc.cost_unit_bytes = c;
             }
-            if let Some(device) = &p.device {
-                anyhow::bail!(
-                    "pool {:?}: device = {device:?}: emulated devices are not implemented yet (remove the field to serve from files)",
-                    p.name
-                );
-            }
+            let device = match &p.device {
+                None => None,
+                Some(name) => Some(Arc::new(EmulatedDevice::new(name, epoch).map_err(|e| {
+                    anyhow::anyhow!("pool {:?}: device = {name:?}: {e}", p.name)
+                })?)),
+            };
             pools.insert(
                 p.name.clone(),
-                Arc::new(QosPool::new(&p.name, p.max_in_flight, sc, epoch)),
+                Arc::new(QosPool::new(&p.name, p.max_in_flight, sc, epoch, device)),
             );
         }
         for (r, policy) in store.volume_policies() {
@@ -179,11 +180,18 @@ async fn run(
     admin: TcpListener,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let dispatchers: Vec<JoinHandle<()>> = state
+    let mut dispatchers: Vec<JoinHandle<()>> = state
         .pools
         .values()
         .map(|p| tokio::spawn(p.clone().run()))
         .collect();
+    dispatchers.extend(
+        state
+            .pools
+            .values()
+            .filter_map(|p| p.device())
+            .map(|d| tokio::spawn(d.clone().run())),
+    );
     let admin_task = {
         let app = crate::admin::router(state.clone());
         let mut rx = shutdown.clone();
