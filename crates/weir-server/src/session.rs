@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
-use weir_nbd::consts::REQUEST_HEADER_LEN;
+use weir_nbd::consts::{CMD_READ, CMD_WRITE, REQUEST_HEADER_LEN};
 use weir_nbd::{
     Command, ErrorCode, ExportCatalog, ExportDescription, ExportInfo, ExportListing,
     HandshakeEvent, NbdError, Request, RequestHeader, ServerHandshake, reply, validate,
@@ -27,6 +27,10 @@ use crate::store::OpenVolume;
 /// Requests one connection may have in flight before the server stops reading
 /// from it (back-pressure).
 pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 256;
+/// READ/WRITE data one connection may have buffered at once (requests beyond it
+/// wait before their payload is read): bounds memory whatever the client sends.
+pub const MAX_BUFFERED_BYTES_PER_CONNECTION: usize = 128 << 20;
+const BUFFER_UNIT_BYTES: usize = 4096;
 /// A client must finish option haggling within this time.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -42,6 +46,7 @@ pub struct Job {
     pub host_counters: Arc<IoCounters>,
     pub received_at: Instant,
     _permit: OwnedSemaphorePermit,
+    _buffer: Option<OwnedSemaphorePermit>,
 }
 
 /// A performed job with its encoded reply.
@@ -288,6 +293,9 @@ pub async fn run_session(
     });
 
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
+    let buffer_budget = Arc::new(Semaphore::new(
+        MAX_BUFFERED_BYTES_PER_CONNECTION / BUFFER_UNIT_BYTES,
+    ));
     let mut reader = BufReader::with_capacity(256 * 1024, std::io::Cursor::new(leftover).chain(rd));
     let max_payload = export.block_size.max_payload_bytes;
     loop {
@@ -306,6 +314,18 @@ pub async fn run_session(
                 tracing::info!(%peer, "closing connection: {e}");
                 break;
             }
+        };
+        let buffered =
+            matches!(header.command, CMD_READ | CMD_WRITE) && header.length <= max_payload;
+        let buffer = if buffered {
+            let units = (header.length as usize).div_ceil(BUFFER_UNIT_BYTES).max(1);
+            let units = units.min(MAX_BUFFERED_BYTES_PER_CONNECTION / BUFFER_UNIT_BYTES) as u32;
+            match buffer_budget.clone().acquire_many_owned(units).await {
+                Ok(p) => Some(p),
+                Err(_) => break,
+            }
+        } else {
+            None
         };
         let received_at = Instant::now();
         let payload = if header.has_payload() {
@@ -368,6 +388,7 @@ pub async fn run_session(
             host_counters: host_counters.clone(),
             received_at,
             _permit: permit,
+            _buffer: buffer,
         };
         if let Err(e) = pool.submit(volume.id, client, cost, job) {
             let mut out = Vec::new();
