@@ -307,3 +307,45 @@ async fn fio_nbd_engine_writes_and_verifies() {
     );
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nbdcopy_round_trips_over_multiple_connections() {
+    if !common::have("nbdcopy") {
+        return;
+    }
+    let dir = common::TempDir::new("nbdcopy");
+    let server = common::start(dir.path()).await;
+    // 16 MiB source (the size of the volume): a pattern with a zero gap in the middle.
+    let mut src: Vec<u8> = (0..16u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    src[4 << 20..6 << 20].fill(0);
+    let src_path = dir.path().join("src.raw");
+    let out_path = dir.path().join("out.raw");
+    std::fs::write(&src_path, &src).unwrap();
+    let uri = common::uri(&server, "open");
+    // nbdcopy opens several connections when the server offers CAN_MULTI_CONN.
+    let o = run(
+        "nbdcopy",
+        vec![
+            "--connections=4".into(),
+            "--flush".into(),
+            src_path.display().to_string(),
+            uri.clone(),
+        ],
+    )
+    .await;
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(
+        "nbdcopy",
+        vec![
+            "--connections=4".into(),
+            uri,
+            out_path.display().to_string(),
+        ],
+    )
+    .await;
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(std::fs::read(&out_path).unwrap() == src, "copy differs");
+    server.shutdown().await.unwrap();
+}
