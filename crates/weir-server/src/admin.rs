@@ -6,6 +6,7 @@
 //! | GET | `/v1/volumes` | | `[VolumeRecord]` |
 //! | POST | `/v1/volumes` | `VolumeCreate` | `VolumeRecord` (201) |
 //! | GET | `/v1/volumes/{name}` | | `VolumeRecord` |
+//! | PATCH | `/v1/volumes/{name}` | `VolumeUpdate` | `VolumeRecord` |
 //! | DELETE | `/v1/volumes/{name}` | | `VolumeRecord` |
 //! | POST | `/v1/volumes/{name}/resize` | `{"size_bytes": n}` | `VolumeRecord` |
 //! | POST | `/v1/volumes/{name}/policy` | `{"policy": "name"}` | `VolumeRecord` |
@@ -39,7 +40,7 @@ use weir_qos::{Policy, VolumeId};
 use crate::config::AccessGroupConfig;
 use crate::metrics::CounterSnapshot;
 use crate::server::ServerState;
-use crate::store::{StoreError, VolumeCreate, VolumeRecord};
+use crate::store::{StoreError, VolumeCreate, VolumeRecord, VolumeUpdate};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResizeRequest {
@@ -97,7 +98,10 @@ type ApiResult<T> = Result<T, ApiError>;
 pub fn router(state: Arc<ServerState>) -> Router {
     Router::new()
         .route("/v1/volumes", get(list_volumes).post(create_volume))
-        .route("/v1/volumes/{name}", get(show_volume).delete(delete_volume))
+        .route(
+            "/v1/volumes/{name}",
+            get(show_volume).patch(update_volume).delete(delete_volume),
+        )
         .route("/v1/volumes/{name}/resize", post(resize_volume))
         .route("/v1/volumes/{name}/policy", post(set_policy))
         .route("/v1/volumes/{name}/stats", get(volume_stats))
@@ -131,6 +135,14 @@ async fn create_volume(
 
 async fn show_volume(State(s): Shared, Path(name): Path<String>) -> ApiResult<Json<VolumeRecord>> {
     Ok(Json(s.store().get(&name)?))
+}
+
+async fn update_volume(
+    State(s): Shared,
+    Path(name): Path<String>,
+    Json(change): Json<VolumeUpdate>,
+) -> ApiResult<Json<VolumeRecord>> {
+    Ok(Json(s.store().update_volume(&name, change)?))
 }
 
 async fn delete_volume(
@@ -273,6 +285,19 @@ impl Client {
     pub async fn show_volume(&self, name: &str) -> Result<VolumeRecord, ClientError> {
         self.call("GET", &format!("/v1/volumes/{}", encode(name)), None::<&()>)
             .await
+    }
+    /// Changes access groups, read-only flag or description (new connections).
+    pub async fn update_volume(
+        &self,
+        name: &str,
+        change: &VolumeUpdate,
+    ) -> Result<VolumeRecord, ClientError> {
+        self.call(
+            "PATCH",
+            &format!("/v1/volumes/{}", encode(name)),
+            Some(change),
+        )
+        .await
     }
     pub async fn delete_volume(&self, name: &str) -> Result<VolumeRecord, ClientError> {
         self.call(

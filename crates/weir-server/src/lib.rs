@@ -24,4 +24,4 @@ pub mod store;
 
 pub use config::{ConfigError, WeirConfig, parse_size};
 pub use server::{RunningServer, ServerState, serve};
-pub use store::{VolumeCreate, VolumeRecord};
+pub use store::{VolumeCreate, VolumeRecord, VolumeUpdate};

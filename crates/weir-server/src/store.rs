@@ -59,6 +59,18 @@ pub struct VolumeCreate {
     pub description: String,
 }
 
+/// A partial change of a volume's attributes (absent fields stay as they are).
+/// Takes effect for connections opened afterwards.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeUpdate {
+    #[serde(default)]
+    pub access_groups: Option<Vec<String>>,
+    #[serde(default)]
+    pub read_only: Option<bool>,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Meta {
     version: u32,
@@ -397,6 +409,26 @@ impl VolumeStore {
             .map_err(|e| io_err(path.display(), e))?;
         f.sync_all().map_err(|e| io_err(path.display(), e))?;
         self.update(name, |r| r.size_bytes = size_bytes)
+    }
+
+    /// Changes access groups, read-only flag or description.
+    pub fn update_volume(
+        &mut self,
+        name: &str,
+        change: VolumeUpdate,
+    ) -> Result<VolumeRecord, StoreError> {
+        let mut candidate = self.get(name)?;
+        if let Some(g) = change.access_groups {
+            candidate.access_groups = g;
+        }
+        if let Some(ro) = change.read_only {
+            candidate.read_only = ro;
+        }
+        if let Some(d) = change.description {
+            candidate.description = d;
+        }
+        self.check_record(&candidate)?;
+        self.update(name, |r| *r = candidate)
     }
 
     /// Sets the volume's policy; returns the record and the policy to apply.

@@ -287,6 +287,38 @@ async fn access_groups_decide_who_sees_a_volume() {
         409,
         "group in use"
     );
+    // Re-point the volume at the "far" group only: it disappears again; read-only sticks.
+    let change = weir_server::VolumeUpdate {
+        access_groups: Some(vec!["far".into()]),
+        read_only: Some(true),
+        description: Some("moved".into()),
+    };
+    let r = admin.update_volume("labvol", &change).await.unwrap();
+    assert_eq!(
+        (r.access_groups, r.read_only, r.description.as_str()),
+        (vec!["far".to_string()], true, "moved")
+    );
+    assert!(!visible(NbdClient::list(server.nbd_addr()).await.unwrap()));
+    let bad = weir_server::VolumeUpdate {
+        access_groups: Some(vec!["nope".into()]),
+        ..Default::default()
+    };
+    assert_eq!(
+        status(admin.update_volume("labvol", &bad).await.unwrap_err()),
+        400
+    );
+    let open_all = weir_server::VolumeUpdate {
+        access_groups: Some(vec![]),
+        ..Default::default()
+    };
+    admin.update_volume("labvol", &open_all).await.unwrap();
+    let (_, export) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("labvol"))
+        .await
+        .unwrap();
+    assert!(
+        export.export_info().read_only(),
+        "no groups: open to every host; read-only kept"
+    );
     admin.delete_volume("labvol").await.unwrap();
     admin.delete_access_group("lab").await.unwrap();
     assert_eq!(
