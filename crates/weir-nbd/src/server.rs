@@ -1,0 +1,471 @@
+//! Server side of the fixed newstyle handshake, as a sans-I/O state machine.
+//!
+//! ```text
+//! let mut hs = ServerHandshake::new();
+//! socket.write_all(&hs.take_output());            // greeting
+//! loop {
+//!     let n = socket.read(&mut buf)?;             // n == 0: client went away
+//!     let event = hs.input(&buf[..n], &catalog)?; // Err: close this connection
+//!     socket.write_all(&hs.take_output());
+//!     match event {
+//!         Some(HandshakeEvent::ExportChosen(info)) => break, // transmission; hs.take_leftover()
+//!         Some(HandshakeEvent::Aborted) => return,          // client soft-disconnected
+//!         None => {}
+//!     }
+//! }
+//! ```
+
+use crate::consts::*;
+use crate::error::ProtocolError;
+use crate::export::{ExportCatalog, ExportDescription, ExportInfo};
+use crate::wire::{InBuf, Reader, parse_string, put_u16, put_u32, put_u64};
+
+/// Something the caller must act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HandshakeEvent {
+    /// Option haggling ended (`NBD_OPT_GO` acknowledged or `NBD_OPT_EXPORT_NAME`
+    /// answered): send the pending output, then enter transmission.
+    ExportChosen(ExportInfo),
+    /// The client sent `NBD_OPT_ABORT`; the ACK is in the output; close after it.
+    Aborted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    ClientFlags,
+    OptionHeader,
+    OptionData { option: u32, len: u32 },
+    SkipOption { option: u32, remaining: u32 },
+    Finished,
+}
+
+/// Context id given to `base:allocation` by `NBD_OPT_SET_META_CONTEXT`.
+pub const BASE_ALLOCATION_ID: u32 = 1;
+
+/// Server handshake: feed client bytes with [`ServerHandshake::input`], send what
+/// [`ServerHandshake::take_output`] returns.
+#[derive(Debug)]
+pub struct ServerHandshake {
+    state: State,
+    input: InBuf,
+    output: Vec<u8>,
+    no_zeroes: bool,
+    structured: bool,
+    /// Export name the last SET_META_CONTEXT referred to, if it selected base:allocation.
+    meta_export: Option<String>,
+    shutting_down: bool,
+    options_seen: u32,
+}
+
+impl Default for ServerHandshake {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ServerHandshake {
+    /// Most options one connection may send before it is deemed abusive.
+    pub const MAX_OPTIONS: u32 = 4096;
+
+    /// A new connection; the greeting is already in the output.
+    pub fn new() -> ServerHandshake {
+        let mut output = Vec::with_capacity(18);
+        put_u64(&mut output, NBDMAGIC);
+        put_u64(&mut output, IHAVEOPT);
+        put_u16(&mut output, FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
+        ServerHandshake {
+            state: State::ClientFlags,
+            input: InBuf::default(),
+            output,
+            no_zeroes: false,
+            structured: false,
+            meta_export: None,
+            shutting_down: false,
+            options_seen: 0,
+        }
+    }
+
+    /// Bytes to send to the client.
+    pub fn output(&self) -> &[u8] {
+        &self.output
+    }
+    /// Takes the bytes to send to the client.
+    pub fn take_output(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.output)
+    }
+    /// Bytes received after the option that ended the handshake (already the
+    /// start of the transmission phase).
+    pub fn take_leftover(&mut self) -> Vec<u8> {
+        self.input.take_all()
+    }
+    /// From now on every option but `NBD_OPT_ABORT` is refused with
+    /// `NBD_REP_ERR_SHUTDOWN`.
+    pub fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+    }
+    pub fn is_finished(&self) -> bool {
+        self.state == State::Finished
+    }
+
+    /// Feeds bytes from the client. `Err` means: close the connection (after
+    /// sending any pending output).
+    pub fn input(
+        &mut self,
+        data: &[u8],
+        catalog: &dyn ExportCatalog,
+    ) -> Result<Option<HandshakeEvent>, ProtocolError> {
+        if self.state == State::Finished {
+            return Err(ProtocolError::Finished);
+        }
+        self.input.extend(data);
+        loop {
+            match self.state {
+                State::Finished => return Ok(None),
+                State::ClientFlags => {
+                    let Some(flags) = Reader::new(self.input.as_slice()).u32() else {
+                        return Ok(None);
+                    };
+                    self.input.consume(4);
+                    if flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+                        self.state = State::Finished;
+                        return Err(ProtocolError::BadClientFlags(flags));
+                    }
+                    self.no_zeroes = flags & FLAG_C_NO_ZEROES != 0;
+                    self.state = State::OptionHeader;
+                }
+                State::OptionHeader => {
+                    let mut r = Reader::new(self.input.as_slice());
+                    let (Some(magic), Some(option), Some(len)) = (r.u64(), r.u32(), r.u32()) else {
+                        return Ok(None);
+                    };
+                    self.input.consume(16);
+                    if magic != IHAVEOPT {
+                        self.state = State::Finished;
+                        return Err(ProtocolError::BadMagic {
+                            expected: IHAVEOPT,
+                            got: magic,
+                        });
+                    }
+                    self.options_seen += 1;
+                    if self.options_seen > Self::MAX_OPTIONS {
+                        self.state = State::Finished;
+                        return Err(ProtocolError::unexpected(
+                            "option count",
+                            "more than 4096 options",
+                        ));
+                    }
+                    if len > MAX_OPTION_LEN {
+                        if option == OPT_EXPORT_NAME {
+                            self.state = State::Finished;
+                            return Err(ProtocolError::ExportNameTooLong(len));
+                        }
+                        self.state = State::SkipOption {
+                            option,
+                            remaining: len,
+                        };
+                    } else {
+                        self.state = State::OptionData { option, len };
+                    }
+                }
+                State::SkipOption { option, remaining } => {
+                    let n = (remaining as usize).min(self.input.len());
+                    self.input.consume(n);
+                    let remaining = remaining - n as u32;
+                    if remaining > 0 {
+                        self.state = State::SkipOption { option, remaining };
+                        return Ok(None);
+                    }
+                    self.state = State::OptionHeader;
+                    if option == OPT_ABORT {
+                        self.reply(option, REP_ACK, &[]);
+                        self.state = State::Finished;
+                        return Ok(Some(HandshakeEvent::Aborted));
+                    }
+                    self.reply_err(option, REP_ERR_TOO_BIG, "option data too long");
+                }
+                State::OptionData { option, len } => {
+                    if self.input.len() < len as usize {
+                        return Ok(None);
+                    }
+                    let data = self.input.as_slice()[..len as usize].to_vec();
+                    self.input.consume(len as usize);
+                    self.state = State::OptionHeader;
+                    if let Some(event) = self.handle_option(option, &data, catalog)? {
+                        self.state = State::Finished;
+                        return Ok(Some(event));
+                    }
+                }
+            }
+        }
+    }
+
+    fn reply(&mut self, option: u32, reply_type: u32, data: &[u8]) {
+        put_u64(&mut self.output, REPLY_MAGIC);
+        put_u32(&mut self.output, option);
+        put_u32(&mut self.output, reply_type);
+        put_u32(&mut self.output, data.len() as u32);
+        self.output.extend_from_slice(data);
+    }
+
+    fn reply_err(&mut self, option: u32, reply_type: u32, message: &str) {
+        self.reply(option, reply_type, message.as_bytes());
+    }
+
+    fn handle_option(
+        &mut self,
+        option: u32,
+        data: &[u8],
+        catalog: &dyn ExportCatalog,
+    ) -> Result<Option<HandshakeEvent>, ProtocolError> {
+        if option == OPT_ABORT {
+            // Data, if any, is ignored as the spec asks.
+            self.reply(option, REP_ACK, &[]);
+            return Ok(Some(HandshakeEvent::Aborted));
+        }
+        if self.shutting_down {
+            if option == OPT_EXPORT_NAME {
+                return Err(ProtocolError::unexpected(
+                    "option",
+                    "server is shutting down",
+                ));
+            }
+            self.reply_err(option, REP_ERR_SHUTDOWN, "server is shutting down");
+            return Ok(None);
+        }
+        match option {
+            OPT_EXPORT_NAME => {
+                let name =
+                    parse_string(data).map_err(|e| ProtocolError::unexpected("export name", e))?;
+                let Some(export) = catalog.lookup(&name) else {
+                    return Err(ProtocolError::UnknownExport(name));
+                };
+                let info = self.export_info(&name, &export);
+                put_u64(&mut self.output, info.size_bytes);
+                put_u16(&mut self.output, info.transmission_flags);
+                if !self.no_zeroes {
+                    self.output.extend_from_slice(&[0u8; 124]);
+                }
+                Ok(Some(HandshakeEvent::ExportChosen(info)))
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    self.reply_err(option, REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
+                    return Ok(None);
+                }
+                for export in catalog.list() {
+                    let mut d =
+                        Vec::with_capacity(4 + export.name.len() + export.description.len());
+                    put_u32(&mut d, export.name.len() as u32);
+                    d.extend_from_slice(export.name.as_bytes());
+                    d.extend_from_slice(export.description.as_bytes());
+                    self.reply(option, REP_SERVER, &d);
+                }
+                self.reply(option, REP_ACK, &[]);
+                Ok(None)
+            }
+            OPT_INFO | OPT_GO => self.handle_info_go(option, data, catalog),
+            OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    self.reply_err(
+                        option,
+                        REP_ERR_INVALID,
+                        "NBD_OPT_STRUCTURED_REPLY takes no data",
+                    );
+                    return Ok(None);
+                }
+                self.structured = true;
+                self.reply(option, REP_ACK, &[]);
+                Ok(None)
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                self.handle_meta_context(option, data, catalog);
+                Ok(None)
+            }
+            OPT_STARTTLS => {
+                self.reply_err(option, REP_ERR_UNSUP, "TLS is not supported by this server");
+                Ok(None)
+            }
+            _ => {
+                self.reply_err(option, REP_ERR_UNSUP, "option not supported");
+                Ok(None)
+            }
+        }
+    }
+
+    fn export_info(&self, requested_name: &str, export: &ExportDescription) -> ExportInfo {
+        let base_allocation_id = match &self.meta_export {
+            Some(n) if self.structured && (n == requested_name || *n == export.name) => {
+                Some(BASE_ALLOCATION_ID)
+            }
+            _ => None,
+        };
+        ExportInfo {
+            name: export.name.clone(),
+            size_bytes: export.size_bytes,
+            transmission_flags: export.transmission_flags(self.structured),
+            structured_replies: self.structured,
+            base_allocation_id,
+            block_size: export.block_size,
+        }
+    }
+
+    fn handle_info_go(
+        &mut self,
+        option: u32,
+        data: &[u8],
+        catalog: &dyn ExportCatalog,
+    ) -> Result<Option<HandshakeEvent>, ProtocolError> {
+        let mut r = Reader::new(data);
+        let parsed = (|| {
+            let name_len = r.u32()? as usize;
+            if name_len + 6 > data.len() {
+                return None;
+            }
+            let name = r.bytes(name_len)?;
+            let count = r.u16()? as usize;
+            if r.remaining() != count * 2 {
+                return None;
+            }
+            let mut requests = Vec::with_capacity(count);
+            for _ in 0..count {
+                requests.push(r.u16()?);
+            }
+            Some((name, requests))
+        })();
+        let Some((name_bytes, requests)) = parsed else {
+            self.reply_err(
+                option,
+                REP_ERR_INVALID,
+                "malformed NBD_OPT_INFO/NBD_OPT_GO data",
+            );
+            return Ok(None);
+        };
+        let name = match parse_string(name_bytes) {
+            Ok(n) => n,
+            Err(e) => {
+                self.reply_err(option, REP_ERR_INVALID, e);
+                return Ok(None);
+            }
+        };
+        let Some(export) = catalog.lookup(&name) else {
+            self.reply_err(
+                option,
+                REP_ERR_UNKNOWN,
+                &format!("export {name:?} is not available"),
+            );
+            return Ok(None);
+        };
+        let info = self.export_info(&name, &export);
+        let mut d = Vec::with_capacity(12);
+        put_u16(&mut d, INFO_EXPORT);
+        put_u64(&mut d, info.size_bytes);
+        put_u16(&mut d, info.transmission_flags);
+        self.reply(option, REP_INFO, &d);
+        if requests.contains(&INFO_NAME) {
+            let mut d = Vec::new();
+            put_u16(&mut d, INFO_NAME);
+            d.extend_from_slice(export.name.as_bytes());
+            self.reply(option, REP_INFO, &d);
+        }
+        if requests.contains(&INFO_DESCRIPTION) && !export.description.is_empty() {
+            let mut d = Vec::new();
+            put_u16(&mut d, INFO_DESCRIPTION);
+            d.extend_from_slice(export.description.as_bytes());
+            self.reply(option, REP_INFO, &d);
+        }
+        // Always advertised (never required of the client: no BLOCK_SIZE_REQD).
+        let mut d = Vec::with_capacity(14);
+        put_u16(&mut d, INFO_BLOCK_SIZE);
+        put_u32(&mut d, export.block_size.min_bytes);
+        put_u32(&mut d, export.block_size.preferred_bytes);
+        put_u32(&mut d, export.block_size.max_payload_bytes);
+        self.reply(option, REP_INFO, &d);
+        self.reply(option, REP_ACK, &[]);
+        if option == OPT_GO {
+            Ok(Some(HandshakeEvent::ExportChosen(info)))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn handle_meta_context(&mut self, option: u32, data: &[u8], catalog: &dyn ExportCatalog) {
+        let set = option == OPT_SET_META_CONTEXT;
+        if set {
+            // Replaces the previous selection, even when this request fails.
+            self.meta_export = None;
+        }
+        if !self.structured {
+            self.reply_err(
+                option,
+                REP_ERR_INVALID,
+                "negotiate NBD_OPT_STRUCTURED_REPLY first",
+            );
+            return;
+        }
+        let mut r = Reader::new(data);
+        let parsed = (|| {
+            let name_len = r.u32()? as usize;
+            let name = r.bytes(name_len)?;
+            let count = r.u32()?;
+            let mut queries = Vec::new();
+            for _ in 0..count {
+                let len = r.u32()? as usize;
+                queries.push(r.bytes(len)?);
+            }
+            if r.remaining() != 0 {
+                return None;
+            }
+            Some((name, queries))
+        })();
+        let Some((name_bytes, queries)) = parsed else {
+            self.reply_err(option, REP_ERR_INVALID, "malformed meta context request");
+            return;
+        };
+        let name = match parse_string(name_bytes) {
+            Ok(n) => n,
+            Err(e) => {
+                self.reply_err(option, REP_ERR_INVALID, e);
+                return;
+            }
+        };
+        let mut allocation = queries.is_empty() && !set;
+        for q in &queries {
+            let q = match parse_string(q) {
+                Ok(q) => q,
+                Err(e) => {
+                    self.reply_err(option, REP_ERR_INVALID, e);
+                    return;
+                }
+            };
+            let Some((namespace, leaf)) = q.split_once(':') else {
+                self.reply_err(
+                    option,
+                    REP_ERR_INVALID,
+                    &format!("query {q:?} has no namespace"),
+                );
+                return;
+            };
+            if namespace == "base" && (leaf == "allocation" || (leaf.is_empty() && !set)) {
+                allocation = true;
+            }
+        }
+        if catalog.lookup(&name).is_none() {
+            self.reply_err(
+                option,
+                REP_ERR_UNKNOWN,
+                &format!("export {name:?} is not available"),
+            );
+            return;
+        }
+        if allocation {
+            let mut d = Vec::new();
+            put_u32(&mut d, if set { BASE_ALLOCATION_ID } else { 0 });
+            d.extend_from_slice(BASE_ALLOCATION.as_bytes());
+            self.reply(option, REP_META_CONTEXT, &d);
+            if set {
+                self.meta_export = Some(name);
+            }
+        }
+        self.reply(option, REP_ACK, &[]);
+    }
+}

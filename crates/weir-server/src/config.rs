@@ -1,0 +1,479 @@
+//! `WeirConfig`: listeners, data directory, pools, policies, access groups and
+//! volumes, read from TOML. Errors name the file, the line and the field.
+//!
+//! ```toml
+//! listen = "127.0.0.1:10809"        # NBD (default)
+//! admin_listen = "127.0.0.1:10810"  # admin HTTP API (default)
+//! data_dir = "/var/lib/weir"        # default: $XDG_DATA_HOME/weir, ~/.local/share/weir, ./weir-data
+//!
+//! [[pools]]
+//! name = "default"                  # a directory data_dir/pools/<name> of sparse files
+//! max_in_flight = 64                # I/Os the pool's QoS dispatcher keeps outstanding
+//! # device = "15k-sas-raid5x24"     # emulated device: I/Os complete no earlier than this
+//!                                   # weir-model array says (any of weir_model::ARRAY_PRESETS)
+//!
+//! [[policies]]                      # user-defined, beside the five built-ins
+//! name = "gold"
+//! reservation_iops = 5000
+//! limit_iops = 20000
+//!
+//! [[access_groups]]
+//! name = "lab"
+//! hosts = ["127.0.0.1", "::1", "10.1.0.0/16"]
+//!
+//! [[volumes]]
+//! name = "sql"
+//! size = "10GiB"                    # or a number of bytes
+//! policy = "mission-critical"
+//! pool = "default"                  # default "default"
+//! access_groups = ["lab"]           # empty or absent: every host may reach it
+//! read_only = false
+//! description = "OLTP database"
+//! ```
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use weir_qos::{Policy, PolicyCatalog};
+
+use crate::access::HostPattern;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:10810";
+pub const DEFAULT_POOL: &str = "default";
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeirConfig {
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    #[serde(default = "default_admin_listen")]
+    pub admin_listen: SocketAddr,
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    #[serde(default = "default_pools")]
+    pub pools: Vec<PoolConfig>,
+    #[serde(default)]
+    pub policies: Vec<Policy>,
+    #[serde(default)]
+    pub access_groups: Vec<AccessGroupConfig>,
+    #[serde(default)]
+    pub volumes: Vec<VolumeConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub name: String,
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: u32,
+    /// Cost unit of the pool's scheduler (bytes per I/O against IOPS figures).
+    #[serde(default)]
+    pub cost_unit_bytes: Option<u32>,
+    /// Emulated device (a `weir_model::ARRAY_PRESETS` name): READ/WRITE replies wait
+    /// until the model completes them; data still goes to the pool's files.
+    #[serde(default)]
+    pub device: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessGroupConfig {
+    pub name: String,
+    /// Addresses or CIDRs (`10.0.0.0/8`, `::1`), or `*` for any host.
+    pub hosts: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeConfig {
+    pub name: String,
+    pub size: ByteSize,
+    pub policy: String,
+    #[serde(default = "default_pool_name")]
+    pub pool: String,
+    #[serde(default)]
+    pub access_groups: Vec<String>,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// A size in bytes; in TOML a number or a string like `"10GiB"`, `"512MB"`, `"4k"`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Number(n) => Ok(ByteSize(n)),
+            Raw::Text(t) => parse_size(&t)
+                .map(ByteSize)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Parses `"10GiB"`, `"1.5 GB"`, `"4k"`, `"4096"`: binary suffixes (KiB, MiB, GiB,
+/// TiB, and bare K/M/G/T) are powers of 1024, decimal ones (KB, MB, GB, TB) of 1000.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("size {text:?} does not start with a number"))?;
+    let multiplier: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => {
+            return Err(format!(
+                "size {text:?} has an unknown unit {other:?} (use KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+            ));
+        }
+    };
+    let bytes = number * multiplier;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("size {text:?} is out of range"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+fn default_listen() -> SocketAddr {
+    DEFAULT_LISTEN.parse().expect("constant address")
+}
+fn default_admin_listen() -> SocketAddr {
+    DEFAULT_ADMIN_LISTEN.parse().expect("constant address")
+}
+fn default_max_in_flight() -> u32 {
+    DEFAULT_MAX_IN_FLIGHT
+}
+fn default_pool_name() -> String {
+    DEFAULT_POOL.to_string()
+}
+fn default_pools() -> Vec<PoolConfig> {
+    vec![PoolConfig {
+        name: DEFAULT_POOL.into(),
+        max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        cost_unit_bytes: None,
+        device: None,
+    }]
+}
+
+/// `$XDG_DATA_HOME/weir`, else `$HOME/.local/share/weir`, else `./weir-data`.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("weir");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(h).join(".local/share/weir");
+    }
+    PathBuf::from("./weir-data")
+}
+
+/// A configuration error: where (file and line when known) and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub origin: String,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "{}:{}: {}", self.origin, l, self.message),
+            None => write!(f, "{}: {}", self.origin, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Checks a volume, pool or group name: 1–64 of `[A-Za-z0-9._-]`, not starting with '.'.
+pub fn validate_name(kind: &str, name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{kind} name must be 1-64 characters of [A-Za-z0-9._-] not starting with '.', got {name:?}"
+        ))
+    }
+}
+
+impl WeirConfig {
+    /// Parses and validates TOML; `origin` (a file name) prefixes every error.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<WeirConfig, ConfigError> {
+        let config: WeirConfig = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            ConfigError {
+                origin: origin.to_string(),
+                line,
+                message: e.message().to_string(),
+            }
+        })?;
+        config.validate().map_err(|(needle, message)| ConfigError {
+            origin: origin.to_string(),
+            line: needle.and_then(|n| find_line(text, &n)),
+            message,
+        })?;
+        Ok(config)
+    }
+
+    pub fn load(path: &Path) -> Result<WeirConfig, ConfigError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            origin: origin.clone(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::from_toml_str(&text, &origin)
+    }
+
+    /// The built-in demo configuration: one pool, a `local` access group
+    /// (loopback only) and five 1 GiB volumes, one per built-in policy.
+    pub fn embedded_default() -> WeirConfig {
+        Self::from_toml_str(EMBEDDED_DEFAULT, "<embedded default>")
+            .expect("embedded default configuration is valid")
+    }
+
+    /// Semantic checks; on error, a string to locate (a `name = "…"` line) and the message.
+    fn validate(&self) -> Result<(), (Option<String>, String)> {
+        let at = |name: &str| Some(format!("name = \"{name}\""));
+        let mut catalog = PolicyCatalog::new();
+        for (i, p) in self.policies.iter().enumerate() {
+            catalog
+                .insert(p.clone())
+                .map_err(|e| (at(&p.name), format!("policies[{i}] ({:?}): {e}", p.name)))?;
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, p) in self.pools.iter().enumerate() {
+            validate_name("pool", &p.name)
+                .map_err(|e| (at(&p.name), format!("pools[{i}].name: {e}")))?;
+            if !seen.insert(&p.name) {
+                return Err((
+                    at(&p.name),
+                    format!("pools[{i}].name: duplicate pool {:?}", p.name),
+                ));
+            }
+            if p.max_in_flight == 0 || p.max_in_flight > 65536 {
+                return Err((
+                    at(&p.name),
+                    format!(
+                        "pools[{i}].max_in_flight: must be 1-65536, got {}",
+                        p.max_in_flight
+                    ),
+                ));
+            }
+        }
+        let mut groups = std::collections::BTreeSet::new();
+        for (i, g) in self.access_groups.iter().enumerate() {
+            validate_name("access group", &g.name)
+                .map_err(|e| (at(&g.name), format!("access_groups[{i}].name: {e}")))?;
+            if !groups.insert(g.name.as_str()) {
+                return Err((
+                    at(&g.name),
+                    format!("access_groups[{i}].name: duplicate group {:?}", g.name),
+                ));
+            }
+            for h in &g.hosts {
+                HostPattern::parse(h)
+                    .map_err(|e| (at(&g.name), format!("access_groups[{i}].hosts: {e}")))?;
+            }
+        }
+        let mut volumes = std::collections::BTreeSet::new();
+        for (i, v) in self.volumes.iter().enumerate() {
+            let here = |field: &str, msg: String| {
+                (
+                    at(&v.name),
+                    format!("volumes[{i}] ({:?}).{field}: {msg}", v.name),
+                )
+            };
+            validate_name("volume", &v.name).map_err(|e| here("name", e))?;
+            if !volumes.insert(v.name.as_str()) {
+                return Err(here("name", "duplicate volume".into()));
+            }
+            if v.size.0 == 0 {
+                return Err(here("size", "must be more than 0 bytes".into()));
+            }
+            catalog
+                .get(&v.policy)
+                .map_err(|e| here("policy", e.to_string()))?;
+            if !self.pools.iter().any(|p| p.name == v.pool) {
+                return Err(here("pool", format!("no pool named {:?}", v.pool)));
+            }
+            for g in &v.access_groups {
+                if !groups.contains(g.as_str()) {
+                    return Err(here(
+                        "access_groups",
+                        format!("no access group named {g:?}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn find_line(text: &str, needle: &str) -> Option<usize> {
+    text.lines().position(|l| l.trim() == needle).map(|i| i + 1)
+}
+
+const EMBEDDED_DEFAULT: &str = r#"
+# Weir demo configuration: five volumes on the five built-in policies,
+# reachable from this machine only.
+[[pools]]
+name = "default"
+max_in_flight = 64
+
+[[access_groups]]
+name = "local"
+hosts = ["127.0.0.1", "::1"]
+
+[[volumes]]
+name = "sql"
+size = "1GiB"
+policy = "mission-critical"
+access_groups = ["local"]
+description = "OLTP database (mission-critical)"
+
+[[volumes]]
+name = "exchange"
+size = "1GiB"
+policy = "business-critical"
+access_groups = ["local"]
+description = "mail store (business-critical)"
+
+[[volumes]]
+name = "vdi-gold"
+size = "1GiB"
+policy = "business-critical-2"
+access_groups = ["local"]
+description = "mid-range desktops (business-critical)"
+
+[[volumes]]
+name = "vdi-standard"
+size = "1GiB"
+policy = "non-critical"
+access_groups = ["local"]
+description = "standard desktops (non-critical)"
+
+[[volumes]]
+name = "scratch"
+size = "1GiB"
+policy = "non-critical-2"
+access_groups = ["local"]
+description = "scratch space (non-critical)"
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_has_one_volume_per_builtin_policy() {
+        let c = WeirConfig::embedded_default();
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.admin_listen.to_string(), DEFAULT_ADMIN_LISTEN);
+        let mut policies: Vec<_> = c.volumes.iter().map(|v| v.policy.as_str()).collect();
+        policies.sort();
+        assert_eq!(
+            policies,
+            [
+                "business-critical",
+                "business-critical-2",
+                "mission-critical",
+                "non-critical",
+                "non-critical-2"
+            ]
+        );
+        assert!(c.volumes.iter().all(|v| v.size.0 == 1 << 30));
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("10GiB"), Ok(10 << 30));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("1.5 GB"), Ok(1_500_000_000));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert!(parse_size("ten").is_err());
+        assert!(parse_size("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn syntax_errors_name_file_line_and_field() {
+        let text = "listen = \"127.0.0.1:1\"\n\n[[volumes]]\nname = \"a\"\nsise = 5\npolicy = \"non-critical\"\n";
+        let e = WeirConfig::from_toml_str(text, "weir.toml").unwrap_err();
+        assert_eq!(e.origin, "weir.toml");
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.message.contains("sise"), "{e}");
+        let text = "[[volumes]]\nname = \"a\"\nsize = \"big\"\npolicy = \"non-critical\"\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors_name_the_volume_line_and_field() {
+        let text = "[[volumes]]\nname = \"a\"\nsize = 1\npolicy = \"non-critical\"\n\n[[volumes]]\nname = \"b\"\nsize = 1\npolicy = \"gold\"\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert_eq!(e.line, Some(7), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("w.toml:7: volumes[1] (\"b\").policy: no policy named \"gold\""),
+            "{e}"
+        );
+        let text = "[[volumes]]\nname = \"a\"\nsize = 1\npolicy = \"non-critical\"\naccess_groups = [\"x\"]\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert!(
+            e.message.contains("access_groups") && e.message.contains("\"x\""),
+            "{e}"
+        );
+        let text = "[[access_groups]]\nname = \"g\"\nhosts = [\"10.0.0.0/33\"]\n";
+        assert!(
+            WeirConfig::from_toml_str(text, "w.toml")
+                .unwrap_err()
+                .message
+                .contains("10.0.0.0/33")
+        );
+        let text = "[[policies]]\nname = \"x\"\nlimit_iops = 3\n";
+        assert!(
+            WeirConfig::from_toml_str(text, "w.toml")
+                .unwrap_err()
+                .message
+                .contains("limit_iops")
+        );
+    }
+}

@@ -1,0 +1,242 @@
+//! Server assembly: shared state, listeners, graceful shutdown.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use weir_nbd::{ErrorCode, NbdError};
+use weir_qos::{ClientId, Policy, SchedulerConfig, VolumeId};
+
+use crate::config::WeirConfig;
+use crate::device::EmulatedDevice;
+use crate::metrics::Metrics;
+use crate::qos::QosPool;
+use crate::store::{StoreError, VolumeCreate, VolumeRecord, VolumeStore};
+
+/// Everything sessions and the admin API share.
+pub struct ServerState {
+    store: Mutex<VolumeStore>,
+    pools: HashMap<String, Arc<QosPool>>,
+    pub metrics: Metrics,
+    clients: Mutex<HashMap<IpAddr, ClientId>>,
+    pub started: Instant,
+}
+
+impl ServerState {
+    pub fn new(config: &WeirConfig) -> anyhow::Result<ServerState> {
+        let store = VolumeStore::open(config)
+            .with_context(|| format!("opening data dir {}", config.data_dir.display()))?;
+        let epoch = Instant::now();
+        let mut pools = HashMap::new();
+        for p in store.pools() {
+            let mut sc = SchedulerConfig::default();
+            if let Some(c) = p.cost_unit_bytes {
+                sc.cost_unit_bytes = c;
+            }
+            let device = match &p.device {
+                None => None,
+                Some(name) => Some(Arc::new(EmulatedDevice::new(name, epoch).map_err(|e| {
+                    anyhow::anyhow!("pool {:?}: device = {name:?}: {e}", p.name)
+                })?)),
+            };
+            pools.insert(
+                p.name.clone(),
+                Arc::new(QosPool::new(&p.name, p.max_in_flight, sc, epoch, device)),
+            );
+        }
+        for (r, policy) in store.volume_policies() {
+            if let Some(pool) = pools.get(&r.pool) {
+                pool.add_volume(VolumeId(r.id), policy);
+            }
+        }
+        Ok(ServerState {
+            store: Mutex::new(store),
+            pools,
+            metrics: Metrics::default(),
+            clients: Mutex::new(HashMap::new()),
+            started: epoch,
+        })
+    }
+
+    pub fn store(&self) -> MutexGuard<'_, VolumeStore> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn pool(&self, name: &str) -> Option<Arc<QosPool>> {
+        self.pools.get(name).cloned()
+    }
+
+    /// The QoS client id of a host (stable for the server's lifetime).
+    pub fn client_id(&self, host: IpAddr) -> ClientId {
+        let mut c = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let next = c.len() as u32 + 1;
+        *c.entry(host).or_insert(ClientId(next))
+    }
+
+    pub fn create_volume(&self, req: VolumeCreate) -> Result<VolumeRecord, StoreError> {
+        let mut store = self.store();
+        let r = store.create(req)?;
+        let policy = store.policy(&r.policy)?;
+        if let Some(pool) = self.pools.get(&r.pool) {
+            pool.add_volume(VolumeId(r.id), policy);
+        }
+        Ok(r)
+    }
+
+    pub fn delete_volume(&self, name: &str) -> Result<VolumeRecord, StoreError> {
+        let (r, _open) = self.store().delete(name)?;
+        if let Some(pool) = self.pools.get(&r.pool) {
+            for job in pool.remove_volume(VolumeId(r.id)) {
+                crate::session::fail(job, NbdError::new(ErrorCode::Io, "volume was deleted"))
+                    .deliver();
+            }
+        }
+        self.metrics.forget_volume(name);
+        Ok(r)
+    }
+
+    /// Changes a volume's policy; queued and future requests follow it at once.
+    pub fn set_volume_policy(&self, name: &str, policy: &str) -> Result<VolumeRecord, StoreError> {
+        let (r, p): (VolumeRecord, Policy) = self.store().set_policy(name, policy)?;
+        if let Some(pool) = self.pools.get(&r.pool) {
+            pool.set_policy(VolumeId(r.id), p);
+        }
+        Ok(r)
+    }
+
+    /// Requests queued in the schedulers, per volume name.
+    pub fn queued_by_volume(&self) -> BTreeMap<String, usize> {
+        let records = self.store().list();
+        records
+            .into_iter()
+            .filter_map(|r| {
+                let pool = self.pools.get(&r.pool)?;
+                let s = pool.volume_stats(VolumeId(r.id))?;
+                Some((r.name, s.queued))
+            })
+            .collect()
+    }
+}
+
+/// A server running in the background (tests, embedding). `weir serve` uses [`serve`].
+pub struct RunningServer {
+    nbd_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    state: Arc<ServerState>,
+    shutdown: watch::Sender<bool>,
+    main: JoinHandle<anyhow::Result<()>>,
+}
+
+impl RunningServer {
+    /// Binds both listeners (port 0 picks a free port) and starts serving.
+    pub async fn start(config: WeirConfig) -> anyhow::Result<RunningServer> {
+        let state = Arc::new(ServerState::new(&config)?);
+        let nbd = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding NBD listener {}", config.listen))?;
+        let admin = TcpListener::bind(config.admin_listen)
+            .await
+            .with_context(|| format!("binding admin listener {}", config.admin_listen))?;
+        let nbd_addr = nbd.local_addr()?;
+        let admin_addr = admin.local_addr()?;
+        let (shutdown, rx) = watch::channel(false);
+        let main = tokio::spawn(run(state.clone(), nbd, admin, rx));
+        tracing::info!(%nbd_addr, %admin_addr, "weir serving");
+        Ok(RunningServer {
+            nbd_addr,
+            admin_addr,
+            state,
+            shutdown,
+            main,
+        })
+    }
+
+    pub fn nbd_addr(&self) -> SocketAddr {
+        self.nbd_addr
+    }
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+    pub fn state(&self) -> &Arc<ServerState> {
+        &self.state
+    }
+
+    /// Stops accepting, lets every connection finish its in-flight requests,
+    /// flushes every volume, and returns.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let _ = self.shutdown.send(true);
+        self.main.await.context("server task panicked")?
+    }
+}
+
+async fn run(
+    state: Arc<ServerState>,
+    nbd: TcpListener,
+    admin: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let mut dispatchers: Vec<JoinHandle<()>> = state
+        .pools
+        .values()
+        .map(|p| tokio::spawn(p.clone().run()))
+        .collect();
+    dispatchers.extend(
+        state
+            .pools
+            .values()
+            .filter_map(|p| p.device())
+            .map(|d| tokio::spawn(d.clone().run())),
+    );
+    let admin_task = {
+        let app = crate::admin::router(state.clone());
+        let mut rx = shutdown.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(admin, app.into_make_service())
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })
+                .await;
+        })
+    };
+    let mut sessions = JoinSet::new();
+    let session_shutdown = shutdown.clone();
+    loop {
+        tokio::select! {
+            accepted = nbd.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    sessions.spawn(crate::session::run_session(state.clone(), stream, peer, session_shutdown.clone()));
+                }
+                Err(e) => tracing::warn!("accept failed: {e}"),
+            },
+            _ = shutdown.wait_for(|s| *s) => break,
+            Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
+        }
+    }
+    drop(nbd);
+    while sessions.join_next().await.is_some() {}
+    let _ = admin_task.await;
+    for d in dispatchers {
+        d.abort();
+    }
+    let store = state.store();
+    store.sync_all().map_err(|e| anyhow::anyhow!("{e}"))?;
+    tracing::info!("weir stopped cleanly");
+    Ok(())
+}
+
+/// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.
+pub async fn serve(config: WeirConfig) -> anyhow::Result<()> {
+    let server = RunningServer::start(config).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("signal received, shutting down");
+    server.shutdown().await
+}

@@ -1,0 +1,419 @@
+//! One NBD connection: handshake with weir-nbd (exports filtered by the client's
+//! host access), then transmission with many requests in flight. A reader loop
+//! decodes and validates requests and submits them to the pool's QoS
+//! scheduler; completions are encoded on the blocking pool and handed to a
+//! writer task, so replies go out in completion order.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use weir_nbd::consts::{CMD_READ, CMD_WRITE, REQUEST_HEADER_LEN};
+use weir_nbd::{
+    Command, ErrorCode, ExportCatalog, ExportDescription, ExportInfo, ExportListing,
+    HandshakeEvent, NbdError, Request, RequestHeader, ServerHandshake, reply, validate,
+};
+use weir_qos::{IoCost, IoKind};
+
+use crate::access::canonical;
+use crate::metrics::{IoCounters, OpKind};
+use crate::server::ServerState;
+use crate::store::OpenVolume;
+
+/// Requests one connection may have in flight before the server stops reading
+/// from it (back-pressure).
+pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 256;
+/// READ/WRITE data one connection may have buffered at once (requests beyond it
+/// wait before their payload is read): bounds memory whatever the client sends.
+pub const MAX_BUFFERED_BYTES_PER_CONNECTION: usize = 128 << 20;
+const BUFFER_UNIT_BYTES: usize = 4096;
+/// A client must finish option haggling within this time.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A validated request travelling through QoS to the backend.
+pub struct Job {
+    pub handle: u64,
+    pub command: Command,
+    pub payload: Option<Vec<u8>>,
+    pub volume: Arc<OpenVolume>,
+    pub export: Arc<ExportInfo>,
+    pub reply: mpsc::UnboundedSender<Vec<u8>>,
+    pub volume_counters: Arc<IoCounters>,
+    pub host_counters: Arc<IoCounters>,
+    pub received_at: Instant,
+    _permit: OwnedSemaphorePermit,
+    _buffer: Option<OwnedSemaphorePermit>,
+}
+
+/// A performed job with its encoded reply.
+pub struct Done {
+    job: Job,
+    reply: Vec<u8>,
+    ok: bool,
+}
+
+impl Done {
+    /// Records metrics and hands the reply to the connection's writer.
+    pub fn deliver(self) {
+        let Done { job, reply, ok } = self;
+        record(&job, ok);
+        let _ = job.reply.send(reply);
+    }
+}
+
+fn op_kind(c: &Command) -> (OpKind, u64) {
+    match *c {
+        Command::Read { length, .. } => (OpKind::Read, length as u64),
+        Command::Write { length, .. } => (OpKind::Write, length as u64),
+        _ => (OpKind::Other, 0),
+    }
+}
+
+fn record(job: &Job, ok: bool) {
+    let (kind, bytes) = op_kind(&job.command);
+    let latency = job.received_at.elapsed().as_nanos() as u64;
+    job.volume_counters.record(kind, bytes, latency, ok);
+    job.host_counters.record(kind, bytes, latency, ok);
+}
+
+fn io_error(e: &io::Error, what: &str) -> NbdError {
+    let code = if e.kind() == io::ErrorKind::Unsupported {
+        ErrorCode::NotSup
+    } else {
+        e.raw_os_error()
+            .map_or(ErrorCode::Io, ErrorCode::from_errno)
+    };
+    NbdError::new(code, format!("{what}: {e}"))
+}
+
+/// Runs a job against its volume's backend (blocking) and encodes the reply.
+pub fn perform(job: Job) -> Done {
+    let b = &job.volume.backend;
+    let export = &job.export;
+    let handle = job.handle;
+    let mut out = Vec::new();
+    let result: Result<(), NbdError> = if job.volume.is_deleted() {
+        Err(NbdError::new(ErrorCode::Io, "volume was deleted"))
+    } else {
+        match job.command {
+            Command::Read { offset, length, .. } => {
+                reply::read_reply_header(&mut out, export, handle, offset, length);
+                let start = out.len();
+                out.resize(start + length as usize, 0);
+                match b.read(offset, &mut out[start..]) {
+                    Ok(()) => {
+                        return Done {
+                            job,
+                            reply: out,
+                            ok: true,
+                        };
+                    }
+                    Err(e) => {
+                        out.clear();
+                        Err(io_error(&e, "read"))
+                    }
+                }
+            }
+            Command::Write { offset, fua, .. } => {
+                let data = job.payload.as_deref().unwrap_or_default();
+                b.write(offset, data)
+                    .and_then(|()| if fua { b.flush() } else { Ok(()) })
+                    .map_err(|e| io_error(&e, "write"))
+            }
+            Command::Flush => b.flush().map_err(|e| io_error(&e, "flush")),
+            Command::Trim {
+                offset,
+                length,
+                fua,
+            } => b
+                .trim(offset, length as u64)
+                .and_then(|()| if fua { b.flush() } else { Ok(()) })
+                .map_err(|e| io_error(&e, "trim")),
+            Command::WriteZeroes {
+                offset,
+                length,
+                fua,
+                no_hole,
+                fast_zero,
+            } => b
+                .write_zeroes(offset, length as u64, !no_hole, fast_zero)
+                .and_then(|()| if fua { b.flush() } else { Ok(()) })
+                .map_err(|e| io_error(&e, "write zeroes")),
+            Command::Cache { offset, length } => b
+                .cache(offset, length as u64)
+                .map_err(|e| io_error(&e, "cache")),
+            Command::BlockStatus {
+                offset,
+                length,
+                req_one,
+                context_id,
+            } => match b.block_status(offset, length as u64) {
+                Ok(extents) => {
+                    reply::block_status_chunk(
+                        &mut out, handle, context_id, &extents, req_one, length, true,
+                    );
+                    return Done {
+                        job,
+                        reply: out,
+                        ok: true,
+                    };
+                }
+                Err(e) => Err(io_error(&e, "block status")),
+            },
+            Command::Disconnect => Ok(()),
+        }
+    };
+    let ok = result.is_ok();
+    match result {
+        Ok(()) => reply::ok_reply(&mut out, handle),
+        Err(e) => reply::error_reply(&mut out, export, handle, &e),
+    }
+    Done {
+        job,
+        reply: out,
+        ok,
+    }
+}
+
+/// The exports one client host may see.
+struct SessionCatalog<'a> {
+    state: &'a ServerState,
+    host: IpAddr,
+}
+
+impl ExportCatalog for SessionCatalog<'_> {
+    fn list(&self) -> Vec<ExportListing> {
+        let store = self.state.store();
+        store
+            .visible_to(self.host)
+            .into_iter()
+            .map(|r| ExportListing {
+                name: r.name,
+                description: r.description,
+            })
+            .collect()
+    }
+    fn lookup(&self, name: &str) -> Option<ExportDescription> {
+        let store = self.state.store();
+        let r = store.get(name).ok()?;
+        if !store.host_may_access(&r, self.host) {
+            return None;
+        }
+        let mut d = ExportDescription::new(r.name, r.size_bytes);
+        d.description = r.description;
+        d.read_only = r.read_only;
+        // One shared file per volume: FLUSH (fdatasync) covers every connection.
+        d.can_multi_conn = true;
+        Some(d)
+    }
+}
+
+/// Serves one connection until the client disconnects, breaks the protocol, or
+/// the server shuts down (in-flight requests are answered first).
+pub async fn run_session(
+    state: Arc<ServerState>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let host = canonical(peer.ip());
+    let _ = stream.set_nodelay(true);
+    let (mut rd, mut wr) = stream.into_split();
+    let mut hs = ServerHandshake::new();
+    let negotiated = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        let mut buf = vec![0u8; 16 * 1024];
+        wr.write_all(&hs.take_output()).await.ok()?;
+        loop {
+            let n = tokio::select! {
+                r = rd.read(&mut buf) => r.ok()?,
+                // Shutting down: drop connections still haggling.
+                _ = shutdown.changed() => return None,
+            };
+            if n == 0 {
+                return None;
+            }
+            let event = hs.input(
+                &buf[..n],
+                &SessionCatalog {
+                    state: &state,
+                    host,
+                },
+            );
+            let out = hs.take_output();
+            if !out.is_empty() {
+                wr.write_all(&out).await.ok()?;
+            }
+            match event {
+                Ok(None) => {}
+                Ok(Some(HandshakeEvent::ExportChosen(info))) => return Some(info),
+                Ok(Some(HandshakeEvent::Aborted)) => return None,
+                Err(e) => {
+                    tracing::info!(%peer, "handshake failed: {e}");
+                    return None;
+                }
+            }
+        }
+    })
+    .await;
+    let Ok(Some(info)) = negotiated else { return };
+    let leftover = hs.take_leftover();
+    let Some(volume) = state.store().open_volume(&info.name) else {
+        return;
+    };
+    tracing::debug!(%peer, volume = %info.name, "transmission");
+    let Some(pool) = state.pool(&volume.pool) else {
+        return;
+    };
+    let client = state.client_id(host);
+    let volume_counters = state.metrics.volume(&volume.name);
+    let host_counters = state.metrics.host(host);
+    let export = Arc::new(info);
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let writer = tokio::spawn(async move {
+        // Small replies that are ready together go out in one write.
+        let mut wr = tokio::io::BufWriter::with_capacity(64 * 1024, wr);
+        'replies: while let Some(buf) = rx.recv().await {
+            let mut next = Some(buf);
+            while let Some(buf) = next.take() {
+                if wr.write_all(&buf).await.is_err() {
+                    break 'replies;
+                }
+                next = rx.try_recv().ok();
+            }
+            if wr.flush().await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+
+    let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
+    let buffer_budget = Arc::new(Semaphore::new(
+        MAX_BUFFERED_BYTES_PER_CONNECTION / BUFFER_UNIT_BYTES,
+    ));
+    let mut reader = BufReader::with_capacity(256 * 1024, std::io::Cursor::new(leftover).chain(rd));
+    let max_payload = export.block_size.max_payload_bytes;
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = shutdown.changed() => break,
+        };
+        let mut h = [0u8; REQUEST_HEADER_LEN];
+        tokio::select! {
+            r = reader.read_exact(&mut h) => if r.is_err() { break },
+            _ = shutdown.changed() => break,
+        }
+        let header = match RequestHeader::decode(&h) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::info!(%peer, "closing connection: {e}");
+                break;
+            }
+        };
+        let buffered =
+            matches!(header.command, CMD_READ | CMD_WRITE) && header.length <= max_payload;
+        let buffer = if buffered {
+            let units = (header.length as usize).div_ceil(BUFFER_UNIT_BYTES).max(1);
+            let units = units.min(MAX_BUFFERED_BYTES_PER_CONNECTION / BUFFER_UNIT_BYTES) as u32;
+            match buffer_budget.clone().acquire_many_owned(units).await {
+                Ok(p) => Some(p),
+                Err(_) => break,
+            }
+        } else {
+            None
+        };
+        let received_at = Instant::now();
+        let payload = if header.has_payload() {
+            if header.length <= max_payload {
+                let mut p = vec![0u8; header.length as usize];
+                if reader.read_exact(&mut p).await.is_err() {
+                    break;
+                }
+                Some(p)
+            } else {
+                // Too big to accept: discard it as it arrives, then fail the request.
+                let mut sink = tokio::io::sink();
+                match tokio::io::copy(&mut (&mut reader).take(header.length as u64), &mut sink)
+                    .await
+                {
+                    Ok(n) if n == header.length as u64 => None,
+                    _ => break,
+                }
+            }
+        } else {
+            None
+        };
+        let request = Request { header, payload };
+        let valid = match validate(&request, &export) {
+            Ok(v) => v,
+            Err(e) => {
+                let mut out = Vec::new();
+                reply::error_reply(&mut out, &export, header.handle, &e);
+                host_counters.record(OpKind::Other, 0, 0, false);
+                volume_counters.record(OpKind::Other, 0, 0, false);
+                let _ = tx.send(out);
+                continue;
+            }
+        };
+        if valid.command == Command::Disconnect {
+            break;
+        }
+        let cost = match valid.command {
+            Command::Read { length, .. } => IoCost {
+                kind: IoKind::Read,
+                size_bytes: length,
+            },
+            Command::Write { length, .. } => IoCost {
+                kind: IoKind::Write,
+                size_bytes: length,
+            },
+            _ => IoCost {
+                kind: IoKind::Other,
+                size_bytes: 0,
+            },
+        };
+        let job = Job {
+            handle: valid.handle,
+            command: valid.command,
+            payload: request.payload,
+            volume: volume.clone(),
+            export: export.clone(),
+            reply: tx.clone(),
+            volume_counters: volume_counters.clone(),
+            host_counters: host_counters.clone(),
+            received_at,
+            _permit: permit,
+            _buffer: buffer,
+        };
+        if let Err(e) = pool.submit(volume.id, client, cost, job) {
+            let mut out = Vec::new();
+            reply::error_reply(
+                &mut out,
+                &export,
+                valid.handle,
+                &NbdError::new(ErrorCode::Io, e),
+            );
+            let _ = tx.send(out);
+        }
+    }
+    // Stop reading; the writer finishes once every in-flight job has replied.
+    drop(tx);
+    let _ = writer.await;
+    tracing::debug!(%peer, "connection closed");
+}
+
+/// Answers a job that will not run (its volume was deleted while it was queued).
+pub fn fail(job: Job, error: NbdError) -> Done {
+    let mut out = Vec::new();
+    reply::error_reply(&mut out, &job.export, job.handle, &error);
+    Done {
+        job,
+        reply: out,
+        ok: false,
+    }
+}

@@ -1,0 +1,608 @@
+//! The volume store: volumes are sparse files in pool directories; metadata
+//! (volumes, sizes, policies, access groups) lives in `<data_dir>/weir-meta.json`,
+//! replaced crash-safely (write a temporary file, fsync it, rename it over the
+//! old one, fsync the directory).
+//!
+//! On start the metadata file is loaded, then the configuration is merged in:
+//! volumes, policies and access groups the configuration declares are created
+//! when missing (the configuration wins for policies and groups); volumes
+//! created through the admin API persist in the metadata file.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde::{Deserialize, Serialize};
+use weir_qos::{Policy, PolicyCatalog, VolumeId};
+
+use crate::access::{HostPattern, allowed};
+use crate::backend::{Backend, FileBackend};
+use crate::config::{AccessGroupConfig, DEFAULT_POOL, PoolConfig, WeirConfig, validate_name};
+
+pub const META_FILE: &str = "weir-meta.json";
+const META_VERSION: u32 = 1;
+
+/// A volume's metadata (also the admin API's view of a volume).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub id: u32,
+    pub name: String,
+    pub pool: String,
+    pub size_bytes: u64,
+    pub policy: String,
+    /// Access groups whose hosts may reach the volume; empty: every host.
+    #[serde(default)]
+    pub access_groups: Vec<String>,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// What the admin API needs to create a volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeCreate {
+    pub name: String,
+    pub size_bytes: u64,
+    pub policy: String,
+    #[serde(default)]
+    pub pool: Option<String>,
+    #[serde(default)]
+    pub access_groups: Vec<String>,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// A partial change of a volume's attributes (absent fields stay as they are).
+/// Takes effect for connections opened afterwards.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeUpdate {
+    #[serde(default)]
+    pub access_groups: Option<Vec<String>>,
+    #[serde(default)]
+    pub read_only: Option<bool>,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Meta {
+    version: u32,
+    next_volume_id: u32,
+    volumes: Vec<VolumeRecord>,
+    policies: Vec<Policy>,
+    access_groups: Vec<AccessGroupConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Io(String),
+}
+
+fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> StoreError {
+    StoreError::Io(format!("{what}: {e}"))
+}
+
+/// An open volume, shared by every session that uses it.
+pub struct OpenVolume {
+    pub id: VolumeId,
+    pub name: String,
+    pub pool: String,
+    pub backend: Arc<dyn Backend>,
+    /// Set when the volume is deleted: its sessions fail further requests.
+    pub deleted: AtomicBool,
+}
+
+impl OpenVolume {
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+}
+
+pub struct VolumeStore {
+    data_dir: PathBuf,
+    meta: Meta,
+    catalog: PolicyCatalog,
+    pools: Vec<PoolConfig>,
+    groups: HashMap<String, Vec<HostPattern>>,
+    open: HashMap<String, Arc<OpenVolume>>,
+}
+
+impl VolumeStore {
+    /// Opens (creating if needed) the data directory and every volume file.
+    pub fn open(config: &WeirConfig) -> Result<VolumeStore, StoreError> {
+        let data_dir = config.data_dir.clone();
+        std::fs::create_dir_all(&data_dir)
+            .map_err(|e| io_err(format!("creating {}", data_dir.display()), e))?;
+        let meta_path = data_dir.join(META_FILE);
+        let mut meta = match std::fs::read(&meta_path) {
+            Ok(bytes) => serde_json::from_slice::<Meta>(&bytes)
+                .map_err(|e| StoreError::Invalid(format!("{}: {e}", meta_path.display())))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Meta {
+                version: META_VERSION,
+                ..Meta::default()
+            },
+            Err(e) => return Err(io_err(meta_path.display(), e)),
+        };
+        if meta.version != META_VERSION {
+            return Err(StoreError::Invalid(format!(
+                "{}: metadata version {} is not supported (expected {META_VERSION})",
+                meta_path.display(),
+                meta.version
+            )));
+        }
+        // Merge the configuration.
+        for p in &config.policies {
+            meta.policies.retain(|q| q.name != p.name);
+            meta.policies.push(p.clone());
+        }
+        for g in &config.access_groups {
+            meta.access_groups.retain(|q| q.name != g.name);
+            meta.access_groups.push(g.clone());
+        }
+        let mut store = VolumeStore {
+            data_dir,
+            meta: Meta::default(),
+            catalog: PolicyCatalog::new(),
+            pools: config.pools.clone(),
+            groups: HashMap::new(),
+            open: HashMap::new(),
+        };
+        for p in &meta.policies {
+            store
+                .catalog
+                .insert(p.clone())
+                .map_err(|e| StoreError::Invalid(format!("policy {:?}: {e}", p.name)))?;
+        }
+        for g in &meta.access_groups {
+            let patterns = g
+                .hosts
+                .iter()
+                .map(|h| HostPattern::parse(h))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| StoreError::Invalid(format!("access group {:?}: {e}", g.name)))?;
+            store.groups.insert(g.name.clone(), patterns);
+        }
+        for v in &config.volumes {
+            if !meta.volumes.iter().any(|r| r.name == v.name) {
+                meta.next_volume_id += 1;
+                meta.volumes.push(VolumeRecord {
+                    id: meta.next_volume_id,
+                    name: v.name.clone(),
+                    pool: v.pool.clone(),
+                    size_bytes: v.size.0,
+                    policy: v.policy.clone(),
+                    access_groups: v.access_groups.clone(),
+                    read_only: v.read_only,
+                    description: v.description.clone(),
+                });
+            }
+        }
+        for r in &meta.volumes {
+            store.check_record(r)?;
+            let volume = store.open_file(r, true)?;
+            store.open.insert(r.name.clone(), volume);
+        }
+        store.meta = meta;
+        store.persist()?;
+        Ok(store)
+    }
+
+    fn check_record(&self, r: &VolumeRecord) -> Result<(), StoreError> {
+        validate_name("volume", &r.name).map_err(StoreError::Invalid)?;
+        if !self.pools.iter().any(|p| p.name == r.pool) {
+            return Err(StoreError::Invalid(format!(
+                "volume {:?}: no pool named {:?}",
+                r.name, r.pool
+            )));
+        }
+        self.catalog
+            .get(&r.policy)
+            .map_err(|e| StoreError::Invalid(format!("volume {:?}: {e}", r.name)))?;
+        for g in &r.access_groups {
+            if !self.groups.contains_key(g) {
+                return Err(StoreError::Invalid(format!(
+                    "volume {:?}: no access group named {g:?}",
+                    r.name
+                )));
+            }
+        }
+        if r.size_bytes == 0 {
+            return Err(StoreError::Invalid(format!(
+                "volume {:?}: size must be more than 0",
+                r.name
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+    pub fn pool_dir(&self, pool: &str) -> PathBuf {
+        self.data_dir.join("pools").join(pool)
+    }
+    fn volume_path(&self, r: &VolumeRecord) -> PathBuf {
+        self.pool_dir(&r.pool).join(format!("{}.img", r.name))
+    }
+    pub fn pools(&self) -> &[PoolConfig] {
+        &self.pools
+    }
+
+    fn open_file(
+        &self,
+        r: &VolumeRecord,
+        allow_existing: bool,
+    ) -> Result<Arc<OpenVolume>, StoreError> {
+        let dir = self.pool_dir(&r.pool);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
+        let path = self.volume_path(r);
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true);
+        if allow_existing {
+            opts.create(true);
+        } else {
+            opts.create_new(true);
+        }
+        let file = opts.open(&path).map_err(|e| io_err(path.display(), e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| io_err(path.display(), e))?
+            .len();
+        if len < r.size_bytes {
+            file.set_len(r.size_bytes)
+                .map_err(|e| io_err(format!("sizing {}", path.display()), e))?;
+        }
+        Ok(Arc::new(OpenVolume {
+            id: VolumeId(r.id),
+            name: r.name.clone(),
+            pool: r.pool.clone(),
+            backend: Arc::new(FileBackend::new(file)),
+            deleted: AtomicBool::new(false),
+        }))
+    }
+
+    /// Writes the metadata crash-safely.
+    fn persist(&self) -> Result<(), StoreError> {
+        let path = self.data_dir.join(META_FILE);
+        let tmp = self.data_dir.join(format!("{META_FILE}.tmp"));
+        let bytes =
+            serde_json::to_vec_pretty(&self.meta).map_err(|e| StoreError::Io(e.to_string()))?;
+        let mut f = File::create(&tmp).map_err(|e| io_err(tmp.display(), e))?;
+        f.write_all(&bytes).map_err(|e| io_err(tmp.display(), e))?;
+        f.sync_all().map_err(|e| io_err(tmp.display(), e))?;
+        drop(f);
+        std::fs::rename(&tmp, &path).map_err(|e| io_err(path.display(), e))?;
+        let dir = File::open(&self.data_dir).map_err(|e| io_err(self.data_dir.display(), e))?;
+        dir.sync_all()
+            .map_err(|e| io_err(self.data_dir.display(), e))?;
+        Ok(())
+    }
+
+    pub fn list(&self) -> Vec<VolumeRecord> {
+        let mut v = self.meta.volumes.clone();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    pub fn get(&self, name: &str) -> Result<VolumeRecord, StoreError> {
+        self.meta
+            .volumes
+            .iter()
+            .find(|r| r.name == name)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(format!("no volume named {name:?}")))
+    }
+
+    pub fn open_volume(&self, name: &str) -> Option<Arc<OpenVolume>> {
+        self.open.get(name).cloned()
+    }
+
+    /// Host patterns of the volume's access groups (`None`: open to every host).
+    fn patterns(&self, r: &VolumeRecord) -> Option<Vec<HostPattern>> {
+        if r.access_groups.is_empty() {
+            return None;
+        }
+        Some(
+            r.access_groups
+                .iter()
+                .flat_map(|g| self.groups.get(g).cloned().unwrap_or_default())
+                .collect(),
+        )
+    }
+
+    pub fn host_may_access(&self, r: &VolumeRecord, host: IpAddr) -> bool {
+        allowed(self.patterns(r).as_deref(), host)
+    }
+
+    /// Volumes `host` may see and open, by name.
+    pub fn visible_to(&self, host: IpAddr) -> Vec<VolumeRecord> {
+        self.list()
+            .into_iter()
+            .filter(|r| self.host_may_access(r, host))
+            .collect()
+    }
+
+    pub fn create(&mut self, req: VolumeCreate) -> Result<VolumeRecord, StoreError> {
+        if self.meta.volumes.iter().any(|r| r.name == req.name) {
+            return Err(StoreError::Conflict(format!(
+                "volume {:?} already exists",
+                req.name
+            )));
+        }
+        let record = VolumeRecord {
+            id: self.meta.next_volume_id + 1,
+            name: req.name,
+            pool: req.pool.unwrap_or_else(|| DEFAULT_POOL.to_string()),
+            size_bytes: req.size_bytes,
+            policy: req.policy,
+            access_groups: req.access_groups,
+            read_only: req.read_only,
+            description: req.description,
+        };
+        self.check_record(&record)?;
+        let volume = self.open_file(&record, false).map_err(|e| match e {
+            StoreError::Io(m) if m.contains("exists") => StoreError::Conflict(format!(
+                "a file for volume {:?} already exists in its pool",
+                record.name
+            )),
+            other => other,
+        })?;
+        self.meta.next_volume_id += 1;
+        self.meta.volumes.push(record.clone());
+        if let Err(e) = self.persist() {
+            self.meta.volumes.pop();
+            let _ = std::fs::remove_file(self.volume_path(&record));
+            return Err(e);
+        }
+        self.open.insert(record.name.clone(), volume);
+        Ok(record)
+    }
+
+    /// Deletes a volume: metadata first, then the file. Open sessions see
+    /// `OpenVolume::is_deleted` and fail further requests.
+    pub fn delete(
+        &mut self,
+        name: &str,
+    ) -> Result<(VolumeRecord, Option<Arc<OpenVolume>>), StoreError> {
+        let record = self.get(name)?;
+        self.meta.volumes.retain(|r| r.name != name);
+        self.persist()?;
+        let open = self.open.remove(name);
+        if let Some(v) = &open {
+            v.deleted.store(true, Ordering::Release);
+        }
+        let path = self.volume_path(&record);
+        std::fs::remove_file(&path).map_err(|e| io_err(path.display(), e))?;
+        Ok((record, open))
+    }
+
+    /// Grows a volume (shrinking is refused: it would destroy data).
+    pub fn resize(&mut self, name: &str, size_bytes: u64) -> Result<VolumeRecord, StoreError> {
+        let record = self.get(name)?;
+        if size_bytes < record.size_bytes {
+            return Err(StoreError::Invalid(format!(
+                "volume {name:?} is {} bytes; volumes can only grow, not shrink to {size_bytes}",
+                record.size_bytes
+            )));
+        }
+        let path = self.volume_path(&record);
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| io_err(path.display(), e))?;
+        f.set_len(size_bytes)
+            .map_err(|e| io_err(path.display(), e))?;
+        f.sync_all().map_err(|e| io_err(path.display(), e))?;
+        self.update(name, |r| r.size_bytes = size_bytes)
+    }
+
+    /// Changes access groups, read-only flag or description.
+    pub fn update_volume(
+        &mut self,
+        name: &str,
+        change: VolumeUpdate,
+    ) -> Result<VolumeRecord, StoreError> {
+        let mut candidate = self.get(name)?;
+        if let Some(g) = change.access_groups {
+            candidate.access_groups = g;
+        }
+        if let Some(ro) = change.read_only {
+            candidate.read_only = ro;
+        }
+        if let Some(d) = change.description {
+            candidate.description = d;
+        }
+        self.check_record(&candidate)?;
+        self.update(name, |r| *r = candidate)
+    }
+
+    /// Sets the volume's policy; returns the record and the policy to apply.
+    pub fn set_policy(
+        &mut self,
+        name: &str,
+        policy: &str,
+    ) -> Result<(VolumeRecord, Policy), StoreError> {
+        let p = self
+            .catalog
+            .get(policy)
+            .map_err(|e| StoreError::Invalid(e.to_string()))?
+            .clone();
+        let r = self.update(name, |r| r.policy = p.name.clone())?;
+        Ok((r, p))
+    }
+
+    fn update(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut VolumeRecord),
+    ) -> Result<VolumeRecord, StoreError> {
+        let Some(i) = self.meta.volumes.iter().position(|r| r.name == name) else {
+            return Err(StoreError::NotFound(format!("no volume named {name:?}")));
+        };
+        let before = self.meta.volumes[i].clone();
+        f(&mut self.meta.volumes[i]);
+        if let Err(e) = self.persist() {
+            self.meta.volumes[i] = before;
+            return Err(e);
+        }
+        Ok(self.meta.volumes[i].clone())
+    }
+
+    pub fn policy(&self, name: &str) -> Result<Policy, StoreError> {
+        self.catalog
+            .get(name)
+            .cloned()
+            .map_err(|e| StoreError::NotFound(e.to_string()))
+    }
+
+    pub fn access_groups(&self) -> Vec<AccessGroupConfig> {
+        let mut g = self.meta.access_groups.clone();
+        g.sort_by(|a, b| a.name.cmp(&b.name));
+        g
+    }
+
+    pub fn access_group(&self, name: &str) -> Result<AccessGroupConfig, StoreError> {
+        self.meta
+            .access_groups
+            .iter()
+            .find(|g| g.name == name)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(format!("no access group named {name:?}")))
+    }
+
+    /// Creates or replaces an access group (replacing changes who may open the
+    /// volumes that name it from the next connection on).
+    pub fn put_access_group(
+        &mut self,
+        group: AccessGroupConfig,
+    ) -> Result<AccessGroupConfig, StoreError> {
+        validate_name("access group", &group.name).map_err(StoreError::Invalid)?;
+        let patterns = group
+            .hosts
+            .iter()
+            .map(|h| HostPattern::parse(h))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(StoreError::Invalid)?;
+        let before = self.meta.access_groups.clone();
+        self.meta.access_groups.retain(|g| g.name != group.name);
+        self.meta.access_groups.push(group.clone());
+        if let Err(e) = self.persist() {
+            self.meta.access_groups = before;
+            return Err(e);
+        }
+        self.groups.insert(group.name.clone(), patterns);
+        Ok(group)
+    }
+
+    pub fn delete_access_group(&mut self, name: &str) -> Result<AccessGroupConfig, StoreError> {
+        let group = self.access_group(name)?;
+        let users: Vec<&str> = self
+            .meta
+            .volumes
+            .iter()
+            .filter(|r| r.access_groups.iter().any(|g| g == name))
+            .map(|r| r.name.as_str())
+            .collect();
+        if !users.is_empty() {
+            return Err(StoreError::Conflict(format!(
+                "access group {name:?} is used by volumes {users:?}"
+            )));
+        }
+        self.meta.access_groups.retain(|g| g.name != name);
+        self.persist()?;
+        self.groups.remove(name);
+        Ok(group)
+    }
+
+    pub fn policies(&self) -> Vec<Policy> {
+        self.catalog.iter().cloned().collect()
+    }
+
+    pub fn create_policy(&mut self, policy: Policy) -> Result<Policy, StoreError> {
+        if self.catalog.get(&policy.name).is_ok() {
+            return Err(StoreError::Conflict(format!(
+                "policy {:?} already exists",
+                policy.name
+            )));
+        }
+        self.catalog
+            .insert(policy.clone())
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        self.meta.policies.push(policy.clone());
+        if let Err(e) = self.persist() {
+            self.meta.policies.pop();
+            let _ = self.catalog.remove(&policy.name);
+            return Err(e);
+        }
+        Ok(policy)
+    }
+
+    pub fn delete_policy(&mut self, name: &str) -> Result<Policy, StoreError> {
+        let canonical = self.policy(name)?.name;
+        if PolicyCatalog::is_builtin(name) {
+            return Err(StoreError::Conflict(format!(
+                "policy {name:?} is built in and cannot be deleted"
+            )));
+        }
+        let users: Vec<&str> = self
+            .meta
+            .volumes
+            .iter()
+            .filter(|r| r.policy == canonical)
+            .map(|r| r.name.as_str())
+            .collect();
+        if !users.is_empty() {
+            return Err(StoreError::Conflict(format!(
+                "policy {name:?} is used by volumes {users:?}"
+            )));
+        }
+        let removed = self
+            .catalog
+            .remove(&canonical)
+            .map_err(|e| StoreError::Conflict(e.to_string()))?;
+        self.meta.policies.retain(|p| p.name != canonical);
+        self.persist()?;
+        Ok(removed)
+    }
+
+    /// Every volume's policy, for building the schedulers.
+    pub fn volume_policies(&self) -> Vec<(VolumeRecord, Policy)> {
+        self.list()
+            .into_iter()
+            .map(|r| {
+                let p = self
+                    .catalog
+                    .get(&r.policy)
+                    .cloned()
+                    .unwrap_or_else(|_| Policy::best_effort(&r.policy));
+                (r, p)
+            })
+            .collect()
+    }
+
+    /// Flushes every volume (shutdown).
+    pub fn sync_all(&self) -> Result<(), StoreError> {
+        let by_name: BTreeMap<_, _> = self.open.iter().collect();
+        for (name, v) in by_name {
+            v.backend
+                .flush()
+                .map_err(|e| io_err(format!("flushing volume {name:?}"), e))?;
+        }
+        Ok(())
+    }
+}

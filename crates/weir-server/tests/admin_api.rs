@@ -1,0 +1,341 @@
+//! The admin API through `weir_server::admin::Client`, and persistence across
+//! restarts.
+
+mod common;
+
+use weir_nbd::ClientConfig;
+use weir_qos::Policy;
+use weir_server::VolumeCreate;
+use weir_server::admin::{Client, ClientError};
+use weir_server::nbd_client::NbdClient;
+
+fn status(e: ClientError) -> u16 {
+    match e {
+        ClientError::Api { status, .. } => status,
+        other => panic!("expected an API error, got {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_and_policies_through_the_admin_client() {
+    let dir = common::TempDir::new("admin");
+    let server = common::start(dir.path()).await;
+    let admin = Client::new(server.admin_addr());
+
+    let names: Vec<String> = admin
+        .list_volumes()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    assert_eq!(names, ["hidden", "open", "ro", "slow"]);
+
+    // Policies: built-ins plus the configured one; create, show, delete.
+    let policies: Vec<String> = admin
+        .list_policies()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    assert!(
+        policies.contains(&"mission-critical".to_string())
+            && policies.contains(&"slow100".to_string())
+    );
+    let mut gold = Policy::best_effort("gold");
+    gold.reservation_iops = Some(500.0);
+    gold.limit_iops = Some(5000.0);
+    assert_eq!(admin.create_policy(&gold).await.unwrap(), gold);
+    assert_eq!(status(admin.create_policy(&gold).await.unwrap_err()), 409);
+    assert_eq!(admin.show_policy("gold").await.unwrap(), gold);
+    assert_eq!(
+        admin.show_policy("policy-1").await.unwrap().name,
+        "mission-critical",
+        "alias"
+    );
+    let mut bad = Policy::best_effort("bad");
+    bad.limit_iops = Some(1.0);
+    assert_eq!(status(admin.create_policy(&bad).await.unwrap_err()), 400);
+    assert_eq!(
+        status(admin.delete_policy("mission-critical").await.unwrap_err()),
+        409
+    );
+
+    // Volumes: create, show, resize, set policy, stats, delete.
+    let req = VolumeCreate {
+        name: "db".into(),
+        size_bytes: 1 << 20,
+        policy: "gold".into(),
+        pool: None,
+        access_groups: vec!["loopback".into()],
+        read_only: false,
+        description: "test db".into(),
+    };
+    let created = admin.create_volume(&req).await.unwrap();
+    assert_eq!(
+        (
+            created.name.as_str(),
+            created.size_bytes,
+            created.pool.as_str()
+        ),
+        ("db", 1 << 20, "default")
+    );
+    assert_eq!(status(admin.create_volume(&req).await.unwrap_err()), 409);
+    let bad_policy = VolumeCreate {
+        name: "x".into(),
+        policy: "nope".into(),
+        ..req.clone()
+    };
+    assert_eq!(
+        status(admin.create_volume(&bad_policy).await.unwrap_err()),
+        400
+    );
+    let bad_name = VolumeCreate {
+        name: "../etc".into(),
+        ..req.clone()
+    };
+    assert_eq!(
+        status(admin.create_volume(&bad_name).await.unwrap_err()),
+        400
+    );
+    let bad_group = VolumeCreate {
+        name: "y".into(),
+        access_groups: vec!["nope".into()],
+        ..req.clone()
+    };
+    assert_eq!(
+        status(admin.create_volume(&bad_group).await.unwrap_err()),
+        400
+    );
+    assert_eq!(
+        status(admin.delete_policy("gold").await.unwrap_err()),
+        409,
+        "policy in use"
+    );
+    assert_eq!(admin.show_volume("db").await.unwrap(), created);
+    assert_eq!(status(admin.show_volume("nope").await.unwrap_err()), 404);
+
+    // The new volume is served at once.
+    let (mut c, export) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("db"))
+        .await
+        .unwrap();
+    assert_eq!(export.size_bytes, 1 << 20);
+    c.write(0, &[3u8; 8192], false).await.unwrap().unwrap();
+    c.read(0, 4096).await.unwrap().unwrap();
+
+    let grown = admin.resize_volume("db", 2 << 20).await.unwrap();
+    assert_eq!(grown.size_bytes, 2 << 20);
+    assert_eq!(
+        status(admin.resize_volume("db", 1 << 20).await.unwrap_err()),
+        400,
+        "no shrinking"
+    );
+    let (_, export) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("db"))
+        .await
+        .unwrap();
+    assert_eq!(
+        export.size_bytes,
+        2 << 20,
+        "new connections see the new size"
+    );
+
+    assert_eq!(
+        admin
+            .set_volume_policy("db", "policy-2")
+            .await
+            .unwrap()
+            .policy,
+        "business-critical"
+    );
+    assert_eq!(
+        status(admin.set_volume_policy("db", "nope").await.unwrap_err()),
+        400
+    );
+
+    let stats = admin.volume_stats("db").await.unwrap();
+    assert_eq!(stats.counters.write_ios, 1);
+    assert_eq!(stats.counters.read_ios, 1);
+    assert_eq!(stats.counters.write_bytes, 8192);
+    assert_eq!(stats.dispatched_ios, 2);
+    assert!(stats.mean_latency_ms > 0.0);
+
+    let metrics = admin.metrics().await.unwrap();
+    assert!(
+        metrics.contains("weir_volume_ios_total{volume=\"db\",op=\"write\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("weir_host_bytes_total{host=\"127.0.0.1\",op=\"write\"} 8192"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("# TYPE weir_volume_latency_seconds histogram"));
+
+    // Deleting fails the open connection's further requests, not the server.
+    admin.delete_volume("db").await.unwrap();
+    assert_eq!(status(admin.show_volume("db").await.unwrap_err()), 404);
+    assert!(c.read(0, 4096).await.unwrap().is_err());
+    admin.delete_policy("gold").await.unwrap();
+    assert_eq!(status(admin.show_policy("gold").await.unwrap_err()), 404);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_and_data_survive_a_restart() {
+    let dir = common::TempDir::new("persist");
+    let server = common::start(dir.path()).await;
+    let admin = Client::new(server.admin_addr());
+    let mut p = Policy::best_effort("silver");
+    p.limit_mbps = Some(100.0);
+    admin.create_policy(&p).await.unwrap();
+    let req = VolumeCreate {
+        name: "kept".into(),
+        size_bytes: 1 << 20,
+        policy: "silver".into(),
+        pool: Some("default".into()),
+        access_groups: vec![],
+        read_only: false,
+        description: String::new(),
+    };
+    admin.create_volume(&req).await.unwrap();
+    admin
+        .set_volume_policy("open", "non-critical")
+        .await
+        .unwrap();
+    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("kept"))
+        .await
+        .unwrap();
+    c.write(4096, b"persistent", true).await.unwrap().unwrap();
+    c.disconnect().await.unwrap();
+    server.shutdown().await.unwrap();
+    assert!(dir.path().join("weir-meta.json").exists());
+    assert!(dir.path().join("pools/default/kept.img").exists());
+
+    let server = common::start(dir.path()).await;
+    let admin = Client::new(server.admin_addr());
+    assert_eq!(admin.show_volume("kept").await.unwrap().policy, "silver");
+    assert_eq!(
+        admin.show_volume("open").await.unwrap().policy,
+        "non-critical",
+        "API change kept over config"
+    );
+    assert_eq!(admin.show_policy("silver").await.unwrap(), p);
+    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("kept"))
+        .await
+        .unwrap();
+    assert_eq!(c.read(4096, 10).await.unwrap().unwrap(), b"persistent");
+    c.disconnect().await.unwrap();
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_groups_decide_who_sees_a_volume() {
+    use weir_server::config::AccessGroupConfig;
+    let dir = common::TempDir::new("groups");
+    let server = common::start(dir.path()).await;
+    let admin = Client::new(server.admin_addr());
+    let names: Vec<String> = admin
+        .list_access_groups()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    assert_eq!(names, ["far", "loopback"]);
+    let lab = AccessGroupConfig {
+        name: "lab".into(),
+        hosts: vec!["192.168.0.0/16".into()],
+    };
+    assert_eq!(admin.put_access_group(&lab).await.unwrap(), lab);
+    let bad = AccessGroupConfig {
+        name: "bad".into(),
+        hosts: vec!["not-an-ip".into()],
+    };
+    assert_eq!(status(admin.put_access_group(&bad).await.unwrap_err()), 400);
+    let req = VolumeCreate {
+        name: "labvol".into(),
+        size_bytes: 1 << 20,
+        policy: "non-critical".into(),
+        pool: None,
+        access_groups: vec!["lab".into()],
+        read_only: false,
+        description: String::new(),
+    };
+    admin.create_volume(&req).await.unwrap();
+    let visible = |l: Vec<weir_nbd::ExportListing>| l.into_iter().any(|e| e.name == "labvol");
+    assert!(
+        !visible(NbdClient::list(server.nbd_addr()).await.unwrap()),
+        "127.0.0.1 is not in lab"
+    );
+    assert!(
+        NbdClient::connect(server.nbd_addr(), ClientConfig::go("labvol"))
+            .await
+            .is_err()
+    );
+    // Add loopback to the group: the volume appears for new connections.
+    let lab2 = AccessGroupConfig {
+        name: "lab".into(),
+        hosts: vec!["192.168.0.0/16".into(), "127.0.0.1".into()],
+    };
+    admin.put_access_group(&lab2).await.unwrap();
+    assert!(visible(NbdClient::list(server.nbd_addr()).await.unwrap()));
+    NbdClient::connect(server.nbd_addr(), ClientConfig::go("labvol"))
+        .await
+        .unwrap();
+    assert_eq!(
+        status(admin.delete_access_group("lab").await.unwrap_err()),
+        409,
+        "group in use"
+    );
+    // Re-point the volume at the "far" group only: it disappears again; read-only sticks.
+    let change = weir_server::VolumeUpdate {
+        access_groups: Some(vec!["far".into()]),
+        read_only: Some(true),
+        description: Some("moved".into()),
+    };
+    let r = admin.update_volume("labvol", &change).await.unwrap();
+    assert_eq!(
+        (r.access_groups, r.read_only, r.description.as_str()),
+        (vec!["far".to_string()], true, "moved")
+    );
+    assert!(!visible(NbdClient::list(server.nbd_addr()).await.unwrap()));
+    let bad = weir_server::VolumeUpdate {
+        access_groups: Some(vec!["nope".into()]),
+        ..Default::default()
+    };
+    assert_eq!(
+        status(admin.update_volume("labvol", &bad).await.unwrap_err()),
+        400
+    );
+    let open_all = weir_server::VolumeUpdate {
+        access_groups: Some(vec![]),
+        ..Default::default()
+    };
+    admin.update_volume("labvol", &open_all).await.unwrap();
+    let (_, export) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("labvol"))
+        .await
+        .unwrap();
+    assert!(
+        export.export_info().read_only(),
+        "no groups: open to every host; read-only kept"
+    );
+    admin.delete_volume("labvol").await.unwrap();
+    admin.delete_access_group("lab").await.unwrap();
+    assert_eq!(
+        status(admin.show_access_group("lab").await.unwrap_err()),
+        404
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn unreachable_admin_api_is_a_clear_error() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let e = Client::new(addr).list_volumes().await.unwrap_err();
+    assert!(
+        e.to_string().contains("cannot reach the weir admin API"),
+        "{e}"
+    );
+}
