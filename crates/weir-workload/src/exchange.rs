@@ -77,7 +77,8 @@ impl ExchangeSpec {
         check_range("reads_per_action", self.reads_per_action, 0.0, 1000.0)?;
         check_range("writes_per_action", self.writes_per_action, 1.0, 1000.0)?;
         check_range("rpc_cpu_ms", self.rpc_cpu_ms, 0.0, 1e4)?;
-        if self.page_bytes == 0 || self.page_bytes % 512 != 0 || self.page_bytes > 1 << 20 {
+        if self.page_bytes == 0 || !self.page_bytes.is_multiple_of(512) || self.page_bytes > 1 << 20
+        {
             return Err(WorkloadError::invalid(
                 "page_bytes",
                 "must be a multiple of 512 up to 1 MiB",

@@ -94,7 +94,7 @@ pub struct SharedRegion {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum ModelSpec {
-    Vdi(VdiSpec),
+    Vdi(Box<VdiSpec>),
     Oltp(OltpSpec),
     Exchange(ExchangeSpec),
 }
@@ -185,7 +185,7 @@ impl SizeDist {
             return Err(WorkloadError::invalid(field, "needs at least one bucket"));
         }
         for (size, w) in &self.0 {
-            if *size == 0 || *size > crate::MAX_TRANSFER_BYTES || *size % 512 != 0 {
+            if *size == 0 || *size > crate::MAX_TRANSFER_BYTES || !size.is_multiple_of(512) {
                 return Err(WorkloadError::invalid(
                     field,
                     format!("size {size} must be a multiple of 512 up to 64 MiB"),

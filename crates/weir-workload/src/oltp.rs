@@ -111,7 +111,7 @@ impl OltpSpec {
             ("page_bytes", self.page_bytes),
             ("log_write_bytes", self.log_write_bytes),
         ] {
-            if v == 0 || v % 512 != 0 || v > 64 << 20 {
+            if v == 0 || !v.is_multiple_of(512) || v > 64 << 20 {
                 return Err(WorkloadError::invalid(
                     f,
                     format!("must be a multiple of 512 up to 64 MiB, got {v}"),

@@ -1025,7 +1025,7 @@ impl VdiModel {
                     ));
                 }
             }
-            pending.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            pending.sort_unstable_by_key(|p| std::cmp::Reverse(p.0));
             let dk = &mut self.desktops[d as usize];
             dk.bg_pending = pending;
             dk.bg_second_end = end;
@@ -1493,7 +1493,9 @@ mod tests {
 
     fn build(s: &VdiSpec) -> Box<dyn IoGenerator + Send> {
         let bytes = s.min_volume_bytes() * 2;
-        ModelSpec::Vdi(s.clone()).build(bytes, 7, 0, 1).unwrap()
+        ModelSpec::Vdi(Box::new(s.clone()))
+            .build(bytes, 7, 0, 1)
+            .unwrap()
     }
 
     const S: Nanos = 1_000_000_000;
@@ -1657,6 +1659,6 @@ mod tests {
         s.max_concurrent_power_on = 0;
         assert!(s.validate().is_err());
         let s = spec("desktops = 10");
-        assert!(ModelSpec::Vdi(s).build(1 << 30, 1, 0, 1).is_err());
+        assert!(ModelSpec::Vdi(Box::new(s)).build(1 << 30, 1, 0, 1).is_err());
     }
 }
