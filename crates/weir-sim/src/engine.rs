@@ -257,7 +257,7 @@ pub(crate) struct Engine<'p> {
     /// Per volume, per timeline interval: bytes, I/Os, latency sum as the VMs saw it.
     volume_buckets: Vec<Vec<(u64, u64, u128)>>,
     /// Array flash cache and its flash component.
-    array_cache: Option<(BlockCache, u32, bool)>,
+    array_cache: Option<(BlockCache, u32, bool, bool)>,
     sizes: IoSizeHistogram,
     keys: Vec<u64>,
 }
@@ -397,6 +397,7 @@ impl<'p> Engine<'p> {
                     ),
                     comps.len() as u32 - 1,
                     c.clone_aware,
+                    c.write_back,
                 ))
             }
             None => None,
@@ -591,7 +592,7 @@ impl<'p> Engine<'p> {
             c.bytes = 0;
         }
         self.parts_at_start = self.comps[0].c.parts();
-        if let Some((c, _, _)) = &mut self.array_cache {
+        if let Some((c, _, _, _)) = &mut self.array_cache {
             c.hits = 0;
             c.misses = 0;
         }
@@ -884,7 +885,7 @@ impl<'p> Engine<'p> {
             let v = &self.vms[r.vm as usize];
             let mut keys = std::mem::take(&mut self.keys);
             keys.clear();
-            let Some((cache, comp, clone_aware)) = &mut self.array_cache else {
+            let Some((cache, comp, clone_aware, write_back)) = &mut self.array_cache else {
                 return;
             };
             let bb = cache.block_bytes;
@@ -912,8 +913,11 @@ impl<'p> Engine<'p> {
                 }
             }
             let comp = *comp;
-            let hit = r.io.dir == Direction::Read && cache.lookup(&keys);
-            if !hit {
+            let hit = match r.io.dir {
+                Direction::Read => cache.lookup(&keys),
+                Direction::Write => *write_back,
+            };
+            if !hit || r.io.dir == Direction::Write {
                 cache.insert(&keys);
             }
             self.keys = keys;

@@ -96,6 +96,10 @@ pub struct ArrayCacheSpec {
     pub block_kib: u32,
     #[serde(default)]
     pub clone_aware: bool,
+    /// Writes land in flash (a hybrid array's flash tier) instead of the disks; the
+    /// later destaging to disk is not simulated.
+    #[serde(default)]
+    pub write_back: bool,
     #[serde(default)]
     pub flash: FlashSpec,
 }
