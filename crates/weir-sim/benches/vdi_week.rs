@@ -55,5 +55,7 @@ fn main() {
     ] {
         run(label, filter);
     }
-    println!("(the week = the six lines above; the 8.0.1 / SATA / SSD power-on variants are extra cases)");
+    println!(
+        "(the week = the six lines above; the 8.0.1 / SATA / SSD power-on variants are extra cases)"
+    );
 }

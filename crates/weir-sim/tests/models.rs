@@ -63,11 +63,11 @@ fn mixed_small(text: &str) -> String {
   { name = "storm", start_s = 60, end_s = 80 },
   { name = "vsi", start_s = 80, end_s = 100 },"#,
     )
-    .replace("desktops = 150", "desktops = 24")
+    .replace("desktops = 150", "desktops = 16")
     .replace("power_on_at_s = 840", "power_on_at_s = 60")
-    .replace("boot_ios = 10000", "boot_ios = 800")
+    .replace("boot_ios = 10000", "boot_ios = 500")
     .replace("login_at_s = 1200", "login_at_s = 80")
-    .replace("threads = 12", "threads = 4")
+    .replace("threads = 12", "threads = 2")
     .replace("database_gib = 20", "database_gib = 2")
     .replace("database_gib = 50", "database_gib = 2")
 }
@@ -84,7 +84,7 @@ fn mixed_workload_runs_the_models_and_reports_windows() {
     assert!(model(on, "sql", "opm", "pre-storm") > 1000.0);
     // (Exchange's RPC latency needs the flash tier warm: the full test checks it.)
     assert!(model(on, "exchange", "rpc_latency_mean_ms", "storm") > 0.0);
-    assert_eq!(model(on, "vdt-a", "power_on_done", ""), 24.0);
+    assert_eq!(model(on, "vdt-a", "power_on_done", ""), 16.0);
     assert!(model(on, "vdt-a", "logins", "") > 10.0);
     // Mission-critical latency target (10 ms) kept during the storm with QoS on.
     let sql = window_latency(on, "storm", "volume:DVD-SQL");
@@ -150,14 +150,14 @@ fn host_cache_serves_most_oltp_reads_and_multiplies_opm() {
     );
 }
 
-/// The week, scaled down: 4 pools of 20 desktops, shorter phases.
+/// The week, scaled down: 4 pools of 12 desktops, shorter phases.
 fn week_small() -> String {
-    WEEK.replace("desktops = 625", "desktops = 20")
+    WEEK.replace("desktops = 625", "desktops = 12")
         .replace("disk_gib = 200", "disk_gib = 30")
         .replace("duration_s = 1800", "duration_s = 90")
         .replace(
             r#"window = [{ name = "all-logged-in", start_s = 1560, end_s = 1800 }]"#,
-            r#"window = [{ name = "all-logged-in", start_s = 60, end_s = 90 }]"#,
+            r#"window = [{ name = "all-logged-in", start_s = 40, end_s = 90 }]"#,
         )
         .replace(
             r#""scenario.duration_s" = 2400"#,
@@ -171,7 +171,7 @@ fn week_small() -> String {
             "max_concurrent_power_on = 128",
             "max_concurrent_power_on = 16",
         )
-        .replace("image_gib = 24\n", "image_gib = 24\nboot_ios = 1000\n")
+        .replace("image_gib = 24\n", "image_gib = 24\nboot_ios = 600\n")
 }
 
 #[test]
