@@ -134,7 +134,7 @@ pub fn human_size(bytes: u64) -> String {
 }
 
 fn opt(v: Option<f64>) -> String {
-    v.map(|x| weir_report::fmt_number(x))
+    v.map(weir_report::fmt_number)
         .unwrap_or_else(|| "-".into())
 }
 
