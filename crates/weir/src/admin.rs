@@ -160,6 +160,24 @@ fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     Ok(())
 }
 
+fn show_volume(json: bool, volume: weir_server::VolumeRecord) -> Result<()> {
+    if json {
+        print_json(&volume)
+    } else {
+        print!("{}", volume_table(&[volume]));
+        Ok(())
+    }
+}
+
+fn show_volumes(json: bool, volumes: &[weir_server::VolumeRecord]) -> Result<()> {
+    if json {
+        print_json(&volumes)
+    } else {
+        print!("{}", volume_table(volumes));
+        Ok(())
+    }
+}
+
 fn volume_table(volumes: &[weir_server::VolumeRecord]) -> Table {
     let mut table = Table::new(vec![
         Column::left("volume"),
@@ -225,30 +243,15 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     description: String::new(),
                 };
                 let v = client.create_volume(&req).await.map_err(explain)?;
-                if target.json {
-                    print_json(&v)
-                } else {
-                    print!("{}", volume_table(&[v]));
-                    Ok(())
-                }
+                show_volume(target.json, v)
             }
             VolumeCommand::List => {
                 let vs = client.list_volumes().await.map_err(explain)?;
-                if target.json {
-                    print_json(&vs)
-                } else {
-                    print!("{}", volume_table(&vs));
-                    Ok(())
-                }
+                show_volumes(target.json, &vs)
             }
             VolumeCommand::Show { name } => {
                 let v = client.show_volume(&name).await.map_err(explain)?;
-                if target.json {
-                    print_json(&v)
-                } else {
-                    print!("{}", volume_table(&[v]));
-                    Ok(())
-                }
+                show_volume(target.json, v)
             }
             VolumeCommand::Resize { name, size } => {
                 let size_bytes = parse_size(&size)
@@ -258,12 +261,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     .resize_volume(&name, size_bytes)
                     .await
                     .map_err(explain)?;
-                if target.json {
-                    print_json(&v)
-                } else {
-                    print!("{}", volume_table(&[v]));
-                    Ok(())
-                }
+                show_volume(target.json, v)
             }
             VolumeCommand::Delete { name } => {
                 let v = client.delete_volume(&name).await.map_err(explain)?;
@@ -279,12 +277,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     .set_volume_policy(&name, &policy)
                     .await
                     .map_err(explain)?;
-                if target.json {
-                    print_json(&v)
-                } else {
-                    print!("{}", volume_table(&[v]));
-                    Ok(())
-                }
+                show_volume(target.json, v)
             }
             VolumeCommand::Stats { name, interval } => {
                 let first = client.volume_stats(&name).await.map_err(explain)?;
