@@ -23,6 +23,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use crate::clone_cache::{CloneCacheSpec, CloneCacheStats, CloneId, CloneLayer, ImageId};
 use crate::controller::{ControllerSpec, IoPolicy, ReadPolicy};
 use crate::error::ModelError;
 use crate::hdd::{DriveStats, Hdd, HddSpec};
@@ -110,6 +111,7 @@ impl PolicyOverride {
 /// drive = "sas-15k"
 /// raid = { level = 5, drives = 24, stripe_element_bytes = 65536 }
 /// policy = { write_policy = "write-back", read_policy = "no-read-ahead" }
+/// clone_cache = { size_mib = 4096, aware = true }   # optional
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -119,6 +121,10 @@ pub struct ArraySpec {
     pub drive: DriveRef,
     #[serde(default, skip_serializing_if = "PolicyOverride::is_empty")]
     pub policy: PolicyOverride,
+    /// Clone-aware (or unaware) read cache replacing the controller read cache; the
+    /// images and clones are registered with [`Array::add_image`] / [`Array::add_clone`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_cache: Option<CloneCacheSpec>,
 }
 
 /// Names accepted by [`ArraySpec::preset`].
@@ -146,6 +152,7 @@ impl ArraySpec {
             raid: RaidSpec::new(level, drives, 64 << 10),
             drive: DriveRef::Preset(drive.into()),
             policy,
+            clone_cache: None,
         };
         Ok(match name {
             "15k-sas-raid5x24" => mk(
@@ -590,6 +597,7 @@ pub struct Array {
     stats: ArrayStats,
     host_in_flight: usize,
     seed: u64,
+    clone: Option<Box<CloneLayer>>,
 }
 
 impl Array {
@@ -606,7 +614,12 @@ impl Array {
             });
         }
         let cache_bytes = controller.cache_mib as u64 * (1 << 20);
+        let clone = match &spec.clone_cache {
+            Some(c) => Some(Box::new(CloneLayer::new(c)?)),
+            None => None,
+        };
         let read_ahead_after = match controller.read_policy {
+            _ if clone.is_some() => None,
             ReadPolicy::NoReadAhead => None,
             ReadPolicy::ReadAhead => Some(1),
             ReadPolicy::Adaptive => Some(2),
@@ -643,6 +656,7 @@ impl Array {
             stats: ArrayStats::default(),
             host_in_flight: 0,
             seed,
+            clone,
             controller,
             layout,
             drive_next: vec![Nanos::MAX; drives.len()],
@@ -703,6 +717,53 @@ impl Array {
                 stats: d.stats(),
             })
             .collect()
+    }
+
+    /// Registers a golden image occupying `[base_offset_bytes, +size_bytes)` of the
+    /// array (needs `clone_cache` in the spec; block-aligned, non-overlapping).
+    pub fn add_image(
+        &mut self,
+        base_offset_bytes: u64,
+        size_bytes: u64,
+    ) -> Result<ImageId, ModelError> {
+        let cap = self.layout.capacity_bytes();
+        self.clone_layer()?
+            .add_image(base_offset_bytes, size_bytes, cap)
+    }
+
+    /// Registers a linked clone of `image` at `[base_offset_bytes, +size_bytes)` (the
+    /// image's size). Until the clone writes a block, reads of it go to the image.
+    pub fn add_clone(
+        &mut self,
+        base_offset_bytes: u64,
+        size_bytes: u64,
+        image: ImageId,
+    ) -> Result<CloneId, ModelError> {
+        let cap = self.layout.capacity_bytes();
+        self.clone_layer()?
+            .add_clone(base_offset_bytes, size_bytes, image, cap)
+    }
+
+    /// Counters of the clone cache (None without `clone_cache`).
+    pub fn clone_cache_stats(&self) -> Option<CloneCacheStats> {
+        self.clone.as_ref().map(|c| c.stats())
+    }
+
+    /// Blocks a clone has written (redirected to its own space), and its size in blocks.
+    pub fn clone_delta_blocks(&self, clone: CloneId) -> Option<(u64, u64)> {
+        let c = self.clone.as_ref()?;
+        Some((c.clone_written_blocks(clone)?, c.clone_blocks(clone)?))
+    }
+
+    fn clone_layer(&mut self) -> Result<&mut CloneLayer, ModelError> {
+        self.clone
+            .as_deref_mut()
+            .ok_or_else(|| ModelError::InvalidField {
+                what: "array",
+                field: "clone_cache",
+                value: "none".into(),
+                reason: "images and clones need `clone_cache` in the array spec",
+            })
     }
 
     fn alloc_op(&mut self, kind: OpKind, token: u64, io: DeviceIo) -> u32 {
@@ -789,6 +850,9 @@ impl Array {
                 self.start_host_read(slot, t);
             }
             OpKind::HostWrite => {
+                if let Some(c) = self.clone.as_deref_mut() {
+                    c.on_write(&io);
+                }
                 // A write larger than the whole dirty space goes straight to the drives
                 // (as controllers bypass the cache for it) instead of waiting forever.
                 if self.write_back && (io.size_bytes as u64) <= self.dirty_limit {
@@ -816,6 +880,18 @@ impl Array {
 
     fn start_host_read(&mut self, slot: u32, t: Nanos) {
         let io = self.ops[slot as usize].io;
+        if let Some(c) = self.clone.as_deref_mut() {
+            if c.read_hit(&io) {
+                self.stats.read_cache_hits += 1;
+                self.finish_read(slot, t);
+            } else {
+                c.plan_read_misses(&io, &self.layout, &mut self.plan);
+                if !self.issue_plan(slot, t) {
+                    self.finish_read(slot, t);
+                }
+            }
+            return;
+        }
         match self.cache.lookup(io.offset_bytes, io.size_bytes, t) {
             (true, false) => {
                 self.stats.read_cache_hits += 1;
@@ -1050,7 +1126,9 @@ impl Array {
         match op.kind {
             OpKind::HostRead => {
                 let io = op.io;
-                if self.cached_io {
+                if let Some(c) = self.clone.as_deref_mut() {
+                    c.fill(&io);
+                } else if self.cached_io {
                     self.cache.insert(io.offset_bytes, io.size_bytes, t);
                 }
                 self.finish_read(slot, t);

@@ -46,10 +46,14 @@
 //! ```
 
 mod array;
+mod block_cache;
+mod clone_cache;
 mod controller;
 mod error;
 pub mod harness;
 mod hdd;
+mod host_cache;
+mod hybrid;
 mod link;
 mod raid;
 mod ssd;
@@ -58,9 +62,16 @@ pub use array::{
     ARRAY_PRESETS, Array, ArraySpec, ArrayStats, ControllerRef, DriveRef, DriveReport, DriveSpec,
     PolicyOverride,
 };
+pub use block_cache::CachePolicy;
+pub use clone_cache::{CloneCacheSpec, CloneCacheStats, CloneId, ImageId};
 pub use controller::{BatteryState, ControllerSpec, IoPolicy, ReadPolicy, WritePolicy};
 pub use error::ModelError;
 pub use hdd::{DriveStats, Hdd, HddSpec};
+pub use host_cache::{
+    FillTicket, HostCacheLookup, HostCacheSpec, HostCacheStats, HostFlashCache, HostWriteMode,
+    MAX_CACHED_VOLUME,
+};
+pub use hybrid::{HYBRID_PRESETS, HybridArray, HybridSpec, HybridStats};
 pub use link::{Link, LinkSpec};
 pub use raid::{DataLocation, DriveIo, MIRROR_RUN_ROWS, RaidLayout, RaidPlan, RaidSpec};
 pub use ssd::{Ssd, SsdSpec};

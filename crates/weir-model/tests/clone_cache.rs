@@ -1,0 +1,227 @@
+//! Clone-aware array cache: N linked clones booting from one golden image.
+
+use weir_model::harness::{SplitMix64, run_closed_loop};
+use weir_model::{
+    Array, ArraySpec, CloneCacheSpec, Component, ControllerRef, DeviceIo, DriveRef, IoDir,
+    PolicyOverride, RaidSpec, WritePolicy,
+};
+
+const MIB: u64 = 1 << 20;
+const IMAGE_BYTES: u64 = 256 * MIB;
+
+fn array(aware: bool, size_mib: u64) -> Array {
+    let spec = ArraySpec {
+        controller: ControllerRef::Preset("pcie-gen2".into()),
+        raid: RaidSpec::new(5, 8, 64 << 10),
+        drive: DriveRef::Preset("sas-15k".into()),
+        policy: PolicyOverride {
+            write_policy: Some(WritePolicy::WriteThrough),
+            ..PolicyOverride::default()
+        },
+        clone_cache: Some(CloneCacheSpec {
+            size_mib,
+            aware,
+            block_bytes: 4096,
+            policy: Default::default(),
+        }),
+    };
+    Array::new(&spec, 1).unwrap()
+}
+
+/// Registers the image at 0 and `n` clones after it; returns the clone base offsets.
+fn clones(a: &mut Array, n: u64) -> Vec<u64> {
+    let img = a.add_image(0, IMAGE_BYTES).unwrap();
+    (1..=n)
+        .map(|i| {
+            let base = i * IMAGE_BYTES;
+            a.add_clone(base, IMAGE_BYTES, img).unwrap();
+            base
+        })
+        .collect()
+}
+
+/// Each clone boots: reads the same 16 MiB of boot blocks (64 KiB reads in a
+/// clone-specific order), one clone after another.
+fn boot(a: &mut Array, bases: &[u64]) -> weir_model::harness::ClosedLoopResult {
+    let boot_reads = 16 * MIB / 65536;
+    let mut rng = SplitMix64(7);
+    let mut order: Vec<u64> = Vec::new();
+    let n = bases.len() as u64;
+    run_closed_loop(a, 8, n * boot_reads, |i| {
+        if i % boot_reads == 0 {
+            order = (0..boot_reads).collect();
+            for k in (1..order.len()).rev() {
+                order.swap(k, rng.below(k as u64 + 1) as usize);
+            }
+        }
+        let clone = bases[(i / boot_reads) as usize];
+        DeviceIo {
+            // Boot blocks spread over the first 128 MiB of the image.
+            offset_bytes: clone + order[(i % boot_reads) as usize] * 8 * 65536,
+            size_bytes: 65536,
+            dir: IoDir::Read,
+        }
+    })
+}
+
+#[test]
+fn clone_aware_cache_reads_shared_blocks_once() {
+    let n = 12;
+    let mut aware = array(true, 1024);
+    let mut unaware = array(false, 1024);
+    let ba = clones(&mut aware, n);
+    let bu = clones(&mut unaware, n);
+    let ra = boot(&mut aware, &ba);
+    let ru = boot(&mut unaware, &bu);
+    let (sa, su) = (aware.stats(), unaware.stats());
+    let (ca, cu) = (
+        aware.clone_cache_stats().unwrap(),
+        unaware.clone_cache_stats().unwrap(),
+    );
+    // Aware: the first clone reads the 16 MiB from disk, the others hit (a few reads
+    // of the next clone overlap the previous clone's reads still in flight: misses
+    // in flight are not merged, at most queue depth × blocks per read).
+    let boot_blocks = 16 * MIB / 4096;
+    assert!(
+        (boot_blocks..=boot_blocks + 8 * 16).contains(&ca.shared_block_misses),
+        "{ca:?}"
+    );
+    // Unaware: every clone reads them again.
+    assert_eq!(cu.shared_block_misses, n * boot_blocks, "{cu:?}");
+    let ratio = su.drive_reads as f64 / sa.drive_reads as f64;
+    assert!(
+        (0.9 * n as f64..1.1 * n as f64).contains(&ratio),
+        "drive reads aware {} unaware {} ratio {ratio}",
+        sa.drive_reads,
+        su.drive_reads
+    );
+    assert!(sa.read_cache_hits >= (n - 1) * 256 - 8, "{sa:?}");
+    // Boot storm time: much shorter when one copy serves all clones.
+    assert!(
+        ru.elapsed_ns as f64 > 4.0 * ra.elapsed_ns as f64,
+        "aware {} ms, unaware {} ms",
+        ra.elapsed_ns / 1_000_000,
+        ru.elapsed_ns / 1_000_000
+    );
+}
+
+#[test]
+fn unaware_cache_is_polluted_by_copies() {
+    // A cache holding 4 × the boot set: enough for all clones only if aware.
+    let n = 12;
+    let mut aware = array(true, 64);
+    let mut unaware = array(false, 64);
+    let ba = clones(&mut aware, n);
+    let bu = clones(&mut unaware, n);
+    boot(&mut aware, &ba);
+    boot(&mut unaware, &bu);
+    // Second boot of every clone.
+    let first = aware.clone_cache_stats().unwrap();
+    boot(&mut aware, &ba);
+    let before = unaware.clone_cache_stats().unwrap();
+    boot(&mut unaware, &bu);
+    let ca = aware.clone_cache_stats().unwrap();
+    let cu = unaware.clone_cache_stats().unwrap();
+    assert_eq!(
+        ca.shared_block_misses, first.shared_block_misses,
+        "second boot all hits"
+    );
+    assert!(cu.evicted_blocks > 0);
+    assert!(
+        cu.shared_block_misses - before.shared_block_misses >= (n - 4) * 16 * MIB / 4096,
+        "{cu:?}"
+    );
+}
+
+#[test]
+fn clone_writes_are_redirected_to_the_clone() {
+    let mut a = array(true, 64);
+    let img = a.add_image(0, IMAGE_BYTES).unwrap();
+    let c1 = a.add_clone(IMAGE_BYTES, IMAGE_BYTES, img).unwrap();
+    let c2 = a.add_clone(2 * IMAGE_BYTES, IMAGE_BYTES, img).unwrap();
+    let mut done = Vec::new();
+    let mut now = 0;
+    let mut io = |a: &mut Array, off, dir| {
+        a.submit(
+            now,
+            DeviceIo {
+                offset_bytes: off,
+                size_bytes: 8192,
+                dir,
+            },
+            0,
+        );
+        while let Some(t) = a.next_event_ns() {
+            a.advance(t, &mut done);
+            now = t;
+        }
+    };
+    io(&mut a, IMAGE_BYTES + 65536, IoDir::Write);
+    assert_eq!(a.clone_delta_blocks(c1), Some((2, IMAGE_BYTES / 4096)));
+    assert_eq!(a.clone_delta_blocks(c2), Some((0, IMAGE_BYTES / 4096)));
+    // Clone 2 reads the image's block (not in cache: a disk read).
+    let before = a.clone_cache_stats().unwrap();
+    io(&mut a, 2 * IMAGE_BYTES + 65536, IoDir::Read);
+    let s = a.clone_cache_stats().unwrap();
+    assert_eq!(s.shared_block_misses - before.shared_block_misses, 2);
+    // Clone 1 reads its own written block: a hit, not shared.
+    io(&mut a, IMAGE_BYTES + 65536, IoDir::Read);
+    let s2 = a.clone_cache_stats().unwrap();
+    assert_eq!(s2.read_hits, s.read_hits + 1);
+    assert_eq!(s2.redirected_blocks, 2);
+}
+
+#[test]
+fn clone_map_errors() {
+    let mut plain = Array::from_preset("15k-sas-raid5x24", 0).unwrap();
+    let e = plain.add_image(0, IMAGE_BYTES).unwrap_err().to_string();
+    assert!(e.contains("clone_cache"), "{e}");
+    let mut a = array(true, 64);
+    let img = a.add_image(0, IMAGE_BYTES).unwrap();
+    assert!(a.add_image(MIB, IMAGE_BYTES).is_err(), "overlap");
+    assert!(
+        a.add_clone(IMAGE_BYTES + 1, IMAGE_BYTES, img).is_err(),
+        "unaligned"
+    );
+    assert!(a.add_clone(IMAGE_BYTES, MIB, img).is_err(), "size");
+    assert!(
+        a.add_clone(IMAGE_BYTES, IMAGE_BYTES, weir_model::ImageId(9))
+            .is_err()
+    );
+    let cap = a.capacity_bytes();
+    assert!(a.add_image(cap - 4096, 8192).is_err(), "beyond capacity");
+    let bad = CloneCacheSpec {
+        size_mib: 64,
+        aware: true,
+        block_bytes: 1000,
+        policy: Default::default(),
+    };
+    assert!(bad.validate().is_err());
+}
+
+#[test]
+fn clone_cache_from_toml() {
+    let spec: ArraySpec = toml::from_str(
+        r#"
+controller = "pcie-gen2"
+drive = "sas-15k"
+raid = { level = 5, drives = 8, stripe_element_bytes = 65536 }
+clone_cache = { size_mib = 4096, aware = false }
+"#,
+    )
+    .unwrap();
+    let c = spec.clone_cache.clone().unwrap();
+    assert_eq!((c.size_mib, c.aware, c.block_bytes), (4096, false, 4096));
+    assert!(Array::new(&spec, 0).is_ok());
+}
+
+#[test]
+fn deterministic() {
+    let run = || {
+        let mut a = array(false, 32);
+        let b = clones(&mut a, 4);
+        let r = boot(&mut a, &b);
+        (r.completions, a.stats(), a.clone_cache_stats())
+    };
+    assert_eq!(run(), run());
+}
