@@ -151,14 +151,14 @@ impl CloneLayer {
                 reason,
             })
         };
-        if base % bs != 0 {
+        if !base.is_multiple_of(bs) {
             return bad(
                 "base_offset_bytes",
                 base,
                 "must be a multiple of block_bytes",
             );
         }
-        if size == 0 || size % bs != 0 {
+        if size == 0 || !size.is_multiple_of(bs) {
             return bad(
                 "size_bytes",
                 size,
