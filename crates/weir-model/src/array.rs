@@ -510,6 +510,10 @@ struct Op {
     writes: Vec<DriveIo>,
     /// Dirty bytes released when a destage completes.
     destage_bytes: u64,
+    /// Clone cache: reads waiting for blocks this op is reading from the drives.
+    waiters: Vec<u32>,
+    /// Clone cache: ops whose drive reads this read waits for.
+    deps: u32,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -598,6 +602,7 @@ pub struct Array {
     host_in_flight: usize,
     seed: u64,
     clone: Option<Box<CloneLayer>>,
+    clone_deps: Vec<u32>,
 }
 
 impl Array {
@@ -657,6 +662,7 @@ impl Array {
             host_in_flight: 0,
             seed,
             clone,
+            clone_deps: Vec::new(),
             controller,
             layout,
             drive_next: vec![Nanos::MAX; drives.len()],
@@ -767,23 +773,27 @@ impl Array {
     }
 
     fn alloc_op(&mut self, kind: OpKind, token: u64, io: DeviceIo) -> u32 {
-        let op = |writes: Vec<DriveIo>| Op {
+        let op = |writes: Vec<DriveIo>, waiters: Vec<u32>| Op {
             kind,
             token,
             io,
             outstanding: 0,
             writes,
             destage_bytes: 0,
+            waiters,
+            deps: 0,
         };
         match self.free_ops.pop() {
             Some(slot) => {
                 let mut w = std::mem::take(&mut self.ops[slot as usize].writes);
                 w.clear();
-                self.ops[slot as usize] = op(w);
+                let mut v = std::mem::take(&mut self.ops[slot as usize].waiters);
+                v.clear();
+                self.ops[slot as usize] = op(w, v);
                 slot
             }
             None => {
-                self.ops.push(op(Vec::new()));
+                self.ops.push(op(Vec::new(), Vec::new()));
                 (self.ops.len() - 1) as u32
             }
         }
@@ -885,8 +895,15 @@ impl Array {
                 self.stats.read_cache_hits += 1;
                 self.finish_read(slot, t);
             } else {
-                c.plan_read_misses(&io, &self.layout, &mut self.plan);
-                if !self.issue_plan(slot, t) {
+                let mut deps = std::mem::take(&mut self.clone_deps);
+                c.plan_read_misses(&io, &self.layout, &mut self.plan, slot, &mut deps);
+                for &d in &deps {
+                    self.ops[d as usize].waiters.push(slot);
+                }
+                self.ops[slot as usize].deps = deps.len() as u32;
+                deps.clear();
+                self.clone_deps = deps;
+                if !self.issue_plan(slot, t) && self.ops[slot as usize].deps == 0 {
                     self.finish_read(slot, t);
                 }
             }
@@ -1127,7 +1144,11 @@ impl Array {
             OpKind::HostRead => {
                 let io = op.io;
                 if let Some(c) = self.clone.as_deref_mut() {
-                    c.fill(&io);
+                    c.fill(slot);
+                    self.wake_clone_waiters(slot, t);
+                    if self.ops[slot as usize].deps > 0 {
+                        return;
+                    }
                 } else if self.cached_io {
                     self.cache.insert(io.offset_bytes, io.size_bytes, t);
                 }
@@ -1162,6 +1183,20 @@ impl Array {
                 }
             }
         }
+    }
+
+    /// The drive reads of `slot` are done: reads waiting for its blocks may finish.
+    fn wake_clone_waiters(&mut self, slot: u32, t: Nanos) {
+        let mut waiters = std::mem::take(&mut self.ops[slot as usize].waiters);
+        for &w in &waiters {
+            let op = &mut self.ops[w as usize];
+            op.deps -= 1;
+            if op.deps == 0 && op.outstanding == 0 {
+                self.finish_read(w, t);
+            }
+        }
+        waiters.clear();
+        self.ops[slot as usize].waiters = waiters;
     }
 
     fn next_drive_event(&self) -> Option<(Nanos, usize)> {

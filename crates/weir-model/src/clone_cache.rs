@@ -88,6 +88,8 @@ pub struct CloneCacheStats {
     pub redirected_blocks: u64,
     pub evicted_blocks: u64,
     pub resident_blocks: u64,
+    /// Blocks being read from the drives now (0 when the array is idle).
+    pub inflight_blocks: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -110,6 +112,10 @@ pub(crate) struct CloneLayer {
     /// Every region as (base_block, end_block, clone index or u32::MAX for an image),
     /// sorted by base.
     regions: Vec<(u64, u64, u32)>,
+    /// Blocks being read from the drives, by cache key → reading op.
+    inflight: FastMap<u128, u32>,
+    /// Keys each op (by slot) has in `inflight` (allocations reused).
+    owned: Vec<Vec<u128>>,
     stats: CloneCacheStats,
 }
 
@@ -124,6 +130,8 @@ impl CloneLayer {
             images: Vec::new(),
             clones: Vec::new(),
             regions: Vec::new(),
+            inflight: FastMap::default(),
+            owned: Vec::new(),
             stats: CloneCacheStats::default(),
         })
     }
@@ -131,6 +139,7 @@ impl CloneLayer {
     pub(crate) fn stats(&self) -> CloneCacheStats {
         CloneCacheStats {
             resident_blocks: self.index.len() as u64,
+            inflight_blocks: self.inflight.len() as u64,
             ..self.stats
         }
     }
@@ -288,15 +297,23 @@ impl CloneLayer {
         all
     }
 
-    /// Plans the drive reads of the blocks of `io` that are not resident, at their
-    /// physical locations (contiguous physical runs merged).
+    /// Plans the drive reads of the blocks of `io` (read by op `slot`) that are
+    /// neither resident nor already being read, at their physical locations
+    /// (contiguous physical runs merged); `deps` receives the other ops already
+    /// reading some of its blocks (misses in flight are merged, as a controller does).
     pub(crate) fn plan_read_misses(
         &mut self,
         io: &DeviceIo,
         layout: &RaidLayout,
         plan: &mut RaidPlan,
+        slot: u32,
+        deps: &mut Vec<u32>,
     ) {
         plan.clear();
+        deps.clear();
+        if self.owned.len() <= slot as usize {
+            self.owned.resize_with(slot as usize + 1, Vec::new);
+        }
         let (first, last) = self.blocks_of(io.offset_bytes, io.size_bytes);
         let end = io.offset_bytes + io.size_bytes as u64;
         let mut hint = None;
@@ -304,13 +321,21 @@ impl CloneLayer {
         let mut run: Option<(u64, u64)> = None;
         for b in first..=last {
             let (phys, key, shared) = self.map(b, &mut hint);
-            if self.index.contains(key) {
+            let reader = self.inflight.get(&key).copied();
+            if self.index.contains(key) || reader.is_some() {
                 self.stats.block_hits += 1;
+                if let Some(r) = reader
+                    && !deps.contains(&r)
+                {
+                    deps.push(r);
+                }
                 if let Some((s, l)) = run.take() {
                     layout.plan_append(s, l as u32, IoDir::Read, plan);
                 }
                 continue;
             }
+            self.inflight.insert(key, slot);
+            self.owned[slot as usize].push(key);
             self.stats.block_misses += 1;
             if shared {
                 self.stats.shared_block_misses += 1;
@@ -335,16 +360,22 @@ impl CloneLayer {
         }
     }
 
-    /// A read finished: its blocks are now cached.
-    pub(crate) fn fill(&mut self, io: &DeviceIo) {
-        let (first, last) = self.blocks_of(io.offset_bytes, io.size_bytes);
-        let mut hint = None;
-        for b in first..=last {
-            let (_, key, _) = self.map(b, &mut hint);
-            if !self.index.contains(key) && self.index.insert(key).is_some() {
-                self.stats.evicted_blocks += 1;
+    /// The drive reads of op `slot` finished: the blocks it read are now cached.
+    pub(crate) fn fill(&mut self, slot: u32) {
+        let Some(keys) = self.owned.get_mut(slot as usize) else {
+            return;
+        };
+        let mut keys = std::mem::take(keys);
+        for &key in &keys {
+            if self.inflight.get(&key) == Some(&slot) {
+                self.inflight.remove(&key);
+                if !self.index.contains(key) && self.index.insert(key).is_some() {
+                    self.stats.evicted_blocks += 1;
+                }
             }
         }
+        keys.clear();
+        self.owned[slot as usize] = keys;
     }
 
     /// A write: clone blocks are redirected to the clone's own space; the written

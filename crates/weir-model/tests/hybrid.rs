@@ -233,3 +233,46 @@ fn deterministic() {
     };
     assert_eq!(go(), go());
 }
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Any request mix completes; placement stays within the flash capacity; the
+        /// write log drains completely once idle.
+        #[test]
+        fn requests_complete_and_log_drains(
+            ios in proptest::collection::vec((0u64..24, 0u64..256, 1u32..64, any::<bool>()), 1..300),
+            qd in 1u32..32,
+            flash_extents in 1u64..12,
+            log_kib in prop_oneof![Just(64u64), Just(65536)],
+        ) {
+            let mut sp = spec(flash_extents);
+            sp.promote_heat = 2.0;
+            sp.write_log_bytes = log_kib * 1024;
+            let mut a = HybridArray::new(&sp, 1).unwrap();
+            let (lat, end) = run(&mut a, 0, qd, ios.len() as u64, |i| {
+                let (extent, page, pages, write) = ios[i as usize];
+                DeviceIo {
+                    offset_bytes: extent * MIB + page * 4096,
+                    size_bytes: pages * 4096,
+                    dir: if write { IoDir::Write } else { IoDir::Read },
+                }
+            });
+            prop_assert_eq!(lat.len(), ios.len());
+            prop_assert!(a.stats().resident_extents <= flash_extents);
+            let mut done = Vec::new();
+            while let Some(t) = a.next_event_ns() {
+                a.advance(t.max(end), &mut done);
+            }
+            prop_assert!(done.is_empty(), "no host completions after the run");
+            prop_assert_eq!(a.write_log_bytes(), 0);
+            let s = a.stats();
+            prop_assert_eq!(s.flash_reads + s.disk_reads, s.host_reads);
+            prop_assert_eq!(s.flash_writes + s.log_writes + s.disk_writes, s.host_writes);
+        }
+    }
+}
