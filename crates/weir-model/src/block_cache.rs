@@ -2,9 +2,9 @@
 //! leave), shared by the host flash cache, the clone-aware array cache and the hybrid
 //! array's flash tier.
 //!
-//! Entries live in a slab allocated once at construction (intrusive doubly linked
-//! lists, a hash map pre-sized to the capacity), so steady-state inserts, hits and
-//! evictions do not allocate.
+//! Entries live in a slab (intrusive doubly linked lists) indexed by a hash map; both
+//! grow with the resident set up to the capacity, so once the cache is full, inserts,
+//! hits and evictions do not allocate. Memory: about 56 bytes per resident block.
 //!
 //! Two replacement policies:
 //! * [`CachePolicy::Lru`]: least recently used leaves first.
@@ -99,10 +99,13 @@ pub(crate) struct BlockCache {
 impl BlockCache {
     /// `capacity` entries (0 is allowed: nothing is ever resident).
     pub(crate) fn new(capacity: u32, policy: CachePolicy) -> Self {
+        // Tables grow with the resident set (a 785 GB cache of 4 KiB blocks would be
+        // ~10 GB of index if reserved up front); once full, nothing allocates.
+        let initial = capacity.min(1 << 16) as usize;
         let mut map = FastMap::default();
-        map.reserve(capacity as usize);
+        map.reserve(initial);
         Self {
-            entries: Vec::with_capacity(capacity as usize),
+            entries: Vec::with_capacity(initial),
             map,
             lists: [List::EMPTY; 3],
             free: Vec::new(),
