@@ -15,7 +15,9 @@
 //!   is written back to disk first (flash read, disk write) and dropped once clean.
 //! * **Migration bandwidth**: promotions, write-backs and destages share a budget of
 //!   `migration_mbps` (an operation of `n` bytes holds the migrator for
-//!   `n / migration_mbps`), so migration cannot starve host I/O.
+//!   `n / migration_mbps`; at most 16 in flight), so migration cannot starve host
+//!   I/O. Destages and promotions take turns, destages first while the write log is
+//!   at least half full.
 //! * **Reads**: served by flash if every extent they touch is resident, else by disk.
 //! * **Writes land on flash**: a write whose extents are all resident is written to
 //!   flash (the extent becomes dirty); otherwise it is appended to a flash write log
@@ -307,6 +309,7 @@ pub struct HybridArray {
     migrations_in_flight: u32,
     /// A promotion waits for a victim's write-back (cleared when a migration ends).
     migrator_blocked: bool,
+    destage_turn: bool,
     /// Next append position of the write log on each card.
     log_cursor: Vec<u64>,
     log_turn: u64,
@@ -319,7 +322,7 @@ pub struct HybridArray {
 }
 
 /// Migrations in flight at most (the bandwidth budget is the real bound).
-const MAX_MIGRATIONS: u32 = 4;
+const MAX_MIGRATIONS: u32 = 16;
 
 impl HybridArray {
     pub fn new(spec: &HybridSpec, seed: u64) -> Result<Self, ModelError> {
@@ -342,6 +345,7 @@ impl HybridArray {
             migrator_free_ns: 0,
             migrations_in_flight: 0,
             migrator_blocked: false,
+            destage_turn: false,
             log_cursor: vec![0; spec.flash_devices as usize],
             log_turn: 0,
             half_life_ns: spec.heat_half_life_ms * 1e6,
@@ -487,10 +491,7 @@ impl HybridArray {
 
     /// Starts migrations while the budget allows.
     fn kick_migrator(&mut self, now: Nanos) {
-        while self.migrations_in_flight < MAX_MIGRATIONS
-            && now >= self.migrator_free_ns
-            && !self.migrator_blocked
-        {
+        while self.migrations_in_flight < MAX_MIGRATIONS && now >= self.migrator_free_ns {
             if !self.start_one_migration(now) {
                 break;
             }
@@ -499,9 +500,9 @@ impl HybridArray {
 
     /// Next time the migrator could start something (for `next_event_ns`).
     fn migrator_wakeup(&self) -> Option<Nanos> {
-        let work = !self.promote_queue.is_empty() || !self.destage_queue.is_empty();
-        (work && !self.migrator_blocked && self.migrations_in_flight < MAX_MIGRATIONS)
-            .then_some(self.migrator_free_ns)
+        let work = !self.destage_queue.is_empty()
+            || (!self.promote_queue.is_empty() && !self.migrator_blocked);
+        (work && self.migrations_in_flight < MAX_MIGRATIONS).then_some(self.migrator_free_ns)
     }
 
     fn charge_migrator(&mut self, now: Nanos, bytes: u64) {
@@ -511,13 +512,31 @@ impl HybridArray {
         self.stats.migrated_bytes += bytes;
     }
 
+    /// Destages and promotions take turns; destaging goes first while the write log
+    /// is at least half full (it bounds write acceptance).
     fn start_one_migration(&mut self, now: Nanos) -> bool {
-        // Destage the write log first (it bounds write acceptance).
-        if let Some((off, size)) = self.destage_queue.pop_front() {
-            let op = self.alloc_op(OpKind::Destage, 0, now, size as u64);
-            self.charge_migrator(now, size as u64);
-            self.disk_submit(now, off, size, IoDir::Write, op);
-            return true;
+        self.destage_turn = !self.destage_turn;
+        let log_pressure = self.log_bytes * 2 >= self.spec.write_log_bytes;
+        if log_pressure || self.destage_turn {
+            self.start_destage(now) || self.start_promotion(now)
+        } else {
+            self.start_promotion(now) || self.start_destage(now)
+        }
+    }
+
+    fn start_destage(&mut self, now: Nanos) -> bool {
+        let Some((off, size)) = self.destage_queue.pop_front() else {
+            return false;
+        };
+        let op = self.alloc_op(OpKind::Destage, 0, now, size as u64);
+        self.charge_migrator(now, size as u64);
+        self.disk_submit(now, off, size, IoDir::Write, op);
+        true
+    }
+
+    fn start_promotion(&mut self, now: Nanos) -> bool {
+        if self.migrator_blocked {
+            return false;
         }
         while let Some(e) = self.promote_queue.pop_front() {
             let Some(x) = self.extents.get(&e).copied() else {

@@ -126,7 +126,10 @@ fn writes_land_on_flash_and_are_destaged() {
         dir: IoDir::Write,
     });
     let s = a.stats();
-    assert_eq!(s.log_writes, 4000, "{s:?}");
+    // All writes land on flash: in the log, or in place for the few extents hot
+    // enough to have been promoted meanwhile.
+    assert_eq!(s.log_writes + s.flash_writes, 4000, "{s:?}");
+    assert!(s.log_writes > 3900, "{s:?}");
     assert!(
         mean_ms(&lat) < 0.5,
         "acked at flash speed: {} ms",
@@ -139,8 +142,8 @@ fn writes_land_on_flash_and_are_destaged() {
     }
     let s = a.stats();
     assert_eq!(a.write_log_bytes(), 0);
-    assert_eq!(s.destaged_bytes, 4000 * 8192);
-    assert_eq!(a.disk().stats().host_writes, 4000);
+    assert_eq!(s.destaged_bytes, s.log_writes * 8192);
+    assert_eq!(a.disk().stats().host_writes, s.log_writes);
 }
 
 #[test]
