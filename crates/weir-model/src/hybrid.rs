@@ -517,11 +517,14 @@ impl HybridArray {
     fn start_one_migration(&mut self, now: Nanos) -> bool {
         self.destage_turn = !self.destage_turn;
         let log_pressure = self.log_bytes * 2 >= self.spec.write_log_bytes;
-        if log_pressure || self.destage_turn {
-            self.start_destage(now) || self.start_promotion(now)
-        } else {
-            self.start_promotion(now) || self.start_destage(now)
+        let destage_first = log_pressure || self.destage_turn;
+        if destage_first && self.start_destage(now) {
+            return true;
         }
+        if self.start_promotion(now) {
+            return true;
+        }
+        !destage_first && self.start_destage(now)
     }
 
     fn start_destage(&mut self, now: Nanos) -> bool {
