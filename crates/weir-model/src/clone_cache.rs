@@ -97,8 +97,18 @@ struct CloneRegion {
     base_block: u64,
     blocks: u64,
     image: u32,
-    /// Blocks (relative to the clone's base) the clone has written.
-    written: FastMap<u64, ()>,
+    /// Blocks (relative to the clone's base) the clone has written, as 64-block
+    /// bitmaps keyed by `block / 64`.
+    written: FastMap<u64, u64>,
+    written_blocks: u64,
+}
+
+/// Per-request lookup memo: the region of the last block, and the written bitmap
+/// word (index, bits) of the last block.
+#[derive(Clone, Copy, Debug, Default)]
+struct Hint {
+    region: Option<usize>,
+    word: Option<(u64, u64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -237,6 +247,7 @@ impl CloneLayer {
             blocks,
             image: image.0,
             written: FastMap::default(),
+            written_blocks: 0,
         });
         Ok(CloneId(id))
     }
@@ -247,13 +258,15 @@ impl CloneLayer {
         (pos > 0 && self.regions[pos - 1].1 > block).then_some(pos - 1)
     }
 
-    /// (physical block, cache key, shared) of a logical block; `hint` caches the region.
-    fn map(&self, block: u64, hint: &mut Option<usize>) -> (u64, u128, bool) {
-        let r = match *hint {
+    /// (physical block, cache key, shared) of a logical block; `hint` caches the
+    /// region and the last written-bitmap word of a request.
+    fn map(&self, block: u64, hint: &mut Hint) -> (u64, u128, bool) {
+        let r = match hint.region {
             Some(i) if self.regions[i].0 <= block && block < self.regions[i].1 => Some(i),
             _ => {
-                *hint = self.region_of(block);
-                *hint
+                hint.region = self.region_of(block);
+                hint.word = None;
+                hint.region
             }
         };
         let Some(r) = r else {
@@ -265,7 +278,20 @@ impl CloneLayer {
         }
         let c = &self.clones[owner as usize];
         let rel = block - c.base_block;
-        if c.written.contains_key(&rel) {
+        let w = rel >> 6;
+        let mask = match hint.word {
+            Some((k, m)) if k == w => m,
+            _ => {
+                let m = if c.written.is_empty() {
+                    0
+                } else {
+                    c.written.get(&w).copied().unwrap_or(0)
+                };
+                hint.word = Some((w, m));
+                m
+            }
+        };
+        if mask & (1 << (rel & 63)) != 0 {
             return (block, block as u128, false);
         }
         let phys = self.images[c.image as usize].0 + rel;
@@ -278,23 +304,21 @@ impl CloneLayer {
         (offset >> self.shift, (end - 1) >> self.shift)
     }
 
-    /// Whether every block of a read is resident (refreshes recency; counts).
+    /// Whether every block of a read is resident (refreshes recency up to the first
+    /// miss; [`Self::plan_read_misses`] handles the rest of a miss).
     pub(crate) fn read_hit(&mut self, io: &DeviceIo) -> bool {
         self.stats.read_lookups += 1;
         let (first, last) = self.blocks_of(io.offset_bytes, io.size_bytes);
-        let mut hint = None;
-        let mut all = true;
+        let mut hint = Hint::default();
         for b in first..=last {
             let (_, key, _) = self.map(b, &mut hint);
             if !self.index.touch(key) {
-                all = false;
+                return false;
             }
         }
-        if all {
-            self.stats.read_hits += 1;
-            self.stats.block_hits += last - first + 1;
-        }
-        all
+        self.stats.read_hits += 1;
+        self.stats.block_hits += last - first + 1;
+        true
     }
 
     /// Plans the drive reads of the blocks of `io` (read by op `slot`) that are
@@ -316,13 +340,17 @@ impl CloneLayer {
         }
         let (first, last) = self.blocks_of(io.offset_bytes, io.size_bytes);
         let end = io.offset_bytes + io.size_bytes as u64;
-        let mut hint = None;
+        let mut hint = Hint::default();
         // Current run: physical start byte, length.
         let mut run: Option<(u64, u64)> = None;
         for b in first..=last {
             let (phys, key, shared) = self.map(b, &mut hint);
-            let reader = self.inflight.get(&key).copied();
-            if self.index.contains(key) || reader.is_some() {
+            let reader = if self.inflight.is_empty() {
+                None
+            } else {
+                self.inflight.get(&key).copied()
+            };
+            if reader.is_some() || self.index.touch(key) {
                 self.stats.block_hits += 1;
                 if let Some(r) = reader
                     && !deps.contains(&r)
@@ -382,12 +410,17 @@ impl CloneLayer {
     /// blocks are cached under their (now own) address.
     pub(crate) fn on_write(&mut self, io: &DeviceIo) {
         let (first, last) = self.blocks_of(io.offset_bytes, io.size_bytes);
-        let mut hint = None;
+        let mut hint = Hint::default();
         for b in first..=last {
             let (_, _, shared) = self.map(b, &mut hint);
-            if shared && let Some(r) = hint {
+            if shared && let Some(r) = hint.region {
                 let c = &mut self.clones[self.regions[r].2 as usize];
-                c.written.insert(b - c.base_block, ());
+                let rel = b - c.base_block;
+                let word = c.written.entry(rel >> 6).or_insert(0);
+                *word |= 1 << (rel & 63);
+                let word = *word;
+                c.written_blocks += 1;
+                hint.word = Some((rel >> 6, word));
                 self.stats.redirected_blocks += 1;
             }
             if self.index.insert(b as u128).is_some() {
@@ -400,7 +433,7 @@ impl CloneLayer {
     pub(crate) fn clone_written_blocks(&self, clone: CloneId) -> Option<u64> {
         self.clones
             .get(clone.0 as usize)
-            .map(|c| c.written.len() as u64)
+            .map(|c| c.written_blocks)
     }
 
     pub(crate) fn clone_blocks(&self, clone: CloneId) -> Option<u64> {
