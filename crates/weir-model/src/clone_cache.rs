@@ -431,9 +431,7 @@ impl CloneLayer {
 
     /// Blocks clone `clone` has written (its delta).
     pub(crate) fn clone_written_blocks(&self, clone: CloneId) -> Option<u64> {
-        self.clones
-            .get(clone.0 as usize)
-            .map(|c| c.written_blocks)
+        self.clones.get(clone.0 as usize).map(|c| c.written_blocks)
     }
 
     pub(crate) fn clone_blocks(&self, clone: CloneId) -> Option<u64> {
