@@ -750,6 +750,28 @@ impl Array {
             .add_clone(base_offset_bytes, size_bytes, image, cap)
     }
 
+    /// Registers a thin linked clone of `image`: the clone is addressed at
+    /// `[virtual_base_bytes, + image size)`, at or beyond [`Self::capacity_bytes`] (it
+    /// takes no array space there); the blocks it writes are stored, in write order,
+    /// in its delta area `[delta_base_bytes, + delta_size_bytes)` of the array (like a
+    /// linked clone's delta disk; wraps if the clone writes more than it holds).
+    pub fn add_thin_clone(
+        &mut self,
+        virtual_base_bytes: u64,
+        image: ImageId,
+        delta_base_bytes: u64,
+        delta_size_bytes: u64,
+    ) -> Result<CloneId, ModelError> {
+        let cap = self.layout.capacity_bytes();
+        self.clone_layer()?.add_thin_clone(
+            virtual_base_bytes,
+            image,
+            delta_base_bytes,
+            delta_size_bytes,
+            cap,
+        )
+    }
+
     /// Counters of the clone cache (None without `clone_cache`).
     pub fn clone_cache_stats(&self) -> Option<CloneCacheStats> {
         self.clone.as_ref().map(|c| c.stats())
@@ -860,9 +882,17 @@ impl Array {
                 self.start_host_read(slot, t);
             }
             OpKind::HostWrite => {
-                if let Some(c) = self.clone.as_deref_mut() {
-                    c.on_write(&io);
-                }
+                let io = match self.clone.as_deref_mut() {
+                    Some(c) => {
+                        c.on_write(&io);
+                        let cap = self.layout.capacity_bytes();
+                        let mut pio = c.translate_write(&io);
+                        pio.offset_bytes %= cap;
+                        self.ops[slot as usize].io = pio;
+                        pio
+                    }
+                    None => io,
+                };
                 // A write larger than the whole dirty space goes straight to the drives
                 // (as controllers bypass the cache for it) instead of waiting forever.
                 if self.write_back && (io.size_bytes as u64) <= self.dirty_limit {
@@ -1237,8 +1267,18 @@ impl Component for Array {
             }
         };
         let cap = self.layout.capacity_bytes();
+        // Thin clones are addressed beyond the capacity (translated when served).
+        let thin = io.offset_bytes >= cap
+            && self
+                .clone
+                .as_deref()
+                .is_some_and(|c| c.is_thin_clone_address(io.offset_bytes));
         let io = DeviceIo {
-            offset_bytes: io.offset_bytes % cap,
+            offset_bytes: if thin {
+                io.offset_bytes
+            } else {
+                io.offset_bytes % cap
+            },
             ..io
         };
         let slot = self.alloc_op(kind, token, io);

@@ -7,6 +7,13 @@
 //! write); once the clone writes it, the clone's own block is used from then on. The
 //! per-clone written-block set is that redirect map.
 //!
+//! Two kinds of clone: a *full-size* clone ([`crate::Array::add_clone`]) occupies its
+//! own image-sized region of the array and a written block lives at its own address;
+//! a *thin* clone ([`crate::Array::add_thin_clone`]) is addressed beyond the array's
+//! capacity (taking no space there) and the blocks it writes are allocated in write
+//! order in a small delta area of the array, like a linked clone's delta disk — so
+//! thousands of desktops fit on an array sized for their deltas, as in seed 004.
+//!
 //! The cache is keyed by *physical* block when `aware = true` (all clones share the
 //! image's cached blocks) and by *logical* block (the clone's own address) when
 //! `aware = false`, so each clone caches its own copy of the same image block: cache
@@ -101,7 +108,21 @@ struct CloneRegion {
     /// bitmaps keyed by `block / 64`.
     written: FastMap<u64, u64>,
     written_blocks: u64,
+    /// Thin clone: where written blocks live (allocated in write order).
+    delta: Option<Delta>,
 }
+
+#[derive(Clone, Debug)]
+struct Delta {
+    base_block: u64,
+    blocks: u64,
+    /// Relative block → allocation index (location `base + index % blocks`).
+    location: FastMap<u64, u64>,
+}
+
+/// Region owner tags (other values: clone index).
+const IMAGE_REGION: u32 = u32::MAX;
+const DELTA_REGION: u32 = u32::MAX - 1;
 
 /// Per-request lookup memo: the region of the last block, and the written bitmap
 /// word (index, bits) of the last block.
@@ -212,7 +233,7 @@ impl CloneLayer {
         size: u64,
         capacity: u64,
     ) -> Result<ImageId, ModelError> {
-        let r = self.add_region(base, size, capacity, u32::MAX)?;
+        let r = self.add_region(base, size, capacity, IMAGE_REGION)?;
         self.images.push(r);
         Ok(ImageId(self.images.len() as u32 - 1))
     }
@@ -248,8 +269,86 @@ impl CloneLayer {
             image: image.0,
             written: FastMap::default(),
             written_blocks: 0,
+            delta: None,
         });
         Ok(CloneId(id))
+    }
+
+    /// A thin linked clone: its logical blocks are addressed at
+    /// `[virtual_base, virtual_base + image size)`, which must lie at or beyond the
+    /// array's capacity (it takes no space there); blocks it writes are allocated in
+    /// write order in `[delta_base, delta_base + delta_size)` of the array (wrapping
+    /// when the clone writes more than its delta holds).
+    pub(crate) fn add_thin_clone(
+        &mut self,
+        virtual_base: u64,
+        image: ImageId,
+        delta_base: u64,
+        delta_size: u64,
+        capacity: u64,
+    ) -> Result<CloneId, ModelError> {
+        let Some(&(_, image_blocks)) = self.images.get(image.0 as usize) else {
+            return Err(ModelError::InvalidField {
+                what: "clone map",
+                field: "image",
+                value: image.0.to_string(),
+                reason: "no such image",
+            });
+        };
+        if virtual_base < capacity {
+            return Err(ModelError::InvalidField {
+                what: "clone map",
+                field: "virtual_base_bytes",
+                value: virtual_base.to_string(),
+                reason: "a thin clone's addresses must lie at or beyond the array's capacity",
+            });
+        }
+        let size = image_blocks << self.shift;
+        let id = self.clones.len() as u32;
+        let (delta_block, delta_blocks) =
+            self.add_region(delta_base, delta_size, capacity, DELTA_REGION)?;
+        let (base_block, blocks) = match self.add_region(virtual_base, size, u64::MAX, id) {
+            Ok(r) => r,
+            Err(e) => {
+                // Undo the delta region: nothing is registered on error.
+                let pos = self.regions.partition_point(|r| r.0 < delta_block);
+                self.regions.remove(pos);
+                return Err(e);
+            }
+        };
+        self.clones.push(CloneRegion {
+            base_block,
+            blocks,
+            image: image.0,
+            written: FastMap::default(),
+            written_blocks: 0,
+            delta: Some(Delta {
+                base_block: delta_block,
+                blocks: delta_blocks,
+                location: FastMap::default(),
+            }),
+        });
+        Ok(CloneId(id))
+    }
+
+    /// Whether `offset` lies in a thin clone's (virtual) address range.
+    pub(crate) fn is_thin_clone_address(&self, offset: u64) -> bool {
+        self.region_of(offset >> self.shift).is_some_and(|r| {
+            let owner = self.regions[r].2;
+            owner < DELTA_REGION && self.clones[owner as usize].delta.is_some()
+        })
+    }
+
+    /// The physical location of a write (call after [`Self::on_write`]): the first
+    /// block's location, the rest assumed contiguous (true for a thin clone's new
+    /// blocks, allocated in order).
+    pub(crate) fn translate_write(&self, io: &DeviceIo) -> DeviceIo {
+        let b = io.offset_bytes >> self.shift;
+        let (phys, _, _) = self.map(b, &mut Hint::default());
+        DeviceIo {
+            offset_bytes: (phys << self.shift) + (io.offset_bytes - (b << self.shift)),
+            ..*io
+        }
     }
 
     /// Region index containing `block`.
@@ -273,7 +372,7 @@ impl CloneLayer {
             return (block, block as u128, false);
         };
         let owner = self.regions[r].2;
-        if owner == u32::MAX {
+        if owner >= DELTA_REGION {
             return (block, block as u128, false);
         }
         let c = &self.clones[owner as usize];
@@ -292,7 +391,13 @@ impl CloneLayer {
             }
         };
         if mask & (1 << (rel & 63)) != 0 {
-            return (block, block as u128, false);
+            let Some(d) = &c.delta else {
+                return (block, block as u128, false);
+            };
+            let idx = d.location.get(&rel).copied().unwrap_or(0);
+            let phys = d.base_block + idx % d.blocks;
+            let key = if self.aware { phys } else { block };
+            return (phys, key as u128, false);
         }
         let phys = self.images[c.image as usize].0 + rel;
         let key = if self.aware { phys } else { block };
@@ -412,18 +517,22 @@ impl CloneLayer {
         let (first, last) = self.blocks_of(io.offset_bytes, io.size_bytes);
         let mut hint = Hint::default();
         for b in first..=last {
-            let (_, _, shared) = self.map(b, &mut hint);
+            let (_, mut key, shared) = self.map(b, &mut hint);
             if shared && let Some(r) = hint.region {
                 let c = &mut self.clones[self.regions[r].2 as usize];
                 let rel = b - c.base_block;
                 let word = c.written.entry(rel >> 6).or_insert(0);
                 *word |= 1 << (rel & 63);
                 let word = *word;
+                if let Some(d) = &mut c.delta {
+                    d.location.insert(rel, c.written_blocks);
+                }
                 c.written_blocks += 1;
                 hint.word = Some((rel >> 6, word));
                 self.stats.redirected_blocks += 1;
+                key = self.map(b, &mut hint).1;
             }
-            if self.index.insert(b as u128).is_some() {
+            if self.index.insert(key).is_some() {
                 self.stats.evicted_blocks += 1;
             }
         }

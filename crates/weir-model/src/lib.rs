@@ -33,7 +33,8 @@
 //!   `on_write`.
 //! * [`CloneCacheSpec`]: clone-aware (or unaware) array cache, an [`ArraySpec`] option
 //!   (`clone_cache = { size_mib, aware }`) with images and linked clones registered by
-//!   [`Array::add_image`] / [`Array::add_clone`] (redirect-on-write map per clone).
+//!   [`Array::add_image`] / [`Array::add_clone`] / [`Array::add_thin_clone`]
+//!   (redirect-on-write map per clone).
 //! * [`HybridArray`] / [`HybridSpec`]: PCIe flash tier in front of a disk [`Array`]
 //!   with dynamic data placement (extent heat with decay, promotion/demotion under a
 //!   migration bandwidth budget, writes landing on flash and destaged); preset

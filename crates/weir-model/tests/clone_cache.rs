@@ -259,7 +259,7 @@ mod props {
         #[test]
         fn every_request_completes(
             ios in proptest::collection::vec(
-                (0u64..5, 0u64..64, 1u32..5, any::<bool>()), 1..150),
+                (0u64..7, 0u64..64, 1u32..5, any::<bool>()), 1..150),
             qd in 1u32..40,
             aware in any::<bool>(),
             cache_mib in prop_oneof![Just(1u64), Just(64)],
@@ -269,10 +269,17 @@ mod props {
             for i in 1..4 {
                 a.add_clone(i * IMAGE_BYTES, IMAGE_BYTES, img).unwrap();
             }
+            // Regions 5 and 6: thin clones with 256 KiB deltas (they wrap).
+            let cap = a.capacity_bytes();
+            for i in 0..2 {
+                a.add_thin_clone(cap + i * IMAGE_BYTES, img, 8 * IMAGE_BYTES + i * (256 << 10), 256 << 10)
+                    .unwrap();
+            }
             let r = run_closed_loop(&mut a, qd, ios.len() as u64, |i| {
                 let (region, block, blocks, write) = ios[i as usize];
+                let base = if region >= 5 { cap + (region - 5) * IMAGE_BYTES } else { region * IMAGE_BYTES };
                 DeviceIo {
-                    offset_bytes: region * IMAGE_BYTES + block * 16384,
+                    offset_bytes: base + block * 16384,
                     size_bytes: blocks * 16384 - if write { 0 } else { 512 },
                     dir: if write { IoDir::Write } else { IoDir::Read },
                 }
@@ -284,4 +291,87 @@ mod props {
             prop_assert!(s.resident_blocks <= cache_mib * 256);
         }
     }
+}
+
+#[test]
+fn thin_clones_live_beyond_the_capacity_and_write_to_their_delta() {
+    let n = 8u64;
+    let mut res = Vec::new();
+    for aware in [true, false] {
+        let mut a = array(aware, 1024);
+        let cap = a.capacity_bytes();
+        let img = a.add_image(0, IMAGE_BYTES).unwrap();
+        // 8 clones of a 256 MiB image in 8 × 16 MiB of deltas.
+        let bases: Vec<u64> = (0..n)
+            .map(|i| {
+                let v = cap + i * IMAGE_BYTES;
+                a.add_thin_clone(v, img, IMAGE_BYTES + i * 16 * MIB, 16 * MIB)
+                    .unwrap();
+                v
+            })
+            .collect();
+        let r = boot(&mut a, &bases);
+        assert_eq!(r.completed, n * 256);
+        res.push((
+            a.clone_cache_stats().unwrap().shared_block_misses,
+            a.stats().drive_reads,
+        ));
+        // A clone writes 64 KiB: redirected to its delta, read back as its own.
+        let before = a.clone_cache_stats().unwrap();
+        let w = run_closed_loop(&mut a, 1, 2, |i| DeviceIo {
+            offset_bytes: bases[3] + 4 * MIB,
+            size_bytes: 65536,
+            dir: if i == 0 { IoDir::Write } else { IoDir::Read },
+        });
+        assert_eq!(w.completed, 2);
+        let s = a.clone_cache_stats().unwrap();
+        assert_eq!(s.redirected_blocks - before.redirected_blocks, 16);
+        assert_eq!(s.read_hits, before.read_hits + 1);
+        if aware {
+            // The data sits at the start of clone 3's delta: reading that physical
+            // address directly finds the same cached blocks.
+            let r = run_closed_loop(&mut a, 1, 1, |_| DeviceIo {
+                offset_bytes: IMAGE_BYTES + 3 * 16 * MIB,
+                size_bytes: 65536,
+                dir: IoDir::Read,
+            });
+            assert_eq!(r.completed, 1);
+            assert_eq!(a.clone_cache_stats().unwrap().read_hits, s.read_hits + 1);
+        }
+        assert_eq!(
+            a.clone_delta_blocks(weir_model::CloneId(3)),
+            Some((16, IMAGE_BYTES / 4096))
+        );
+    }
+    assert_eq!(res[0].0, 16 * MIB / 4096);
+    assert_eq!(res[1].0, n * 16 * MIB / 4096);
+}
+
+#[test]
+fn thin_clone_errors_register_nothing() {
+    let mut a = array(true, 64);
+    let cap = a.capacity_bytes();
+    let img = a.add_image(0, IMAGE_BYTES).unwrap();
+    assert!(
+        a.add_thin_clone(IMAGE_BYTES, img, IMAGE_BYTES * 2, MIB)
+            .is_err(),
+        "inside capacity"
+    );
+    assert!(
+        a.add_thin_clone(cap, img, cap - 4096, MIB).is_err(),
+        "delta beyond capacity"
+    );
+    assert!(
+        a.add_thin_clone(cap, img, 0, MIB).is_err(),
+        "delta overlaps the image"
+    );
+    a.add_thin_clone(cap, img, IMAGE_BYTES, MIB).unwrap();
+    assert!(
+        a.add_thin_clone(cap + 4096, img, 2 * IMAGE_BYTES, MIB)
+            .is_err(),
+        "virtual ranges overlap"
+    );
+    // The failed call left its delta unregistered: the same delta can be used now.
+    a.add_thin_clone(cap + IMAGE_BYTES, img, 2 * IMAGE_BYTES, MIB)
+        .unwrap();
 }
