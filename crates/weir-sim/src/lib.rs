@@ -10,7 +10,15 @@
 //! # Ok::<(), weir_sim::ScenarioError>(())
 //! ```
 //!
-//! Scenario files are described in `scenarios/README.md`.
+//! Scenario files are described in `scenarios/README.md`. Besides Iometer access
+//! specifications, a `[[vm]]` may run an application model of weir-workload
+//! (`[[model]]`: VDI pools, OLTP, Exchange); the simulator then reports the models'
+//! metrics (`CaseReport::model_metrics`), named windows of the run
+//! (`CaseReport::windows`, per volume, service level and total) and the I/O size
+//! histogram (`CaseReport::io_sizes`). `[array_cache]` (a flash tier in front of the
+//! array, optionally clone-aware and absorbing writes) and a host's `flash_cache`
+//! (ioTurbine-like, opted into per VM) are simulated here as block caches in front of
+//! flash devices; `[array_qos] enabled = false` runs without QoS.
 
 mod cache;
 mod engine;
