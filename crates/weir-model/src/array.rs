@@ -23,6 +23,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use crate::clone_cache::{CloneCacheSpec, CloneCacheStats, CloneId, CloneLayer, ImageId};
 use crate::controller::{ControllerSpec, IoPolicy, ReadPolicy};
 use crate::error::ModelError;
 use crate::hdd::{DriveStats, Hdd, HddSpec};
@@ -110,6 +111,7 @@ impl PolicyOverride {
 /// drive = "sas-15k"
 /// raid = { level = 5, drives = 24, stripe_element_bytes = 65536 }
 /// policy = { write_policy = "write-back", read_policy = "no-read-ahead" }
+/// clone_cache = { size_mib = 4096, aware = true }   # optional
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -119,6 +121,10 @@ pub struct ArraySpec {
     pub drive: DriveRef,
     #[serde(default, skip_serializing_if = "PolicyOverride::is_empty")]
     pub policy: PolicyOverride,
+    /// Clone-aware (or unaware) read cache replacing the controller read cache; the
+    /// images and clones are registered with [`Array::add_image`] / [`Array::add_clone`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_cache: Option<CloneCacheSpec>,
 }
 
 /// Names accepted by [`ArraySpec::preset`].
@@ -146,6 +152,7 @@ impl ArraySpec {
             raid: RaidSpec::new(level, drives, 64 << 10),
             drive: DriveRef::Preset(drive.into()),
             policy,
+            clone_cache: None,
         };
         Ok(match name {
             "15k-sas-raid5x24" => mk(
@@ -503,6 +510,10 @@ struct Op {
     writes: Vec<DriveIo>,
     /// Dirty bytes released when a destage completes.
     destage_bytes: u64,
+    /// Clone cache: reads waiting for blocks this op is reading from the drives.
+    waiters: Vec<u32>,
+    /// Clone cache: ops whose drive reads this read waits for.
+    deps: u32,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -590,6 +601,8 @@ pub struct Array {
     stats: ArrayStats,
     host_in_flight: usize,
     seed: u64,
+    clone: Option<Box<CloneLayer>>,
+    clone_deps: Vec<u32>,
 }
 
 impl Array {
@@ -606,7 +619,12 @@ impl Array {
             });
         }
         let cache_bytes = controller.cache_mib as u64 * (1 << 20);
+        let clone = match &spec.clone_cache {
+            Some(c) => Some(Box::new(CloneLayer::new(c)?)),
+            None => None,
+        };
         let read_ahead_after = match controller.read_policy {
+            _ if clone.is_some() => None,
             ReadPolicy::NoReadAhead => None,
             ReadPolicy::ReadAhead => Some(1),
             ReadPolicy::Adaptive => Some(2),
@@ -643,6 +661,8 @@ impl Array {
             stats: ArrayStats::default(),
             host_in_flight: 0,
             seed,
+            clone,
+            clone_deps: Vec::new(),
             controller,
             layout,
             drive_next: vec![Nanos::MAX; drives.len()],
@@ -705,24 +725,97 @@ impl Array {
             .collect()
     }
 
+    /// Registers a golden image occupying `[base_offset_bytes, +size_bytes)` of the
+    /// array (needs `clone_cache` in the spec; block-aligned, non-overlapping).
+    pub fn add_image(
+        &mut self,
+        base_offset_bytes: u64,
+        size_bytes: u64,
+    ) -> Result<ImageId, ModelError> {
+        let cap = self.layout.capacity_bytes();
+        self.clone_layer()?
+            .add_image(base_offset_bytes, size_bytes, cap)
+    }
+
+    /// Registers a linked clone of `image` at `[base_offset_bytes, +size_bytes)` (the
+    /// image's size). Until the clone writes a block, reads of it go to the image.
+    pub fn add_clone(
+        &mut self,
+        base_offset_bytes: u64,
+        size_bytes: u64,
+        image: ImageId,
+    ) -> Result<CloneId, ModelError> {
+        let cap = self.layout.capacity_bytes();
+        self.clone_layer()?
+            .add_clone(base_offset_bytes, size_bytes, image, cap)
+    }
+
+    /// Registers a thin linked clone of `image`: the clone is addressed at
+    /// `[virtual_base_bytes, + image size)`, at or beyond [`Self::capacity_bytes`] (it
+    /// takes no array space there); the blocks it writes are stored, in write order,
+    /// in its delta area `[delta_base_bytes, + delta_size_bytes)` of the array (like a
+    /// linked clone's delta disk; wraps if the clone writes more than it holds).
+    pub fn add_thin_clone(
+        &mut self,
+        virtual_base_bytes: u64,
+        image: ImageId,
+        delta_base_bytes: u64,
+        delta_size_bytes: u64,
+    ) -> Result<CloneId, ModelError> {
+        let cap = self.layout.capacity_bytes();
+        self.clone_layer()?.add_thin_clone(
+            virtual_base_bytes,
+            image,
+            delta_base_bytes,
+            delta_size_bytes,
+            cap,
+        )
+    }
+
+    /// Counters of the clone cache (None without `clone_cache`).
+    pub fn clone_cache_stats(&self) -> Option<CloneCacheStats> {
+        self.clone.as_ref().map(|c| c.stats())
+    }
+
+    /// Blocks a clone has written (redirected to its own space), and its size in blocks.
+    pub fn clone_delta_blocks(&self, clone: CloneId) -> Option<(u64, u64)> {
+        let c = self.clone.as_ref()?;
+        Some((c.clone_written_blocks(clone)?, c.clone_blocks(clone)?))
+    }
+
+    fn clone_layer(&mut self) -> Result<&mut CloneLayer, ModelError> {
+        self.clone
+            .as_deref_mut()
+            .ok_or_else(|| ModelError::InvalidField {
+                what: "array",
+                field: "clone_cache",
+                value: "none".into(),
+                reason: "images and clones need `clone_cache` in the array spec",
+            })
+    }
+
     fn alloc_op(&mut self, kind: OpKind, token: u64, io: DeviceIo) -> u32 {
-        let op = |writes: Vec<DriveIo>| Op {
+        let op = |writes: Vec<DriveIo>, waiters: Vec<u32>| Op {
             kind,
             token,
             io,
             outstanding: 0,
             writes,
             destage_bytes: 0,
+            waiters,
+            deps: 0,
         };
         match self.free_ops.pop() {
             Some(slot) => {
                 let mut w = std::mem::take(&mut self.ops[slot as usize].writes);
                 w.clear();
-                self.ops[slot as usize] = op(w);
+                let mut v = std::mem::take(&mut self.ops[slot as usize].waiters);
+                v.clear();
+                self.ops[slot as usize] = op(w, v);
                 slot
             }
             None => {
-                self.ops.push(op(Vec::new()));
+                self.ops.push(op(Vec::new(), Vec::new()));
                 (self.ops.len() - 1) as u32
             }
         }
@@ -789,6 +882,17 @@ impl Array {
                 self.start_host_read(slot, t);
             }
             OpKind::HostWrite => {
+                let io = match self.clone.as_deref_mut() {
+                    Some(c) => {
+                        c.on_write(&io);
+                        let cap = self.layout.capacity_bytes();
+                        let mut pio = c.translate_write(&io);
+                        pio.offset_bytes %= cap;
+                        self.ops[slot as usize].io = pio;
+                        pio
+                    }
+                    None => io,
+                };
                 // A write larger than the whole dirty space goes straight to the drives
                 // (as controllers bypass the cache for it) instead of waiting forever.
                 if self.write_back && (io.size_bytes as u64) <= self.dirty_limit {
@@ -816,6 +920,25 @@ impl Array {
 
     fn start_host_read(&mut self, slot: u32, t: Nanos) {
         let io = self.ops[slot as usize].io;
+        if let Some(c) = self.clone.as_deref_mut() {
+            if c.read_hit(&io) {
+                self.stats.read_cache_hits += 1;
+                self.finish_read(slot, t);
+            } else {
+                let mut deps = std::mem::take(&mut self.clone_deps);
+                c.plan_read_misses(&io, &self.layout, &mut self.plan, slot, &mut deps);
+                for &d in &deps {
+                    self.ops[d as usize].waiters.push(slot);
+                }
+                self.ops[slot as usize].deps = deps.len() as u32;
+                deps.clear();
+                self.clone_deps = deps;
+                if !self.issue_plan(slot, t) && self.ops[slot as usize].deps == 0 {
+                    self.finish_read(slot, t);
+                }
+            }
+            return;
+        }
         match self.cache.lookup(io.offset_bytes, io.size_bytes, t) {
             (true, false) => {
                 self.stats.read_cache_hits += 1;
@@ -1050,7 +1173,13 @@ impl Array {
         match op.kind {
             OpKind::HostRead => {
                 let io = op.io;
-                if self.cached_io {
+                if let Some(c) = self.clone.as_deref_mut() {
+                    c.fill(slot);
+                    self.wake_clone_waiters(slot, t);
+                    if self.ops[slot as usize].deps > 0 {
+                        return;
+                    }
+                } else if self.cached_io {
                     self.cache.insert(io.offset_bytes, io.size_bytes, t);
                 }
                 self.finish_read(slot, t);
@@ -1084,6 +1213,20 @@ impl Array {
                 }
             }
         }
+    }
+
+    /// The drive reads of `slot` are done: reads waiting for its blocks may finish.
+    fn wake_clone_waiters(&mut self, slot: u32, t: Nanos) {
+        let mut waiters = std::mem::take(&mut self.ops[slot as usize].waiters);
+        for &w in &waiters {
+            let op = &mut self.ops[w as usize];
+            op.deps -= 1;
+            if op.deps == 0 && op.outstanding == 0 {
+                self.finish_read(w, t);
+            }
+        }
+        waiters.clear();
+        self.ops[slot as usize].waiters = waiters;
     }
 
     fn next_drive_event(&self) -> Option<(Nanos, usize)> {
@@ -1124,8 +1267,18 @@ impl Component for Array {
             }
         };
         let cap = self.layout.capacity_bytes();
+        // Thin clones are addressed beyond the capacity (translated when served).
+        let thin = io.offset_bytes >= cap
+            && self
+                .clone
+                .as_deref()
+                .is_some_and(|c| c.is_thin_clone_address(io.offset_bytes));
         let io = DeviceIo {
-            offset_bytes: io.offset_bytes % cap,
+            offset_bytes: if thin {
+                io.offset_bytes
+            } else {
+                io.offset_bytes % cap
+            },
             ..io
         };
         let slot = self.alloc_op(kind, token, io);

@@ -27,6 +27,18 @@
 //! * [`Array`] / [`ArraySpec`]: controller + cache + RAID + drives as one component,
 //!   deserializable from TOML, with named presets ([`ARRAY_PRESETS`]).
 //! * [`Link`] / [`LinkSpec`]: full-duplex FIFO link (FC 4G/8G, 1/10 GbE presets).
+//! * [`HostFlashCache`] / [`HostCacheSpec`]: ioTurbine-like host-side flash read cache,
+//!   per volume opt-in, write-through, SLRU (scan-resistant) or LRU, hits timed by an
+//!   ioDrive2 model; `lookup` → Hit / Miss / Partial, `fill_on_read_completion`,
+//!   `on_write`.
+//! * [`CloneCacheSpec`]: clone-aware (or unaware) array cache, an [`ArraySpec`] option
+//!   (`clone_cache = { size_mib, aware }`) with images and linked clones registered by
+//!   [`Array::add_image`] / [`Array::add_clone`] / [`Array::add_thin_clone`]
+//!   (redirect-on-write map per clone).
+//! * [`HybridArray`] / [`HybridSpec`]: PCIe flash tier in front of a disk [`Array`]
+//!   with dynamic data placement (extent heat with decay, promotion/demotion under a
+//!   migration bandwidth budget, writes landing on flash and destaged); preset
+//!   `iocontrol-n5-150` (seed 000).
 //! * [`harness`]: a closed-loop driver for quick checks and benches.
 //!
 //! ```
@@ -44,12 +56,38 @@
 //! assert!((100_000..20_000_000).contains(&done[0].at_ns));
 //! # Ok::<(), weir_model::ModelError>(())
 //! ```
+//!
+//! A host flash cache in front of that array (the driver decides where each read
+//! goes; the cache times the hits):
+//!
+//! ```
+//! use weir_model::{Component, DeviceIo, HostCacheLookup, HostCacheSpec, HostFlashCache, IoDir};
+//!
+//! let mut cache = HostFlashCache::new(&HostCacheSpec::iodrive2(64 << 30))?;
+//! cache.enable_volume(3)?;
+//! let HostCacheLookup::Miss { fill } = cache.lookup(3, 1 << 20, 8192) else { unreachable!() };
+//! // ... the read goes to the array; when it completes at t = 5 ms:
+//! cache.fill_on_read_completion(5_000_000, fill);
+//! assert_eq!(cache.lookup(3, 1 << 20, 8192), HostCacheLookup::Hit);
+//! cache.submit(6_000_000, DeviceIo { offset_bytes: 1 << 20, size_bytes: 8192, dir: IoDir::Read }, 9);
+//! let mut done = Vec::new();
+//! while let Some(t) = cache.next_event_ns() {
+//!     cache.advance(t, &mut done);
+//! }
+//! assert_eq!(done.len(), 1); // the hit (the background fill write is not reported)
+//! assert!(done[0].at_ns - 6_000_000 < 100_000); // PCIe flash: under 0.1 ms
+//! # Ok::<(), weir_model::ModelError>(())
+//! ```
 
 mod array;
+mod block_cache;
+mod clone_cache;
 mod controller;
 mod error;
 pub mod harness;
 mod hdd;
+mod host_cache;
+mod hybrid;
 mod link;
 mod raid;
 mod ssd;
@@ -58,9 +96,16 @@ pub use array::{
     ARRAY_PRESETS, Array, ArraySpec, ArrayStats, ControllerRef, DriveRef, DriveReport, DriveSpec,
     PolicyOverride,
 };
+pub use block_cache::CachePolicy;
+pub use clone_cache::{CloneCacheSpec, CloneCacheStats, CloneId, ImageId};
 pub use controller::{BatteryState, ControllerSpec, IoPolicy, ReadPolicy, WritePolicy};
 pub use error::ModelError;
 pub use hdd::{DriveStats, Hdd, HddSpec};
+pub use host_cache::{
+    FillTicket, HostCacheLookup, HostCacheSpec, HostCacheStats, HostFlashCache, HostWriteMode,
+    MAX_CACHED_VOLUME,
+};
+pub use hybrid::{HYBRID_PRESETS, HybridArray, HybridSpec, HybridStats};
 pub use link::{Link, LinkSpec};
 pub use raid::{DataLocation, DriveIo, MIRROR_RUN_ROWS, RaidLayout, RaidPlan, RaidSpec};
 pub use ssd::{Ssd, SsdSpec};

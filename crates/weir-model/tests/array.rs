@@ -15,6 +15,7 @@ fn spec(level: u32, drives: u32, controller: &str, policy: PolicyOverride) -> Ar
         raid: RaidSpec::new(level, drives, 64 * KIB),
         drive: DriveRef::Preset("sas-15k".into()),
         policy,
+        clone_cache: None,
     }
 }
 

@@ -64,6 +64,7 @@ fn any_spec() -> impl Strategy<Value = ArraySpec> {
                         battery: Some(BatteryState::Good),
                         disk_cache: Some(disk_cache),
                     },
+                    clone_cache: None,
                 }
             },
         )

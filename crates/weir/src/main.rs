@@ -1,5 +1,7 @@
 //! `weir` — the command line. Argument handling only; the work lives in the crates.
 
+mod admin;
+mod serve;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -21,12 +23,38 @@ struct Cli {
 enum Command {
     /// Run a scenario on the deterministic simulator (virtual clock, same QoS engine as the server)
     Sim(sim::SimArgs),
+    /// Serve volumes over NBD with QoS in the I/O path (embedded default without --config)
+    Serve(serve::ServeArgs),
+    /// Manage volumes on a running server
+    Volume {
+        #[command(flatten)]
+        target: admin::AdminTarget,
+        #[command(subcommand)]
+        command: admin::VolumeCommand,
+    },
+    /// Manage QoS policies on a running server
+    Policy {
+        #[command(flatten)]
+        target: admin::AdminTarget,
+        #[command(subcommand)]
+        command: admin::PolicyCommand,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         Command::Sim(args) => sim::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Volume { target, command } => admin::volume(target, command),
+        Command::Policy { target, command } => admin::policy(target, command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,443 @@
+//! `weir volume …` and `weir policy …`: clients of a running server's admin API.
+
+use anyhow::{Context, Result, bail};
+use clap::Subcommand;
+use std::net::SocketAddr;
+use weir_qos::{Policy, ServiceLevel, Shares};
+use weir_report::{Column, Table};
+use weir_server::admin::{Client, ClientError};
+use weir_server::config::AccessGroupConfig;
+use weir_server::{VolumeCreate, parse_size};
+
+/// Where the admin API listens unless `--admin` says otherwise.
+const DEFAULT_ADMIN: &str = "127.0.0.1:10810";
+
+#[derive(clap::Args)]
+pub struct AdminTarget {
+    /// Admin API address of the running server
+    #[arg(long, global = true, value_name = "ADDR", default_value = DEFAULT_ADMIN)]
+    admin: SocketAddr,
+    /// Print JSON instead of tables
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum VolumeCommand {
+    /// Create a volume (a sparse file in a pool)
+    Create {
+        name: String,
+        /// Size, e.g. 20G, 512MiB, 1T
+        #[arg(long)]
+        size: String,
+        /// Policy name (built-in: mission-critical, business-critical, business-critical-2,
+        /// non-critical, non-critical-2; or a user-defined one)
+        #[arg(long, default_value = "non-critical")]
+        policy: String,
+        /// Hosts allowed to see and open it: addresses or CIDRs, comma-separated (default: any)
+        #[arg(long, value_delimiter = ',')]
+        hosts: Vec<String>,
+        /// Pool (default: the server's first pool)
+        #[arg(long)]
+        pool: Option<String>,
+        /// Export it read-only
+        #[arg(long)]
+        read_only: bool,
+    },
+    /// List volumes
+    List,
+    /// Show one volume
+    Show { name: String },
+    /// Grow a volume (shrinking is refused)
+    Resize {
+        name: String,
+        #[arg(long)]
+        size: String,
+    },
+    /// Delete a volume and its data
+    Delete { name: String },
+    /// Change a volume's policy (applies to queued and new I/O at once)
+    SetPolicy { name: String, policy: String },
+    /// I/O counters; with --interval, the rates over that many seconds
+    Stats {
+        name: String,
+        #[arg(long, value_name = "SECONDS")]
+        interval: Option<f64>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum PolicyCommand {
+    /// Create (or replace) a user-defined policy
+    Create {
+        name: String,
+        #[arg(long, value_parser = parse_level)]
+        service_level: Option<ServiceLevel>,
+        #[arg(long)]
+        reservation_iops: Option<f64>,
+        #[arg(long)]
+        reservation_mbps: Option<f64>,
+        /// 16 to 2147483647 (the top means unlimited)
+        #[arg(long)]
+        limit_iops: Option<f64>,
+        #[arg(long)]
+        limit_mbps: Option<f64>,
+        /// low (500), normal (1000), high (2000) or 200-4000
+        #[arg(long, default_value = "normal", value_parser = parse_shares)]
+        shares: Shares,
+        #[arg(long)]
+        latency_target_ms: Option<f64>,
+        /// Credit an idle volume may bank, in seconds of its rate
+        #[arg(long, default_value_t = 0.0)]
+        burst_seconds: f64,
+    },
+    /// List policies (built-in and user-defined)
+    List,
+    /// Show one policy
+    Show { name: String },
+    /// Delete a user-defined policy (built-ins cannot be deleted)
+    Delete { name: String },
+}
+
+fn parse_level(text: &str) -> Result<ServiceLevel, String> {
+    ServiceLevel::ALL
+        .into_iter()
+        .find(|l| l.name() == text)
+        .ok_or_else(|| format!("service level must be mission-critical, business-critical or non-critical, not {text:?}"))
+}
+
+fn parse_shares(text: &str) -> Result<Shares, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "low" => Ok(Shares::LOW),
+        "normal" => Ok(Shares::NORMAL),
+        "high" => Ok(Shares::HIGH),
+        n => n
+            .parse::<u32>()
+            .map_err(|_| format!("shares must be low, normal, high or 200-4000, not {text:?}"))
+            .and_then(|v| Shares::new(v).map_err(|e| e.to_string())),
+    }
+}
+
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if value.fract() == 0.0 {
+        format!("{value:.0} {}", UNITS[unit])
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map(weir_report::fmt_number).unwrap_or_else(|| "-".into())
+}
+
+/// Turns an admin client error into what a person needs to read.
+fn explain(e: ClientError) -> anyhow::Error {
+    match e {
+        ClientError::Connect { .. } => {
+            anyhow::anyhow!("{e} (is `weir serve` running? --admin ADDR picks another address)")
+        }
+        ClientError::Api { message, .. } => anyhow::anyhow!(message),
+        ClientError::Protocol(_) => anyhow::anyhow!(e),
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn show_volume(json: bool, volume: weir_server::VolumeRecord) -> Result<()> {
+    if json {
+        print_json(&volume)
+    } else {
+        print!("{}", volume_table(&[volume]));
+        Ok(())
+    }
+}
+
+fn show_volumes(json: bool, volumes: &[weir_server::VolumeRecord]) -> Result<()> {
+    if json {
+        print_json(&volumes)
+    } else {
+        print!("{}", volume_table(volumes));
+        Ok(())
+    }
+}
+
+fn volume_table(volumes: &[weir_server::VolumeRecord]) -> Table {
+    let mut table = Table::new(vec![
+        Column::left("volume"),
+        Column::left("pool"),
+        Column::right("size"),
+        Column::left("policy"),
+        Column::left("access groups"),
+        Column::left("mode"),
+    ]);
+    for v in volumes {
+        let groups = if v.access_groups.is_empty() {
+            "any host".to_string()
+        } else {
+            v.access_groups.join(",")
+        };
+        let mode = if v.read_only { "ro" } else { "rw" };
+        table.add_row([
+            v.name.clone(),
+            v.pool.clone(),
+            human_size(v.size_bytes),
+            v.policy.clone(),
+            groups,
+            mode.into(),
+        ]);
+    }
+    table
+}
+
+pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
+    let client = Client::new(target.admin);
+    runtime()?.block_on(async {
+        match command {
+            VolumeCommand::Create {
+                name,
+                size,
+                policy,
+                hosts,
+                pool,
+                read_only,
+            } => {
+                let size_bytes = parse_size(&size)
+                    .map_err(anyhow::Error::msg)
+                    .context("--size")?;
+                let mut access_groups = Vec::new();
+                if !hosts.is_empty() {
+                    let group = format!("{name}-hosts");
+                    client
+                        .put_access_group(&AccessGroupConfig {
+                            name: group.clone(),
+                            hosts,
+                        })
+                        .await
+                        .map_err(explain)?;
+                    access_groups.push(group);
+                }
+                let req = VolumeCreate {
+                    name,
+                    size_bytes,
+                    policy,
+                    pool,
+                    access_groups,
+                    read_only,
+                    description: String::new(),
+                };
+                let v = client.create_volume(&req).await.map_err(explain)?;
+                show_volume(target.json, v)
+            }
+            VolumeCommand::List => {
+                let vs = client.list_volumes().await.map_err(explain)?;
+                show_volumes(target.json, &vs)
+            }
+            VolumeCommand::Show { name } => {
+                let v = client.show_volume(&name).await.map_err(explain)?;
+                show_volume(target.json, v)
+            }
+            VolumeCommand::Resize { name, size } => {
+                let size_bytes = parse_size(&size)
+                    .map_err(anyhow::Error::msg)
+                    .context("--size")?;
+                let v = client
+                    .resize_volume(&name, size_bytes)
+                    .await
+                    .map_err(explain)?;
+                show_volume(target.json, v)
+            }
+            VolumeCommand::Delete { name } => {
+                let v = client.delete_volume(&name).await.map_err(explain)?;
+                if target.json {
+                    print_json(&v)
+                } else {
+                    println!("deleted volume {}", v.name);
+                    Ok(())
+                }
+            }
+            VolumeCommand::SetPolicy { name, policy } => {
+                let v = client
+                    .set_volume_policy(&name, &policy)
+                    .await
+                    .map_err(explain)?;
+                show_volume(target.json, v)
+            }
+            VolumeCommand::Stats { name, interval } => {
+                let first = client.volume_stats(&name).await.map_err(explain)?;
+                let (stats, window_s, counters) = match interval {
+                    Some(secs) if secs > 0.0 && secs.is_finite() => {
+                        tokio::time::sleep(std::time::Duration::from_secs_f64(secs)).await;
+                        let second = client.volume_stats(&name).await.map_err(explain)?;
+                        let d = delta(&first.counters, &second.counters);
+                        let w = second.uptime_seconds - first.uptime_seconds;
+                        (second, w, d)
+                    }
+                    Some(secs) => {
+                        bail!("--interval must be a positive number of seconds, not {secs}")
+                    }
+                    None => {
+                        let c = first.counters.clone();
+                        (first.clone(), first.uptime_seconds, c)
+                    }
+                };
+                if target.json {
+                    return print_json(&stats);
+                }
+                let per_s = |x: u64| {
+                    if window_s > 0.0 {
+                        x as f64 / window_s
+                    } else {
+                        0.0
+                    }
+                };
+                let mut table = Table::new(vec![Column::left("metric"), Column::right("value")]);
+                let label = if interval.is_some() {
+                    format!("last {window_s:.1} s")
+                } else {
+                    format!("since start ({window_s:.0} s)")
+                };
+                table.add_row([
+                    "volume".to_string(),
+                    format!("{} ({})", stats.volume.name, stats.volume.policy),
+                ]);
+                table.add_row(["window".to_string(), label]);
+                table.add_row([
+                    "IOPS".to_string(),
+                    weir_report::fmt_iops(per_s(counters.ios())),
+                ]);
+                table.add_row([
+                    "read IOPS".to_string(),
+                    weir_report::fmt_iops(per_s(counters.read_ios)),
+                ]);
+                table.add_row([
+                    "write IOPS".to_string(),
+                    weir_report::fmt_iops(per_s(counters.write_ios)),
+                ]);
+                table.add_row([
+                    "MB/s".to_string(),
+                    weir_report::fmt_mbps(per_s(counters.read_bytes + counters.write_bytes) / 1e6),
+                ]);
+                table.add_row([
+                    "mean latency ms".to_string(),
+                    weir_report::fmt_ms(counters.mean_latency_ms()),
+                ]);
+                table.add_row(["errors".to_string(), counters.errors.to_string()]);
+                table.add_row(["queued now".to_string(), stats.queued.to_string()]);
+                print!("{table}");
+                Ok(())
+            }
+        }
+    })
+}
+
+fn delta(
+    a: &weir_server::metrics::CounterSnapshot,
+    b: &weir_server::metrics::CounterSnapshot,
+) -> weir_server::metrics::CounterSnapshot {
+    weir_server::metrics::CounterSnapshot {
+        read_ios: b.read_ios.saturating_sub(a.read_ios),
+        write_ios: b.write_ios.saturating_sub(a.write_ios),
+        other_ios: b.other_ios.saturating_sub(a.other_ios),
+        read_bytes: b.read_bytes.saturating_sub(a.read_bytes),
+        write_bytes: b.write_bytes.saturating_sub(a.write_bytes),
+        errors: b.errors.saturating_sub(a.errors),
+        latency_sum_ns: b.latency_sum_ns.saturating_sub(a.latency_sum_ns),
+        latency_buckets: b
+            .latency_buckets
+            .iter()
+            .zip(a.latency_buckets.iter().chain(std::iter::repeat(&0)))
+            .map(|(y, x)| y.saturating_sub(*x))
+            .collect(),
+    }
+}
+
+fn policy_table(policies: &[Policy]) -> Table {
+    let mut table = Table::new(vec![
+        Column::left("policy"),
+        Column::left("service level"),
+        Column::right("res IOPS"),
+        Column::right("res MB/s"),
+        Column::right("limit IOPS"),
+        Column::right("limit MB/s"),
+        Column::right("shares"),
+        Column::right("latency ms"),
+    ]);
+    for p in policies {
+        table.add_row([
+            p.name.clone(),
+            p.service_level
+                .map(|l| l.name().to_string())
+                .unwrap_or_else(|| "-".into()),
+            opt(p.reservation_iops),
+            opt(p.reservation_mbps),
+            opt(p.effective_limit_iops()),
+            opt(p.limit_mbps),
+            p.shares.get().to_string(),
+            opt(p.latency_target_ms),
+        ]);
+    }
+    table
+}
+
+pub fn policy(target: AdminTarget, command: PolicyCommand) -> Result<()> {
+    let client = Client::new(target.admin);
+    runtime()?.block_on(async {
+        let shown = match command {
+            PolicyCommand::Create {
+                name,
+                service_level,
+                reservation_iops,
+                reservation_mbps,
+                limit_iops,
+                limit_mbps,
+                shares,
+                latency_target_ms,
+                burst_seconds,
+            } => {
+                let policy = Policy {
+                    name,
+                    service_level,
+                    reservation_iops,
+                    reservation_mbps,
+                    limit_iops,
+                    limit_mbps,
+                    shares,
+                    latency_target_ms,
+                    burst_seconds,
+                };
+                policy.validate()?;
+                vec![client.create_policy(&policy).await.map_err(explain)?]
+            }
+            PolicyCommand::List => client.list_policies().await.map_err(explain)?,
+            PolicyCommand::Show { name } => vec![client.show_policy(&name).await.map_err(explain)?],
+            PolicyCommand::Delete { name } => {
+                let p = client.delete_policy(&name).await.map_err(explain)?;
+                println!("deleted policy {}", p.name);
+                return Ok(());
+            }
+        };
+        if target.json {
+            print_json(&shown)
+        } else {
+            print!("{}", policy_table(&shown));
+            Ok(())
+        }
+    })
+}

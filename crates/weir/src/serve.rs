@@ -1,0 +1,78 @@
+//! `weir serve`: the NBD storage server, on a config file or the embedded default.
+
+use anyhow::{Context, Result};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use weir_server::{RunningServer, WeirConfig};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// TOML config (listen addresses, data directory, pools, volumes, policies, access
+    /// groups). Without it Weir serves an embedded default with five demo volumes.
+    #[arg(long, short, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Data directory (volumes and metadata); overrides the config's
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// NBD listen address; overrides the config's (default 127.0.0.1:10809)
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Admin API listen address; overrides the config's (default 127.0.0.1:10810)
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<SocketAddr>,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let mut config = match &args.config {
+        Some(path) => WeirConfig::load(path)?,
+        None => WeirConfig::embedded_default(),
+    };
+    if let Some(dir) = args.data_dir {
+        config.data_dir = dir;
+    }
+    if let Some(addr) = args.listen {
+        config.listen = addr;
+    }
+    if let Some(addr) = args.admin_listen {
+        config.admin_listen = addr;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let data_dir = config.data_dir.clone();
+        let server = RunningServer::start(config).await?;
+        let nbd = server.nbd_addr();
+        let admin = weir_server::admin::Client::new(server.admin_addr());
+        let volumes = admin.list_volumes().await.unwrap_or_default();
+        println!(
+            "weir serving NBD on {nbd}, admin API on http://{}",
+            server.admin_addr()
+        );
+        println!("data directory: {}", data_dir.display());
+        if !volumes.is_empty() {
+            println!("volumes:");
+            for v in &volumes {
+                println!(
+                    "  nbd://{nbd}/{:<16} {:>10}  {}",
+                    v.name,
+                    crate::admin::human_size(v.size_bytes),
+                    v.policy
+                );
+            }
+            println!(
+                "try: nbdinfo nbd://{nbd}/{}   or   qemu-img info nbd://{nbd}/{}",
+                volumes[0].name, volumes[0].name
+            );
+        }
+        println!("Ctrl-C (or SIGTERM) stops cleanly.");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("stopping: finishing in-flight requests, syncing data…");
+        server.shutdown().await
+    })
+}
