@@ -373,12 +373,15 @@ pub(crate) fn size_label(bytes: u64) -> String {
 /// One bucket of the size histogram.
 pub(crate) struct SizeBucket {
     pub label: String,
+    /// For chart axes: `4–8K`, `>1M`.
+    pub short_label: String,
     pub reads: u64,
     pub writes: u64,
 }
 
 /// Buckets labelled by their range: `≤ 4 KiB`, `4–8 KiB` … `> 1 MiB` (an upper bound
-/// of `u64::MAX` is open). Lengths that disagree are padded with zeros.
+/// of `u64::MAX` is open), with short chart labels (`4–8K`). Lengths that disagree are
+/// padded with zeros.
 pub(crate) fn size_buckets(h: &IoSizeHistogram) -> Vec<SizeBucket> {
     let n = h.bucket_bytes.len().max(h.reads.len()).max(h.writes.len());
     (0..n)
@@ -387,28 +390,51 @@ pub(crate) fn size_buckets(h: &IoSizeHistogram) -> Vec<SizeBucket> {
             let lower = i
                 .checked_sub(1)
                 .and_then(|p| h.bucket_bytes.get(p).copied());
-            let label = match (lower, upper) {
-                (_, None) => format!("bucket {}", i + 1),
-                (Some(lo), Some(u64::MAX)) => format!("> {}", size_label(lo)),
-                (None, Some(u64::MAX)) => "any".to_string(),
-                (None, Some(hi)) => format!("≤ {}", size_label(hi)),
-                (Some(lo), Some(hi)) => {
-                    let (lo, hi) = (size_label(lo), size_label(hi));
-                    match (lo.rsplit_once(' '), hi.rsplit_once(' ')) {
-                        (Some((lo_n, lo_u)), Some((hi_n, hi_u))) if lo_u == hi_u => {
-                            format!("{lo_n}–{hi_n} {hi_u}")
-                        }
-                        _ => format!("{lo}–{hi}"),
-                    }
-                }
-            };
             SizeBucket {
-                label,
+                label: range_label(lower, upper, i, false),
+                short_label: range_label(lower, upper, i, true),
                 reads: h.reads.get(i).copied().unwrap_or(0),
                 writes: h.writes.get(i).copied().unwrap_or(0),
             }
         })
         .collect()
+}
+
+/// `4 KiB` / `4K`.
+fn bound_label(bytes: u64, short: bool) -> String {
+    let text = size_label(bytes);
+    if !short {
+        return text;
+    }
+    text.replace(" KiB", "K")
+        .replace(" MiB", "M")
+        .replace(" GiB", "G")
+        .replace(" B", "B")
+}
+
+fn range_label(lower: Option<u64>, upper: Option<u64>, index: usize, short: bool) -> String {
+    let gap = if short { "" } else { " " };
+    match (lower, upper) {
+        (_, None) => format!("bucket {}", index + 1),
+        (Some(lo), Some(u64::MAX)) => format!(">{gap}{}", bound_label(lo, short)),
+        (None, Some(u64::MAX)) => "any".to_string(),
+        (None, Some(hi)) => format!("≤{gap}{}", bound_label(hi, short)),
+        (Some(lo), Some(hi)) => {
+            let (lo, hi) = (bound_label(lo, short), bound_label(hi, short));
+            let unit = |t: &str| -> (String, String) {
+                let split = t
+                    .find(|c: char| !(c.is_ascii_digit() || c == ','))
+                    .unwrap_or(t.len());
+                (t[..split].to_string(), t[split..].to_string())
+            };
+            let ((lo_n, lo_u), (hi_n, hi_u)) = (unit(&lo), unit(&hi));
+            if lo_u == hi_u && !lo_n.is_empty() {
+                format!("{lo_n}–{hi_n}{hi_u}")
+            } else {
+                format!("{lo}–{hi}")
+            }
+        }
+    }
 }
 
 /// `part / whole` as a percentage, NaN when `whole` is zero.
@@ -447,6 +473,11 @@ mod tests {
         };
         let labels: Vec<String> = size_buckets(&h).into_iter().map(|b| b.label).collect();
         assert_eq!(labels, ["≤ 4 KiB", "4–8 KiB", "8 KiB–1 MiB", "> 1 MiB"]);
+        let short: Vec<String> = size_buckets(&h)
+            .into_iter()
+            .map(|b| b.short_label)
+            .collect();
+        assert_eq!(short, ["≤4K", "4–8K", "8K–1M", ">1M"]);
         assert_eq!(size_buckets(&h)[3].writes, 0);
         assert_eq!(size_label(1000), "1,000 B");
     }

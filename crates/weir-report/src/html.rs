@@ -775,7 +775,7 @@ fn model_sections(out: &mut String, case: &CaseReport) {
                 },
             })
             .collect();
-        let _ = writeln!(out, "<figure>{}</figure>", share_bars(&rows));
+        let _ = writeln!(out, "<figure>{}</figure>", share_bars(&rows, true));
     }
     if !case.model_metrics.is_empty() {
         out.push_str("<h3>Application metrics</h3>\n");
@@ -990,7 +990,7 @@ fn sizes_section(out: &mut String, h: &IoSizeHistogram) {
     }
     out.push_str("<div class=\"charts\">\n");
     if all > 0 {
-        let groups: Vec<String> = buckets.iter().map(|b| b.label.clone()).collect();
+        let groups: Vec<String> = buckets.iter().map(|b| b.short_label.clone()).collect();
         let series: Vec<BarSeries> = [
             (
                 "reads",
@@ -1050,7 +1050,7 @@ fn sizes_section(out: &mut String, h: &IoSizeHistogram) {
         let _ = writeln!(
             out,
             "<figure><figcaption>Random vs sequential</figcaption>{}</figure>",
-            share_bars(&rows)
+            share_bars(&rows, false)
         );
     }
     out.push_str("</div>\n");

@@ -618,26 +618,29 @@ pub(crate) struct ShareRow {
 /// Horizontal stacked 100 % bars (user-experience grades, random vs sequential), with
 /// a legend of the segment labels of the first row. Rows whose segments are all zero
 /// or not finite show "no data".
-pub(crate) fn share_bars(rows: &[ShareRow]) -> String {
-    const W: f64 = 1140.0;
-    const LABEL_END: f64 = 300.0;
-    const BAR_X: f64 = 312.0;
-    const BAR_W: f64 = 600.0;
+/// `wide` draws across a card (1140 px); otherwise it fits half a card (600 px).
+pub(crate) fn share_bars(rows: &[ShareRow], wide: bool) -> String {
+    let (chart_w, label_end, bar_x, bar_w) = if wide {
+        (1140.0, 300.0, 312.0, 600.0)
+    } else {
+        (600.0, 62.0, 72.0, 380.0)
+    };
     const ROW_H: f64 = 30.0;
     const TOP: f64 = 30.0;
     if rows.is_empty() {
-        return no_data_svg(W, 80.0, "no data");
+        return no_data_svg(chart_w, 80.0, "no data");
     }
     let height = TOP + ROW_H * rows.len() as f64 + 20.0;
     let mut svg = String::new();
     let _ = write!(
         svg,
-        "<svg class=\"chart bars\" viewBox=\"0 0 {W} {h}\" width=\"{W}\" height=\"{h}\" \
+        "<svg class=\"chart{}\" viewBox=\"0 0 {chart_w} {h}\" width=\"{chart_w}\" height=\"{h}\" \
          role=\"img\" xmlns=\"http://www.w3.org/2000/svg\">",
+        if wide { " bars" } else { "" },
         h = px(height)
     );
     // Legend: the segments of the first row.
-    let mut lx = BAR_X;
+    let mut lx = bar_x;
     for seg in &rows[0].segments {
         let _ = write!(
             svg,
@@ -652,7 +655,7 @@ pub(crate) fn share_bars(rows: &[ShareRow]) -> String {
     }
     let bottom = TOP + ROW_H * rows.len() as f64;
     for q in 0..=4 {
-        let x = BAR_X + BAR_W * q as f64 / 4.0;
+        let x = bar_x + bar_w * q as f64 / 4.0;
         let _ = write!(
             svg,
             "<line class=\"grid\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\"/>\
@@ -669,10 +672,10 @@ pub(crate) fn share_bars(rows: &[ShareRow]) -> String {
         let _ = write!(
             svg,
             "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"bar-label\"><title>{}</title>{}</text>",
-            px(LABEL_END),
+            px(label_end),
             px(y + 19.0),
             esc(&row.label),
-            esc(&truncate(&row.label, 42))
+            esc(&truncate(&row.label, if wide { 42 } else { 9 }))
         );
         let clean: Vec<f64> = row
             .segments
@@ -689,20 +692,20 @@ pub(crate) fn share_bars(rows: &[ShareRow]) -> String {
         if sum <= 0.0 {
             let _ = write!(
                 svg,
-                "<rect x=\"{BAR_X}\" y=\"{}\" width=\"{BAR_W}\" height=\"20\" rx=\"3\" fill=\"#f3f4f6\"/>\
+                "<rect x=\"{bar_x}\" y=\"{}\" width=\"{bar_w}\" height=\"20\" rx=\"3\" fill=\"#f3f4f6\"/>\
                  <text class=\"muted\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">no data</text>",
                 px(y + 5.0),
-                px(BAR_X + BAR_W / 2.0),
+                px(bar_x + bar_w / 2.0),
                 px(y + 19.0)
             );
         } else {
-            let mut x = BAR_X;
+            let mut x = bar_x;
             for (seg, value) in row.segments.iter().zip(&clean) {
                 if *value <= 0.0 {
                     continue;
                 }
                 let share = value / sum;
-                let w = share * BAR_W;
+                let w = share * bar_w;
                 let text = format!("{}%", fmt_thousands(share * 100.0, 0));
                 let _ = write!(
                     svg,
@@ -735,9 +738,9 @@ pub(crate) fn share_bars(rows: &[ShareRow]) -> String {
         let _ = write!(
             svg,
             "<text class=\"bar-value\" x=\"{}\" y=\"{}\">{}</text>",
-            px(BAR_X + BAR_W + 12.0),
+            px(bar_x + bar_w + 12.0),
             px(y + 19.0),
-            esc(&truncate(&row.note, 36))
+            esc(&truncate(&row.note, if wide { 36 } else { 20 }))
         );
     }
     svg.push_str("</svg>");
@@ -848,7 +851,7 @@ pub(crate) fn grouped_bars(groups: &[String], series: &[BarSeries], y_label: &st
             );
         }
         // Group label, cut to the group's width.
-        let max_chars = ((group_w - 4.0) / CHAR_PX).floor().max(3.0) as usize;
+        let max_chars = ((group_w - 2.0) / 5.8).floor().max(3.0) as usize;
         let _ = write!(
             svg,
             "<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\"><title>{}</title>{}</text>",
@@ -917,11 +920,11 @@ mod tests {
                 .collect(),
             note: String::new(),
         };
-        let svg = share_bars(&[row([75.0, 25.0]), row([f64::NAN, 0.0])]);
+        let svg = share_bars(&[row([75.0, 25.0]), row([f64::NAN, 0.0])], true);
         assert!(svg.contains(">75%</text>") && svg.contains(">25%</text>"));
         assert!(svg.contains("no data"));
         assert!(!svg.contains("NaN"));
-        assert!(share_bars(&[]).contains("no data"));
+        assert!(share_bars(&[], false).contains("no data"));
         let series = |values: Vec<f64>| BarSeries {
             name: "mission-critical".into(),
             colour: PALETTE[0],
