@@ -144,6 +144,17 @@ pub(crate) fn metric_label(name: &str) -> String {
     if let Some((what, grade)) = grade_metric(name) {
         return format!("{} {grade}", activity_label(what));
     }
+    if let Some(stem) = name.strip_suffix("_mean_s")
+        && let Some((what, grade)) = [UxGrade::Good, UxGrade::Fair, UxGrade::Poor]
+            .into_iter()
+            .find_map(|g| {
+                stem.strip_suffix(g.label())?
+                    .strip_suffix('_')
+                    .map(|w| (w, g))
+            })
+    {
+        return format!("{} time, mean of {grade}", activity_label(what));
+    }
     name.replace('_', " ")
 }
 
@@ -278,7 +289,7 @@ pub(crate) fn ux_rows<'a>(case: &'a CaseReport, columns: &'a [String]) -> Vec<Ux
                     plural
                 }
             };
-            rows.push(UxRow {
+            let row = UxRow {
                 source,
                 activity: what,
                 window: column_label(window),
@@ -287,10 +298,30 @@ pub(crate) fn ux_rows<'a>(case: &'a CaseReport, columns: &'a [String]) -> Vec<Ux
                 poor_pct: find(source, window, &format!("{what}_poor_pct")),
                 count,
                 mean_s: find(source, window, &format!("{what}_time_mean_s")),
-            });
+            };
+            // A window holding every graded event repeats the whole-run row.
+            let repeats_whole = !window.is_empty()
+                && rows.iter().any(|r| {
+                    r.source == source
+                        && r.activity == what
+                        && r.window == WHOLE_RUN
+                        && same(r.count, row.count)
+                        && same(r.good_pct, row.good_pct)
+                        && same(r.fair_pct, row.fair_pct)
+                        && same(r.poor_pct, row.poor_pct)
+                        && same(r.mean_s, row.mean_s)
+                });
+            if !repeats_whole {
+                rows.push(row);
+            }
         }
     }
     rows
+}
+
+/// Equal, or both NaN.
+fn same(a: f64, b: f64) -> bool {
+    a == b || (a.is_nan() && b.is_nan())
 }
 
 /// Metrics shown as headline tiles, in this order, per source.
@@ -508,5 +539,9 @@ mod tests {
         assert_eq!(metric_value("x", f64::NAN, "ms"), "n/a");
         assert_eq!(metric_label("login_fair_pct"), "login fair");
         assert_eq!(metric_label("some_new_metric"), "some new metric");
+        assert_eq!(
+            metric_label("app_launch_good_mean_s"),
+            "application launch time, mean of good"
+        );
     }
 }

@@ -111,8 +111,14 @@ p.hint{color:var(--muted);font-size:12.5px;margin:4px 0 10px}
 tr.group td{font-weight:700;background:#f3f6fa;border-bottom:1px solid #dbe2ea;padding-top:9px}
 tr.group td span{font-weight:400;color:var(--muted);margin-left:6px}
 td.dim{color:var(--muted)}
+table.compact td{padding:3px 10px}
+details.more>summary{color:var(--accent);font-size:13px;margin:2px 0 8px}
+details.more>summary::before{content:"\25B8"}
 footer{max-width:1240px;margin:0 auto;padding:6px 24px 30px;color:var(--muted);font-size:12px}
 "#;
+
+/// Longer application-metrics tables start collapsed (the tiles and charts lead).
+const METRICS_OPEN_ROWS: usize = 40;
 
 /// Reports with more cases than this list them in the sweep table, not the header.
 const NAV_CASES: usize = 16;
@@ -605,96 +611,157 @@ fn components_table(out: &mut String, case: &CaseReport) {
 // ---------------------------------------------------------------- application models
 
 /// Headline tiles of the key model metrics (orders per minute, RPC latency, login and
-/// launch times, VSImax…), one per source and metric, with the per-window values.
+/// launch times, VSImax…) with their per-window values. Sources of the same model kind
+/// (four desktop pools) share one tile showing the range over them.
 fn key_metric_tiles(out: &mut String, case: &CaseReport) {
     if case.model_metrics.is_empty() {
         return;
     }
     let columns = app::metric_columns(case);
+    let groups = app::metric_groups(case, &columns);
+    let mut kinds: Vec<(&str, Vec<&app::MetricGroup<'_>>)> = Vec::new();
+    for g in &groups {
+        let kind = if g.kind.is_empty() { g.source } else { g.kind };
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, members)) => members.push(g),
+            None => kinds.push((kind, vec![g])),
+        }
+    }
+    let whole_index = columns.iter().position(|c| c.is_empty());
     let mut tiles = String::new();
-    for group in app::metric_groups(case, &columns) {
+    for (kind, members) in &kinds {
+        let title = match members.as_slice() {
+            [only] => only.source.to_string(),
+            many => format!("{kind} ({})", many.len()),
+        };
         for key in app::KEY_METRICS {
-            let Some(row) = group.rows.iter().find(|r| r.name == key) else {
+            let rows: Vec<&app::MetricRow<'_>> = members
+                .iter()
+                .filter_map(|g| g.rows.iter().find(|r| r.name == key))
+                .collect();
+            let Some(first_row) = rows.first() else {
                 continue;
             };
-            let whole = columns
+            let unit = first_row.unit;
+            let values_at = |index: usize| -> Vec<f64> {
+                rows.iter()
+                    .filter_map(|r| r.values.get(index).copied().flatten())
+                    .filter(|v| v.is_finite())
+                    .collect()
+            };
+            let range = |values: &[f64]| -> Option<String> {
+                let lo = values.iter().copied().reduce(f64::min)?;
+                let hi = values.iter().copied().reduce(f64::max)?;
+                let (a, b) = (
+                    app::metric_value(key, lo, unit),
+                    app::metric_value(key, hi, unit),
+                );
+                Some(if a == b { a } else { format!("{a}–{b}") })
+            };
+            let whole = whole_index.map(values_at).unwrap_or_default();
+            let worst = whole.iter().copied().reduce(f64::max);
+            let reached: Vec<f64> = members
                 .iter()
-                .position(|c| c.is_empty())
-                .and_then(|i| row.values[i]);
-            let flag = |name: &str| app::metric(case, group.source, "", name).map(|m| m.value);
-            let (value_text, unit, class) = match (key, whole) {
-                ("vsimax_sessions", Some(v))
-                    if !v.is_finite() && flag("vsimax_reached") == Some(0.0) =>
+                .filter_map(|g| app::metric(case, g.source, "", "vsimax_reached"))
+                .map(|m| m.value)
+                .collect();
+            let (value_text, unit_text, class) = match (key, range(&whole)) {
+                ("vsimax_sessions", None)
+                    if !reached.is_empty() && reached.iter().all(|r| *r == 0.0) =>
                 {
-                    ("not reached".to_string(), String::new(), "good")
+                    ("not reached".to_string(), "", "good")
                 }
-                (_, Some(v)) => {
-                    let class = match key {
-                        "rpc_latency_mean_ms" if v.is_finite() => {
+                (_, Some(text)) => {
+                    let class = match (key, worst) {
+                        ("rpc_latency_mean_ms", Some(v)) => {
                             if v < 50.0 {
                                 "good"
                             } else {
                                 "poor"
                             }
                         }
-                        "login_time_mean_s" => grade_class(UxGrade::login(v)),
-                        "app_launch_time_mean_s" => grade_class(UxGrade::app_load(v)),
+                        ("login_time_mean_s", Some(v)) => grade_class(UxGrade::login(v)),
+                        ("app_launch_time_mean_s", Some(v)) => grade_class(UxGrade::app_load(v)),
                         _ => "",
                     };
-                    (
-                        app::metric_value(row.name, v, row.unit),
-                        app::unit_label(row.unit).to_string(),
-                        class,
-                    )
+                    (text, app::unit_label(unit), class)
                 }
-                (_, None) => ("n/a".to_string(), String::new(), ""),
+                (_, None) => ("n/a".to_string(), "", ""),
             };
             let _ = write!(
                 tiles,
                 "<div class=\"tile {class}\"><div class=\"l\">{} · {}</div>\
                  <div class=\"v\">{}<small>{}</small></div>",
-                esc(group.source),
+                esc(&title),
                 esc(&app::metric_label(key)),
                 esc(&value_text),
-                esc(&unit)
+                esc(unit_text)
             );
-            if key == "vsimax_sessions"
-                && let Some(most) = flag("vsi_sessions_max")
-            {
+            if members.len() > 1 {
+                let names: Vec<&str> = members.iter().map(|g| g.source).collect();
                 let _ = write!(
                     tiles,
-                    "<div class=\"w\">{} sessions at most</div>",
-                    esc(&app::metric_value("vsi_sessions_max", most, "sessions"))
+                    "<div class=\"w\">{}</div>",
+                    esc(&crate::svg::truncate(&names.join(", "), 60))
                 );
             }
-            // Per-window values, with the change from the first window.
+            if key == "vsimax_sessions" {
+                let most: Vec<f64> = members
+                    .iter()
+                    .filter_map(|g| app::metric(case, g.source, "", "vsi_sessions_max"))
+                    .map(|m| m.value)
+                    .filter(|v| v.is_finite())
+                    .collect();
+                let hits = reached.iter().filter(|r| **r == 1.0).count();
+                if hits > 0 && hits < reached.len() {
+                    let _ = write!(
+                        tiles,
+                        "<div class=\"w\">reached in {hits} of {}</div>",
+                        reached.len()
+                    );
+                }
+                if let Some(most) = range(&most) {
+                    let _ = write!(
+                        tiles,
+                        "<div class=\"w\">{} sessions at most</div>",
+                        esc(&most)
+                    );
+                }
+            }
+            // Per-window values (finite ones), with the change from the first window
+            // when one source stands behind the tile.
             let mut parts = Vec::new();
+            let mut texts = Vec::new();
             let mut first: Option<f64> = None;
-            for (column, value) in columns.iter().zip(&row.values) {
-                let (false, Some(v)) = (column.is_empty(), value) else {
+            for (index, column) in columns.iter().enumerate() {
+                if column.is_empty() {
                     continue;
-                };
-                let mut part = format!(
-                    "{} <b>{}</b>",
-                    esc(column),
-                    esc(&app::metric_value(row.name, *v, row.unit))
-                );
-                match first {
-                    None => first = Some(*v),
-                    Some(f) if f.is_finite() && f != 0.0 && v.is_finite() => {
-                        let change = (v / f - 1.0) * 100.0;
-                        let _ = write!(
-                            part,
-                            " <span class=\"chg\">({}{}%)</span>",
-                            if change > 0.0 { "+" } else { "" },
-                            esc(&fmt_thousands(change, 1))
-                        );
+                }
+                let values = values_at(index);
+                let Some(text) = range(&values) else { continue };
+                let mut part = format!("{} <b>{}</b>", esc(column), esc(&text));
+                if let [v] = values.as_slice()
+                    && rows.len() == 1
+                {
+                    match first {
+                        None => first = Some(*v),
+                        Some(f) if f != 0.0 => {
+                            let change = (v / f - 1.0) * 100.0;
+                            let _ = write!(
+                                part,
+                                " <span class=\"chg\">({}{}%)</span>",
+                                if change > 0.0 { "+" } else { "" },
+                                esc(&fmt_thousands(change, 1))
+                            );
+                        }
+                        Some(_) => {}
                     }
-                    Some(_) => {}
                 }
                 parts.push(part);
+                texts.push(text);
             }
-            if !parts.is_empty() {
+            let same_as_whole = texts.iter().all(|t| *t == value_text);
+            if !parts.is_empty() && !same_as_whole {
                 let _ = write!(tiles, "<div class=\"w\">{}</div>", parts.join(" · "));
             }
             tiles.push_str("</div>");
@@ -779,7 +846,22 @@ fn model_sections(out: &mut String, case: &CaseReport) {
     }
     if !case.model_metrics.is_empty() {
         out.push_str("<h3>Application metrics</h3>\n");
-        metrics_table(out, case, &columns, !ux.is_empty());
+        let rows = app::metric_groups(case, &columns)
+            .iter()
+            .map(|g| g.rows.len() + 1)
+            .sum::<usize>();
+        if rows > METRICS_OPEN_ROWS {
+            let _ = write!(
+                out,
+                "<details class=\"more\"><summary>All {} figures of {} sources, per window</summary>",
+                case.model_metrics.len(),
+                app::metric_groups(case, &columns).len()
+            );
+            metrics_table(out, case, &columns, !ux.is_empty());
+            out.push_str("</details>\n");
+        } else {
+            metrics_table(out, case, &columns, !ux.is_empty());
+        }
     }
     if !case.windows.is_empty() {
         windows_section(out, case);
@@ -790,7 +872,7 @@ fn model_sections(out: &mut String, case: &CaseReport) {
 }
 
 fn metrics_table(out: &mut String, case: &CaseReport, columns: &[String], skip_grades: bool) {
-    out.push_str("<div class=\"tablewrap\"><table>");
+    out.push_str("<div class=\"tablewrap\"><table class=\"compact\">");
     let mut headers = vec![("metric", false)];
     headers.extend(columns.iter().map(|c| (app::column_label(c), true)));
     headers.push(("unit", false));

@@ -550,3 +550,48 @@ fn model_fields_are_escaped_and_survive_nan_and_empty_values() {
         assert!(!text.contains(section));
     }
 }
+
+#[test]
+fn pools_of_one_kind_share_a_tile_and_repeated_windows_are_dropped() {
+    let mut report = mixed_workload_report();
+    let case = &mut report.cases[0];
+    // A second desktop pool with slower logins, and a window that holds every login
+    // of the run (it repeats the whole-run grades).
+    let second: Vec<_> = case
+        .model_metrics
+        .iter()
+        .filter(|m| m.source == "vdi")
+        .map(|m| {
+            let mut m = m.clone();
+            m.source = "vdi-b".into();
+            if m.name == "login_time_mean_s" {
+                m.value += 30.0;
+            }
+            m
+        })
+        .collect();
+    case.model_metrics.extend(second);
+    let whole: Vec<_> = case
+        .model_metrics
+        .iter()
+        .filter(|m| m.window.is_empty() && m.name.starts_with("app_launch"))
+        .map(|m| {
+            let mut m = m.clone();
+            m.window = "vsi".into();
+            m
+        })
+        .collect();
+    case.model_metrics.extend(whole);
+    let html = render_html(&report);
+    assert_balanced(&html);
+    // One login tile for both pools: the range, graded by the slower pool (42 s: fair).
+    assert_eq!(html.matches("· login time, mean</div>").count(), 1);
+    assert!(html.contains("tile fair\"><div class=\"l\">vdi (2) · login time, mean"));
+    assert!(html.contains(">12–42<small>s</small>"));
+    let text = render_text(&report, &TextOptions::default());
+    let launches = text
+        .lines()
+        .filter(|l| l.contains("application launch") && l.contains('█'))
+        .count();
+    assert_eq!(launches, 2, "whole run per pool; the vsi repeat is dropped");
+}
