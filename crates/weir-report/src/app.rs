@@ -390,6 +390,16 @@ pub(crate) fn window_pivot(case: &CaseReport) -> Vec<PivotRow<'_>> {
     rows
 }
 
+/// The mean latency of a window figure; NaN (shown `n/a`, no bar) when nothing
+/// completed in the window, where producers write 0.
+pub(crate) fn window_latency_ms(f: &WorkloadResult) -> f64 {
+    if f.ios == 0 && f.iops == 0.0 && f.latency_ms.mean == 0.0 {
+        f64::NAN
+    } else {
+        f.latency_ms.mean
+    }
+}
+
 /// `4096` → `4 KiB`, `1048576` → `1 MiB`, `1000` → `1,000 B`.
 pub(crate) fn size_label(bytes: u64) -> String {
     const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];

@@ -113,7 +113,7 @@ tr.group td span{font-weight:400;color:var(--muted);margin-left:6px}
 td.dim{color:var(--muted)}
 table.compact td{padding:3px 10px}
 details.more>summary{color:var(--accent);font-size:13px;margin:2px 0 8px}
-details.more>summary::before{content:"\25B8"}
+details.more:not([open])>summary::before{transform:none}
 footer{max-width:1240px;margin:0 auto;padding:6px 24px 30px;color:var(--muted);font-size:12px}
 "#;
 
@@ -971,7 +971,7 @@ fn windows_section(out: &mut String, case: &CaseReport) {
     );
     let figures: [Figure; 2] = [
         ("IOPS", "IOPS", |w| w.iops, fmt_iops),
-        ("Mean latency", "ms", |w| w.latency_ms.mean, fmt_ms),
+        ("Mean latency", "ms", app::window_latency_ms, fmt_ms),
     ];
     if !members.is_empty() {
         out.push_str("<div class=\"charts\">\n");
@@ -1031,7 +1031,7 @@ fn windows_section(out: &mut String, case: &CaseReport) {
                 Some(f) => {
                     td_num(out, &fmt_iops(f.iops));
                     td_num(out, &fmt_mbps(f.mbps));
-                    td_num(out, &fmt_ms(f.latency_ms.mean));
+                    td_num(out, &fmt_ms(app::window_latency_ms(f)));
                 }
                 None => {
                     for _ in 0..3 {

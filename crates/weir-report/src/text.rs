@@ -364,7 +364,7 @@ fn windows_table(case: &CaseReport) -> Table {
                     if with_mbps {
                         cells.push(Cell::styled(fmt_mbps(f.mbps), style));
                     }
-                    cells.push(Cell::styled(fmt_ms(f.latency_ms.mean), style));
+                    cells.push(Cell::styled(fmt_ms(app::window_latency_ms(f)), style));
                 }
                 None => {
                     let n = if with_mbps { 3 } else { 2 };

@@ -538,6 +538,17 @@ fn model_fields_are_escaped_and_survive_nan_and_empty_values() {
     assert!(text.contains("(no transfers recorded)"));
     assert!(!text.contains("User experience"));
 
+    // A volume idle in a window has no latency (producers write 0): n/a, not 0.
+    let mut report = mixed_workload_report();
+    let idle = &mut report.cases[0].windows[0].figures[2];
+    (idle.iops, idle.mbps, idle.ios, idle.latency_ms.mean) = (0.0, 0.0, 0, 0.0);
+    let text = render_text(&report, &TextOptions::default());
+    let row = text
+        .lines()
+        .find(|l| l.contains("vdi-nc"))
+        .expect("idle volume row");
+    assert!(row.contains("n/a"), "{row}");
+
     // A report without the new fields renders exactly as before (no new sections).
     let plain = sioc_report();
     let text = render_text(&plain, &TextOptions::default());
