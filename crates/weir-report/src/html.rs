@@ -5,6 +5,14 @@
 //! each swept parameter plus a sweep table; then per case a workloads table, Weir-vs-
 //! seed paired bars and table, line charts over time (one per unit), utilisation bars.
 //!
+//! Cases from application models add: headline tiles of the key model metrics (orders
+//! per minute, RPC latency, login and launch times, VSIbase / VSImax, power-on time;
+//! pools of one model kind share a tile showing their range, coloured by the worst
+//! grade), stacked good / fair / poor bars per activity and window, the metrics table
+//! (collapsed when long), grouped bars of IOPS and mean latency per window and service
+//! level (per volume when no level figures exist) with the window table, and the I/O
+//! size histogram (reads and writes as % of all I/Os) beside random / sequential bars.
+//!
 //! ## Sweep grouping rule
 //! A parameter is *swept* when cases carry at least two distinct finite values of it.
 //! For each swept parameter `p` (the x axis), the cases with a finite `p` and a headline

@@ -777,8 +777,13 @@ pub(crate) fn grouped_bars(groups: &[String], series: &[BarSeries], y_label: &st
     let bar_w = (group_w * 0.8 / series.len() as f64).min(48.0);
     let bottom = PLOT_TOP + PLOT_H;
 
+    // Group labels that would touch their neighbours alternate between two rows.
+    const TICK_CHAR_PX: f64 = 6.2;
+    let stagger = groups
+        .iter()
+        .any(|g| g.chars().count() as f64 * TICK_CHAR_PX > group_w - 4.0);
     // Legend rows under the axis.
-    let legend_top = bottom + 40.0;
+    let legend_top = bottom + if stagger { 53.0 } else { 40.0 };
     let mut legend = String::new();
     let (mut lx, mut ly) = (PLOT_LEFT, legend_top);
     for s in series {
@@ -850,13 +855,15 @@ pub(crate) fn grouped_bars(groups: &[String], series: &[BarSeries], y_label: &st
                 esc(&format!("{} · {}: {}", group, s.name, tip))
             );
         }
-        // Group label, cut to the group's width.
-        let max_chars = ((group_w - 2.0) / 5.8).floor().max(3.0) as usize;
+        // Group label, cut to the room it has (two groups' width when staggered).
+        let room = if stagger { group_w * 2.0 } else { group_w };
+        let max_chars = ((room - 6.0) / TICK_CHAR_PX).floor().max(3.0) as usize;
+        let row_offset = if stagger && gi % 2 == 1 { 13.0 } else { 0.0 };
         let _ = write!(
             svg,
             "<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\"><title>{}</title>{}</text>",
             px(gx + group_w / 2.0),
-            px(bottom + 16.0),
+            px(bottom + 16.0 + row_offset),
             esc(group),
             esc(&truncate(group, max_chars))
         );
@@ -943,6 +950,16 @@ mod tests {
         );
         assert!(!svg.contains("NaN"));
         assert!(grouped_bars(&["a".into()], &[series(vec![f64::NAN])], "x").contains("no data"));
+        // Ten long labels do not fit side by side: they alternate between two rows.
+        let groups: Vec<String> = (0..10).map(|i| format!("{i}28–256K")).collect();
+        let svg = grouped_bars(&groups, &[series(vec![1.0; 10])], "%");
+        let label_rows: std::collections::BTreeSet<&str> = svg
+            .split("<text class=\"tick\" x=\"")
+            .skip(1)
+            .filter(|t| t.contains("28–256K</text>"))
+            .filter_map(|t| t.split("y=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(label_rows.len(), 2, "{label_rows:?}");
     }
 
     #[test]

@@ -1,5 +1,10 @@
 //! Terminal rendering: per case a workloads table with a total line, "Weir vs seed",
-//! components, timeline sparklines; for sweeps a compact table with one row per case.
+//! components, timeline sparklines; then, when the case carries them, the application
+//! metrics (grouped by source, the whole run and each named window as columns), the
+//! user-experience grades (good / fair / poor shares with a bar), the named windows
+//! (per volume, service level and total, windows side by side) and the I/O size
+//! histogram with the random / sequential split; for sweeps a compact table with one
+//! row per case.
 
 use crate::app;
 use crate::format::{
