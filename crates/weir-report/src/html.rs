@@ -5,6 +5,14 @@
 //! each swept parameter plus a sweep table; then per case a workloads table, Weir-vs-
 //! seed paired bars and table, line charts over time (one per unit), utilisation bars.
 //!
+//! Cases from application models add: headline tiles of the key model metrics (orders
+//! per minute, RPC latency, login and launch times, VSIbase / VSImax, power-on time;
+//! pools of one model kind share a tile showing their range, coloured by the worst
+//! grade), stacked good / fair / poor bars per activity and window, the metrics table
+//! (collapsed when long), grouped bars of IOPS and mean latency per window and service
+//! level (per volume when no level figures exist) with the window table, and the I/O
+//! size histogram (reads and writes as % of all I/Os) beside random / sequential bars.
+//!
 //! ## Sweep grouping rule
 //! A parameter is *swept* when cases carry at least two distinct finite values of it.
 //! For each swept parameter `p` (the x axis), the cases with a finite `p` and a headline
@@ -24,13 +32,16 @@
 //! The x axis is log2 when all values are positive and span a factor of 8 or more
 //! (block sizes 4 KiB … 4 MiB, queue depths 1 … 256).
 
+use crate::app;
 use crate::format::{
-    fmt_count, fmt_iops, fmt_mbps, fmt_ms, fmt_number, fmt_param, fmt_pct, fmt_ratio,
+    fmt_count, fmt_iops, fmt_mbps, fmt_ms, fmt_number, fmt_param, fmt_pct, fmt_ratio, fmt_thousands,
 };
 use crate::svg::{
-    LineChart, LineSeries, Pair, XScale, esc, paired_bars, utilisation_bars, utilisation_colour,
+    AMBER, BAD, BarSeries, GOOD, LineChart, LineSeries, PALETTE, Pair, Segment, ShareRow, XScale,
+    esc, grouped_bars, paired_bars, share_bars, utilisation_bars, utilisation_colour,
 };
-use crate::{CaseReport, ScenarioReport, TimelineSeries, WorkloadResult};
+use crate::text::fmt_span;
+use crate::{CaseReport, IoSizeHistogram, ScenarioReport, TimelineSeries, UxGrade, WorkloadResult};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
@@ -95,8 +106,27 @@ svg .badge-text{font-weight:700;font-size:12.5px}
 svg .legend-item text{fill:#374151;font-size:12px}
 p.hint{color:var(--muted);font-size:12.5px;margin:4px 0 10px}
 .empty{color:var(--muted);font-style:italic}
+.tiles{display:grid;grid-template-columns:repeat(auto-fill,minmax(215px,1fr));gap:12px;margin:16px 0 4px}
+.tile{border:1px solid var(--line);border-left:5px solid var(--accent);border-radius:10px;padding:10px 14px 9px;background:#fbfcfe}
+.tile .l{color:var(--muted);font-size:12px;font-weight:600}
+.tile .v{font-size:25px;font-weight:700;font-variant-numeric:tabular-nums;line-height:1.25}
+.tile .v small{font-size:13px;font-weight:600;color:var(--muted);margin-left:4px}
+.tile .w{font-size:12px;color:#4b5563;margin-top:3px;font-variant-numeric:tabular-nums}
+.tile .w .chg{color:var(--muted)}
+.tile.good{border-left-color:#59a14f}.tile.good .v{color:#2e7d32}
+.tile.fair{border-left-color:#f0b429}.tile.fair .v{color:#a86b00}
+.tile.poor{border-left-color:#e15759}.tile.poor .v{color:var(--bad)}
+tr.group td{font-weight:700;background:#f3f6fa;border-bottom:1px solid #dbe2ea;padding-top:9px}
+tr.group td span{font-weight:400;color:var(--muted);margin-left:6px}
+td.dim{color:var(--muted)}
+table.compact td{padding:3px 10px}
+details.more>summary{color:var(--accent);font-size:13px;margin:2px 0 8px}
+details.more:not([open])>summary::before{transform:none}
 footer{max-width:1240px;margin:0 auto;padding:6px 24px 30px;color:var(--muted);font-size:12px}
 "#;
+
+/// Longer application-metrics tables start collapsed (the tiles and charts lead).
+const METRICS_OPEN_ROWS: usize = 40;
 
 /// Reports with more cases than this list them in the sweep table, not the header.
 const NAV_CASES: usize = 16;
@@ -307,6 +337,7 @@ fn case_section(out: &mut String, case: &CaseReport, index: usize, open: bool) {
         );
     }
     out.push_str("</div>\n");
+    key_metric_tiles(out, case);
 
     out.push_str("<h3>Workloads</h3>\n");
     if case.workloads.is_empty() && case.total.is_none() {
@@ -314,6 +345,7 @@ fn case_section(out: &mut String, case: &CaseReport, index: usize, open: bool) {
     } else {
         workloads_table(out, case);
     }
+    model_sections(out, case);
 
     if !case.comparisons.is_empty() {
         out.push_str("<h3>Weir vs seed</h3>\n");
@@ -582,6 +614,536 @@ fn components_table(out: &mut String, case: &CaseReport) {
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table></div>\n");
+}
+
+// ---------------------------------------------------------------- application models
+
+/// Headline tiles of the key model metrics (orders per minute, RPC latency, login and
+/// launch times, VSImax…) with their per-window values. Sources of the same model kind
+/// (four desktop pools) share one tile showing the range over them.
+fn key_metric_tiles(out: &mut String, case: &CaseReport) {
+    if case.model_metrics.is_empty() {
+        return;
+    }
+    let columns = app::metric_columns(case);
+    let groups = app::metric_groups(case, &columns);
+    let mut kinds: Vec<(&str, Vec<&app::MetricGroup<'_>>)> = Vec::new();
+    for g in &groups {
+        let kind = if g.kind.is_empty() { g.source } else { g.kind };
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, members)) => members.push(g),
+            None => kinds.push((kind, vec![g])),
+        }
+    }
+    let whole_index = columns.iter().position(|c| c.is_empty());
+    let mut tiles = String::new();
+    for (kind, members) in &kinds {
+        let title = match members.as_slice() {
+            [only] => only.source.to_string(),
+            many => format!("{kind} ({})", many.len()),
+        };
+        for key in app::KEY_METRICS {
+            let rows: Vec<&app::MetricRow<'_>> = members
+                .iter()
+                .filter_map(|g| g.rows.iter().find(|r| r.name == key))
+                .collect();
+            let Some(first_row) = rows.first() else {
+                continue;
+            };
+            let unit = first_row.unit;
+            let values_at = |index: usize| -> Vec<f64> {
+                rows.iter()
+                    .filter_map(|r| r.values.get(index).copied().flatten())
+                    .filter(|v| v.is_finite())
+                    .collect()
+            };
+            let range = |values: &[f64]| -> Option<String> {
+                let lo = values.iter().copied().reduce(f64::min)?;
+                let hi = values.iter().copied().reduce(f64::max)?;
+                let (a, b) = (
+                    app::metric_value(key, lo, unit),
+                    app::metric_value(key, hi, unit),
+                );
+                Some(if a == b { a } else { format!("{a}–{b}") })
+            };
+            let whole = whole_index.map(values_at).unwrap_or_default();
+            let worst = whole.iter().copied().reduce(f64::max);
+            let reached: Vec<f64> = members
+                .iter()
+                .filter_map(|g| app::metric(case, g.source, "", "vsimax_reached"))
+                .map(|m| m.value)
+                .collect();
+            let (value_text, unit_text, class) = match (key, range(&whole)) {
+                ("vsimax_sessions", None)
+                    if !reached.is_empty() && reached.iter().all(|r| *r == 0.0) =>
+                {
+                    ("not reached".to_string(), "", "good")
+                }
+                (_, Some(text)) => {
+                    let class = match (key, worst) {
+                        ("rpc_latency_mean_ms", Some(v)) => {
+                            if v < 50.0 {
+                                "good"
+                            } else {
+                                "poor"
+                            }
+                        }
+                        ("login_time_mean_s", Some(v)) => grade_class(UxGrade::login(v)),
+                        ("app_launch_time_mean_s", Some(v)) => grade_class(UxGrade::app_load(v)),
+                        _ => "",
+                    };
+                    (text, app::unit_label(unit), class)
+                }
+                (_, None) => ("n/a".to_string(), "", ""),
+            };
+            let _ = write!(
+                tiles,
+                "<div class=\"tile {class}\"><div class=\"l\">{} · {}</div>\
+                 <div class=\"v\">{}<small>{}</small></div>",
+                esc(&title),
+                esc(&app::metric_label(key)),
+                esc(&value_text),
+                esc(unit_text)
+            );
+            if members.len() > 1 {
+                let names: Vec<&str> = members.iter().map(|g| g.source).collect();
+                let _ = write!(
+                    tiles,
+                    "<div class=\"w\">{}</div>",
+                    esc(&crate::svg::truncate(&names.join(", "), 60))
+                );
+            }
+            if key == "vsimax_sessions" {
+                let most: Vec<f64> = members
+                    .iter()
+                    .filter_map(|g| app::metric(case, g.source, "", "vsi_sessions_max"))
+                    .map(|m| m.value)
+                    .filter(|v| v.is_finite())
+                    .collect();
+                let hits = reached.iter().filter(|r| **r == 1.0).count();
+                if hits > 0 && hits < reached.len() {
+                    let _ = write!(
+                        tiles,
+                        "<div class=\"w\">reached in {hits} of {}</div>",
+                        reached.len()
+                    );
+                }
+                if let Some(most) = range(&most) {
+                    let _ = write!(
+                        tiles,
+                        "<div class=\"w\">{} sessions at most</div>",
+                        esc(&most)
+                    );
+                }
+            }
+            // Per-window values (finite ones), with the change from the first window
+            // when one source stands behind the tile.
+            let mut parts = Vec::new();
+            let mut texts = Vec::new();
+            let mut first: Option<f64> = None;
+            for (index, column) in columns.iter().enumerate() {
+                if column.is_empty() {
+                    continue;
+                }
+                let values = values_at(index);
+                let Some(text) = range(&values) else { continue };
+                let mut part = format!("{} <b>{}</b>", esc(column), esc(&text));
+                if let [v] = values.as_slice()
+                    && rows.len() == 1
+                {
+                    match first {
+                        None => first = Some(*v),
+                        Some(f) if f != 0.0 => {
+                            let change = (v / f - 1.0) * 100.0;
+                            let _ = write!(
+                                part,
+                                " <span class=\"chg\">({}{}%)</span>",
+                                if change > 0.0 { "+" } else { "" },
+                                esc(&fmt_thousands(change, 1))
+                            );
+                        }
+                        Some(_) => {}
+                    }
+                }
+                parts.push(part);
+                texts.push(text);
+            }
+            let same_as_whole = texts.iter().all(|t| *t == value_text);
+            if !parts.is_empty() && !same_as_whole {
+                let _ = write!(tiles, "<div class=\"w\">{}</div>", parts.join(" · "));
+            }
+            tiles.push_str("</div>");
+        }
+    }
+    if !tiles.is_empty() {
+        let _ = writeln!(out, "<div class=\"tiles\">{tiles}</div>");
+    }
+}
+
+fn grade_class(grade: Option<UxGrade>) -> &'static str {
+    grade.map_or("", UxGrade::label)
+}
+
+/// User experience, application metrics, windows and I/O sizes of a case.
+fn model_sections(out: &mut String, case: &CaseReport) {
+    let columns = app::metric_columns(case);
+    let ux = app::ux_rows(case, &columns);
+    if !ux.is_empty() {
+        out.push_str("<h3>User experience</h3>\n");
+        let rules: Vec<String> = {
+            let mut seen: Vec<&str> = Vec::new();
+            for r in &ux {
+                if !seen.contains(&r.activity) {
+                    seen.push(r.activity);
+                }
+            }
+            seen.iter()
+                .filter_map(|a| {
+                    app::activity_grading(a)
+                        .map(|(rule, _)| format!("{}: {rule}", app::activity_label(a)))
+                })
+                .collect()
+        };
+        if !rules.is_empty() {
+            let _ = writeln!(
+                out,
+                "<p class=\"hint\">Share of each activity graded good, fair or poor ({}).</p>",
+                esc(&rules.join("; "))
+            );
+        }
+        let rows: Vec<ShareRow> = ux
+            .iter()
+            .map(|r| ShareRow {
+                label: format!(
+                    "{} · {} · {}",
+                    r.source,
+                    app::activity_label(r.activity),
+                    r.window
+                ),
+                segments: vec![
+                    Segment {
+                        label: "good".into(),
+                        value: r.good_pct,
+                        colour: GOOD,
+                    },
+                    Segment {
+                        label: "fair".into(),
+                        value: r.fair_pct,
+                        colour: AMBER,
+                    },
+                    Segment {
+                        label: "poor".into(),
+                        value: r.poor_pct,
+                        colour: BAD,
+                    },
+                ],
+                note: {
+                    let mut note = Vec::new();
+                    if r.count.is_finite() {
+                        note.push(format!("n = {}", fmt_thousands(r.count, 0)));
+                    }
+                    if r.mean_s.is_finite() {
+                        let grade = r.mean_grade().map_or(String::new(), |g| format!(" ({g})"));
+                        note.push(format!("mean {} s{grade}", fmt_number(r.mean_s)));
+                    }
+                    note.join(" · ")
+                },
+            })
+            .collect();
+        let _ = writeln!(out, "<figure>{}</figure>", share_bars(&rows, true));
+    }
+    if !case.model_metrics.is_empty() {
+        out.push_str("<h3>Application metrics</h3>\n");
+        let rows = app::metric_groups(case, &columns)
+            .iter()
+            .map(|g| g.rows.len() + 1)
+            .sum::<usize>();
+        if rows > METRICS_OPEN_ROWS {
+            let _ = write!(
+                out,
+                "<details class=\"more\"><summary>All {} figures of {} sources, per window</summary>",
+                case.model_metrics.len(),
+                app::metric_groups(case, &columns).len()
+            );
+            metrics_table(out, case, &columns, !ux.is_empty());
+            out.push_str("</details>\n");
+        } else {
+            metrics_table(out, case, &columns, !ux.is_empty());
+        }
+    }
+    if !case.windows.is_empty() {
+        windows_section(out, case);
+    }
+    if let Some(sizes) = &case.io_sizes {
+        sizes_section(out, sizes);
+    }
+}
+
+fn metrics_table(out: &mut String, case: &CaseReport, columns: &[String], skip_grades: bool) {
+    out.push_str("<div class=\"tablewrap\"><table class=\"compact\">");
+    let mut headers = vec![("metric", false)];
+    headers.extend(columns.iter().map(|c| (app::column_label(c), true)));
+    headers.push(("unit", false));
+    th(out, &headers);
+    out.push_str("<tbody>");
+    for group in app::metric_groups(case, columns) {
+        let _ = write!(
+            out,
+            "<tr class=\"group\"><td colspan=\"{}\">{}<span>{}</span></td></tr>",
+            columns.len() + 2,
+            esc(group.source),
+            esc(if group.kind == group.source {
+                ""
+            } else {
+                group.kind
+            })
+        );
+        for row in &group.rows {
+            if skip_grades && app::grade_metric(row.name).is_some() {
+                continue;
+            }
+            out.push_str("<tr>");
+            let _ = write!(
+                out,
+                "<td title=\"{}\">{}</td>",
+                esc(row.name),
+                esc(&app::metric_label(row.name))
+            );
+            for value in &row.values {
+                match value {
+                    Some(v) => {
+                        let text = app::metric_value(row.name, *v, row.unit);
+                        if text == "FAIL" {
+                            out.push_str(
+                                "<td class=\"num\"><span class=\"badge off\">FAIL</span></td>",
+                            );
+                        } else if text == "pass" {
+                            out.push_str(
+                                "<td class=\"num\"><span class=\"badge ok\">pass</span></td>",
+                            );
+                        } else {
+                            td_num(out, &text);
+                        }
+                    }
+                    None => td_num(out, ""),
+                }
+            }
+            let _ = write!(
+                out,
+                "<td class=\"dim\">{}</td>",
+                esc(app::unit_label(row.unit))
+            );
+            out.push_str("</tr>");
+        }
+    }
+    out.push_str("</tbody></table></div>\n");
+}
+
+fn windows_section(out: &mut String, case: &CaseReport) {
+    out.push_str("<h3>Windows</h3>\n");
+    let spans: Vec<String> = case
+        .windows
+        .iter()
+        .map(|w| {
+            format!(
+                "<span class=\"chip\">{} · {}–{} s</span>",
+                esc(&w.name),
+                esc(&fmt_span(w.start_s)),
+                esc(&fmt_span(w.end_s))
+            )
+        })
+        .collect();
+    let _ = writeln!(out, "<div class=\"meta\">{}</div>", spans.join(""));
+    let pivot = app::window_pivot(case);
+    let levels: Vec<&app::PivotRow<'_>> = pivot
+        .iter()
+        .filter(|(name, _)| app::figure_kind(name).0 == "level")
+        .collect();
+    let (by, members): (&str, Vec<&app::PivotRow<'_>>) = if levels.is_empty() {
+        (
+            "volume",
+            pivot
+                .iter()
+                .filter(|(name, _)| app::figure_kind(name).0 != "total")
+                .collect(),
+        )
+    } else {
+        ("service level", levels)
+    };
+    let groups: Vec<String> = case.windows.iter().map(|w| w.name.clone()).collect();
+    type Figure = (
+        &'static str,
+        &'static str,
+        fn(&WorkloadResult) -> f64,
+        fn(f64) -> String,
+    );
+    let figures: [Figure; 2] = [
+        ("IOPS", "IOPS", |w| w.iops, fmt_iops),
+        ("Mean latency", "ms", app::window_latency_ms, fmt_ms),
+    ];
+    if !members.is_empty() {
+        out.push_str("<div class=\"charts\">\n");
+        for (title, unit, value, fmt) in figures {
+            let series: Vec<BarSeries> = members
+                .iter()
+                .enumerate()
+                .map(|(i, (name, per_window))| {
+                    let values: Vec<f64> = per_window
+                        .iter()
+                        .map(|f| f.map_or(f64::NAN, value))
+                        .collect();
+                    BarSeries {
+                        name: app::figure_kind(name).1.to_string(),
+                        colour: level_colour(app::figure_kind(name).1, i),
+                        tooltips: values
+                            .iter()
+                            .map(|v| format!("{} {unit}", fmt(*v)))
+                            .collect(),
+                        values,
+                    }
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "<figure><figcaption>{title} per window<span>per {by}</span></figcaption>{}</figure>",
+                grouped_bars(&groups, &series, unit)
+            );
+        }
+        out.push_str("</div>\n");
+    }
+    // The table: one row per figure, IOPS / MB/s / mean ms per window.
+    out.push_str("<div class=\"tablewrap\"><table><thead><tr><th></th><th>figure</th>");
+    for w in &case.windows {
+        let _ = write!(
+            out,
+            "<th class=\"num\">{} IOPS</th><th class=\"num\">MB/s</th><th class=\"num\">mean ms</th>",
+            esc(&w.name)
+        );
+    }
+    out.push_str("</tr></thead><tbody>");
+    for (name, per_window) in &pivot {
+        let (kind, label) = app::figure_kind(name);
+        out.push_str(if kind == "total" {
+            "<tr class=\"total\">"
+        } else {
+            "<tr>"
+        });
+        let _ = write!(
+            out,
+            "<td class=\"dim\">{}</td>",
+            esc(if kind == "total" { "" } else { kind })
+        );
+        td(out, label);
+        for f in per_window {
+            match f {
+                Some(f) => {
+                    td_num(out, &fmt_iops(f.iops));
+                    td_num(out, &fmt_mbps(f.mbps));
+                    td_num(out, &fmt_ms(app::window_latency_ms(f)));
+                }
+                None => {
+                    for _ in 0..3 {
+                        td_num(out, "");
+                    }
+                }
+            }
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table></div>\n");
+}
+
+/// Service levels keep their colours across charts (mission-critical blue, business-
+/// critical orange, non-critical grey-green); anything else takes the palette.
+fn level_colour(name: &str, index: usize) -> &'static str {
+    match name {
+        "mission-critical" => PALETTE[0],
+        "business-critical" => PALETTE[1],
+        "non-critical" => PALETTE[3],
+        "best-effort" => PALETTE[9],
+        _ => PALETTE[index % PALETTE.len()],
+    }
+}
+
+fn sizes_section(out: &mut String, h: &IoSizeHistogram) {
+    out.push_str("<h3>I/O sizes</h3>\n");
+    let buckets = app::size_buckets(h);
+    let all: u64 = buckets
+        .iter()
+        .map(|b| b.reads.saturating_add(b.writes))
+        .fold(0, u64::saturating_add);
+    let split = app::access_split(h);
+    let has_split = split.iter().any(|(_, s, r)| s.saturating_add(*r) > 0);
+    if all == 0 && !has_split {
+        out.push_str("<p class=\"empty\">No transfers recorded.</p>\n");
+        return;
+    }
+    out.push_str("<div class=\"charts\">\n");
+    if all > 0 {
+        let groups: Vec<String> = buckets.iter().map(|b| b.short_label.clone()).collect();
+        let series: Vec<BarSeries> = [
+            (
+                "reads",
+                PALETTE[0],
+                buckets.iter().map(|b| b.reads).collect::<Vec<u64>>(),
+            ),
+            (
+                "writes",
+                PALETTE[1],
+                buckets.iter().map(|b| b.writes).collect(),
+            ),
+        ]
+        .into_iter()
+        .map(|(name, colour, counts)| BarSeries {
+            name: name.to_string(),
+            colour,
+            values: counts.iter().map(|c| app::pct(*c, all)).collect(),
+            tooltips: counts
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{} I/Os ({}% of all)",
+                        fmt_count(*c),
+                        fmt_thousands(app::pct(*c, all), 1)
+                    )
+                })
+                .collect(),
+        })
+        .collect();
+        let _ = writeln!(
+            out,
+            "<figure><figcaption>Transfer sizes<span>{} I/Os</span></figcaption>{}</figure>",
+            esc(&fmt_count(all)),
+            grouped_bars(&groups, &series, "% of I/Os")
+        );
+    }
+    if has_split {
+        let rows: Vec<ShareRow> = split
+            .iter()
+            .map(|(label, seq, random)| ShareRow {
+                label: label.to_string(),
+                segments: vec![
+                    Segment {
+                        label: "sequential".into(),
+                        value: *seq as f64,
+                        colour: PALETTE[0],
+                    },
+                    Segment {
+                        label: "random".into(),
+                        value: *random as f64,
+                        colour: PALETTE[1],
+                    },
+                ],
+                note: format!("{} I/Os", fmt_count(seq.saturating_add(*random))),
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "<figure><figcaption>Random vs sequential</figcaption>{}</figure>",
+            share_bars(&rows, false)
+        );
+    }
+    out.push_str("</div>\n");
 }
 
 // ---------------------------------------------------------------- sweeps

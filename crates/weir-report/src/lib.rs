@@ -21,6 +21,7 @@
 
 use serde::{Deserialize, Serialize};
 
+mod app;
 mod format;
 mod html;
 mod json;

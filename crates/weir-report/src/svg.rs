@@ -13,6 +13,8 @@ pub(crate) const PALETTE: [&str; 10] = [
 pub(crate) const GOOD: &str = "#59a14f";
 pub(crate) const WARN: &str = "#f28e2b";
 pub(crate) const BAD: &str = "#e15759";
+/// "Fair" of the user-experience grades (dark text on it).
+pub(crate) const AMBER: &str = "#f0b429";
 const WEIR_COLOUR: &str = "#4e79a7";
 const SEED_COLOUR: &str = "#a5a09b";
 /// Colour and dash pattern of series `index`: past the palette, lines are dashed so
@@ -598,6 +600,293 @@ pub(crate) fn utilisation_bars(rows: &[(&str, &str, f64)]) -> String {
     svg
 }
 
+/// One coloured part of a [`ShareRow`].
+pub(crate) struct Segment {
+    pub label: String,
+    pub value: f64,
+    pub colour: &'static str,
+}
+
+/// One horizontal 100 % bar: its label, segments (drawn as shares of their sum) and a
+/// note on the right.
+pub(crate) struct ShareRow {
+    pub label: String,
+    pub segments: Vec<Segment>,
+    pub note: String,
+}
+
+/// Horizontal stacked 100 % bars (user-experience grades, random vs sequential), with
+/// a legend of the segment labels of the first row. Rows whose segments are all zero
+/// or not finite show "no data".
+/// `wide` draws across a card (1140 px); otherwise it fits half a card (600 px).
+pub(crate) fn share_bars(rows: &[ShareRow], wide: bool) -> String {
+    let (chart_w, label_end, bar_x, bar_w) = if wide {
+        (1140.0, 300.0, 312.0, 600.0)
+    } else {
+        (600.0, 62.0, 72.0, 380.0)
+    };
+    const ROW_H: f64 = 30.0;
+    const TOP: f64 = 30.0;
+    if rows.is_empty() {
+        return no_data_svg(chart_w, 80.0, "no data");
+    }
+    let height = TOP + ROW_H * rows.len() as f64 + 20.0;
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        "<svg class=\"chart{}\" viewBox=\"0 0 {chart_w} {h}\" width=\"{chart_w}\" height=\"{h}\" \
+         role=\"img\" xmlns=\"http://www.w3.org/2000/svg\">",
+        if wide { " bars" } else { "" },
+        h = px(height)
+    );
+    // Legend: the segments of the first row.
+    let mut lx = bar_x;
+    for seg in &rows[0].segments {
+        let _ = write!(
+            svg,
+            "<g class=\"legend-item\"><rect x=\"{}\" y=\"6\" width=\"12\" height=\"12\" rx=\"2\" \
+             fill=\"{}\"/><text x=\"{}\" y=\"16\">{}</text></g>",
+            px(lx),
+            seg.colour,
+            px(lx + 17.0),
+            esc(&seg.label)
+        );
+        lx += 30.0 + seg.label.chars().count() as f64 * CHAR_PX;
+    }
+    let bottom = TOP + ROW_H * rows.len() as f64;
+    for q in 0..=4 {
+        let x = bar_x + bar_w * q as f64 / 4.0;
+        let _ = write!(
+            svg,
+            "<line class=\"grid\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\"/>\
+             <text class=\"tick\" x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{}%</text>",
+            px(TOP - 2.0),
+            px(bottom),
+            px(bottom + 15.0),
+            q * 25,
+            x = px(x)
+        );
+    }
+    for (i, row) in rows.iter().enumerate() {
+        let y = TOP + ROW_H * i as f64;
+        let _ = write!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"bar-label\"><title>{}</title>{}</text>",
+            px(label_end),
+            px(y + 19.0),
+            esc(&row.label),
+            esc(&truncate(&row.label, if wide { 42 } else { 9 }))
+        );
+        let clean: Vec<f64> = row
+            .segments
+            .iter()
+            .map(|s| {
+                if s.value.is_finite() && s.value > 0.0 {
+                    s.value
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let sum: f64 = clean.iter().sum();
+        if sum <= 0.0 {
+            let _ = write!(
+                svg,
+                "<rect x=\"{bar_x}\" y=\"{}\" width=\"{bar_w}\" height=\"20\" rx=\"3\" fill=\"#f3f4f6\"/>\
+                 <text class=\"muted\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">no data</text>",
+                px(y + 5.0),
+                px(bar_x + bar_w / 2.0),
+                px(y + 19.0)
+            );
+        } else {
+            let mut x = bar_x;
+            for (seg, value) in row.segments.iter().zip(&clean) {
+                if *value <= 0.0 {
+                    continue;
+                }
+                let share = value / sum;
+                let w = share * bar_w;
+                let text = format!("{}%", fmt_thousands(share * 100.0, 0));
+                let _ = write!(
+                    svg,
+                    "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"20\" fill=\"{}\"><title>{}: {}%</title></rect>",
+                    px(x),
+                    px(y + 5.0),
+                    px(w),
+                    seg.colour,
+                    esc(&format!("{} · {}", row.label, seg.label)),
+                    esc(&fmt_thousands(share * 100.0, 1))
+                );
+                if w >= text.chars().count() as f64 * CHAR_PX + 8.0 {
+                    let _ = write!(
+                        svg,
+                        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"{}\" \
+                         font-weight=\"600\" font-size=\"12\">{}</text>",
+                        px(x + w / 2.0),
+                        px(y + 19.5),
+                        if seg.colour == AMBER {
+                            "#3d2e00"
+                        } else {
+                            "#fff"
+                        },
+                        esc(&text)
+                    );
+                }
+                x += w;
+            }
+        }
+        let _ = write!(
+            svg,
+            "<text class=\"bar-value\" x=\"{}\" y=\"{}\">{}</text>",
+            px(bar_x + bar_w + 12.0),
+            px(y + 19.0),
+            esc(&truncate(&row.note, if wide { 36 } else { 20 }))
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// One series of a [`grouped_bars`] chart: one value per group.
+pub(crate) struct BarSeries {
+    pub name: String,
+    pub colour: &'static str,
+    pub values: Vec<f64>,
+    /// Tooltip text per value (the formatted figure with its unit).
+    pub tooltips: Vec<String>,
+}
+
+/// Vertical bars, one group per entry of `groups` (windows, size buckets), one bar per
+/// series inside each group, y from zero; non-finite values leave a gap.
+pub(crate) fn grouped_bars(groups: &[String], series: &[BarSeries], y_label: &str) -> String {
+    let finite: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.values.iter().copied())
+        .filter(|v| v.is_finite())
+        .collect();
+    if groups.is_empty() || series.is_empty() || finite.is_empty() {
+        return no_data_svg(CHART_W, 120.0, "no data");
+    }
+    let y_max = finite.iter().fold(0.0f64, |m, v| m.max(*v));
+    let y_min = finite.iter().fold(0.0f64, |m, v| m.min(*v));
+    let (y_lo, y_hi, y_ticks, y_step) = linear_ticks(y_min, y_max, 5);
+    let y_abs = y_lo.abs().max(y_hi.abs());
+    let plot_w = CHART_W - PLOT_LEFT - PLOT_RIGHT;
+    let sy = |y: f64| PLOT_TOP + PLOT_H - (y - y_lo) / (y_hi - y_lo) * PLOT_H;
+    let group_w = plot_w / groups.len() as f64;
+    let bar_w = (group_w * 0.8 / series.len() as f64).min(48.0);
+    let bottom = PLOT_TOP + PLOT_H;
+
+    // Group labels that would touch their neighbours alternate between two rows.
+    const TICK_CHAR_PX: f64 = 6.2;
+    let stagger = groups
+        .iter()
+        .any(|g| g.chars().count() as f64 * TICK_CHAR_PX > group_w - 4.0);
+    // Legend rows under the axis.
+    let legend_top = bottom + if stagger { 53.0 } else { 40.0 };
+    let mut legend = String::new();
+    let (mut lx, mut ly) = (PLOT_LEFT, legend_top);
+    for s in series {
+        let label = truncate(&s.name, 40);
+        let item_w = 22.0 + label.chars().count() as f64 * CHAR_PX + 18.0;
+        if lx + item_w > CHART_W && lx > PLOT_LEFT {
+            lx = PLOT_LEFT;
+            ly += 18.0;
+        }
+        let _ = write!(
+            legend,
+            "<g class=\"legend-item\"><rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" rx=\"2\" \
+             fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text></g>",
+            px(lx),
+            px(ly - 10.0),
+            s.colour,
+            px(lx + 17.0),
+            px(ly),
+            esc(&label)
+        );
+        lx += item_w;
+    }
+    let height = ly + 10.0;
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        "<svg class=\"chart\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" \
+         role=\"img\" xmlns=\"http://www.w3.org/2000/svg\">",
+        w = px(CHART_W),
+        h = px(height)
+    );
+    for &t in &y_ticks {
+        let _ = write!(
+            svg,
+            "<line class=\"grid\" x1=\"{}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\"/>\
+             <text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
+            px(PLOT_LEFT),
+            px(CHART_W - PLOT_RIGHT),
+            px(PLOT_LEFT - 8.0),
+            px(sy(t) + 4.0),
+            esc(&tick_label(t, y_step, y_abs)),
+            y = px(sy(t))
+        );
+    }
+    let zero_y = sy(0.0f64.clamp(y_lo, y_hi));
+    for (gi, group) in groups.iter().enumerate() {
+        let gx = PLOT_LEFT + group_w * gi as f64;
+        let bars_w = bar_w * series.len() as f64;
+        let start = gx + (group_w - bars_w) / 2.0;
+        for (si, s) in series.iter().enumerate() {
+            let Some(value) = s.values.get(gi).copied().filter(|v| v.is_finite()) else {
+                continue;
+            };
+            let (top, bar_h) = if value >= 0.0 {
+                (sy(value), zero_y - sy(value))
+            } else {
+                (zero_y, sy(value) - zero_y)
+            };
+            let tip = s.tooltips.get(gi).cloned().unwrap_or_default();
+            let _ = write!(
+                svg,
+                "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" rx=\"2\" fill=\"{}\">\
+                 <title>{}</title></rect>",
+                px(start + bar_w * si as f64 + 1.0),
+                px(top),
+                px((bar_w - 2.0).max(1.0)),
+                px(bar_h.max(if value != 0.0 { 1.0 } else { 0.0 })),
+                s.colour,
+                esc(&format!("{} · {}: {}", group, s.name, tip))
+            );
+        }
+        // Group label, cut to the room it has (two groups' width when staggered).
+        let room = if stagger { group_w * 2.0 } else { group_w };
+        let max_chars = ((room - 6.0) / TICK_CHAR_PX).floor().max(3.0) as usize;
+        let row_offset = if stagger && gi % 2 == 1 { 13.0 } else { 0.0 };
+        let _ = write!(
+            svg,
+            "<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\"><title>{}</title>{}</text>",
+            px(gx + group_w / 2.0),
+            px(bottom + 16.0 + row_offset),
+            esc(group),
+            esc(&truncate(group, max_chars))
+        );
+    }
+    let _ = write!(
+        svg,
+        "<line class=\"axis\" x1=\"{l}\" y1=\"{t}\" x2=\"{l}\" y2=\"{b}\"/>\
+         <line class=\"axis\" x1=\"{l}\" y1=\"{z}\" x2=\"{r}\" y2=\"{z}\"/>\
+         <text class=\"axis-label\" transform=\"translate(16 {cy}) rotate(-90)\" \
+         text-anchor=\"middle\">{ylabel}</text>",
+        l = px(PLOT_LEFT),
+        t = px(PLOT_TOP),
+        b = px(bottom),
+        z = px(zero_y),
+        r = px(CHART_W - PLOT_RIGHT),
+        cy = px(PLOT_TOP + PLOT_H / 2.0),
+        ylabel = esc(y_label)
+    );
+    svg.push_str(&legend);
+    svg.push_str("</svg>");
+    svg
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -622,6 +911,55 @@ mod tests {
         assert_eq!(tick_label(800.0, 200.0, 1000.0), "800");
         assert_eq!(tick_label(0.0, 50_000.0, 200_000.0), "0");
         assert_eq!(tick_label(-1e-12, 0.5, 2.0), "0");
+    }
+
+    #[test]
+    fn share_and_grouped_bars_handle_empty_and_nan() {
+        let row = |values: [f64; 2]| ShareRow {
+            label: "login".into(),
+            segments: values
+                .iter()
+                .map(|&value| Segment {
+                    label: "good".into(),
+                    value,
+                    colour: GOOD,
+                })
+                .collect(),
+            note: String::new(),
+        };
+        let svg = share_bars(&[row([75.0, 25.0]), row([f64::NAN, 0.0])], true);
+        assert!(svg.contains(">75%</text>") && svg.contains(">25%</text>"));
+        assert!(svg.contains("no data"));
+        assert!(!svg.contains("NaN"));
+        assert!(share_bars(&[], false).contains("no data"));
+        let series = |values: Vec<f64>| BarSeries {
+            name: "mission-critical".into(),
+            colour: PALETTE[0],
+            values,
+            tooltips: vec![],
+        };
+        let svg = grouped_bars(
+            &["pre-storm".into(), "storm".into()],
+            &[series(vec![100.0, f64::NAN])],
+            "IOPS",
+        );
+        assert_eq!(
+            svg.matches("<rect").count(),
+            2,
+            "one bar, one legend swatch"
+        );
+        assert!(!svg.contains("NaN"));
+        assert!(grouped_bars(&["a".into()], &[series(vec![f64::NAN])], "x").contains("no data"));
+        // Ten long labels do not fit side by side: they alternate between two rows.
+        let groups: Vec<String> = (0..10).map(|i| format!("{i}28–256K")).collect();
+        let svg = grouped_bars(&groups, &[series(vec![1.0; 10])], "%");
+        let label_rows: std::collections::BTreeSet<&str> = svg
+            .split("<text class=\"tick\" x=\"")
+            .skip(1)
+            .filter(|t| t.contains("28–256K</text>"))
+            .filter_map(|t| t.split("y=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(label_rows.len(), 2, "{label_rows:?}");
     }
 
     #[test]

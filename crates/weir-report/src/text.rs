@@ -1,11 +1,20 @@
 //! Terminal rendering: per case a workloads table with a total line, "Weir vs seed",
-//! components, timeline sparklines; for sweeps a compact table with one row per case.
+//! components, timeline sparklines; then, when the case carries them, the application
+//! metrics (grouped by source, the whole run and each named window as columns), the
+//! user-experience grades (good / fair / poor shares with a bar), the named windows
+//! (per volume, service level and total, windows side by side) and the I/O size
+//! histogram with the random / sequential split; for sweeps a compact table with one
+//! row per case.
 
+use crate::app;
 use crate::format::{
-    fmt_count, fmt_iops, fmt_mbps, fmt_ms, fmt_number, fmt_param, fmt_pct, fmt_ratio,
+    fmt_count, fmt_iops, fmt_mbps, fmt_ms, fmt_number, fmt_param, fmt_pct, fmt_ratio, fmt_thousands,
 };
 use crate::table::{Cell, Column, Style, Table, sanitize};
-use crate::{CaseReport, Comparison, ScenarioReport, TimelineSeries, WorkloadResult};
+use crate::{
+    CaseReport, Comparison, IoSizeHistogram, ScenarioReport, TimelineSeries, UxGrade,
+    WorkloadResult,
+};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
@@ -138,6 +147,356 @@ fn render_case(
     if opts.sparklines && !case.timeline.is_empty() {
         section(out, "Timeline", color);
         out.push_str(&timeline_table(&case.timeline).render(color));
+    }
+
+    render_model_sections(out, case, color);
+}
+
+/// The issue-4 fields: application metrics, user-experience grades, named windows and
+/// the I/O size histogram (each only when the case carries it).
+fn render_model_sections(out: &mut String, case: &CaseReport, color: bool) {
+    let columns = app::metric_columns(case);
+    let ux = app::ux_rows(case, &columns);
+    if !case.model_metrics.is_empty() {
+        section(out, "Application metrics", color);
+        out.push_str(&metrics_table(case, &columns, !ux.is_empty()).render(color));
+    }
+    if !ux.is_empty() {
+        section(out, "User experience (█ good  ▓ fair  ░ poor)", color);
+        out.push_str(&ux_table(&ux).render(color));
+    }
+    if !case.windows.is_empty() {
+        section(out, "Windows", color);
+        let spans: Vec<String> = case
+            .windows
+            .iter()
+            .map(|w| {
+                format!(
+                    "{} {}–{} s",
+                    sanitize(&w.name),
+                    fmt_span(w.start_s),
+                    fmt_span(w.end_s)
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "{}{}", " ".repeat(INDENT), spans.join(" · "));
+        out.push_str(&windows_table(case).render(color));
+    }
+    if let Some(sizes) = &case.io_sizes {
+        section(out, "I/O sizes", color);
+        out.push_str(&size_tables(sizes, color));
+    }
+}
+
+fn metrics_table(case: &CaseReport, columns: &[String], skip_grades: bool) -> Table {
+    let mut header = vec![Column::left("source"), Column::left("metric")];
+    header.extend(columns.iter().map(|c| Column::right(app::column_label(c))));
+    header.push(Column::left("unit"));
+    let mut table = Table::new(header).with_indent(INDENT);
+    for (gi, group) in app::metric_groups(case, columns).iter().enumerate() {
+        if gi > 0 {
+            table.add_separator();
+        }
+        let mut first = true;
+        for row in &group.rows {
+            if skip_grades && app::grade_metric(row.name).is_some() {
+                continue;
+            }
+            let source = if first {
+                if group.kind.is_empty() || group.kind == group.source {
+                    group.source.to_string()
+                } else {
+                    format!("{} ({})", group.source, group.kind)
+                }
+            } else {
+                String::new()
+            };
+            first = false;
+            let mut cells = vec![
+                Cell::styled(source, Style::Bold),
+                Cell::new(app::metric_label(row.name)),
+            ];
+            for value in &row.values {
+                cells.push(match value {
+                    Some(v) => {
+                        let text = app::metric_value(row.name, *v, row.unit);
+                        let style = if text == "FAIL" {
+                            Style::Red
+                        } else {
+                            Style::Plain
+                        };
+                        Cell::styled(text, style)
+                    }
+                    None => Cell::styled("", Style::Dim),
+                });
+            }
+            cells.push(Cell::styled(app::unit_label(row.unit), Style::Dim));
+            table.add_row(cells);
+        }
+    }
+    table
+}
+
+fn grade_style(grade: Option<UxGrade>) -> Style {
+    match grade {
+        Some(UxGrade::Good) => Style::Green,
+        Some(UxGrade::Fair) => Style::Yellow,
+        Some(UxGrade::Poor) => Style::Red,
+        None => Style::Dim,
+    }
+}
+
+/// `████▓▓░` of good / fair / poor shares, `width` characters (largest remainder).
+pub(crate) fn grade_bar(shares: [f64; 3], width: usize) -> String {
+    let clean = shares.map(|v| if v.is_finite() && v > 0.0 { v } else { 0.0 });
+    let sum: f64 = clean.iter().sum();
+    if sum <= 0.0 {
+        return "·".repeat(width);
+    }
+    let exact = clean.map(|v| v / sum * width as f64);
+    let mut cells = exact.map(|v| v.floor() as usize);
+    // Every present share shows, however small.
+    for i in 0..3 {
+        if clean[i] > 0.0 && cells[i] == 0 {
+            cells[i] = 1;
+        }
+    }
+    while cells.iter().sum::<usize>() > width {
+        let Some(largest) = (0..3).filter(|&i| cells[i] > 1).max_by_key(|&i| cells[i]) else {
+            break;
+        };
+        cells[largest] -= 1;
+    }
+    let mut order = [0usize, 1, 2];
+    order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())));
+    let mut next = order.iter().filter(|&&i| clean[i] > 0.0).cycle();
+    while cells.iter().sum::<usize>() < width {
+        match next.next() {
+            Some(&i) => cells[i] += 1,
+            None => break,
+        }
+    }
+    format!(
+        "{}{}{}",
+        "█".repeat(cells[0]),
+        "▓".repeat(cells[1]),
+        "░".repeat(cells[2])
+    )
+}
+
+fn ux_table(rows: &[app::UxRow<'_>]) -> Table {
+    let mut table = Table::new(vec![
+        Column::left("source"),
+        Column::left("activity"),
+        Column::left("window"),
+        Column::right("count"),
+        Column::right("mean s"),
+        Column::left("grade"),
+        Column::left(""),
+        Column::right("good"),
+        Column::right("fair"),
+        Column::right("poor"),
+        Column::left("thresholds"),
+    ])
+    .with_indent(INDENT);
+    for r in rows {
+        let grade = r.mean_grade();
+        let pct = |v: f64| {
+            if v.is_finite() {
+                format!("{}%", fmt_thousands(v, 1))
+            } else {
+                "n/a".to_string()
+            }
+        };
+        table.add_row([
+            Cell::new(r.source),
+            Cell::new(app::activity_label(r.activity)),
+            Cell::styled(r.window, Style::Dim),
+            Cell::new(if r.count.is_finite() {
+                fmt_thousands(r.count, 0)
+            } else {
+                "n/a".to_string()
+            }),
+            Cell::new(fmt_number(r.mean_s)),
+            Cell::styled(grade.map_or("n/a", UxGrade::label), grade_style(grade)),
+            Cell::styled(
+                grade_bar([r.good_pct, r.fair_pct, r.poor_pct], 20),
+                grade_style(grade),
+            ),
+            Cell::new(pct(r.good_pct)),
+            Cell::new(pct(r.fair_pct)),
+            Cell::new(pct(r.poor_pct)),
+            Cell::styled(
+                app::activity_grading(r.activity).map_or("", |(text, _)| text),
+                Style::Dim,
+            ),
+        ]);
+    }
+    table
+}
+
+fn windows_table(case: &CaseReport) -> Table {
+    let with_mbps = case.windows.len() <= 3;
+    let mut header = vec![Column::left(""), Column::left("figure")];
+    for w in &case.windows {
+        header.push(Column::right(format!("{} IOPS", w.name)));
+        if with_mbps {
+            header.push(Column::right("MB/s"));
+        }
+        header.push(Column::right("mean ms"));
+    }
+    let mut table = Table::new(header).with_indent(INDENT);
+    let mut last_kind = None;
+    for (name, figures) in app::window_pivot(case) {
+        let (kind, label) = app::figure_kind(name);
+        if last_kind.is_some_and(|k| k != kind) {
+            table.add_separator();
+        }
+        last_kind = Some(kind);
+        let style = if kind == "total" {
+            Style::Bold
+        } else {
+            Style::Plain
+        };
+        let mut cells = vec![
+            Cell::styled(if kind == "total" { "" } else { kind }, Style::Dim),
+            Cell::styled(label, style),
+        ];
+        for f in figures {
+            match f {
+                Some(f) => {
+                    cells.push(Cell::styled(fmt_iops(f.iops), style));
+                    if with_mbps {
+                        cells.push(Cell::styled(fmt_mbps(f.mbps), style));
+                    }
+                    cells.push(Cell::styled(fmt_ms(app::window_latency_ms(f)), style));
+                }
+                None => {
+                    let n = if with_mbps { 3 } else { 2 };
+                    cells.extend((0..n).map(|_| Cell::styled("", Style::Dim)));
+                }
+            }
+        }
+        table.add_row(cells);
+    }
+    table
+}
+
+/// `██████` scaled to `max`, `width` characters at most.
+fn count_bar(count: u64, max: u64, width: usize) -> String {
+    if max == 0 {
+        return String::new();
+    }
+    let filled = (count as f64 / max as f64 * width as f64).round() as usize;
+    let filled = if count > 0 { filled.max(1) } else { 0 };
+    "█".repeat(filled.min(width))
+}
+
+fn size_tables(h: &IoSizeHistogram, color: bool) -> String {
+    let buckets = app::size_buckets(h);
+    let reads: u64 = buckets.iter().map(|b| b.reads).fold(0, u64::saturating_add);
+    let writes: u64 = buckets
+        .iter()
+        .map(|b| b.writes)
+        .fold(0, u64::saturating_add);
+    let max = buckets
+        .iter()
+        .map(|b| b.reads.max(b.writes))
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    if buckets.is_empty() || reads.saturating_add(writes) == 0 {
+        let _ = writeln!(out, "  (no transfers recorded)");
+    } else {
+        let mut table = Table::new(vec![
+            Column::left("size"),
+            Column::right("reads"),
+            Column::right("%"),
+            Column::left(""),
+            Column::right("writes"),
+            Column::right("%"),
+            Column::left(""),
+        ])
+        .with_indent(INDENT);
+        for b in &buckets {
+            table.add_row([
+                Cell::new(b.label.as_str()),
+                Cell::new(fmt_count(b.reads)),
+                Cell::new(fmt_share(app::pct(b.reads, reads))),
+                Cell::styled(count_bar(b.reads, max, 24), Style::Cyan),
+                Cell::new(fmt_count(b.writes)),
+                Cell::new(fmt_share(app::pct(b.writes, writes))),
+                Cell::styled(count_bar(b.writes, max, 24), Style::Yellow),
+            ]);
+        }
+        table.add_separator();
+        table.add_row([
+            Cell::styled("all", Style::Bold),
+            Cell::styled(fmt_count(reads), Style::Bold),
+            Cell::styled(
+                fmt_share(app::pct(reads, reads.saturating_add(writes))),
+                Style::Bold,
+            ),
+            Cell::new(""),
+            Cell::styled(fmt_count(writes), Style::Bold),
+            Cell::styled(
+                fmt_share(app::pct(writes, reads.saturating_add(writes))),
+                Style::Bold,
+            ),
+            Cell::new(""),
+        ]);
+        out.push_str(&table.render(color));
+    }
+    let split = app::access_split(h);
+    if split.iter().any(|(_, s, r)| s.saturating_add(*r) > 0) {
+        out.push('\n');
+        let mut table = Table::new(vec![
+            Column::left("access"),
+            Column::right("sequential"),
+            Column::right("random"),
+            Column::left("(█ sequential ░ random)"),
+        ])
+        .with_indent(INDENT);
+        for (label, seq, random) in split {
+            let all = seq.saturating_add(random);
+            let seq_pct = app::pct(seq, all);
+            let bar = if all == 0 {
+                String::new()
+            } else {
+                let filled = (seq_pct / 100.0 * 30.0).round() as usize;
+                format!(
+                    "{}{}",
+                    "█".repeat(filled.min(30)),
+                    "░".repeat(30 - filled.min(30))
+                )
+            };
+            table.add_row([
+                Cell::new(label),
+                Cell::new(fmt_share(seq_pct)),
+                Cell::new(fmt_share(app::pct(random, all))),
+                Cell::styled(bar, Style::Cyan),
+            ]);
+        }
+        out.push_str(&table.render(color));
+    }
+    out
+}
+
+/// A window bound in seconds: whole seconds without decimals.
+pub(crate) fn fmt_span(seconds: f64) -> String {
+    if seconds.is_finite() && seconds.fract() == 0.0 {
+        fmt_param(seconds)
+    } else {
+        fmt_number(seconds)
+    }
+}
+
+/// A percentage with one decimal (`n/a` when not defined).
+fn fmt_share(pct: f64) -> String {
+    if pct.is_finite() {
+        format!("{}%", fmt_thousands(pct, 1))
+    } else {
+        "n/a".to_string()
     }
 }
 
@@ -437,6 +796,16 @@ mod tests {
                 .count(),
             60
         );
+    }
+
+    #[test]
+    fn grade_bar_fills_the_width_by_share() {
+        assert_eq!(grade_bar([50.0, 30.0, 20.0], 10), "█████▓▓▓░░");
+        assert_eq!(grade_bar([100.0, 0.0, 0.0], 4), "████");
+        assert_eq!(grade_bar([33.3, 33.3, 33.4], 10).chars().count(), 10);
+        assert_eq!(grade_bar([f64::NAN, 0.0, 0.0], 3), "···");
+        // A tiny but present share still shows.
+        assert!(grade_bar([99.0, 0.0, 1.0], 10).ends_with('░'));
     }
 
     #[test]

@@ -1,9 +1,9 @@
 mod fixtures;
 
-use fixtures::{comparison, raid_sweep_report, sioc_report, workload};
+use fixtures::{comparison, mixed_workload_report, raid_sweep_report, sioc_report, workload};
 use weir_report::{
-    CaseReport, ScenarioReport, TextOptions, TimelineSeries, parse_json, render_html, render_json,
-    render_text,
+    CaseReport, IoSizeHistogram, ScenarioReport, TextOptions, TimelineSeries, parse_json,
+    render_html, render_json, render_text,
 };
 
 /// Checks that every element opened is closed in order (void elements and `/>` aside),
@@ -366,10 +366,243 @@ fn writes_sample_reports_for_inspection() {
     for (file, report) in [
         ("weir-report-sample.html", sioc_report()),
         ("weir-report-sweep.html", raid_sweep_report()),
+        ("weir-report-mixed.html", mixed_workload_report()),
     ] {
         let html = render_html(&report);
         std::fs::write(dir.join(file), &html).expect("write sample");
         let text = render_text(&report, &TextOptions::default());
         std::fs::write(dir.join(file.replace(".html", ".txt")), &text).expect("write sample");
     }
+}
+
+#[test]
+fn text_renders_model_metrics_windows_and_size_histogram() {
+    let text = render_text(&mixed_workload_report(), &TextOptions::default());
+    assert!(text.contains("Application metrics"), "{text}");
+    // Windows as columns, whole run first.
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("source") && l.contains("metric"))
+        .expect("metrics header");
+    let at = |s: &str| header.find(s).unwrap_or_else(|| panic!("{s} in {header}"));
+    assert!(
+        at("whole run") < at("pre-storm")
+            && at("pre-storm") < at("storm  ")
+            && at("storm  ") < at("vsi")
+    );
+    let opm = text
+        .lines()
+        .find(|l| l.contains("orders per minute"))
+        .expect("opm row");
+    assert!(
+        opm.contains("sql (oltp)") && opm.contains("12,000") && opm.contains("11,550"),
+        "{opm}"
+    );
+    let rpc = text
+        .lines()
+        .find(|l| l.contains("RPC latency < 50 ms"))
+        .expect("rpc row");
+    assert!(rpc.contains("pass"), "{rpc}");
+    // Grade shares move to the user-experience table, not the metrics table.
+    assert!(!text.contains("login good"));
+    assert!(text.contains("User experience"));
+    let storm_login = text
+        .lines()
+        .find(|l| l.contains(" login ") && l.contains("storm") && !l.contains("pre-storm"))
+        .expect("storm login row");
+    assert!(
+        storm_login.contains("60.0%")
+            && storm_login.contains("25.0%")
+            && storm_login.contains("15.0%")
+            && storm_login.contains("fair"),
+        "{storm_login}"
+    );
+    assert!(storm_login.contains('█') && storm_login.contains('▓') && storm_login.contains('░'));
+    let launch = text
+        .lines()
+        .find(|l| l.contains("application launch") && l.contains("whole run"))
+        .expect("launch row");
+    assert!(
+        launch.contains("good") && launch.contains("≤ 10 s"),
+        "{launch}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("VSImax reached") && l.contains("not reached")),
+        "flag rendered as words"
+    );
+    // Windows table: spans, per-level rows, a total.
+    assert!(text.contains("pre-storm 600–840 s · storm 840–1,140 s"));
+    let level = text
+        .lines()
+        .find(|l| l.contains("level") && l.contains("non-critical"))
+        .expect("level row");
+    assert!(level.contains("6,000") && level.contains("81.0"), "{level}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("total") && l.contains("52,500"))
+    );
+    // Size histogram with bars and the random / sequential split.
+    let bucket = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("4–8 KiB"))
+        .expect("bucket row");
+    assert!(
+        bucket.contains("310,000") && bucket.contains('█'),
+        "{bucket}"
+    );
+    assert!(text.lines().any(|l| l.trim_start().starts_with("> 1 MiB")));
+    let writes = text
+        .lines()
+        .find(|l| {
+            l.trim_start().starts_with("writes") && !l.contains("sequential") && l.contains('%')
+        })
+        .expect("access row");
+    assert!(
+        writes.contains("10.0%") && writes.contains("90.0%"),
+        "{writes}"
+    );
+}
+
+#[test]
+fn html_draws_tiles_ux_bars_window_bars_and_histogram() {
+    let report = mixed_workload_report();
+    let html = render_html(&report);
+    assert_balanced(&html);
+    // UX stacked bars + IOPS and latency per window + size histogram + access split.
+    assert_eq!(html.matches("<svg").count(), 5);
+    assert!(html.contains("class=\"tiles\""));
+    assert!(html.contains("sql · orders per minute"));
+    // Per-window values on the tile with the change from the first window.
+    assert!(
+        html.contains("storm <b>11,700</b> <span class=\"chg\">(-1.3%)</span>"),
+        "opm tile"
+    );
+    assert!(html.contains("tile good\"><div class=\"l\">exchange · RPC latency, mean"));
+    assert!(html.contains("not reached"));
+    // Grade colours: green, amber, red segments with their shares.
+    for colour in ["#59a14f", "#f0b429", "#e15759"] {
+        assert!(
+            html.contains(&format!("fill=\"{colour}\"><title>")),
+            "{colour}"
+        );
+    }
+    assert!(html.contains(">60%</text>"));
+    assert!(html.contains("IOPS per window<span>per service level</span>"));
+    assert!(html.contains("Transfer sizes"));
+    assert!(html.contains("<span class=\"badge ok\">pass</span>"));
+    assert!(!html.contains("NaN"));
+    // No windows: grouped bars fall back to volumes; no level rows needed.
+    let mut no_levels = report.clone();
+    for w in &mut no_levels.cases[0].windows {
+        w.figures.retain(|f| !f.name.starts_with("level:"));
+    }
+    let html = render_html(&no_levels);
+    assert!(html.contains("per window<span>per volume</span>"));
+}
+
+#[test]
+fn model_fields_are_escaped_and_survive_nan_and_empty_values() {
+    let mut report = mixed_workload_report();
+    let case = &mut report.cases[0];
+    case.model_metrics[0].source = "<b>sql</b>".into();
+    case.windows[0].name = "</svg><i>".into();
+    for m in &mut case.model_metrics {
+        if m.name == "login_good_pct" || m.name == "opm" {
+            m.value = f64::NAN;
+        }
+    }
+    case.windows[1].figures[0].iops = f64::INFINITY;
+    let html = render_html(&report);
+    assert_balanced(&html);
+    assert!(!html.contains("<i>") && !html.contains("<b>sql"));
+    assert!(html.contains("&lt;/svg&gt;&lt;i&gt;"));
+    assert!(!html.contains("NaN"));
+    let text = render_text(&report, &TextOptions::default());
+    assert!(text.contains("n/a"));
+    assert!(parse_json(&render_json(&report)).is_ok());
+
+    // Empty histogram, empty windows, no grades.
+    let mut report = mixed_workload_report();
+    let case = &mut report.cases[0];
+    case.io_sizes = Some(IoSizeHistogram::default());
+    case.model_metrics.retain(|m| !m.name.ends_with("_pct"));
+    for w in &mut case.windows {
+        w.figures.clear();
+    }
+    let html = render_html(&report);
+    assert_balanced(&html);
+    assert!(html.contains("No transfers recorded."));
+    assert!(!html.contains("User experience"));
+    let text = render_text(&report, &TextOptions::default());
+    assert!(text.contains("(no transfers recorded)"));
+    assert!(!text.contains("User experience"));
+
+    // A volume idle in a window has no latency (producers write 0): n/a, not 0.
+    let mut report = mixed_workload_report();
+    let idle = &mut report.cases[0].windows[0].figures[2];
+    (idle.iops, idle.mbps, idle.ios, idle.latency_ms.mean) = (0.0, 0.0, 0, 0.0);
+    let text = render_text(&report, &TextOptions::default());
+    let row = text
+        .lines()
+        .find(|l| l.contains("vdi-nc"))
+        .expect("idle volume row");
+    assert!(row.contains("n/a"), "{row}");
+
+    // A report without the new fields renders exactly as before (no new sections).
+    let plain = sioc_report();
+    let text = render_text(&plain, &TextOptions::default());
+    for section in [
+        "Application metrics",
+        "User experience",
+        "Windows",
+        "I/O sizes",
+    ] {
+        assert!(!text.contains(section));
+    }
+}
+
+#[test]
+fn pools_of_one_kind_share_a_tile_and_repeated_windows_are_dropped() {
+    let mut report = mixed_workload_report();
+    let case = &mut report.cases[0];
+    // A second desktop pool with slower logins, and a window that holds every login
+    // of the run (it repeats the whole-run grades).
+    let second: Vec<_> = case
+        .model_metrics
+        .iter()
+        .filter(|m| m.source == "vdi")
+        .map(|m| {
+            let mut m = m.clone();
+            m.source = "vdi-b".into();
+            if m.name == "login_time_mean_s" {
+                m.value += 30.0;
+            }
+            m
+        })
+        .collect();
+    case.model_metrics.extend(second);
+    let whole: Vec<_> = case
+        .model_metrics
+        .iter()
+        .filter(|m| m.window.is_empty() && m.name.starts_with("app_launch"))
+        .map(|m| {
+            let mut m = m.clone();
+            m.window = "vsi".into();
+            m
+        })
+        .collect();
+    case.model_metrics.extend(whole);
+    let html = render_html(&report);
+    assert_balanced(&html);
+    // One login tile for both pools: the range, graded by the slower pool (42 s: fair).
+    assert_eq!(html.matches("· login time, mean</div>").count(), 1);
+    assert!(html.contains("tile fair\"><div class=\"l\">vdi (2) · login time, mean"));
+    assert!(html.contains(">12–42<small>s</small>"));
+    let text = render_text(&report, &TextOptions::default());
+    let launches = text
+        .lines()
+        .filter(|l| l.contains("application launch") && l.contains('█'))
+        .count();
+    assert_eq!(launches, 2, "whole run per pool; the vsi repeat is dropped");
 }
