@@ -33,7 +33,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Vm {
     name: String,
-    workload: String,
     target: u32,
     conn: usize,
     base_offset: u64,
@@ -516,11 +515,9 @@ fn layout(scenario: &LoadScenario, targets: &[Target], sizes: &[u64]) -> Result<
                 used += b;
             }
         }
-        let auto = if n_auto > 0 {
-            (size - used.min(size)) / n_auto / 4096 * 4096
-        } else {
-            0
-        };
+        let auto = (size - used.min(size))
+            .checked_div(n_auto)
+            .map_or(0, |b| b / 4096 * 4096);
         let mut next = 0u64;
         for &i in &on {
             let disk = sized
@@ -708,7 +705,6 @@ pub(crate) async fn run(
         let workers = generator.workers() as usize;
         vms.push(Vm {
             name: svm.name.clone(),
-            workload: svm.workload.clone(),
             target: t as u32,
             conn,
             base_offset: plan.vm_base[i],
@@ -854,10 +850,15 @@ pub(crate) async fn run(
     for w in writers {
         let _ = tokio::time::timeout(Duration::from_secs(5), w).await;
     }
-    for r in readers {
+    for r in &readers {
         r.abort();
     }
     timer.abort();
+    // Aborted tasks drop their share of the core only once polled again.
+    for r in readers {
+        let _ = r.await;
+    }
+    let _ = timer.await;
     // The tail interval (drain) joins the last one.
     let tail = std::mem::replace(&mut core.borrow_mut().interval, Interval::new(n_vms));
     if let Some(last) = intervals.last_mut() {
@@ -975,7 +976,6 @@ fn build_outcome(
     }
     description.extend(scenario.notes.iter().cloned());
     description.extend(layout_notes);
-    let _ = core.vms.iter().map(|v| &v.workload).count();
     let case = CaseReport {
         name: "load".to_string(),
         description: description.join("\n"),

@@ -393,7 +393,7 @@ impl LoadScenario {
 }
 
 fn count(k: &str, x: f64) -> Result<u32, String> {
-    if x >= 1.0 && x <= 1e9 && x.fract() == 0.0 {
+    if (1.0..=1e9).contains(&x) && x.fract() == 0.0 {
         Ok(x as u32)
     } else {
         Err(format!("{k}: must be a whole number ≥ 1, got {x}"))
@@ -431,7 +431,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .parse()
         .map_err(|_| format!("{text:?} is not a size (e.g. 4096, 4k, 1m)"))?;
     let bytes = x * mult as f64;
-    if !(bytes.is_finite() && bytes >= 1.0 && bytes < 1.8e19 && bytes.fract() == 0.0) {
+    if !(bytes.is_finite() && (1.0..1.8e19).contains(&bytes) && bytes.fract() == 0.0) {
         return Err(format!("{text:?} is not a whole number of bytes ≥ 1"));
     }
     Ok(bytes as u64)
