@@ -34,6 +34,31 @@ pub trait IoGenerator {
     fn poll(&mut self, now_ns: Nanos, worker: u32, outstanding: u32) -> Issue;
     /// One of the worker's requests finished (think-time models start their timer here).
     fn on_complete(&mut self, now_ns: Nanos, worker: u32, request: &IoRequest, latency_ns: Nanos);
+
+    /// What the model's users experienced over `[from_ns, to_ns)` of the driver's
+    /// clock (orders per minute, RPC latency, login times, VSImax…). Plain access
+    /// specifications report none.
+    fn metrics(&self, _from_ns: Nanos, _to_ns: Nanos) -> Vec<crate::ModelMetric> {
+        Vec::new()
+    }
+
+    /// The part of the volume every worker reads identically (a golden image shared
+    /// by linked clones), for clone-aware caches.
+    fn shared_region(&self) -> Option<crate::SharedRegion> {
+        None
+    }
+
+    /// Which clone (desktop) a worker's current request belongs to: a cache that is
+    /// not clone-aware keeps one copy of a shared block per clone.
+    fn clone_of(&self, worker: u32) -> u32 {
+        worker
+    }
+
+    /// Whether a host-side read cache may keep this offset (000 cached the database
+    /// drive, not the log drive).
+    fn host_cacheable(&self, _offset_bytes: u64) -> bool {
+        true
+    }
 }
 
 #[derive(Clone, Debug)]

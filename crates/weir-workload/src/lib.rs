@@ -15,16 +15,32 @@
 //!   gets an I/O, a time to come back, or "blocked until a completion".
 //! - [`profiles`]: the nine application profiles of 002 Table 15 as named built-ins.
 //! - [`Sweep`]: a parameter swept over a list of values (block size, queue depth…).
+//! - [`ModelSpec`]: the application models of issue 4, TOML-configurable and
+//!   deterministic by seed, each an [`IoGenerator`] usable by any driver: virtual
+//!   desktops ([`VdiSpec`]: creation, power-on, initial/Monday/Tuesday login,
+//!   application launches, dripping water, a Login VSI-like loop with
+//!   [`vsi_summary`]), OLTP ([`OltpSpec`], DVD Store-like, orders per minute) and
+//!   Exchange ([`ExchangeSpec`], LoadGen-like, RPC latency). Each file states its
+//!   calibration and sources. Models report [`ModelMetric`]s over a window of the
+//!   driver's clock through [`IoGenerator::metrics`].
 
 mod access;
+mod exchange;
 mod generator;
+mod model;
+mod oltp;
 mod profiles;
 mod sweep;
+mod vdi;
 
 pub use access::{AccessSpec, DEFAULT_DATASET_FRACTION, MAX_TRANSFER_BYTES, TransferLine};
 pub use generator::{AccessGenerator, IoGenerator, IoRequest, Issue};
+pub use model::{
+    ExchangeSpec, LoginKind, ModelMetric, ModelSpec, OltpSpec, SharedRegion, SizeDist, VdiSpec,
+};
 pub use profiles::{Profile, ProfileMetric, profile, profile_names, profiles};
 pub use sweep::{SWEEP_PARAMS, Sweep, expand_sweeps};
+pub use vdi::{Activity, VsiSummary, vsi_summary};
 
 /// Nanoseconds on the driver's clock.
 pub type Nanos = u64;
