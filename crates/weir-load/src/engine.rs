@@ -4,13 +4,13 @@
 //! a reader and a writer task per connection, one timer task, and the caller's future
 //! ticking the timeline. No `RefCell` borrow is held across an `.await`.
 
-use crate::scenario::LoadScenario;
+use crate::scenario::{LoadScenario, VmWorkload};
 use crate::stats::{Counters, Interval, timeline};
 use crate::verify::{ReadTicket, SECTOR_BYTES, Shadow};
 use crate::{LoadError, LoadOptions, LoadOutcome, LoadProgress, Target, VerifySummary};
 use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,7 +23,7 @@ use weir_nbd::{
     Completion, ReplyData,
 };
 use weir_report::{CaseReport, ComponentResult, ScenarioReport};
-use weir_workload::{AccessGenerator, Direction, IoGenerator, IoRequest, Issue};
+use weir_workload::{AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric};
 
 const MAX_NOTED: usize = 20;
 /// Issues one pump may make before yielding (a guard against a generator that never
@@ -33,6 +33,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Vm {
     name: String,
+    /// The `[[workload]]`/`[[model]]`/profile name (model metrics are grouped by it).
+    workload: String,
     target: u32,
     conn: usize,
     base_offset: u64,
@@ -174,6 +176,13 @@ impl Core {
             None => match request.dir {
                 Direction::Read => conn.session.read(offset, len as u32),
                 Direction::Write => {
+                    if self.write_pattern.len() < len as usize {
+                        let old = self.write_pattern.len();
+                        self.write_pattern.resize(len as usize, 0);
+                        for (k, b) in self.write_pattern[old..].iter_mut().enumerate() {
+                            *b = ((old + k) as u64).wrapping_mul(0x9e37_79b9) as u8 | 1;
+                        }
+                    }
                     conn.session
                         .write(offset, &self.write_pattern[..len as usize], false)
                 }
@@ -545,6 +554,24 @@ fn layout(scenario: &LoadScenario, targets: &[Target], sizes: &[u64]) -> Result<
     })
 }
 
+/// The models' own figures over `[from_ns, to_ns)` of the model clock, combined over
+/// the VMs running the same workload; keyed by `"<workload> <metric>"`.
+fn collect_metrics(vms: &[Vm], from_ns: u64, to_ns: u64) -> BTreeMap<String, ModelMetric> {
+    let mut parts: BTreeMap<String, Vec<ModelMetric>> = BTreeMap::new();
+    for vm in vms {
+        for m in vm.generator.metrics(from_ns, to_ns) {
+            parts
+                .entry(format!("{} {}", vm.workload, m.name))
+                .or_default()
+                .push(m);
+        }
+    }
+    parts
+        .into_iter()
+        .filter_map(|(k, v)| ModelMetric::combine(&v).map(|m| (k, m)))
+        .collect()
+}
+
 fn splitmix64(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -679,36 +706,56 @@ pub(crate) async fn run(
     let mut max_size = 0u32;
     for (i, svm) in scenario.vms.iter().enumerate() {
         let t = plan.vm_target[i] as usize;
-        let spec_max = svm.spec.max_size_bytes();
-        max_size = max_size.max(spec_max);
-        if spec_max as u64 + 2 * SECTOR_BYTES > max_payload[t] as u64 {
-            return Err(LoadError::Layout(format!(
-                "VM {:?}: transfers of {spec_max} bytes exceed what {} accepts ({} bytes)",
-                svm.name, opts.targets[t], max_payload[t]
-            )));
-        }
-        if read_only[t] && svm.spec.read_pct() < 100.0 {
-            return Err(LoadError::Layout(format!(
-                "VM {:?} writes, but {} is read-only",
-                svm.name, opts.targets[t]
-            )));
-        }
-        let generator = AccessGenerator::new(
-            &svm.spec,
-            plan.vm_disk[i],
-            splitmix64(seed ^ splitmix64(i as u64)),
-        )
-        .map_err(|e| LoadError::Layout(format!("VM {:?} ({}): {e}", svm.name, svm.workload)))?;
+        let vm_seed = splitmix64(seed ^ splitmix64(i as u64));
+        let layout_err = |e: weir_workload::WorkloadError| {
+            LoadError::Layout(format!("VM {:?} ({}): {e}", svm.name, svm.workload))
+        };
+        let generator: Box<dyn IoGenerator> = match &svm.run {
+            VmWorkload::Access(spec) => {
+                let spec_max = spec.max_size_bytes();
+                max_size = max_size.max(spec_max);
+                if spec_max as u64 + 2 * SECTOR_BYTES > max_payload[t] as u64 {
+                    return Err(LoadError::Layout(format!(
+                        "VM {:?}: transfers of {spec_max} bytes exceed what {} accepts ({} bytes)",
+                        svm.name, opts.targets[t], max_payload[t]
+                    )));
+                }
+                if read_only[t] && spec.read_pct() < 100.0 {
+                    return Err(LoadError::Layout(format!(
+                        "VM {:?} writes, but {} is read-only",
+                        svm.name, opts.targets[t]
+                    )));
+                }
+                Box::new(AccessGenerator::new(spec, plan.vm_disk[i], vm_seed).map_err(layout_err)?)
+            }
+            VmWorkload::Model {
+                spec,
+                instance,
+                instances,
+            } => {
+                if read_only[t] {
+                    return Err(LoadError::Layout(format!(
+                        "VM {:?} runs model {:?}, which writes, but {} is read-only",
+                        svm.name,
+                        spec.name(),
+                        opts.targets[t]
+                    )));
+                }
+                spec.build(plan.vm_disk[i], vm_seed, *instance, *instances)
+                    .map_err(layout_err)?
+            }
+        };
         let conns = &conn_of_target[t];
         let conn = conns[next_on_target[t] % conns.len()];
         next_on_target[t] += 1;
         let workers = generator.workers() as usize;
         vms.push(Vm {
             name: svm.name.clone(),
+            workload: svm.workload.clone(),
             target: t as u32,
             conn,
             base_offset: plan.vm_base[i],
-            generator: Box::new(generator),
+            generator,
             outstanding: vec![0; workers],
             timer_at: vec![None; workers],
             counters: Counters::new(if scenario.vms.len() > 1000 { 2 } else { 3 }),
@@ -777,6 +824,8 @@ pub(crate) async fn run(
     // Tick the timeline until the end.
     let deadline = start + duration;
     let mut intervals: Vec<Interval> = Vec::new();
+    let mut interval_metrics: Vec<BTreeMap<String, ModelMetric>> = Vec::new();
+    let mut model_from = 0u64;
     let mut next_tick = start + interval;
     loop {
         let at = next_tick.min(deadline);
@@ -792,6 +841,9 @@ pub(crate) async fn run(
             mismatched_reads: c.verify.mismatched_reads,
         };
         let all_broken = c.conns.iter().all(|x| x.broken);
+        let model_to = c.model_ns(at);
+        interval_metrics.push(collect_metrics(&c.vms, model_from, model_to));
+        model_from = model_to;
         drop(c);
         intervals.push(closed);
         progress(&p);
@@ -873,6 +925,11 @@ pub(crate) async fn run(
         }
     }
 
+    let run_metrics = {
+        let c = core.borrow();
+        let warmup = c.warmup_model_ns;
+        collect_metrics(&c.vms, warmup, c.model_ns(end))
+    };
     let core = Rc::try_unwrap(core)
         .map_err(|_| LoadError::Runtime("tasks still hold the driver".into()))?
         .into_inner();
@@ -886,6 +943,7 @@ pub(crate) async fn run(
         intervals,
         interval.as_secs_f64(),
         sizes,
+        (interval_metrics, run_metrics),
     ))
 }
 
@@ -900,6 +958,10 @@ fn build_outcome(
     intervals: Vec<Interval>,
     interval_s: f64,
     sizes: Vec<u64>,
+    (interval_metrics, run_metrics): (
+        Vec<BTreeMap<String, ModelMetric>>,
+        BTreeMap<String, ModelMetric>,
+    ),
 ) -> LoadOutcome {
     let mut workloads = Vec::new();
     let mut total = Counters::new(3);
@@ -974,6 +1036,9 @@ fn build_outcome(
     for e in &core.connection_errors {
         description.push(format!("connection: {e}"));
     }
+    for (k, m) in run_metrics.iter() {
+        description.push(format!("model: {k} = {:.3} {}", m.value, m.unit));
+    }
     description.extend(scenario.notes.iter().cloned());
     description.extend(layout_notes);
     let case = CaseReport {
@@ -985,7 +1050,28 @@ fn build_outcome(
         total: Some(total_result),
         comparisons: vec![],
         components,
-        timeline: timeline(&intervals, interval_s, &vm_names),
+        timeline: {
+            let mut t = timeline(&intervals, interval_s, &vm_names);
+            let names: std::collections::BTreeSet<&String> =
+                interval_metrics.iter().flat_map(|m| m.keys()).collect();
+            for name in names {
+                let unit = interval_metrics
+                    .iter()
+                    .find_map(|m| m.get(name))
+                    .map(|m| m.unit.clone())
+                    .unwrap_or_default();
+                t.push(weir_report::TimelineSeries {
+                    name: name.clone(),
+                    unit,
+                    interval_s,
+                    values: interval_metrics
+                        .iter()
+                        .map(|m| m.get(name).map_or(f64::NAN, |x| x.value))
+                        .collect(),
+                });
+            }
+            t
+        },
         events: 0,
     };
     LoadOutcome {
@@ -1000,5 +1086,6 @@ fn build_outcome(
         first_errors: core.first_errors,
         connection_errors: core.connection_errors,
         verify,
+        model_metrics: run_metrics,
     }
 }

@@ -30,7 +30,7 @@ mod stats;
 pub mod target;
 pub mod verify;
 
-pub use scenario::{LoadScenario, LoadVm, ScenarioSource, parse_bytes};
+pub use scenario::{LoadScenario, LoadVm, ScenarioSource, VmWorkload, parse_bytes};
 pub use target::{DEFAULT_NBD_PORT, Target};
 
 use std::time::Duration;
@@ -121,6 +121,10 @@ pub struct LoadOutcome {
     /// Connections that broke (reset, protocol error), with the reason.
     pub connection_errors: Vec<String>,
     pub verify: Option<VerifySummary>,
+    /// The application models' figures over the measured run (orders per minute, RPC
+    /// latency, login times…), combined over the VMs of one workload and keyed by
+    /// `"<workload> <metric>"`; empty for plain access specifications.
+    pub model_metrics: std::collections::BTreeMap<String, weir_workload::ModelMetric>,
 }
 
 impl LoadOutcome {

@@ -3,8 +3,12 @@
 //! Three sources ([`ScenarioSource`]):
 //! - a scenario file in `weir sim`'s format (scenarios/README.md), of which only the
 //!   workload part is used: `[scenario]` (name, description, seed, duration_s,
-//!   warmup_s, timeline_interval_s), `[[workload]]` and `[[vm]]` (name, workload,
-//!   disk_gib, count, volume). The simulated hardware (`[array]`, `[[host]]`,
+//!   warmup_s, timeline_interval_s), `[[workload]]`, `[[model]]` (weir-workload's
+//!   application models: `kind = "vdi" | "oltp" | "exchange"`) and `[[vm]]` (name,
+//!   workload or model, disk_gib, count, volume). A VM's `workload` names a
+//!   `[[workload]]`, a `[[model]]` or a built-in profile; `model = "…"` is accepted
+//!   too. The `count` copies of a VM running a model are instances `i` of `count` of
+//!   it (they split its schedule, as in the simulator). The simulated hardware (`[array]`, `[[host]]`,
 //!   `[datastore]`, `[array_qos]`, `[[policy]]`, `[[volume]]`) and `[[case]]` are ignored
 //!   and listed in [`LoadScenario::notes`]; per-VM QoS fields (shares, limits) are the
 //!   target's business and ignored too. A VM's `volume` picks the target whose export
@@ -17,7 +21,7 @@
 
 use crate::LoadError;
 use std::path::{Path, PathBuf};
-use weir_workload::{AccessSpec, profile, profile_names};
+use weir_workload::{AccessSpec, ModelSpec, profile, profile_names};
 
 /// Most VMs a run may hold.
 pub const MAX_VMS: usize = 100_000;
@@ -42,13 +46,36 @@ impl ScenarioSource {
     }
 }
 
+/// What a VM runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum VmWorkload {
+    /// An Iometer access specification (`[[workload]]`, profile, simple spec).
+    Access(AccessSpec),
+    /// An application model; this VM is `instance` of `instances` copies of it.
+    Model {
+        spec: Box<ModelSpec>,
+        instance: u32,
+        instances: u32,
+    },
+}
+
+impl VmWorkload {
+    /// The access specification, when it is one.
+    pub fn access(&self) -> Option<&AccessSpec> {
+        match self {
+            VmWorkload::Access(s) => Some(s),
+            VmWorkload::Model { .. } => None,
+        }
+    }
+}
+
 /// One simulated VM (one virtual disk).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoadVm {
     pub name: String,
-    /// The `[[workload]]` or profile it runs.
+    /// The `[[workload]]`, `[[model]]` or profile it runs.
     pub workload: String,
-    pub spec: AccessSpec,
+    pub run: VmWorkload,
     /// Disk size; `None`: an equal share of what the other VMs leave on the target.
     pub disk_bytes: Option<u64>,
     /// Preferred target export name (the sim file's `volume`).
@@ -174,7 +201,7 @@ impl LoadScenario {
                     format!("vm-{}", i + 1)
                 },
                 workload: workload.clone(),
-                spec: spec.clone(),
+                run: VmWorkload::Access(spec.clone()),
                 disk_bytes,
                 volume: None,
             })
@@ -199,7 +226,7 @@ impl LoadScenario {
         let ignored: Vec<&str> = root
             .keys()
             .map(String::as_str)
-            .filter(|k| !matches!(*k, "scenario" | "workload" | "vm"))
+            .filter(|k| !matches!(*k, "scenario" | "workload" | "model" | "vm"))
             .collect();
         if !ignored.is_empty() {
             notes.push(format!(
@@ -293,6 +320,24 @@ impl LoadScenario {
                     })?;
             workloads.push((wname, spec));
         }
+        let mut models: Vec<ModelSpec> = Vec::new();
+        for (i, m) in array("model")?.into_iter().enumerate() {
+            let spec: ModelSpec =
+                toml::Value::Table(m)
+                    .try_into()
+                    .map_err(|e: toml::de::Error| {
+                        scen_err(file, format!("model[{i}]: {}", e.message()))
+                    })?;
+            spec.validate()
+                .map_err(|e| scen_err(file, format!("model[{}]: {e}", spec.name())))?;
+            if models.iter().any(|x| x.name() == spec.name()) {
+                return Err(scen_err(
+                    file,
+                    format!("model[{i}]: two models are named {:?}", spec.name()),
+                ));
+            }
+            models.push(spec);
+        }
         let mut vms = Vec::new();
         let mut ignored_vm_fields = std::collections::BTreeSet::new();
         for (i, v) in array("vm")?.into_iter().enumerate() {
@@ -302,7 +347,7 @@ impl LoadScenario {
             let at = format!("vm[{vname}]");
             for k in v.keys() {
                 match k.as_str() {
-                    "name" | "workload" | "disk_gib" | "count" | "volume" => {}
+                    "name" | "workload" | "model" | "disk_gib" | "count" | "volume" => {}
                     "host" | "shares" | "limit_iops" | "reservation_iops" => {
                         ignored_vm_fields.insert(k.clone());
                     }
@@ -311,19 +356,34 @@ impl LoadScenario {
                     }
                 }
             }
-            let workload = get_str(&v, "workload", &at)?
-                .ok_or_else(|| scen_err(file, format!("{at}.workload: missing")))?;
-            let spec = match workloads.iter().find(|(n, _)| *n == workload) {
-                Some((_, s)) => s.clone(),
-                None => profile(&workload).map(|p| p.spec).map_err(|_| {
-                    scen_err(
+            let workload = match (get_str(&v, "workload", &at)?, get_str(&v, "model", &at)?) {
+                (Some(w), None) | (None, Some(w)) => w,
+                (Some(_), Some(_)) => {
+                    return Err(scen_err(
                         file,
-                        format!(
-                            "{at}.workload: no [[workload]] or built-in profile named {workload:?} (profiles: {})",
-                            profile_names().join(", ")
-                        ),
-                    )
-                })?,
+                        format!("{at}: give workload or model, not both"),
+                    ));
+                }
+                (None, None) => return Err(scen_err(file, format!("{at}.workload: missing"))),
+            };
+            let template = match workloads.iter().find(|(n, _)| *n == workload) {
+                Some((_, s)) => VmWorkload::Access(s.clone()),
+                None => match models.iter().find(|m| m.name() == workload) {
+                    Some(m) => VmWorkload::Model {
+                        spec: Box::new(m.clone()),
+                        instance: 0,
+                        instances: 1,
+                    },
+                    None => VmWorkload::Access(profile(&workload).map(|p| p.spec).map_err(|_| {
+                        scen_err(
+                            file,
+                            format!(
+                                "{at}.workload: no [[workload]], [[model]] or built-in profile named {workload:?} (profiles: {})",
+                                profile_names().join(", ")
+                            ),
+                        )
+                    })?),
+                },
             };
             let disk_gib = get_num(&v, "disk_gib", &at)?.unwrap_or(0.0);
             if !(0.0..=1e6).contains(&disk_gib) {
@@ -358,10 +418,20 @@ impl LoadScenario {
                         format!("{at}.name: two VMs are named {name:?}"),
                     ));
                 }
+                let mut run = template.clone();
+                if let VmWorkload::Model {
+                    instance,
+                    instances,
+                    ..
+                } = &mut run
+                {
+                    *instance = k as u32;
+                    *instances = count as u32;
+                }
                 vms.push(LoadVm {
                     name,
                     workload: workload.clone(),
-                    spec: spec.clone(),
+                    run,
                     disk_bytes,
                     volume: volume.clone(),
                 });
@@ -448,17 +518,20 @@ mod tests {
         assert_eq!(s.vms.len(), 3);
         let vm = &s.vms[2];
         assert_eq!(vm.name, "vm-3");
-        assert_eq!(vm.spec.lines[0].size_bytes, 4096);
-        assert_eq!(vm.spec.lines[0].read_pct, 100.0);
-        assert_eq!(vm.spec.outstanding_ios, 32);
+        let spec = vm.run.access().unwrap();
+        assert_eq!(spec.lines[0].size_bytes, 4096);
+        assert_eq!(spec.lines[0].read_pct, 100.0);
+        assert_eq!(spec.outstanding_ios, 32);
         assert_eq!(vm.disk_bytes, Some(1 << 20));
         let s = LoadScenario::from_spec("oltp,vms=2,qd=4").unwrap();
         assert_eq!(s.vms[0].workload, "oltp");
-        assert_eq!(s.vms[0].spec.lines[0].size_bytes, 8192);
-        assert_eq!(s.vms[0].spec.outstanding_ios, 4);
+        let spec = s.vms[0].run.access().unwrap();
+        assert_eq!(spec.lines[0].size_bytes, 8192);
+        assert_eq!(spec.outstanding_ios, 4);
         let s = LoadScenario::from_spec("bs=64k,read=30,random=0").unwrap();
-        assert_eq!(s.vms[0].spec.lines[0].random_pct, 0.0);
-        assert!((s.vms[0].spec.read_pct() - 30.0).abs() < 1e-9);
+        let spec = s.vms[0].run.access().unwrap();
+        assert_eq!(spec.lines[0].random_pct, 0.0);
+        assert!((spec.read_pct() - 30.0).abs() < 1e-9);
         let _ = Direction::Read;
     }
 
@@ -521,7 +594,7 @@ volume = "vol-b"
         let names: Vec<&str> = s.vms.iter().map(|v| v.name.as_str()).collect();
         assert_eq!(names, ["a", "b-1", "b-2"]);
         assert_eq!(s.vms[0].disk_bytes, Some(512 << 20));
-        assert_eq!(s.vms[0].spec.lines[0].size_bytes, 65536);
+        assert_eq!(s.vms[0].run.access().unwrap().lines[0].size_bytes, 65536);
         assert_eq!(s.vms[1].volume.as_deref(), Some("vol-b"));
         assert!(
             s.notes
@@ -548,6 +621,47 @@ volume = "vol-b"
             .unwrap_err()
             .to_string();
         assert!(e.contains("t.toml: 1:"), "{e}");
+    }
+
+    #[test]
+    fn models_become_instances() {
+        let text = r#"
+[[model]]
+kind = "exchange"
+name = "mail"
+
+[[vm]]
+name = "ex"
+workload = "mail"
+count = 3
+
+[[vm]]
+name = "both"
+workload = "mail"
+model = "mail"
+"#;
+        let e = LoadScenario::from_toml_str("m.toml", text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not both"), "{e}");
+        let text = text.split("[[vm]]\nname = \"both\"").next().unwrap();
+        let s = LoadScenario::from_toml_str("m.toml", text).unwrap();
+        assert_eq!(s.vms.len(), 3);
+        match &s.vms[2].run {
+            VmWorkload::Model {
+                spec,
+                instance,
+                instances,
+            } => {
+                assert_eq!(spec.name(), "mail");
+                assert_eq!((*instance, *instances), (2, 3));
+            }
+            other => panic!("expected a model, got {other:?}"),
+        }
+        let e = LoadScenario::from_toml_str("m.toml", "[[model]]\nkind = \"tape\"\nname = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("model[0]"), "{e}");
     }
 
     #[test]

@@ -417,3 +417,49 @@ fn setup_errors_are_clear() {
             .contains("cannot reach")
     );
 }
+
+#[test]
+fn an_oltp_model_runs_in_compressed_time_and_reports_orders_per_minute() {
+    let server = TestServer::start(64 << 20, Misbehaviour::default());
+    let toml = r#"
+[scenario]
+name = "oltp-small"
+
+[[model]]
+kind = "oltp"
+name = "sql"
+threads = 4
+database_gib = 0.01
+log_gib = 0.01
+
+[[vm]]
+name = "sql"
+model = "sql"
+count = 2
+"#;
+    let path = write_temp("oltp.toml", toml);
+    let mut o = options(&server.uri(), "", 1.5);
+    o.scenario = ScenarioSource::File(path.clone());
+    o.time_scale = 2.0;
+    o.verify = true;
+    o.target_zeroed = true;
+    let out = run(o);
+    std::fs::remove_file(path).ok();
+    assert!(out.passed(), "{:?}", out.failures());
+    let opm = out.model_metrics.get("sql opm").expect("opm metric").value;
+    let orders = out.model_metrics.get("sql orders").unwrap().value;
+    println!("OLTP model, 2 VMs × 4 threads, ×2 time: {orders} orders, {opm:.0} OPM (model clock)");
+    assert!(orders >= 20.0, "{orders} orders");
+    // 1.5 s of wall time at ×2 is 3 model seconds: OPM = orders / 0.05 min.
+    assert!(
+        (opm / (orders / 0.05) - 1.0).abs() < 0.1,
+        "{opm} vs {orders}"
+    );
+    let case = &out.report.cases[0];
+    assert!(case.timeline.iter().any(|s| s.name == "sql opm"));
+    assert!(
+        case.description.contains("model: sql opm"),
+        "{}",
+        case.description
+    );
+}
