@@ -968,8 +968,12 @@ fn build_outcome(
     let mut per_target: Vec<Counters> = (0..opts.targets.len()).map(|_| Counters::new(3)).collect();
     for vm in &core.vms {
         let mut r = vm.counters.result(&vm.name, measured_s);
-        r.volume = Some(opts.targets[vm.target as usize].export.clone());
-        r.host = Some(format!("conn {}", vm.conn));
+        let t = &opts.targets[vm.target as usize];
+        r.volume = Some(if t.export.is_empty() {
+            format!("{} (default export)", t.socket_address())
+        } else {
+            t.export.clone()
+        });
         workloads.push(r);
         total.merge(&vm.counters);
         per_target[vm.target as usize].merge(&vm.counters);
@@ -1043,7 +1047,7 @@ fn build_outcome(
     description.extend(layout_notes);
     let case = CaseReport {
         name: "load".to_string(),
-        description: description.join("\n"),
+        description: description.join("; "),
         params: Default::default(),
         duration_s: measured_s,
         workloads,

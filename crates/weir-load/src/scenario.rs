@@ -30,16 +30,31 @@ pub const MAX_VMS: usize = 100_000;
 #[derive(Clone, Debug, PartialEq)]
 pub enum ScenarioSource {
     File(PathBuf),
+    /// Scenario text in the file format (e.g. a `weir sim` built-in); `name` stands for
+    /// the file in messages.
+    Text {
+        name: String,
+        toml: String,
+    },
     /// A built-in profile or a simple access specification (see the module docs).
     Spec(String),
 }
 
 impl ScenarioSource {
-    /// A path when it names an existing file or ends in `.toml`, otherwise a spec.
+    /// A path when it names an existing file or ends in `.toml`; else the text of the
+    /// `weir sim` built-in scenario of that name; otherwise a spec.
     pub fn parse(text: &str) -> ScenarioSource {
         let p = Path::new(text);
         if text.ends_with(".toml") || p.is_file() {
             ScenarioSource::File(p.to_path_buf())
+        } else if let Some((name, toml)) = weir_sim::builtin_scenarios()
+            .iter()
+            .find(|(n, _)| *n == text)
+        {
+            ScenarioSource::Text {
+                name: format!("{name} (built-in)"),
+                toml: toml.to_string(),
+            }
         } else {
             ScenarioSource::Spec(text.to_string())
         }
@@ -113,6 +128,7 @@ impl LoadScenario {
                     .map_err(|e| scen_err(&file, format!("cannot read: {e}")))?;
                 LoadScenario::from_toml_str(&file, &text)
             }
+            ScenarioSource::Text { name, toml } => LoadScenario::from_toml_str(name, toml),
             ScenarioSource::Spec(s) => LoadScenario::from_spec(s),
         }
     }
@@ -678,6 +694,24 @@ model = "mail"
             }
         }
         assert!(n >= 5, "found {n} scenario files");
+    }
+
+    #[test]
+    fn sources_are_told_apart() {
+        assert!(matches!(
+            ScenarioSource::parse("x/y.toml"),
+            ScenarioSource::File(_)
+        ));
+        assert!(matches!(
+            ScenarioSource::parse("sioc-shares"),
+            ScenarioSource::Text { .. }
+        ));
+        assert!(matches!(
+            ScenarioSource::parse("bs=4k"),
+            ScenarioSource::Spec(_)
+        ));
+        let s = LoadScenario::load(&ScenarioSource::parse("sioc-shares")).unwrap();
+        assert!(!s.vms.is_empty());
     }
 
     #[test]
