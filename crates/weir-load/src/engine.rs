@@ -42,6 +42,8 @@ struct Vm {
     outstanding: Vec<u32>,
     timer_at: Vec<Option<u64>>,
     counters: Counters,
+    /// Last timeline interval in which one of its requests completed.
+    active_in: u32,
 }
 
 struct InFlight {
@@ -78,6 +80,8 @@ struct Core {
     write_pattern: Vec<u8>,
     scratch: Vec<u8>,
     interval: Interval,
+    /// Index of the open timeline interval.
+    interval_index: u32,
     ios: u64,
     io_errors: u64,
     first_errors: Vec<String>,
@@ -271,6 +275,11 @@ impl Core {
         iv.latency_us.saturating_record(latency_us.max(1));
         if let Some(v) = iv.vm_ios.get_mut(f.vm as usize) {
             *v += 1;
+        }
+        let vm = &mut self.vms[f.vm as usize];
+        if vm.active_in != self.interval_index {
+            vm.active_in = self.interval_index;
+            iv.active_vms += 1;
         }
         let model_now = self.model_ns(now);
         let model_latency = (latency.as_nanos() as f64 * self.time_scale) as u64;
@@ -758,7 +767,8 @@ pub(crate) async fn run(
             generator,
             outstanding: vec![0; workers],
             timer_at: vec![None; workers],
-            counters: Counters::new(if scenario.vms.len() > 1000 { 2 } else { 3 }),
+            counters: Counters::new(if scenario.vms.len() > 64 { 2 } else { 3 }),
+            active_in: u32::MAX,
         });
     }
     let mut write_pattern = vec![0u8; max_size as usize];
@@ -798,6 +808,7 @@ pub(crate) async fn run(
         write_pattern,
         scratch: Vec::new(),
         interval: Interval::new(n_vms),
+        interval_index: 0,
         ios: 0,
         io_errors: 0,
         first_errors: vec![],
@@ -832,6 +843,7 @@ pub(crate) async fn run(
         tokio::time::sleep_until(at.into()).await;
         let mut c = core.borrow_mut();
         let closed = std::mem::replace(&mut c.interval, Interval::new(n_vms));
+        c.interval_index += 1;
         let p = LoadProgress {
             elapsed_s: at.duration_since(start).as_secs_f64(),
             duration_s: duration.as_secs_f64(),
@@ -919,6 +931,7 @@ pub(crate) async fn run(
         last.writes += tail.writes;
         last.bytes += tail.bytes;
         last.errors += tail.errors;
+        last.active_vms = last.active_vms.max(tail.active_vms);
         let _ = last.latency_us.add(&tail.latency_us);
         for (a, b) in last.vm_ios.iter_mut().zip(&tail.vm_ios) {
             *a += b;
@@ -983,7 +996,7 @@ fn build_outcome(
     total_result.errors = total_result
         .errors
         .max(core.io_errors + core.verify.mismatched_reads);
-    let components = per_target
+    let components: Vec<ComponentResult> = per_target
         .iter()
         .enumerate()
         .filter(|(_, c)| c.ios() > 0)
@@ -1001,6 +1014,31 @@ fn build_outcome(
             }
         })
         .collect();
+    // Per workload class (VMs running the same workload), when it groups several VMs.
+    let mut classes: BTreeMap<&str, (u32, Counters)> = BTreeMap::new();
+    for vm in &core.vms {
+        let e = classes
+            .entry(vm.workload.as_str())
+            .or_insert_with(|| (0, Counters::new(3)));
+        e.0 += 1;
+        e.1.merge(&vm.counters);
+    }
+    let mut components = components;
+    if classes.len() > 1 || classes.values().any(|(n, _)| *n > 1) {
+        for (name, (n, c)) in &classes {
+            let r = c.result("", measured_s);
+            components.push(ComponentResult {
+                name: format!("workload {name} ({n} VMs)"),
+                kind: format!(
+                    "class: {:.0} IOPS ({:.0} read, {:.0} write), mean {:.3} ms, p95 {:.3} ms, p99 {:.3} ms",
+                    r.iops, r.read_iops, r.write_iops, r.latency_ms.mean, r.latency_ms.p95, r.latency_ms.p99
+                ),
+                utilisation: f64::NAN,
+                ios: r.ios,
+                mbps: r.mbps,
+            });
+        }
+    }
     let vm_names: Vec<String> = core.vms.iter().map(|v| v.name.clone()).collect();
     let mut description = vec![format!(
         "weir load against {}; time scale {}, {} connections, {} VMs, seed {seed}",
@@ -1056,6 +1094,15 @@ fn build_outcome(
         components,
         timeline: {
             let mut t = timeline(&intervals, interval_s, &vm_names);
+            t.push(weir_report::TimelineSeries {
+                name: "VMs issuing I/O %".to_string(),
+                unit: "%".to_string(),
+                interval_s,
+                values: intervals
+                    .iter()
+                    .map(|i| 100.0 * i.active_vms as f64 / vm_names.len().max(1) as f64)
+                    .collect(),
+            });
             let names: std::collections::BTreeSet<&String> =
                 interval_metrics.iter().flat_map(|m| m.keys()).collect();
             for name in names {

@@ -117,6 +117,8 @@ pub struct Interval {
     pub writes: u64,
     pub bytes: u64,
     pub errors: u64,
+    /// VMs with at least one completion in the interval.
+    pub active_vms: u64,
     pub latency_us: Histogram<u64>,
     pub vm_ios: Vec<u64>,
 }
@@ -129,6 +131,7 @@ impl Interval {
             writes: 0,
             bytes: 0,
             errors: 0,
+            active_vms: 0,
             latency_us: histogram(2),
             vm_ios: vec![0; if vms <= MAX_VM_TIMELINES { vms } else { 0 }],
         }

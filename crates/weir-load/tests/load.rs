@@ -138,7 +138,28 @@ fn null_plugin_run_fills_the_report() {
         series.values
     );
     assert!(case.timeline.iter().any(|s| s.name == "vm-2 IOPS"));
-    assert_eq!(case.components.len(), 1);
+    let targets = case
+        .components
+        .iter()
+        .filter(|c| c.name.starts_with("nbd://"))
+        .count();
+    assert_eq!(targets, 1);
+    let class = case
+        .components
+        .iter()
+        .find(|c| c.name == "workload spec (2 VMs)")
+        .unwrap();
+    assert_eq!(class.ios, total.ios);
+    let active = case
+        .timeline
+        .iter()
+        .find(|s| s.name == "VMs issuing I/O %")
+        .unwrap();
+    assert!(
+        active.values.iter().all(|&v| v == 100.0),
+        "{:?}",
+        active.values
+    );
     // The document renders like any simulator report.
     let text = weir_report::render_text(&out.report, &Default::default());
     assert!(text.contains("vm-1"), "{text}");
@@ -305,7 +326,12 @@ count = 6
         "{}",
         case.description
     );
-    assert_eq!(case.components.len(), 2, "both targets used");
+    let targets = case
+        .components
+        .iter()
+        .filter(|c| c.name.starts_with("nbd://"))
+        .count();
+    assert_eq!(targets, 2, "both targets used");
     for w in &case.workloads {
         // ~10 bursts of 4 writes in the second; allow for scheduling slack.
         assert!((24..=48).contains(&w.ios), "{}: {} I/Os", w.name, w.ios);
