@@ -489,3 +489,35 @@ count = 2
         case.description
     );
 }
+
+#[test]
+fn the_zeroed_claim_is_checked_and_unknown_blocks_are_left_alone() {
+    let server = TestServer::start(4 << 20, Misbehaviour::default());
+    let spec = "bs=4k,randrw,qd=8,disk=1m";
+    let mut o = options(&server.uri(), spec, 0.5);
+    o.verify = true;
+    o.target_zeroed = true;
+    assert!(run(o).passed(), "first run on a fresh export");
+    // The export now holds the first run's data: claiming it is zeroed is wrong, and
+    // reads of blocks this run has not written yet say so.
+    let mut o = options(&server.uri(), "bs=4k,read=90,random=100,qd=8,disk=1m", 0.5);
+    o.verify = true;
+    o.target_zeroed = true;
+    o.seed = Some(2);
+    let out = run(o);
+    let v = out.verify.clone().unwrap();
+    assert!(!out.passed());
+    assert!(
+        v.first_mismatches[0].contains("expected zeroes, found data"),
+        "{:?}",
+        v.first_mismatches
+    );
+    // Without the claim, never-written blocks are not judged: the run passes and still
+    // checks the blocks it wrote itself.
+    let mut o = options(&server.uri(), "bs=4k,read=90,random=100,qd=8,disk=1m", 0.5);
+    o.verify = true;
+    o.seed = Some(3);
+    let out = run(o);
+    assert!(out.passed(), "{:?}", out.failures());
+    assert!(out.verify.unwrap().reads_checked > 0);
+}
