@@ -44,6 +44,9 @@ struct Vm {
     counters: Counters,
     /// Last timeline interval in which one of its requests completed.
     active_in: u32,
+    disk_bytes: u64,
+    /// Stopped after its model asked for something impossible.
+    halted: bool,
 }
 
 struct InFlight {
@@ -119,11 +122,26 @@ impl Core {
                 return;
             }
             let vm = &mut self.vms[vm_i as usize];
-            if self.conns[vm.conn].broken {
+            if self.conns[vm.conn].broken || vm.halted {
                 return;
             }
             let outstanding = vm.outstanding[worker as usize];
             match vm.generator.poll(model_now, worker, outstanding) {
+                Issue::Io(request)
+                    if request.size_bytes == 0
+                        || request
+                            .offset_bytes
+                            .saturating_add(request.size_bytes as u64)
+                            > vm.disk_bytes =>
+                {
+                    vm.halted = true;
+                    let msg = format!(
+                        "{}: the model asked for {} bytes at offset {} of a {}-byte disk; VM stopped",
+                        vm.name, request.size_bytes, request.offset_bytes, vm.disk_bytes
+                    );
+                    self.note_error(msg);
+                    return;
+                }
                 Issue::Io(request) => self.issue(vm_i, worker, request, now, model_now),
                 Issue::At(t) => {
                     let slot = &mut vm.timer_at[worker as usize];
@@ -769,6 +787,8 @@ pub(crate) async fn run(
             timer_at: vec![None; workers],
             counters: Counters::new(if scenario.vms.len() > 64 { 2 } else { 3 }),
             active_in: u32::MAX,
+            disk_bytes: plan.vm_disk[i],
+            halted: false,
         });
     }
     let mut write_pattern = vec![0u8; max_size as usize];
