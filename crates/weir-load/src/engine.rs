@@ -613,6 +613,13 @@ pub(crate) async fn run(
     if opts.targets.is_empty() {
         return Err(LoadError::InvalidOption("give at least one target".into()));
     }
+    for (i, t) in opts.targets.iter().enumerate() {
+        if opts.targets[..i].contains(t) {
+            return Err(LoadError::InvalidOption(format!(
+                "target {t} is listed twice (its VMs' disks would overlap)"
+            )));
+        }
+    }
     if !(opts.time_scale.is_finite() && opts.time_scale > 0.0 && opts.time_scale <= 1e6) {
         return Err(LoadError::InvalidOption(format!(
             "time scale must be in (0, 1e6], got {}",

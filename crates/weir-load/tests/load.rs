@@ -430,8 +430,16 @@ fn setup_errors_are_clear() {
             .to_string()
             .contains("time scale")
     );
-    let mut o = options(
+    let o = options(
         &format!("{},{}", small.uri(), small.uri()),
+        "bs=4k,vms=2",
+        0.2,
+    );
+    let e = weir_load::run(o, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("listed twice"), "{e}");
+    let other = TestServer::start(1 << 20, Misbehaviour::default());
+    let mut o = options(
+        &format!("{},{}", small.uri(), other.uri()),
         "bs=4k,vms=2",
         0.2,
     );
