@@ -79,6 +79,64 @@ pub struct CaseReport {
     /// Simulated I/Os processed (for throughput accounting).
     #[serde(default)]
     pub events: u64,
+    /// What the application models' users experienced (orders per minute, RPC
+    /// latency, login and application-launch times with their grades, VSIbase /
+    /// VSImax, per-desktop averages in the layout of 004's tables 11/15/20), over
+    /// the whole measured interval and over each named window.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model_metrics: Vec<ModelMetricResult>,
+    /// Named windows of the run (e.g. "pre-storm", "storm"), with the figures of each
+    /// volume, service level and the total inside them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<WindowResult>,
+    /// Transfer sizes completed, in 004's buckets, and the random / sequential split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_sizes: Option<IoSizeHistogram>,
+}
+
+/// One figure of one application model (all the instances of a `[[vm]]` combined).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ModelMetricResult {
+    /// The `[[vm]]` (base name) running the model, e.g. "sql".
+    pub source: String,
+    /// Model kind: "vdi", "oltp", "exchange".
+    #[serde(default)]
+    pub kind: String,
+    /// Window name; empty for the whole measured interval.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub window: String,
+    /// e.g. "opm", "rpc_latency_mean_ms", "login_good_pct", "vsimax_sessions".
+    pub name: String,
+    #[serde(deserialize_with = "nan::f64_or_null")]
+    pub value: f64,
+    #[serde(default)]
+    pub unit: String,
+}
+
+/// A named interval of the run and what each volume / service level did in it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct WindowResult {
+    pub name: String,
+    #[serde(deserialize_with = "nan::f64_or_null")]
+    pub start_s: f64,
+    #[serde(deserialize_with = "nan::f64_or_null")]
+    pub end_s: f64,
+    /// Per volume ("volume:<name>"), per service level ("level:<name>") and "total":
+    /// IOPS, MB/s and mean latency inside the window.
+    pub figures: Vec<WorkloadResult>,
+}
+
+/// Completed transfers by size bucket (004's histogram buckets: each holds the sizes
+/// from the previous bucket's bound, exclusive, up to its own, inclusive).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct IoSizeHistogram {
+    pub bucket_bytes: Vec<u64>,
+    pub reads: Vec<u64>,
+    pub writes: Vec<u64>,
+    pub sequential_reads: u64,
+    pub random_reads: u64,
+    pub sequential_writes: u64,
+    pub random_writes: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -8,9 +8,10 @@
 //! average (device latency, from host dispatch to completion, as SIOC measures it).
 
 use crate::Progress;
+use crate::cache::BlockCache;
 use crate::fault::{FaultAction, FaultInjector};
 use crate::hw::{self, Hw, PartSnapshot};
-use crate::scenario::{CasePlan, VmPlan, VolumePlan};
+use crate::scenario::{CasePlan, VmPlan, VolumePlan, WindowPlan};
 use hdrhistogram::Histogram;
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
@@ -20,9 +21,26 @@ use weir_qos::{
     SchedulerConfig, VolumeId,
 };
 use weir_report::{
-    CaseReport, Comparison, ComponentResult, LatencySummary, TimelineSeries, WorkloadResult,
+    CaseReport, Comparison, ComponentResult, IoSizeHistogram, LatencySummary, ModelMetricResult,
+    TimelineSeries, WindowResult, WorkloadResult,
 };
-use weir_workload::{AccessGenerator, Direction, IoGenerator, IoRequest, Issue};
+use weir_workload::{
+    AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric, SharedRegion,
+};
+
+/// 004's I/O size histogram buckets (upper bounds, bytes).
+const SIZE_BUCKETS: [u64; 10] = [
+    4096,
+    8192,
+    16384,
+    32768,
+    65536,
+    131072,
+    262144,
+    524288,
+    1048576,
+    u64::MAX,
+];
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Ev {
@@ -62,6 +80,10 @@ enum Stage {
     Array,
     TargetLinkBack,
     HostLinkBack,
+    /// A read served by the host's flash cache.
+    HostFlash,
+    /// A read served by the array's flash cache.
+    ArrayFlash,
     Free,
 }
 
@@ -101,6 +123,8 @@ struct Comp {
 }
 
 struct HostState {
+    /// Host flash read cache and the flash component serving its hits.
+    cache: Option<(BlockCache, u32)>,
     sched: Scheduler<u32>,
     outstanding: u32,
     queue_depth: u32,
@@ -195,7 +219,10 @@ impl Stats {
 
 struct VmState {
     plan: VmPlan,
-    generator: Box<dyn IoGenerator>,
+    generator: Box<dyn IoGenerator + Send>,
+    shared: Option<SharedRegion>,
+    /// End offset of each worker's last request (sequential detection).
+    last_end: Vec<u64>,
     outstanding: Vec<u32>,
     wake_at: Vec<Option<Nanos>>,
     stats: Stats,
@@ -227,6 +254,12 @@ pub(crate) struct Engine<'p> {
     completed: u64,
     /// Per timeline interval: bytes, I/Os, device latency sum (ns).
     series_total: Vec<(u64, u64, u128)>,
+    /// Per volume, per timeline interval: bytes, I/Os, latency sum as the VMs saw it.
+    volume_buckets: Vec<Vec<(u64, u64, u128)>>,
+    /// Array flash cache and its flash component.
+    array_cache: Option<(BlockCache, u32, bool, bool)>,
+    sizes: IoSizeHistogram,
+    keys: Vec<u64>,
 }
 
 fn splitmix(mut x: u64) -> u64 {
@@ -310,7 +343,29 @@ impl<'p> Engine<'p> {
                 }
                 None => None,
             };
+            let cache = match plan.file.host[hi].flash_cache.as_ref().filter(|c| c.enabled) {
+                Some(c) => {
+                    comps.push(Comp {
+                        c: hw::build_flash(&c.flash)?,
+                        pending: None,
+                        name: format!("host flash {}", h.name),
+                        kind: "flash",
+                        busy_at_start: 0,
+                        ios: 0,
+                        bytes: 0,
+                    });
+                    Some((
+                        BlockCache::new(
+                            (c.size_gib * (1u64 << 30) as f64) as u64,
+                            c.block_kib as u64 * 1024,
+                        ),
+                        comps.len() as u32 - 1,
+                    ))
+                }
+                None => None,
+            };
             hosts.push(HostState {
+                cache,
                 sched,
                 outstanding: 0,
                 queue_depth: h.queue_depth,
@@ -324,7 +379,30 @@ impl<'p> Engine<'p> {
                 window_series: Vec::new(),
             });
         }
-        let array_qos = plan.file.array_qos.as_ref().map(|q| {
+        let array_cache = match plan.file.array_cache.as_ref().filter(|c| c.enabled) {
+            Some(c) => {
+                comps.push(Comp {
+                    c: hw::build_flash(&c.flash)?,
+                    pending: None,
+                    name: "array flash".into(),
+                    kind: "flash",
+                    busy_at_start: 0,
+                    ios: 0,
+                    bytes: 0,
+                });
+                Some((
+                    BlockCache::new(
+                        (c.size_gib * (1u64 << 30) as f64) as u64,
+                        c.block_kib as u64 * 1024,
+                    ),
+                    comps.len() as u32 - 1,
+                    c.clone_aware,
+                    c.write_back,
+                ))
+            }
+            None => None,
+        };
+        let array_qos = plan.file.array_qos.as_ref().filter(|q| q.enabled).map(|q| {
             let mut sched = Scheduler::new(SchedulerConfig {
                 cost_unit_bytes: q.cost_unit_bytes,
             });
@@ -341,13 +419,26 @@ impl<'p> Engine<'p> {
         let buckets = ((plan.warmup_ns + plan.duration_ns) / plan.interval_ns + 1) as usize;
         let mut vms = Vec::new();
         for vm in &plan.vms {
-            let generator =
-                AccessGenerator::new(&vm.spec, vm.disk_bytes, stream_seed(seed, &vm.name))
-                    .map_err(|e| format!("VM {}: {e}", vm.name))?;
+            let generator: Box<dyn IoGenerator + Send> = match &vm.model {
+                Some(m) => m
+                    .build(
+                        vm.disk_bytes,
+                        stream_seed(seed, &vm.name),
+                        vm.instance,
+                        vm.instances,
+                    )
+                    .map_err(|e| format!("VM {}: {e}", vm.name))?,
+                None => Box::new(
+                    AccessGenerator::new(&vm.spec, vm.disk_bytes, stream_seed(seed, &vm.name))
+                        .map_err(|e| format!("VM {}: {e}", vm.name))?,
+                ),
+            };
             let workers = generator.workers() as usize;
             vms.push(VmState {
                 plan: vm.clone(),
-                generator: Box::new(generator),
+                shared: generator.shared_region(),
+                generator,
+                last_end: vec![u64::MAX; workers],
                 outstanding: vec![0; workers],
                 wake_at: vec![None; workers],
                 stats: Stats::new(2),
@@ -357,8 +448,12 @@ impl<'p> Engine<'p> {
         let in_flight: usize = plan
             .vms
             .iter()
-            .map(|v| (v.spec.workers * v.spec.outstanding_ios) as usize)
-            .sum();
+            .map(|v| match &v.model {
+                Some(_) => 64,
+                None => (v.spec.workers * v.spec.outstanding_ios) as usize,
+            })
+            .sum::<usize>()
+            .min(1 << 20);
         Ok(Engine {
             plan,
             now: 0,
@@ -382,6 +477,19 @@ impl<'p> Engine<'p> {
             parts_at_start: Vec::new(),
             completed: 0,
             series_total: vec![(0, 0, 0); buckets],
+            volume_buckets: plan
+                .volumes
+                .iter()
+                .map(|_| vec![(0, 0, 0); buckets])
+                .collect(),
+            array_cache,
+            sizes: IoSizeHistogram {
+                bucket_bytes: SIZE_BUCKETS.to_vec(),
+                reads: vec![0; SIZE_BUCKETS.len()],
+                writes: vec![0; SIZE_BUCKETS.len()],
+                ..Default::default()
+            },
+            keys: Vec::with_capacity(64),
         })
     }
 
@@ -484,6 +592,16 @@ impl<'p> Engine<'p> {
             c.bytes = 0;
         }
         self.parts_at_start = self.comps[0].c.parts();
+        if let Some((c, _, _, _)) = &mut self.array_cache {
+            c.hits = 0;
+            c.misses = 0;
+        }
+        for h in &mut self.hosts {
+            if let Some((c, _)) = &mut h.cache {
+                c.hits = 0;
+                c.misses = 0;
+            }
+        }
         for h in &mut self.hosts {
             h.area = 0;
             h.last_change = self.now;
@@ -526,6 +644,30 @@ impl<'p> Engine<'p> {
     }
 
     fn issue(&mut self, vm: u32, worker: u32, io: IoRequest) {
+        {
+            let v = &mut self.vms[vm as usize];
+            let w = worker as usize;
+            let sequential = v.last_end[w] == io.offset_bytes;
+            v.last_end[w] = io.offset_bytes + io.size_bytes as u64;
+            if self.measuring {
+                let b = SIZE_BUCKETS
+                    .iter()
+                    .position(|&x| io.size_bytes as u64 <= x)
+                    .unwrap_or(SIZE_BUCKETS.len() - 1);
+                let h = &mut self.sizes;
+                match (io.dir, sequential) {
+                    (Direction::Read, true) => h.sequential_reads += 1,
+                    (Direction::Read, false) => h.random_reads += 1,
+                    (Direction::Write, true) => h.sequential_writes += 1,
+                    (Direction::Write, false) => h.random_writes += 1,
+                }
+                if io.dir == Direction::Read {
+                    h.reads[b] += 1;
+                } else {
+                    h.writes[b] += 1;
+                }
+            }
+        }
         let req = Req {
             vm,
             worker,
@@ -547,6 +689,31 @@ impl<'p> Engine<'p> {
         };
         let h = self.vms[vm as usize].plan.host;
         let now = self.now;
+        if self.vms[vm as usize].plan.host_cache
+            && self.hosts[h].cache.is_some()
+            && self.vms[vm as usize].generator.host_cacheable(io.offset_bytes)
+        {
+            let addr = self.vms[vm as usize].plan.base_offset + io.offset_bytes;
+            let mut keys = std::mem::take(&mut self.keys);
+            keys.clear();
+            if let Some((cache, comp)) = &mut self.hosts[h].cache {
+                let bb = cache.block_bytes;
+                let vm_tag = (vm as u64) << 48;
+                for b in addr / bb..(addr + io.size_bytes as u64).div_ceil(bb) {
+                    keys.push(vm_tag ^ b);
+                }
+                let comp = *comp;
+                if io.dir == Direction::Read && cache.lookup(&keys) {
+                    self.keys = keys;
+                    self.reqs[slot as usize].stage = Stage::HostFlash;
+                    self.submit(comp, slot);
+                    return;
+                }
+                // Misses fill the cache; writes update it (write-through).
+                cache.insert(&keys);
+            }
+            self.keys = keys;
+        }
         if self.hosts[h]
             .sched
             .enqueue(now, VolumeId(vm), ClientId(vm), Self::cost(&io), slot)
@@ -659,7 +826,8 @@ impl<'p> Engine<'p> {
             match self.reqs[slot as usize].stage {
                 Stage::HostLinkOut => self.after_host_link(slot),
                 Stage::TargetLinkOut => self.arrive_array(slot),
-                Stage::Array => self.array_done(slot),
+                Stage::Array | Stage::ArrayFlash => self.array_done(slot),
+                Stage::HostFlash => self.cache_hit_complete(slot),
                 Stage::TargetLinkBack => self.after_target_back(slot),
                 Stage::HostLinkBack => self.host_complete(slot, false),
                 Stage::Free => {}
@@ -706,9 +874,61 @@ impl<'p> Engine<'p> {
             }
             self.pump_array_qos();
         } else {
-            self.reqs[slot as usize].stage = Stage::Array;
-            self.submit(0, slot);
+            self.to_backend(slot);
         }
+    }
+
+    /// Into the array: its flash cache when the read hits, else the array itself.
+    fn to_backend(&mut self, slot: u32) {
+        if self.array_cache.is_some() {
+            let r = self.reqs[slot as usize];
+            let v = &self.vms[r.vm as usize];
+            let mut keys = std::mem::take(&mut self.keys);
+            keys.clear();
+            let Some((cache, comp, clone_aware, write_back)) = &mut self.array_cache else {
+                return;
+            };
+            let bb = cache.block_bytes;
+            let (start, end) = (r.io.offset_bytes, r.io.offset_bytes + r.io.size_bytes as u64);
+            match v.shared {
+                Some(sh) if start >= sh.offset_bytes && end <= sh.offset_bytes + sh.len_bytes => {
+                    // A golden-image block: one copy for all clones when clone-aware,
+                    // one per clone otherwise.
+                    let owner = if *clone_aware {
+                        splitmix(sh.image_id)
+                    } else {
+                        splitmix(
+                            ((r.vm as u64) << 32) ^ v.generator.clone_of(r.worker) as u64 ^ sh.image_id,
+                        )
+                    };
+                    for b in (start - sh.offset_bytes) / bb..(end - sh.offset_bytes).div_ceil(bb) {
+                        keys.push(splitmix(owner ^ b));
+                    }
+                }
+                _ => {
+                    let a = v.plan.base_offset + start;
+                    for b in a / bb..(a + r.io.size_bytes as u64).div_ceil(bb) {
+                        keys.push(splitmix(b) ^ 0x5EED);
+                    }
+                }
+            }
+            let comp = *comp;
+            let hit = match r.io.dir {
+                Direction::Read => cache.lookup(&keys),
+                Direction::Write => *write_back,
+            };
+            if !hit || r.io.dir == Direction::Write {
+                cache.insert(&keys);
+            }
+            self.keys = keys;
+            if hit {
+                self.reqs[slot as usize].stage = Stage::ArrayFlash;
+                self.submit(comp, slot);
+                return;
+            }
+        }
+        self.reqs[slot as usize].stage = Stage::Array;
+        self.submit(0, slot);
     }
 
     fn pump_array_qos(&mut self) {
@@ -723,9 +943,7 @@ impl<'p> Engine<'p> {
             match aq.sched.dispatch(now) {
                 Dispatch::Io(d) => {
                     aq.outstanding += 1;
-                    let slot = d.payload;
-                    self.reqs[slot as usize].stage = Stage::Array;
-                    self.submit(0, slot);
+                    self.to_backend(d.payload);
                 }
                 Dispatch::WaitUntil(t) => {
                     let t = t.max(now + 1);
@@ -827,6 +1045,11 @@ impl<'p> Engine<'p> {
                 b.1 += 1;
                 b.2 += (now - r.host_dispatched_at) as u128;
             }
+            if let Some(b) = self.volume_buckets[v.plan.volume].get_mut(bucket) {
+                b.0 += r.io.size_bytes as u64;
+                b.1 += 1;
+                b.2 += latency as u128;
+            }
             if self.measuring {
                 if error {
                     v.stats.errors += 1;
@@ -844,6 +1067,134 @@ impl<'p> Engine<'p> {
         self.free.push(slot);
         self.pump_host(hi);
         self.poll_worker(r.vm, r.worker);
+    }
+
+    /// A read the host's flash cache served: never reached the host queue or array.
+    fn cache_hit_complete(&mut self, slot: u32) {
+        let now = self.now;
+        let r = self.reqs[slot as usize];
+        let latency = now - r.issued_at;
+        let bucket = (now / self.plan.interval_ns) as usize;
+        let v = &mut self.vms[r.vm as usize];
+        if let Some(b) = v.buckets.get_mut(bucket) {
+            b.0 += r.io.size_bytes as u64;
+            b.1 += 1;
+            b.2 += latency as u128;
+        }
+        if self.measuring {
+            v.stats.record(&r.io, latency);
+            self.total.record(&r.io, latency);
+        }
+        self.completed += 1;
+        v.generator.on_complete(now, r.worker, &r.io, latency);
+        v.outstanding[r.worker as usize] -= 1;
+        self.reqs[slot as usize] = FREE_REQ;
+        self.free.push(slot);
+        self.poll_worker(r.vm, r.worker);
+    }
+
+    /// Model metrics of every model VM over `[from, to)`, combined per `[[vm]]`.
+    fn model_metrics(&self, window: &str, from: Nanos, to: Nanos) -> Vec<ModelMetricResult> {
+        let mut out: Vec<ModelMetricResult> = Vec::new();
+        let mut groups: Vec<(String, String, Vec<Vec<ModelMetric>>)> = Vec::new();
+        for v in &self.vms {
+            let Some(m) = &v.plan.model else { continue };
+            let kind = match m {
+                weir_workload::ModelSpec::Vdi(_) => "vdi",
+                weir_workload::ModelSpec::Oltp(_) => "oltp",
+                weir_workload::ModelSpec::Exchange(_) => "exchange",
+            };
+            let metrics = v.generator.metrics(from, to);
+            match groups.iter_mut().find(|g| g.0 == v.plan.base) {
+                Some(g) => g.2.push(metrics),
+                None => groups.push((v.plan.base.clone(), kind.into(), vec![metrics])),
+            }
+        }
+        for (source, kind, instances) in groups {
+            let Some(first) = instances.first() else { continue };
+            for m in first {
+                let parts: Vec<ModelMetric> = instances
+                    .iter()
+                    .filter_map(|ms| ms.iter().find(|x| x.name == m.name).cloned())
+                    .collect();
+                if let Some(c) = ModelMetric::combine(&parts) {
+                    out.push(ModelMetricResult {
+                        source: source.clone(),
+                        kind: kind.clone(),
+                        window: window.to_string(),
+                        name: c.name,
+                        value: c.value,
+                        unit: c.unit,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    fn window_result(&self, w: &WindowPlan, now: Nanos) -> WindowResult {
+        let i = self.plan.interval_ns;
+        let (a, b) = ((w.start_ns / i) as usize, (w.end_ns.min(now) / i) as usize);
+        let secs = (b.saturating_sub(a)).max(1) as f64 * i as f64 / 1e9;
+        let sum = |buckets: &[&Vec<(u64, u64, u128)>]| {
+            let mut t = (0u64, 0u64, 0u128);
+            for bk in buckets {
+                for x in bk.iter().take(b).skip(a) {
+                    t.0 += x.0;
+                    t.1 += x.1;
+                    t.2 += x.2;
+                }
+            }
+            t
+        };
+        let fig = |name: String, t: (u64, u64, u128)| WorkloadResult {
+            name,
+            iops: t.1 as f64 / secs,
+            mbps: t.0 as f64 / 1e6 / secs,
+            latency_ms: LatencySummary {
+                mean: if t.1 == 0 {
+                    0.0
+                } else {
+                    t.2 as f64 / t.1 as f64 / 1e6
+                },
+                ..Default::default()
+            },
+            ios: t.1,
+            ..Default::default()
+        };
+        let mut figures = Vec::new();
+        for (vi, vol) in self.plan.volumes.iter().enumerate() {
+            figures.push(fig(
+                format!("volume:{}", vol.name),
+                sum(&[&self.volume_buckets[vi]]),
+            ));
+        }
+        let mut levels: Vec<&str> = Vec::new();
+        for vol in &self.plan.volumes {
+            let l = vol.policy.service_level.map_or("best-effort", |l| l.name());
+            if !levels.contains(&l) {
+                levels.push(l);
+            }
+        }
+        for l in levels {
+            let bs: Vec<&Vec<(u64, u64, u128)>> = self
+                .plan
+                .volumes
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.policy.service_level.map_or("best-effort", |l| l.name()) == l)
+                .map(|(i, _)| &self.volume_buckets[i])
+                .collect();
+            figures.push(fig(format!("level:{l}"), sum(&bs)));
+        }
+        let all: Vec<&Vec<(u64, u64, u128)>> = self.volume_buckets.iter().collect();
+        figures.push(fig("total".into(), sum(&all)));
+        WindowResult {
+            name: w.name.clone(),
+            start_s: w.start_ns as f64 / 1e9,
+            end_s: w.end_ns as f64 / 1e9,
+            figures,
+        }
     }
 
     fn report(mut self) -> CaseReport {
@@ -967,6 +1318,62 @@ impl<'p> Engine<'p> {
                 });
             }
         }
+        let mut model_metrics = self.model_metrics("", self.measure_start, now);
+        let mut windows = Vec::new();
+        for w in &plan.windows {
+            model_metrics.extend(self.model_metrics(&w.name, w.start_ns, w.end_ns.min(now)));
+            windows.push(self.window_result(w, now));
+        }
+        for (vi, vol) in plan.volumes.iter().enumerate() {
+            if plan.volumes.len() > 1 {
+                let b = &self.volume_buckets[vi][..used.min(self.volume_buckets[vi].len())];
+                timeline.push(TimelineSeries {
+                    name: format!("volume:{} IOPS", vol.name),
+                    unit: "IOPS".into(),
+                    interval_s,
+                    values: b.iter().map(|x| x.1 as f64 / interval_s).collect(),
+                });
+                timeline.push(TimelineSeries {
+                    name: format!("volume:{} latency", vol.name),
+                    unit: "ms".into(),
+                    interval_s,
+                    values: b
+                        .iter()
+                        .map(|x| if x.1 == 0 { 0.0 } else { x.2 as f64 / x.1 as f64 / 1e6 })
+                        .collect(),
+                });
+            }
+        }
+        for (c, what) in [
+            (self.array_cache.as_ref().map(|c| &c.0), "array flash cache"),
+        ] {
+            if let Some(c) = c {
+                components.push(ComponentResult {
+                    name: format!("{what} hit ratio"),
+                    kind: "cache".into(),
+                    utilisation: c.hits as f64 / (c.hits + c.misses).max(1) as f64,
+                    ios: c.hits,
+                    mbps: 0.0,
+                });
+            }
+        }
+        for (i, h) in self.hosts.iter().enumerate() {
+            if let Some((c, _)) = &h.cache {
+                components.push(ComponentResult {
+                    name: format!("host cache {} hit ratio", plan.hosts[i].name),
+                    kind: "cache".into(),
+                    utilisation: c.hits as f64 / (c.hits + c.misses).max(1) as f64,
+                    ios: c.hits,
+                    mbps: 0.0,
+                });
+            }
+        }
+        let io_sizes = (self.sizes.random_reads
+            + self.sizes.sequential_reads
+            + self.sizes.random_writes
+            + self.sizes.sequential_writes
+            > 0)
+            .then(|| self.sizes.clone());
         let mut report = CaseReport {
             name: plan.name.clone(),
             description: plan.description.clone(),
@@ -978,6 +1385,9 @@ impl<'p> Engine<'p> {
             components,
             timeline,
             events: self.completed,
+            model_metrics,
+            windows,
+            io_sizes,
         };
         report.comparisons = plan
             .compare
@@ -1015,10 +1425,42 @@ pub(crate) fn check_metric(
     metric: &str,
     vms: &[VmPlan],
     volumes: &[VolumePlan],
+    windows: &[WindowPlan],
 ) -> Result<(), String> {
     if let Some((a, b)) = metric.split_once(" / ") {
-        check_metric(a.trim(), vms, volumes)?;
-        return check_metric(b.trim(), vms, volumes);
+        check_metric(a.trim(), vms, volumes, windows)?;
+        return check_metric(b.trim(), vms, volumes, windows);
+    }
+    let (metric, window) = match metric.split_once('@') {
+        Some((m, w)) => {
+            if !windows.iter().any(|x| x.name == w) {
+                return Err(format!("metric {metric:?}: no [[scenario.window]] named {w:?}"));
+            }
+            (m, Some(w))
+        }
+        None => (metric, None),
+    };
+    if let Some(rest) = metric.strip_prefix("model:") {
+        let Some((vm, _field)) = rest.split_once('.') else {
+            return Err(format!("metric {metric:?} must look like `model:<vm>.<metric>`"));
+        };
+        return if vms.iter().any(|v| v.base == vm && v.model.is_some()) {
+            Ok(())
+        } else {
+            Err(format!("metric {metric:?}: no [[vm]] named {vm:?} runs a model"))
+        };
+    }
+    if window.is_some() {
+        let ok = metric.starts_with("volume:") || metric.starts_with("level:") || metric.starts_with("total.");
+        let field = metric.rsplit_once('.').map_or("", |x| x.1);
+        if !ok || !matches!(field, "iops" | "mbps" | "latency_mean_ms") {
+            return Err(format!(
+                "metric {metric:?}: inside a window only volume:<v>, level:<service level> and total with iops, mbps, latency_mean_ms"
+            ));
+        }
+        if metric.starts_with("level:") {
+            return Ok(());
+        }
     }
     let Some((name, field)) = metric.rsplit_once('.') else {
         return Err(format!(
@@ -1058,6 +1500,30 @@ pub(crate) fn check_metric(
 pub(crate) fn metric_value(report: &CaseReport, metric: &str) -> Option<f64> {
     if let Some((a, b)) = metric.split_once(" / ") {
         return Some(metric_value(report, a.trim())? / metric_value(report, b.trim())?);
+    }
+    let (metric, window) = match metric.split_once('@') {
+        Some((m, w)) => (m, w),
+        None => (metric, ""),
+    };
+    if let Some(rest) = metric.strip_prefix("model:") {
+        let (vm, field) = rest.split_once('.')?;
+        return report
+            .model_metrics
+            .iter()
+            .find(|m| m.source == vm && m.name == field && m.window == window)
+            .map(|m| m.value)
+            .or(Some(f64::NAN));
+    }
+    if !window.is_empty() {
+        let w = report.windows.iter().find(|w| w.name == window)?;
+        let (name, field) = metric.rsplit_once('.')?;
+        let f = w.figures.iter().find(|f| f.name == name)?;
+        return match field {
+            "iops" => Some(f.iops),
+            "mbps" => Some(f.mbps),
+            "latency_mean_ms" => Some(f.latency_ms.mean),
+            _ => None,
+        };
     }
     let (name, field) = metric.rsplit_once('.')?;
     if let Some(c) = name.strip_prefix("component:") {

@@ -111,6 +111,16 @@ pub(crate) fn build_link(spec: &toml::Value) -> Result<Option<Hw>, String> {
     )))
 }
 
+/// A flash device serving cache hits: an ideal array of `servers` channels.
+pub(crate) fn build_flash(f: &crate::topology::FlashSpec) -> Result<Hw, String> {
+    let spec = IdealArraySpec {
+        servers: f.servers,
+        service_us: f.service_us,
+        mbps: f.mbps,
+    };
+    Ok(Hw::Ideal(IdealArray::new(&spec).map_err(|e| format!("flash: {e}"))?))
+}
+
 /// Builds the array; `needed_bytes` is the space the VMs' disks take.
 pub(crate) fn build_array(spec: &toml::Table, seed: u64, needed_bytes: u64) -> Result<Hw, String> {
     if let Some(ideal) = spec.get("ideal") {

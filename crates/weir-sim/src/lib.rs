@@ -12,6 +12,7 @@
 //!
 //! Scenario files are described in `scenarios/README.md`.
 
+mod cache;
 mod engine;
 pub mod fault;
 mod hw;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 use weir_qos::{CongestionConfig, Policy, PolicyCatalog};
-use weir_workload::{AccessGenerator, AccessSpec, SWEEP_PARAMS};
+use weir_workload::{AccessGenerator, AccessSpec, ModelSpec, SWEEP_PARAMS};
 
 /// A scenario file that failed to load.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -53,6 +53,7 @@ pub(crate) struct CasePlan {
     pub volumes: Vec<VolumePlan>,
     pub congestion: CongestionConfig,
     pub compare: Vec<CompareSpec>,
+    pub windows: Vec<WindowPlan>,
 }
 
 #[derive(Clone, Debug)]
@@ -71,9 +72,25 @@ pub(crate) struct VmPlan {
     /// The VM disk's shares/limit/reservation as a host-scheduler policy.
     pub policy: Policy,
     pub spec: AccessSpec,
+    /// An application model instead of `spec`.
+    pub model: Option<ModelSpec>,
+    /// This VM's index among the copies of its `[[vm]]` (`count`), and their number.
+    pub instance: u32,
+    pub instances: u32,
+    /// The `[[vm]]` name (without the copy suffix).
+    pub base: String,
+    pub host_cache: bool,
     pub disk_bytes: u64,
     /// Where the disk starts on the array.
     pub base_offset: u64,
+}
+
+/// A named window, in ns of the simulated clock.
+#[derive(Clone, Debug)]
+pub(crate) struct WindowPlan {
+    pub name: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -251,6 +268,9 @@ impl Scenario {
                                 .iter()
                                 .any(|n| n == &v.name || n == base_name(&v.name))
                     }) {
+                        if vm.model.is_some() {
+                            continue;
+                        }
                         vm.spec
                             .set_param(&s.param, x)
                             .and_then(|_| {
@@ -605,15 +625,17 @@ pub(crate) fn plan_case(
             .iter()
             .position(|x| x.name == v.host)
             .ok_or_else(|| err(at("host"), format!("no [[host]] named {:?}", v.host)))?;
+        let model = file.model.iter().find(|m| m.name() == v.workload).cloned();
         let spec = match file.workload.iter().find(|w| w.name == v.workload) {
             Some(w) => w.clone(),
+            None if model.is_some() => AccessSpec::simple(4096, 100.0, 100.0, 1),
             None => weir_workload::profile(&v.workload)
                 .map(|p| p.spec)
                 .map_err(|_| {
                     err(
                         at("workload"),
                         format!(
-                            "no [[workload]] or built-in profile named {:?} (profiles: {})",
+                            "no [[workload]], [[model]] or built-in profile named {:?} (profiles: {})",
                             v.workload,
                             weir_workload::profile_names().join(", ")
                         ),
@@ -686,14 +708,43 @@ pub(crate) fn plan_case(
             policy
                 .validate()
                 .map_err(|e| err(at("limit_iops"), e.to_string()))?;
-            AccessGenerator::new(&spec, disk_bytes, 0)
-                .map_err(|e| err(at("workload"), format!("workload {:?}: {e}", v.workload)))?;
+            match &model {
+                Some(m) => {
+                    if let Err(e) = m.build(disk_bytes, 0, k, v.count) {
+                        return Err(err(at("workload"), format!("model {:?}: {e}", v.workload)));
+                    }
+                }
+                None => {
+                    AccessGenerator::new(&spec, disk_bytes, 0).map_err(|e| {
+                        err(at("workload"), format!("workload {:?}: {e}", v.workload))
+                    })?;
+                }
+            }
+            if v.host_cache
+                && !file.host[host]
+                    .flash_cache
+                    .as_ref()
+                    .is_some_and(|c| c.enabled)
+            {
+                return Err(err(
+                    at("host_cache"),
+                    format!(
+                        "host {:?} has no enabled flash_cache",
+                        file.host[host].name
+                    ),
+                ));
+            }
             vms.push(VmPlan {
                 name: vm_name,
                 host,
                 volume,
                 policy,
                 spec: spec.clone(),
+                model: model.clone(),
+                instance: k,
+                instances: v.count,
+                base: v.name.clone(),
+                host_cache: v.host_cache,
                 disk_bytes,
                 base_offset: next_offset,
             });
@@ -702,7 +753,10 @@ pub(crate) fn plan_case(
     }
     let in_flight: u64 = vms
         .iter()
-        .map(|v| v.spec.workers as u64 * v.spec.outstanding_ios as u64)
+        .map(|v| match &v.model {
+            Some(m) => m.max_outstanding() / v.instances.max(1) as u64,
+            None => v.spec.workers as u64 * v.spec.outstanding_ios as u64,
+        })
         .sum();
     if in_flight > MAX_IN_FLIGHT {
         return Err(err(
@@ -734,8 +788,41 @@ pub(crate) fn plan_case(
         .filter(|c| c.when.iter().all(|(k, v)| params.get(k) == Some(v)))
         .cloned()
         .collect();
+    let mut windows = Vec::new();
+    for (i, w) in file.scenario.window.iter().enumerate() {
+        let at = |f: &str| vec![key("scenario"), key("window"), Seg::Index(i), key(f)];
+        if !valid_name(&w.name) || windows.iter().any(|x: &WindowPlan| x.name == w.name) {
+            return Err(err(
+                at("name"),
+                format!("window names are unique, 1-64 characters of [A-Za-z0-9_-], got {:?}", w.name),
+            ));
+        }
+        if !(w.start_s.is_finite() && w.end_s.is_finite() && 0.0 <= w.start_s && w.start_s < w.end_s) {
+            return Err(err(
+                at("end_s"),
+                format!("needs 0 <= start_s < end_s, got {} .. {}", w.start_s, w.end_s),
+            ));
+        }
+        windows.push(WindowPlan {
+            name: w.name.clone(),
+            start_ns: (w.start_s * 1e9) as u64,
+            end_ns: (w.end_s * 1e9) as u64,
+        });
+    }
+    for c in [file.array_cache.as_ref().map(|c| (c.size_gib, c.block_kib))]
+        .into_iter()
+        .flatten()
+        .chain(file.host.iter().filter_map(|h| h.flash_cache.as_ref().map(|c| (c.size_gib, c.block_kib))))
+    {
+        if !(c.0.is_finite() && c.0 > 0.0 && c.0 <= 1e5) || !(4..=4096).contains(&c.1) {
+            return Err(err(
+                vec![key("array_cache")],
+                format!("a cache needs 0 < size_gib <= 1e5 and block_kib in 4..=4096, got {} GiB, {} KiB", c.0, c.1),
+            ));
+        }
+    }
     for (i, cmp) in compare.iter().enumerate() {
-        crate::engine::check_metric(&cmp.metric, &vms, &volumes)
+        crate::engine::check_metric(&cmp.metric, &vms, &volumes, &windows)
             .map_err(|m| err(vec![key("compare"), Seg::Index(i), key("metric")], m))?;
     }
     Ok(CasePlan {
@@ -751,6 +838,7 @@ pub(crate) fn plan_case(
         volumes,
         congestion: file.datastore.congestion.clone(),
         compare,
+        windows,
     })
 }
 

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use weir_qos::{CongestionConfig, Policy, Shares};
-use weir_workload::AccessSpec;
+use weir_workload::{AccessSpec, ModelSpec};
 
 /// A whole scenario file.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -27,8 +27,102 @@ pub struct ScenarioFile {
     /// Named access specifications (`vm.workload` may also name a built-in profile).
     #[serde(default)]
     pub workload: Vec<AccessSpec>,
+    /// Application models (`kind = "vdi" | "oltp" | "exchange"`), named like
+    /// workloads: a `[[vm]]`'s `workload` may name one.
+    #[serde(default)]
+    pub model: Vec<ModelSpec>,
+    /// A flash read cache in front of the array (the flash tier of a hybrid array),
+    /// optionally clone-aware.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_cache: Option<ArrayCacheSpec>,
     #[serde(default, skip_serializing)]
     pub case: Vec<CaseSpec>,
+}
+
+/// A named interval of the run (simulated seconds from 0, warm-up included).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowSpec {
+    pub name: String,
+    pub start_s: f64,
+    pub end_s: f64,
+}
+
+/// A flash device serving cache hits: `servers` parallel channels, each hit takes
+/// `service_us + size / mbps` on one of them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlashSpec {
+    #[serde(default = "d_flash_servers")]
+    pub servers: u32,
+    #[serde(default = "d_flash_service")]
+    pub service_us: f64,
+    #[serde(default = "d_flash_mbps")]
+    pub mbps: f64,
+}
+
+impl Default for FlashSpec {
+    fn default() -> Self {
+        FlashSpec {
+            servers: d_flash_servers(),
+            service_us: d_flash_service(),
+            mbps: d_flash_mbps(),
+        }
+    }
+}
+
+fn d_flash_servers() -> u32 {
+    32
+}
+fn d_flash_service() -> f64 {
+    100.0
+}
+fn d_flash_mbps() -> f64 {
+    1500.0
+}
+
+/// Array-side flash read cache. Reads that hit are served by the flash device;
+/// misses go to the array and fill the cache; writes go to the array and update the
+/// cached copy (write-through). `clone_aware`: the blocks of a golden image
+/// (a model's shared region) are cached once for all its clones; otherwise each
+/// clone's copy is a separate entry (004: Data ONTAP 8.1 vs 8.0.1).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArrayCacheSpec {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    pub size_gib: f64,
+    #[serde(default = "d_block_kib")]
+    pub block_kib: u32,
+    #[serde(default)]
+    pub clone_aware: bool,
+    /// Writes land in flash (a hybrid array's flash tier) instead of the disks; the
+    /// later destaging to disk is not simulated.
+    #[serde(default)]
+    pub write_back: bool,
+    #[serde(default)]
+    pub flash: FlashSpec,
+}
+
+/// A host's flash card used as a read cache (ioTurbine-like) by the VMs that opt in
+/// with `host_cache = true`: write-through, hits never leave the host.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostCacheSpec {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    pub size_gib: f64,
+    #[serde(default = "d_block_kib")]
+    pub block_kib: u32,
+    #[serde(default)]
+    pub flash: FlashSpec,
+}
+
+fn yes() -> bool {
+    true
+}
+fn d_block_kib() -> u32 {
+    64
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -47,6 +141,9 @@ pub struct ScenarioHeader {
     /// Interval of the timeline series, s.
     #[serde(default = "one_f64")]
     pub timeline_interval_s: f64,
+    /// Named windows reported separately (`[[scenario.window]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub window: Vec<WindowSpec>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -76,6 +173,9 @@ impl Default for DatastoreSpec {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ArrayQosSpec {
+    /// `false`: requests go to the array in arrival order (QoS off).
+    #[serde(default = "yes")]
+    pub enabled: bool,
     /// Requests the appliance keeps outstanding on its back end.
     #[serde(default = "default_backend_concurrency")]
     pub backend_concurrency: u32,
@@ -108,6 +208,9 @@ pub struct HostSpec {
     /// (`4294967295`: every I/O counts as one, as ESXi 5.0 did).
     #[serde(default = "default_cost_unit")]
     pub cost_unit_bytes: u32,
+    /// A host-side flash read cache for the VMs that opt in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_cache: Option<HostCacheSpec>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -136,6 +239,9 @@ pub struct VmSpec {
     /// is left out, e.g. by a case).
     #[serde(default = "one_u32")]
     pub count: u32,
+    /// Use the host's `flash_cache` for this VM's reads.
+    #[serde(default)]
+    pub host_cache: bool,
 }
 
 /// One `[[case]]`: overrides of the base file, optional sweeps, seed figures.
