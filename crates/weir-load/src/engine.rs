@@ -22,10 +22,34 @@ use weir_nbd::{
     ClientConfig, ClientExport, ClientGoal, ClientHandshake, ClientOutcome, ClientSession,
     Completion, ReplyData,
 };
-use weir_report::{CaseReport, ComponentResult, ScenarioReport};
+use weir_report::{
+    CaseReport, ComponentResult, IoSizeHistogram, ModelMetricResult, ScenarioReport, WindowResult,
+};
 use weir_workload::{AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric};
 
 const MAX_NOTED: usize = 20;
+/// 004's I/O size histogram buckets (upper bounds, bytes), as in the simulator.
+const SIZE_BUCKETS: [u64; 10] = [
+    4096,
+    8192,
+    16384,
+    32768,
+    65536,
+    131072,
+    262144,
+    524288,
+    1048576,
+    u64::MAX,
+];
+
+/// Figures inside one named window (model clock, by completion time).
+struct WindowCounters {
+    name: String,
+    start_ns: u64,
+    end_ns: u64,
+    total: Counters,
+    per_target: Vec<Counters>,
+}
 /// Issues one pump may make before yielding (a guard against a generator that never
 /// blocks).
 const MAX_ISSUES_PER_PUMP: u32 = 1 << 16;
@@ -33,8 +57,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Vm {
     name: String,
-    /// The `[[workload]]`/`[[model]]`/profile name (model metrics are grouped by it).
+    /// The `[[workload]]`/`[[model]]`/profile name (workload classes group by it).
     workload: String,
+    /// The `[[vm]]` it comes from (model metrics are combined per base).
+    base: String,
+    /// Model kind ("vdi", "oltp", "exchange"); `None` for access specifications.
+    kind: Option<&'static str>,
+    /// Where each worker's last request ended (sequential detection).
+    last_end: Vec<u64>,
     target: u32,
     conn: usize,
     base_offset: u64,
@@ -85,6 +115,8 @@ struct Core {
     interval: Interval,
     /// Index of the open timeline interval.
     interval_index: u32,
+    sizes: IoSizeHistogram,
+    windows: Vec<WindowCounters>,
     ios: u64,
     io_errors: u64,
     first_errors: Vec<String>,
@@ -160,6 +192,25 @@ impl Core {
     fn issue(&mut self, vm_i: u32, worker: u32, request: IoRequest, now: Instant, model_now: u64) {
         let vm = &mut self.vms[vm_i as usize];
         vm.outstanding[worker as usize] += 1;
+        let sequential = vm.last_end[worker as usize] == request.offset_bytes;
+        vm.last_end[worker as usize] = request.offset_bytes + request.size_bytes as u64;
+        if model_now >= self.warmup_model_ns {
+            let b = SIZE_BUCKETS
+                .iter()
+                .position(|&x| request.size_bytes as u64 <= x)
+                .unwrap_or(SIZE_BUCKETS.len() - 1);
+            let h = &mut self.sizes;
+            match (request.dir, sequential) {
+                (Direction::Read, true) => h.sequential_reads += 1,
+                (Direction::Read, false) => h.random_reads += 1,
+                (Direction::Write, true) => h.sequential_writes += 1,
+                (Direction::Write, false) => h.random_writes += 1,
+            }
+            match request.dir {
+                Direction::Read => h.reads[b] += 1,
+                Direction::Write => h.writes[b] += 1,
+            }
+        }
         let (target, conn_i) = (vm.target, vm.conn);
         let offset = vm.base_offset + request.offset_bytes;
         let len = request.size_bytes as u64;
@@ -300,6 +351,13 @@ impl Core {
             iv.active_vms += 1;
         }
         let model_now = self.model_ns(now);
+        let target = self.vms[f.vm as usize].target as usize;
+        for w in &mut self.windows {
+            if (w.start_ns..w.end_ns).contains(&model_now) {
+                w.total.record(f.request.dir, bytes, latency_us, ok);
+                w.per_target[target].record(f.request.dir, bytes, latency_us, ok);
+            }
+        }
         let model_latency = (latency.as_nanos() as f64 * self.time_scale) as u64;
         let vm = &mut self.vms[f.vm as usize];
         vm.outstanding[f.worker as usize] -= 1;
@@ -582,13 +640,14 @@ fn layout(scenario: &LoadScenario, targets: &[Target], sizes: &[u64]) -> Result<
 }
 
 /// The models' own figures over `[from_ns, to_ns)` of the model clock, combined over
-/// the VMs running the same workload; keyed by `"<workload> <metric>"`.
+/// the copies of one `[[vm]]`; keyed by `"<vm>.<metric>"` (the simulator's
+/// `model:<vm>.<metric>`).
 fn collect_metrics(vms: &[Vm], from_ns: u64, to_ns: u64) -> BTreeMap<String, ModelMetric> {
     let mut parts: BTreeMap<String, Vec<ModelMetric>> = BTreeMap::new();
     for vm in vms {
         for m in vm.generator.metrics(from_ns, to_ns) {
             parts
-                .entry(format!("{} {}", vm.workload, m.name))
+                .entry(format!("{}.{}", vm.base, m.name))
                 .or_default()
                 .push(m);
         }
@@ -597,6 +656,15 @@ fn collect_metrics(vms: &[Vm], from_ns: u64, to_ns: u64) -> BTreeMap<String, Mod
         .into_iter()
         .filter_map(|(k, v)| ModelMetric::combine(&v).map(|m| (k, m)))
         .collect()
+}
+
+/// A target's name in the report: its export, or the address for the default export.
+fn volume_name(t: &Target) -> String {
+    if t.export.is_empty() {
+        format!("{} (default export)", t.socket_address())
+    } else {
+        t.export.clone()
+    }
 }
 
 fn splitmix64(x: u64) -> u64 {
@@ -786,6 +854,16 @@ pub(crate) async fn run(
         vms.push(Vm {
             name: svm.name.clone(),
             workload: svm.workload.clone(),
+            base: svm.base.clone(),
+            kind: match &svm.run {
+                VmWorkload::Access(_) => None,
+                VmWorkload::Model { spec, .. } => Some(match spec.as_ref() {
+                    weir_workload::ModelSpec::Vdi(_) => "vdi",
+                    weir_workload::ModelSpec::Oltp(_) => "oltp",
+                    weir_workload::ModelSpec::Exchange(_) => "exchange",
+                }),
+            },
+            last_end: vec![u64::MAX; workers],
             target: t as u32,
             conn,
             base_offset: plan.vm_base[i],
@@ -836,6 +914,23 @@ pub(crate) async fn run(
         scratch: Vec::new(),
         interval: Interval::new(n_vms),
         interval_index: 0,
+        sizes: IoSizeHistogram {
+            bucket_bytes: SIZE_BUCKETS.to_vec(),
+            reads: vec![0; SIZE_BUCKETS.len()],
+            writes: vec![0; SIZE_BUCKETS.len()],
+            ..Default::default()
+        },
+        windows: scenario
+            .windows
+            .iter()
+            .map(|w| WindowCounters {
+                name: w.name.clone(),
+                start_ns: (w.start_s * 1e9) as u64,
+                end_ns: (w.end_s * 1e9) as u64,
+                total: Counters::new(2),
+                per_target: (0..n_targets).map(|_| Counters::new(2)).collect(),
+            })
+            .collect(),
         ios: 0,
         io_errors: 0,
         first_errors: vec![],
@@ -965,11 +1060,41 @@ pub(crate) async fn run(
         }
     }
 
-    let run_metrics = {
+    let (run_metrics, model_results) = {
         let c = core.borrow();
-        let warmup = c.warmup_model_ns;
-        collect_metrics(&c.vms, warmup, c.model_ns(end))
+        let end_model = c.model_ns(end);
+        let run = collect_metrics(&c.vms, c.warmup_model_ns, end_model);
+        let kinds: BTreeMap<&str, &str> = c
+            .vms
+            .iter()
+            .filter_map(|v| v.kind.map(|k| (v.base.as_str(), k)))
+            .collect();
+        let mut results = Vec::new();
+        let mut push = |window: &str, metrics: &BTreeMap<String, ModelMetric>| {
+            for (key, m) in metrics {
+                let source = key.strip_suffix(&format!(".{}", m.name)).unwrap_or(key);
+                results.push(ModelMetricResult {
+                    source: source.to_string(),
+                    kind: kinds.get(source).copied().unwrap_or("").to_string(),
+                    window: window.to_string(),
+                    name: m.name.clone(),
+                    value: m.value,
+                    unit: m.unit.clone(),
+                });
+            }
+        };
+        push("", &run);
+        for w in &c.windows {
+            if w.start_ns < end_model {
+                push(
+                    &w.name,
+                    &collect_metrics(&c.vms, w.start_ns, w.end_ns.min(end_model)),
+                );
+            }
+        }
+        (run, results)
     };
+    let end_model_ns = core.borrow().model_ns(end);
     let core = Rc::try_unwrap(core)
         .map_err(|_| LoadError::Runtime("tasks still hold the driver".into()))?
         .into_inner();
@@ -983,6 +1108,7 @@ pub(crate) async fn run(
         intervals,
         interval.as_secs_f64(),
         sizes,
+        (model_results, end_model_ns),
         (interval_metrics, run_metrics),
     ))
 }
@@ -998,6 +1124,7 @@ fn build_outcome(
     intervals: Vec<Interval>,
     interval_s: f64,
     sizes: Vec<u64>,
+    (model_results, end_model_ns): (Vec<ModelMetricResult>, u64),
     (interval_metrics, run_metrics): (
         Vec<BTreeMap<String, ModelMetric>>,
         BTreeMap<String, ModelMetric>,
@@ -1008,15 +1135,18 @@ fn build_outcome(
     let mut per_target: Vec<Counters> = (0..opts.targets.len()).map(|_| Counters::new(3)).collect();
     for vm in &core.vms {
         let mut r = vm.counters.result(&vm.name, measured_s);
-        let t = &opts.targets[vm.target as usize];
-        r.volume = Some(if t.export.is_empty() {
-            format!("{} (default export)", t.socket_address())
-        } else {
-            t.export.clone()
-        });
+        r.volume = Some(volume_name(&opts.targets[vm.target as usize]));
         workloads.push(r);
         total.merge(&vm.counters);
         per_target[vm.target as usize].merge(&vm.counters);
+    }
+    if opts.targets.len() > 1 {
+        for (t, c) in per_target.iter().enumerate() {
+            let name = volume_name(&opts.targets[t]);
+            let mut r = c.result(&format!("volume:{name}"), measured_s);
+            r.volume = Some(name);
+            workloads.push(r);
+        }
     }
     let mut total_result = total.result("total", measured_s);
     // Errors outside the measured window (lost at the end) still count.
@@ -1119,6 +1249,31 @@ fn build_outcome(
         total: Some(total_result),
         comparisons: vec![],
         components,
+        model_metrics: model_results,
+        windows: core
+            .windows
+            .iter()
+            .filter(|w| w.start_ns < end_model_ns)
+            .map(|w| {
+                let real_s =
+                    (w.end_ns.min(end_model_ns) - w.start_ns) as f64 / 1e9 / opts.time_scale;
+                let mut figures = vec![w.total.result("total", real_s)];
+                for (t, c) in w.per_target.iter().enumerate() {
+                    if c.ios() > 0 {
+                        figures.push(
+                            c.result(&format!("volume:{}", volume_name(&opts.targets[t])), real_s),
+                        );
+                    }
+                }
+                WindowResult {
+                    name: w.name.clone(),
+                    start_s: w.start_ns as f64 / 1e9,
+                    end_s: w.end_ns as f64 / 1e9,
+                    figures,
+                }
+            })
+            .collect(),
+        io_sizes: Some(core.sizes.clone()),
         timeline: {
             let mut t = timeline(&intervals, interval_s, &vm_names);
             t.push(weir_report::TimelineSeries {

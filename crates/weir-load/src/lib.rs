@@ -31,7 +31,7 @@ mod stats;
 pub mod target;
 pub mod verify;
 
-pub use scenario::{LoadScenario, LoadVm, ScenarioSource, VmWorkload, parse_bytes};
+pub use scenario::{LoadScenario, LoadVm, ScenarioSource, VmWorkload, Window, parse_bytes};
 pub use target::{DEFAULT_NBD_PORT, Target};
 
 use std::time::Duration;

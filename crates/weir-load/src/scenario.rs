@@ -84,10 +84,21 @@ impl VmWorkload {
     }
 }
 
+/// A named interval of the run on the model clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Window {
+    pub name: String,
+    pub start_s: f64,
+    pub end_s: f64,
+}
+
 /// One simulated VM (one virtual disk).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoadVm {
     pub name: String,
+    /// The `[[vm]]` it comes from (its name before the `-k` of `count` copies); model
+    /// metrics are combined per base, as the simulator does.
+    pub base: String,
     /// The `[[workload]]`, `[[model]]` or profile it runs.
     pub workload: String,
     pub run: VmWorkload,
@@ -107,6 +118,8 @@ pub struct LoadScenario {
     /// Model seconds of ramp-up whose I/Os are not measured.
     pub warmup_s: f64,
     pub timeline_interval_s: Option<f64>,
+    /// Named intervals (model seconds from 0, warm-up included): `[scenario] window`.
+    pub windows: Vec<Window>,
     pub vms: Vec<LoadVm>,
     /// What of the source was ignored, for the report.
     pub notes: Vec<String>,
@@ -216,6 +229,7 @@ impl LoadScenario {
                 } else {
                     format!("vm-{}", i + 1)
                 },
+                base: "vm".to_string(),
                 workload: workload.clone(),
                 run: VmWorkload::Access(spec.clone()),
                 disk_bytes,
@@ -229,6 +243,7 @@ impl LoadScenario {
             duration_s: None,
             warmup_s: 0.0,
             timeline_interval_s: None,
+            windows: vec![],
             vms,
             notes: vec![],
         })
@@ -304,6 +319,41 @@ impl LoadScenario {
             ));
         }
 
+        let mut windows = Vec::new();
+        match scenario.get("window") {
+            None => {}
+            Some(toml::Value::Array(a)) => {
+                for (i, w) in a.iter().enumerate() {
+                    let at = format!("scenario.window[{i}]");
+                    let toml::Value::Table(t) = w else {
+                        return Err(scen_err(file, format!("{at}: must be a table")));
+                    };
+                    let name = get_str(t, "name", &at)?
+                        .ok_or_else(|| scen_err(file, format!("{at}.name: missing")))?;
+                    let start_s = get_num(t, "start_s", &at)?
+                        .ok_or_else(|| scen_err(file, format!("{at}.start_s: missing")))?;
+                    let end_s = get_num(t, "end_s", &at)?
+                        .ok_or_else(|| scen_err(file, format!("{at}.end_s: missing")))?;
+                    if !(start_s >= 0.0 && end_s > start_s) {
+                        return Err(scen_err(
+                            file,
+                            format!("{at}: needs 0 ≤ start_s < end_s, got {start_s}..{end_s}"),
+                        ));
+                    }
+                    windows.push(Window {
+                        name,
+                        start_s,
+                        end_s,
+                    });
+                }
+            }
+            Some(_) => {
+                return Err(scen_err(
+                    file,
+                    "scenario.window: must be an array of tables",
+                ));
+            }
+        }
         let array = |k: &str| -> Result<Vec<toml::Table>, LoadError> {
             match root.get(k) {
                 None => Ok(vec![]),
@@ -364,7 +414,7 @@ impl LoadScenario {
             for k in v.keys() {
                 match k.as_str() {
                     "name" | "workload" | "model" | "disk_gib" | "count" | "volume" => {}
-                    "host" | "shares" | "limit_iops" | "reservation_iops" => {
+                    "host" | "shares" | "limit_iops" | "reservation_iops" | "host_cache" => {
                         ignored_vm_fields.insert(k.clone());
                     }
                     other => {
@@ -446,6 +496,7 @@ impl LoadScenario {
                 }
                 vms.push(LoadVm {
                     name,
+                    base: vname.clone(),
                     workload: workload.clone(),
                     run,
                     disk_bytes,
@@ -472,6 +523,7 @@ impl LoadScenario {
             duration_s,
             warmup_s,
             timeline_interval_s,
+            windows,
             vms,
             notes,
         })

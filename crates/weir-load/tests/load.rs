@@ -160,6 +160,11 @@ fn null_plugin_run_fills_the_report() {
         "{:?}",
         active.values
     );
+    let sizes = case.io_sizes.as_ref().unwrap();
+    assert_eq!(sizes.bucket_bytes[0], 4096);
+    assert!(sizes.reads[0] >= total.ios && sizes.reads[1..].iter().all(|&n| n == 0));
+    assert!(sizes.random_reads > sizes.sequential_reads);
+    assert_eq!(sizes.writes.iter().sum::<u64>(), 0);
     // The document renders like any simulator report.
     let text = weir_report::render_text(&out.report, &Default::default());
     assert!(text.contains("vm-1"), "{text}");
@@ -332,11 +337,26 @@ count = 6
         .filter(|c| c.name.starts_with("nbd://"))
         .count();
     assert_eq!(targets, 2, "both targets used");
-    for w in &case.workloads {
+    for w in case
+        .workloads
+        .iter()
+        .filter(|w| !w.name.starts_with("volume:"))
+    {
         // ~10 bursts of 4 writes in the second; allow for scheduling slack.
         assert!((24..=48).contains(&w.ios), "{}: {} I/Os", w.name, w.ios);
         assert_eq!(w.read_iops, 0.0);
     }
+    let volumes: u64 = case
+        .workloads
+        .iter()
+        .filter(|w| w.name.starts_with("volume:mem"))
+        .map(|w| w.ios)
+        .sum();
+    assert_eq!(
+        volumes,
+        case.total.as_ref().unwrap().ios,
+        "one row per target"
+    );
     let timeline = case
         .timeline
         .iter()
@@ -396,9 +416,24 @@ policy = "non-critical"
     let vols: Vec<_> = out.report.cases[0]
         .workloads
         .iter()
-        .map(|w| w.volume.clone().unwrap())
+        .map(|w| (w.name.as_str(), w.volume.clone().unwrap()))
         .collect();
-    assert_eq!(vols, ["vol-a", "vol-b", "vol-a", "vol-b"]);
+    let names = [
+        "vm-1",
+        "vm-2",
+        "vm-3",
+        "vm-4",
+        "volume:vol-a",
+        "volume:vol-b",
+    ];
+    let expect = ["vol-a", "vol-b", "vol-a", "vol-b", "vol-a", "vol-b"];
+    assert_eq!(
+        vols,
+        names
+            .into_iter()
+            .zip(expect.map(String::from))
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -458,6 +493,7 @@ fn an_oltp_model_runs_in_compressed_time_and_reports_orders_per_minute() {
     let toml = r#"
 [scenario]
 name = "oltp-small"
+window = [{ name = "early", start_s = 0, end_s = 1.5 }, { name = "never", start_s = 100, end_s = 200 }]
 
 [[model]]
 kind = "oltp"
@@ -480,8 +516,8 @@ count = 2
     let out = run(o);
     std::fs::remove_file(path).ok();
     assert!(out.passed(), "{:?}", out.failures());
-    let opm = out.model_metrics.get("sql opm").expect("opm metric").value;
-    let orders = out.model_metrics.get("sql orders").unwrap().value;
+    let opm = out.model_metrics.get("sql.opm").expect("opm metric").value;
+    let orders = out.model_metrics.get("sql.orders").unwrap().value;
     println!("OLTP model, 2 VMs × 4 threads, ×2 time: {orders} orders, {opm:.0} OPM (model clock)");
     assert!(orders >= 20.0, "{orders} orders");
     // 1.5 s of wall time at ×2 is 3 model seconds: OPM = orders / 0.05 min.
@@ -490,11 +526,37 @@ count = 2
         "{opm} vs {orders}"
     );
     let case = &out.report.cases[0];
-    assert!(case.timeline.iter().any(|s| s.name == "sql opm"));
+    assert!(case.timeline.iter().any(|s| s.name == "sql.opm"));
     assert!(
-        case.description.contains("model: sql opm"),
+        case.description.contains("model: sql.opm"),
         "{}",
         case.description
+    );
+    // The simulator's report fields: model metrics per [[vm]] and window, windows.
+    let m = case
+        .model_metrics
+        .iter()
+        .find(|m| m.source == "sql" && m.name == "opm" && m.window.is_empty())
+        .unwrap();
+    assert_eq!((m.kind.as_str(), m.value), ("oltp", opm));
+    assert!(
+        case.model_metrics
+            .iter()
+            .any(|m| m.window == "early" && m.name == "orders" && m.value > 0.0)
+    );
+    assert_eq!(case.windows.len(), 1, "a window after the run is left out");
+    let early = &case.windows[0];
+    assert_eq!(
+        (early.name.as_str(), early.start_s, early.end_s),
+        ("early", 0.0, 1.5)
+    );
+    assert_eq!(early.figures[0].name, "total");
+    assert!(early.figures[0].ios > 0 && early.figures[0].ios < out.ios);
+    let sizes = case.io_sizes.as_ref().unwrap();
+    assert!(sizes.reads[1] > 0, "8 KiB database reads: {sizes:?}");
+    assert!(
+        sizes.sequential_writes > 0,
+        "sequential log writes: {sizes:?}"
     );
 }
 
