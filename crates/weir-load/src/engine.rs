@@ -42,6 +42,20 @@ const SIZE_BUCKETS: [u64; 10] = [
     u64::MAX,
 ];
 
+/// Model figures also shown per timeline interval (the others only over the run).
+const TIMELINE_METRICS: [&str; 10] = [
+    "opm",
+    "order_latency_mean_ms",
+    "rpc_latency_mean_ms",
+    "rpcs_per_s",
+    "logins",
+    "app_launchs",
+    "vsi_response_mean_ms",
+    "read_iops",
+    "write_iops",
+    "reading_vms_pct",
+];
+
 /// Figures inside one named window (model clock, by completion time).
 struct WindowCounters {
     name: String,
@@ -1235,8 +1249,11 @@ fn build_outcome(
     for e in &core.connection_errors {
         description.push(format!("connection: {e}"));
     }
-    for (k, m) in run_metrics.iter() {
-        description.push(format!("model: {k} = {:.3} {}", m.value, m.unit));
+    if !run_metrics.is_empty() {
+        description.push(format!(
+            "{} model figures in model_metrics (JSON)",
+            run_metrics.len()
+        ));
     }
     description.extend(scenario.notes.iter().cloned());
     description.extend(layout_notes);
@@ -1285,8 +1302,14 @@ fn build_outcome(
                     .map(|i| 100.0 * i.active_vms as f64 / vm_names.len().max(1) as f64)
                     .collect(),
             });
-            let names: std::collections::BTreeSet<&String> =
-                interval_metrics.iter().flat_map(|m| m.keys()).collect();
+            let names: std::collections::BTreeSet<&String> = interval_metrics
+                .iter()
+                .flat_map(|m| m.keys())
+                .filter(|k| {
+                    k.rsplit_once('.')
+                        .is_some_and(|(_, metric)| TIMELINE_METRICS.contains(&metric))
+                })
+                .collect();
             for name in names {
                 let unit = interval_metrics
                     .iter()

@@ -3,7 +3,8 @@
 //! Granularity is the 512-byte sector. Each sector of each target keeps a write
 //! generation (how many writes were issued to it); the bytes a write puts there are a
 //! pure function of `(seed, target, sector, generation)` ([`fill_sector`]), so nothing
-//! but the generation is stored (8 bytes per touched sector, in pages of 1,024 sectors).
+//! but the generation is stored (8 bytes per sector, in pages of 64 sectors: about 600 bytes per random
+//! small write on a large volume, 1.6 % of the data for dense writes).
 //!
 //! Concurrency rules (the target may reorder anything in flight):
 //! - a read is checked sector by sector, only where the sector's state was settled
@@ -17,7 +18,7 @@
 use std::collections::HashMap;
 
 pub const SECTOR_BYTES: u64 = 512;
-const PAGE_SECTORS: u64 = 1024;
+const PAGE_SECTORS: u64 = 64;
 const GEN_MASK: u64 = 0xffff_ffff;
 const PENDING_SHIFT: u32 = 32;
 const PENDING_ONE: u64 = 1 << PENDING_SHIFT;

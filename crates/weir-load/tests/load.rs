@@ -528,7 +528,7 @@ count = 2
     let case = &out.report.cases[0];
     assert!(case.timeline.iter().any(|s| s.name == "sql.opm"));
     assert!(
-        case.description.contains("model: sql.opm"),
+        case.description.contains("model figures in model_metrics"),
         "{}",
         case.description
     );
