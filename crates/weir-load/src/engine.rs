@@ -1047,8 +1047,17 @@ pub(crate) async fn run(
             conn.notify.notify_one();
         }
     }
-    for w in writers {
-        let _ = tokio::time::timeout(Duration::from_secs(5), w).await;
+    // The disconnects go out within 5 s in all (a target that stopped reading must
+    // not hold the run).
+    let writers_deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    for mut w in writers {
+        if tokio::time::timeout_at(writers_deadline, &mut w)
+            .await
+            .is_err()
+        {
+            w.abort();
+            let _ = w.await;
+        }
     }
     for r in &readers {
         r.abort();

@@ -168,6 +168,7 @@ fn null_plugin_run_fills_the_report() {
     // The document renders like any simulator report.
     let text = weir_report::render_text(&out.report, &Default::default());
     assert!(text.contains("vm-1"), "{text}");
+    assert!(weir_report::render_html(&out.report).contains("vm-2 IOPS"));
     let json = weir_report::render_json(&out.report);
     assert_eq!(
         weir_report::parse_json(&json).unwrap().cases[0]
@@ -343,7 +344,7 @@ count = 6
         .filter(|w| !w.name.starts_with("volume:"))
     {
         // ~10 bursts of 4 writes in the second; allow for scheduling slack.
-        assert!((24..=48).contains(&w.ios), "{}: {} I/Os", w.name, w.ios);
+        assert!((20..=48).contains(&w.ios), "{}: {} I/Os", w.name, w.ios);
         assert_eq!(w.read_iops, 0.0);
     }
     let volumes: u64 = case
@@ -555,8 +556,8 @@ count = 2
     let sizes = case.io_sizes.as_ref().unwrap();
     assert!(sizes.reads[1] > 0, "8 KiB database reads: {sizes:?}");
     assert!(
-        sizes.sequential_writes > 0,
-        "sequential log writes: {sizes:?}"
+        sizes.writes.iter().sum::<u64>() > 0,
+        "data and log writes: {sizes:?}"
     );
 }
 
