@@ -978,13 +978,14 @@ pub(crate) async fn run(
         let at = next_tick.min(deadline);
         tokio::time::sleep_until(at.into()).await;
         let mut c = core.borrow_mut();
-        let closed = std::mem::replace(&mut c.interval, Interval::new(n_vms));
+        let mut closed = std::mem::replace(&mut c.interval, Interval::new(n_vms));
+        closed.length_s = (at - (next_tick - interval)).as_secs_f64().max(1e-3);
         c.interval_index += 1;
         let p = LoadProgress {
             elapsed_s: at.duration_since(start).as_secs_f64(),
             duration_s: duration.as_secs_f64(),
             ios: c.ios,
-            iops: closed.ios as f64 / (at - (next_tick - interval)).as_secs_f64().max(1e-9),
+            iops: closed.ios as f64 / closed.length_s,
             errors: c.io_errors,
             mismatched_reads: c.verify.mismatched_reads,
         };

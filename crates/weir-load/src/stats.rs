@@ -119,6 +119,8 @@ pub struct Interval {
     pub errors: u64,
     /// VMs with at least one completion in the interval.
     pub active_vms: u64,
+    /// Actual length, s (the last interval of a run may be shorter); 0: the nominal one.
+    pub length_s: f64,
     pub latency_us: Histogram<u64>,
     pub vm_ios: Vec<u64>,
 }
@@ -132,6 +134,7 @@ impl Interval {
             bytes: 0,
             errors: 0,
             active_vms: 0,
+            length_s: 0.0,
             latency_us: histogram(2),
             vm_ios: vec![0; if vms <= MAX_VM_TIMELINES { vms } else { 0 }],
         }
@@ -144,6 +147,13 @@ pub fn timeline(
     interval_s: f64,
     vm_names: &[String],
 ) -> Vec<TimelineSeries> {
+    let len = |i: &Interval| {
+        if i.length_s > 0.0 {
+            i.length_s
+        } else {
+            interval_s
+        }
+    };
     let series = |name: &str, unit: &str, f: &dyn Fn(&Interval) -> f64| TimelineSeries {
         name: name.to_string(),
         unit: unit.to_string(),
@@ -162,10 +172,10 @@ pub fn timeline(
         }
     };
     let mut out = vec![
-        series("total IOPS", "IOPS", &|i| i.ios as f64 / interval_s),
-        series("total MB/s", "MB/s", &|i| i.bytes as f64 / 1e6 / interval_s),
-        series("read IOPS", "IOPS", &|i| i.reads as f64 / interval_s),
-        series("write IOPS", "IOPS", &|i| i.writes as f64 / interval_s),
+        series("total IOPS", "IOPS", &|i| i.ios as f64 / len(i)),
+        series("total MB/s", "MB/s", &|i| i.bytes as f64 / 1e6 / len(i)),
+        series("read IOPS", "IOPS", &|i| i.reads as f64 / len(i)),
+        series("write IOPS", "IOPS", &|i| i.writes as f64 / len(i)),
         series("total latency mean ms", "ms", &lat(0.0)),
         series("total latency p99 ms", "ms", &lat(0.99)),
         series("errors", "count", &|i| i.errors as f64),
@@ -173,7 +183,7 @@ pub fn timeline(
     if vm_names.len() <= MAX_VM_TIMELINES && vm_names.len() > 1 {
         for (k, name) in vm_names.iter().enumerate() {
             out.push(series(&format!("{name} IOPS"), "IOPS", &|i| {
-                i.vm_ios.get(k).copied().unwrap_or(0) as f64 / interval_s
+                i.vm_ios.get(k).copied().unwrap_or(0) as f64 / len(i)
             }));
         }
     }
@@ -216,11 +226,18 @@ mod tests {
         a.vm_ios = vec![4, 6];
         a.latency_us.record(1500).unwrap();
         let b = Interval::new(2);
-        let t = timeline(&[a, b], 0.5, &["x".into(), "y".into()]);
+        let mut short = Interval::new(2);
+        short.ios = 5;
+        short.length_s = 0.25;
+        let t = timeline(&[a, b, short], 0.5, &["x".into(), "y".into()]);
         let get = |n: &str| t.iter().find(|s| s.name == n).unwrap().values.clone();
-        assert_eq!(get("total IOPS"), vec![20.0, 0.0]);
-        assert_eq!(get("total MB/s"), vec![4.0, 0.0]);
-        assert_eq!(get("y IOPS"), vec![12.0, 0.0]);
+        assert_eq!(
+            get("total IOPS"),
+            vec![20.0, 0.0, 20.0],
+            "a short last interval"
+        );
+        assert_eq!(get("total MB/s"), vec![4.0, 0.0, 0.0]);
+        assert_eq!(get("y IOPS"), vec![12.0, 0.0, 0.0]);
         let mean = get("total latency mean ms");
         assert!((mean[0] - 1.5).abs() < 0.02 && mean[1].is_nan());
     }

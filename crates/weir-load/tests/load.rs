@@ -132,6 +132,12 @@ fn null_plugin_run_fills_the_report() {
         .find(|s| s.name == "total IOPS")
         .unwrap();
     assert_eq!(series.values.len(), 4, "1 s in 250 ms intervals");
+    let last = *series.values.last().unwrap();
+    assert!(
+        last > series.values[0] / 3.0,
+        "the last interval is a full one: {:?}",
+        series.values
+    );
     assert!(
         series.values.iter().all(|&v| v > 0.0),
         "{:?}",
