@@ -13,9 +13,12 @@
 //! - with [`LoadOptions::verify`], every write carries a pattern derived from
 //!   (seed, target, sector, write generation), a shadow map remembers what each sector
 //!   should hold, and every read is checked against it (see [`verify`]);
-//! - the result is the same [`weir_report::ScenarioReport`] `weir sim` prints (per VM,
-//!   total, per-interval timeline; per-target figures as components), inside a
-//!   [`LoadOutcome`] that also says whether the run passed ([`LoadOutcome::passed`]).
+//! - the result is the same [`weir_report::ScenarioReport`] `weir sim` prints: a row
+//!   per VM, `volume:<export>` rows when there are several targets, the total;
+//!   per-interval timeline; the models' figures (`model_metrics`, per `[[vm]]` and
+//!   named window), named windows, the 004 I/O size histogram; per-target and
+//!   per-workload-class summaries as components. It comes inside a [`LoadOutcome`] that
+//!   also says whether the run passed ([`LoadOutcome::passed`]).
 //!
 //! [`run`] is synchronous: it builds its own single-threaded tokio runtime, so the whole
 //! driver runs on one core. Inside an existing runtime use [`run_async`] (it runs on a
