@@ -255,13 +255,20 @@ fn a_corrupting_target_fails_verification() {
     );
     assert!(out.report.cases[0].total.as_ref().unwrap().errors >= v.mismatched_reads);
 
-    // The same server without the flips passes.
-    let honest = TestServer::start(8 << 20, Misbehaviour::default());
+    // The same server without the flips passes, even answering out of order.
+    let honest = TestServer::start(
+        8 << 20,
+        Misbehaviour {
+            reverse_replies: true,
+            ..Default::default()
+        },
+    );
     let mut o = options(&honest.uri(), "bs=8k,randrw,qd=8,vms=2,disk=2m", 0.5);
     o.verify = true;
     o.target_zeroed = true;
     let out = run(o);
     assert!(out.passed(), "{:?}", out.failures());
+    assert!(honest.reordered.load(std::sync::atomic::Ordering::Relaxed) > 10);
     assert!(out.verify.unwrap().reads_checked > 50);
 }
 

@@ -108,12 +108,17 @@ pub struct Misbehaviour {
     pub flip_every_nth_read: u64,
     /// Drop the connection after this many requests (0: never).
     pub hang_up_after: u64,
+    /// Answer each batch of requests read together in reverse order (legal: NBD
+    /// replies may come in any order).
+    pub reverse_replies: bool,
 }
 
 /// A tiny memory-backed NBD server on 127.0.0.1 (one thread per connection).
 pub struct TestServer {
     pub port: u16,
     pub flipped: Arc<AtomicU64>,
+    /// Batches of several replies sent in reverse order.
+    pub reordered: Arc<AtomicU64>,
 }
 
 impl TestServer {
@@ -122,17 +127,23 @@ impl TestServer {
         let port = listener.local_addr().unwrap().port();
         let data = Arc::new(Mutex::new(vec![0u8; size_bytes as usize]));
         let flipped = Arc::new(AtomicU64::new(0));
+        let reordered = Arc::new(AtomicU64::new(0));
         let f = flipped.clone();
+        let r = reordered.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
-                let (data, f) = (data.clone(), f.clone());
+                let (data, f, r) = (data.clone(), f.clone(), r.clone());
                 std::thread::spawn(move || {
-                    let _ = serve(stream, size_bytes, &data, misbehaviour, &f);
+                    let _ = serve(stream, size_bytes, &data, misbehaviour, &f, &r);
                 });
             }
         });
-        TestServer { port, flipped }
+        TestServer {
+            port,
+            flipped,
+            reordered,
+        }
     }
 
     pub fn uri(&self) -> String {
@@ -146,6 +157,7 @@ fn serve(
     data: &Mutex<Vec<u8>>,
     mis: Misbehaviour,
     flipped: &AtomicU64,
+    reordered: &AtomicU64,
 ) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let mut export = ExportDescription::new("mem", size_bytes);
@@ -173,16 +185,17 @@ fn serve(
     decoder.feed(&hs.take_leftover());
     let (mut requests, mut reads) = (0u64, 0u64);
     loop {
-        let mut out = Vec::new();
+        let mut replies: Vec<Vec<u8>> = Vec::new();
         while let Some(req) = decoder
             .next_request()
             .map_err(|e| std::io::Error::other(e.to_string()))?
         {
             requests += 1;
             if mis.hang_up_after > 0 && requests > mis.hang_up_after {
-                stream.write_all(&out)?;
+                stream.write_all(&replies.concat())?;
                 return Ok(());
             }
+            let mut out = Vec::new();
             match validate(&req, &info) {
                 Err(e) => weir_nbd::reply::error_reply(&mut out, &info, req.header.handle, &e),
                 Ok(v) => match v.command {
@@ -207,15 +220,20 @@ fn serve(
                         weir_nbd::reply::ok_reply(&mut out, v.handle);
                     }
                     weir_nbd::Command::Disconnect => {
-                        stream.write_all(&out)?;
+                        stream.write_all(&replies.concat())?;
                         return Ok(());
                     }
                     _ => weir_nbd::reply::ok_reply(&mut out, v.handle),
                 },
             }
+            replies.push(out);
         }
-        if !out.is_empty() {
-            stream.write_all(&out)?;
+        if mis.reverse_replies && replies.len() > 1 {
+            replies.reverse();
+            reordered.fetch_add(1, Ordering::Relaxed);
+        }
+        if !replies.is_empty() {
+            stream.write_all(&replies.concat())?;
         }
         let n = stream.read(&mut buf)?;
         if n == 0 {
