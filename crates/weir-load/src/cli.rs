@@ -34,6 +34,10 @@ pub struct LoadArgs {
     /// With --verify: the targets start zeroed, so never-written blocks must read as zeroes
     #[arg(long, requires = "verify")]
     pub target_zeroed: bool,
+    /// With --verify: after the run, read back up to SIZE per target of what was
+    /// written and check it (0: off)
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
+    pub final_check: u64,
     /// Seed for the models and the write patterns (default: the scenario's)
     #[arg(long)]
     pub seed: Option<u64>,
@@ -80,6 +84,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// `0`, `4096`, `64MiB`, `1g` → bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    if text.trim() == "0" {
+        return Ok(0);
+    }
+    crate::parse_bytes(text)
+}
+
 impl LoadArgs {
     pub fn options(&self) -> Result<LoadOptions> {
         let targets = Target::parse_list(&self.target.join(","))?;
@@ -91,6 +103,7 @@ impl LoadArgs {
         o.target_zeroed = self.target_zeroed;
         o.seed = self.seed;
         o.timeline_interval = self.interval;
+        o.final_check_bytes = self.final_check;
         Ok(o)
     }
 }
@@ -202,6 +215,8 @@ mod tests {
             "--target-zeroed",
             "--seed",
             "3",
+            "--final-check",
+            "1m",
             "bs=4k,randrw",
         ])
         .unwrap();
@@ -220,6 +235,19 @@ mod tests {
             (10.0, Some(8), true, true, Some(3))
         );
         assert_eq!(o.scenario, ScenarioSource::Spec("bs=4k,randrw".into()));
+        assert_eq!(o.final_check_bytes, 1 << 20);
+        let cli = Cli::try_parse_from([
+            "weir-load",
+            "-t",
+            "nbd://h/x",
+            "--final-check",
+            "0",
+            "bs=4k",
+        ])
+        .unwrap();
+        assert_eq!(cli.load.options().unwrap().final_check_bytes, 0);
+        let cli = Cli::try_parse_from(["weir-load", "-t", "nbd://h/x", "bs=4k"]).unwrap();
+        assert_eq!(cli.load.options().unwrap().final_check_bytes, 256 << 20);
         assert!(
             Cli::try_parse_from(["weir-load", "bs=4k"]).is_err(),
             "--target is required"

@@ -28,6 +28,11 @@ use weir_report::{
 use weir_workload::{AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric};
 
 const MAX_NOTED: usize = 20;
+/// `InFlight::vm` of the final read-back sweep's requests (no VM).
+const SWEEP_VM: u32 = u32::MAX;
+/// Sweep reads in flight per target, and sectors per sweep read (1 MiB).
+const SWEEP_DEPTH: usize = 32;
+const SWEEP_READ_SECTORS: u64 = 2048;
 /// 004's I/O size histogram buckets (upper bounds, bytes), as in the simulator.
 const SIZE_BUCKETS: [u64; 10] = [
     4096,
@@ -138,6 +143,8 @@ struct Core {
     verify: VerifySummary,
     /// Wakes the main future when the last in-flight request of a stopping run ends.
     drained: Rc<Notify>,
+    sweep_in_flight: usize,
+    sweep_notify: Rc<Notify>,
 }
 
 impl Core {
@@ -284,6 +291,10 @@ impl Core {
             return;
         };
         let target = self.conns[conn_i].target;
+        let vm_name = match self.vms.get(f.vm as usize) {
+            Some(vm) => vm.name.clone(),
+            None => "final read-back".to_string(),
+        };
         let ok = match completion.result {
             Ok(data) => {
                 match (&f.ticket, &mut self.shadow, data) {
@@ -296,15 +307,20 @@ impl Core {
                         if check.mismatched_sectors > 0 {
                             self.verify.mismatched_sectors += check.mismatched_sectors;
                             self.verify.mismatched_reads += 1;
-                            self.vms[f.vm as usize].counters.mismatched_reads += 1;
+                            if let Some(vm) = self.vms.get_mut(f.vm as usize) {
+                                vm.counters.mismatched_reads += 1;
+                            }
                             if let Some(m) = check.first_mismatch
                                 && self.verify.first_mismatches.len() < MAX_NOTED
                             {
                                 self.verify.first_mismatches.push(format!(
-                                    "{}: {m} ({} sectors of this read differ)",
-                                    self.vms[f.vm as usize].name, check.mismatched_sectors
+                                    "{vm_name}: {m} ({} sectors of this read differ)",
+                                    check.mismatched_sectors
                                 ));
                             }
+                        }
+                        if f.vm == SWEEP_VM {
+                            self.verify.final_sectors_checked += check.checked_sectors;
                         }
                     }
                     (None, Some(shadow), _) if f.request.dir == Direction::Write => {
@@ -320,18 +336,22 @@ impl Core {
                 {
                     shadow.end_write(target, f.first_sector, f.sectors, false);
                 }
-                let vm = &self.vms[f.vm as usize];
+                let base = self.vms.get(f.vm as usize).map_or(0, |vm| vm.base_offset);
                 let msg = format!(
-                    "{}: {:?} of {} bytes at {}: {e}",
-                    vm.name,
+                    "{vm_name}: {:?} of {} bytes at {}: {e}",
                     f.request.dir,
                     f.request.size_bytes,
-                    vm.base_offset + f.request.offset_bytes
+                    base + f.request.offset_bytes
                 );
                 self.note_error(msg);
                 false
             }
         };
+        if f.vm == SWEEP_VM {
+            self.sweep_in_flight -= 1;
+            self.sweep_notify.notify_one();
+            return;
+        }
         self.finish(f, ok, now);
     }
 
@@ -407,6 +427,14 @@ impl Core {
                 && let Some(shadow) = &mut self.shadow
             {
                 shadow.end_write(target, f.first_sector, f.sectors, false);
+            }
+            if f.vm == SWEEP_VM {
+                self.note_error(format!(
+                    "final read-back: request lost with connection {conn_i}: {reason}"
+                ));
+                self.sweep_in_flight -= 1;
+                self.sweep_notify.notify_one();
+                continue;
             }
             self.note_error(format!(
                 "{}: request lost with connection {conn_i}: {reason}",
@@ -670,6 +698,64 @@ fn collect_metrics(vms: &[Vm], from_ns: u64, to_ns: u64) -> BTreeMap<String, Mod
         .into_iter()
         .filter_map(|(k, v)| ModelMetric::combine(&v).map(|m| (k, m)))
         .collect()
+}
+
+/// After the run, reads back up to `budget_sectors` of what was written to each target
+/// (settled sectors only) and checks it: lost or corrupted writes that no read of the
+/// run happened to see.
+async fn final_sweep(core: &Rc<RefCell<Core>>, n_targets: usize, budget_sectors: u64) {
+    let notify = core.borrow().sweep_notify.clone();
+    for t in 0..n_targets as u32 {
+        let (conn_i, ranges) = {
+            let c = core.borrow();
+            let Some(conn_i) = c.conns.iter().position(|x| x.target == t && !x.broken) else {
+                continue;
+            };
+            let Some(shadow) = &c.shadow else { return };
+            (
+                conn_i,
+                shadow.settled_ranges(t, SWEEP_READ_SECTORS, budget_sectors),
+            )
+        };
+        for (first, n) in ranges {
+            while core.borrow().sweep_in_flight >= SWEEP_DEPTH {
+                notify.notified().await;
+            }
+            let mut c = core.borrow_mut();
+            if c.conns[conn_i].broken {
+                break;
+            }
+            let Some(ticket) = c.shadow.as_ref().map(|s| s.begin_read(t, first, n)) else {
+                return;
+            };
+            let conn = &mut c.conns[conn_i];
+            let handle = conn
+                .session
+                .read(first * SECTOR_BYTES, (n * SECTOR_BYTES) as u32);
+            conn.inflight.insert(
+                handle,
+                InFlight {
+                    vm: SWEEP_VM,
+                    worker: 0,
+                    request: IoRequest {
+                        offset_bytes: first * SECTOR_BYTES,
+                        size_bytes: (n * SECTOR_BYTES) as u32,
+                        dir: Direction::Read,
+                    },
+                    issued: Instant::now(),
+                    measured: false,
+                    first_sector: first,
+                    sectors: n,
+                    ticket: Some(ticket),
+                },
+            );
+            conn.notify.notify_one();
+            c.sweep_in_flight += 1;
+        }
+    }
+    while core.borrow().sweep_in_flight > 0 {
+        notify.notified().await;
+    }
 }
 
 /// A target's name in the report: its export, or the address for the default export.
@@ -951,6 +1037,8 @@ pub(crate) async fn run(
         connection_errors: vec![],
         verify: VerifySummary::default(),
         drained: Rc::new(Notify::new()),
+        sweep_in_flight: 0,
+        sweep_notify: Rc::new(Notify::new()),
     }));
     let mut writers = Vec::new();
     let mut readers = Vec::new();
@@ -1035,6 +1123,29 @@ pub(crate) async fn run(
                     ),
                     now,
                 );
+            }
+        }
+    }
+    if opts.verify && opts.final_check_bytes > 0 {
+        let deadline = tokio::time::Instant::now() + opts.drain_timeout;
+        let budget = opts.final_check_bytes.div_ceil(SECTOR_BYTES);
+        if tokio::time::timeout_at(deadline, final_sweep(&core, n_targets, budget))
+            .await
+            .is_err()
+        {
+            let mut c = core.borrow_mut();
+            let now = Instant::now();
+            for i in 0..c.conns.len() {
+                if !c.conns[i].inflight.is_empty() {
+                    c.break_conn(
+                        i,
+                        format!(
+                            "final read-back not answered within {:?}",
+                            opts.drain_timeout
+                        ),
+                        now,
+                    );
+                }
             }
         }
     }
@@ -1249,6 +1360,12 @@ fn build_outcome(
                 "; never-written sectors not checked"
             }
         ));
+        if opts.final_check_bytes > 0 {
+            description.push(format!(
+                "final read-back: {} sectors checked",
+                v.final_sectors_checked
+            ));
+        }
         for m in &v.first_mismatches {
             description.push(format!("mismatch: {m}"));
         }

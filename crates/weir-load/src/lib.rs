@@ -64,9 +64,12 @@ pub struct LoadOptions {
     /// Timeline interval (wall clock). `None`: the scenario's `timeline_interval_s`
     /// divided by `time_scale`, or 1 s.
     pub timeline_interval: Option<Duration>,
-    /// How long to wait for the replies still outstanding when the run ends; those
-    /// that do not come are counted as errors.
+    /// How long to wait for the replies still outstanding when the run ends (and
+    /// again for the final read-back); those that do not come are counted as errors.
     pub drain_timeout: Duration,
+    /// With `verify`: after the run, read back up to this many bytes per target of
+    /// what was written and check them (0: no final read-back).
+    pub final_check_bytes: u64,
 }
 
 impl LoadOptions {
@@ -82,6 +85,7 @@ impl LoadOptions {
             seed: None,
             timeline_interval: None,
             drain_timeout: Duration::from_secs(10),
+            final_check_bytes: 256 << 20,
         }
     }
 }
@@ -107,6 +111,8 @@ pub struct VerifySummary {
     pub sectors_checked: u64,
     pub mismatched_sectors: u64,
     pub mismatched_reads: u64,
+    /// Sectors checked by the final read-back (included in `sectors_checked`).
+    pub final_sectors_checked: u64,
     /// The first mismatches (at most 20), described.
     pub first_mismatches: Vec<String>,
 }

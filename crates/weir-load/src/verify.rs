@@ -175,6 +175,35 @@ impl Shadow {
         }
     }
 
+    /// Runs of settled written sectors of `target` (content known, no write in
+    /// flight), in ascending order, each at most `max_run` sectors, `budget` sectors
+    /// in all.
+    pub fn settled_ranges(&self, target: u32, max_run: u64, budget: u64) -> Vec<(u64, u64)> {
+        let map = &self.targets[target as usize];
+        let mut pages: Vec<u64> = map.keys().copied().collect();
+        pages.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let mut left = budget;
+        for p in pages {
+            for (i, &s) in map[&p].iter().enumerate() {
+                if left == 0 {
+                    return out;
+                }
+                let settled = s & GEN_MASK != 0 && s & (PENDING_MASK | UNKNOWN) == 0;
+                if !settled {
+                    continue;
+                }
+                let sector = p * PAGE_SECTORS + i as u64;
+                match out.last_mut() {
+                    Some((first, n)) if *first + *n == sector && *n < max_run.max(1) => *n += 1,
+                    _ => out.push((sector, 1)),
+                }
+                left -= 1;
+            }
+        }
+        out
+    }
+
     /// A read is being issued: remembers what each sector should hold.
     pub fn begin_read(&self, target: u32, first_sector: u64, sectors: u64) -> ReadTicket {
         let expected = (first_sector..first_sector + sectors)
@@ -397,6 +426,26 @@ mod tests {
         // Targets are independent.
         let t = sh.begin_read(1, 0, 1);
         assert_eq!(sh.check_read(1, &t, &[0u8; 512]).checked_sectors, 1);
+    }
+
+    #[test]
+    fn settled_ranges_merge_runs_and_respect_limits() {
+        let mut sh = Shadow::new(1, 1, false);
+        let _ = write(&mut sh, 10, 6); // 10..16
+        sh.end_write(0, 10, 6, true);
+        let _ = write(&mut sh, 70, 2); // 70..72
+        sh.end_write(0, 70, 2, true);
+        let _ = write(&mut sh, 100, 1); // in flight: not settled
+        assert_eq!(sh.settled_ranges(0, 100, 100), vec![(10, 6), (70, 2)]);
+        assert_eq!(
+            sh.settled_ranges(0, 4, 100),
+            vec![(10, 4), (14, 2), (70, 2)]
+        );
+        assert_eq!(sh.settled_ranges(0, 100, 7), vec![(10, 6), (70, 1)]);
+        // A run across a page boundary stays one run.
+        let _ = write(&mut sh, 60, 8);
+        sh.end_write(0, 60, 8, true);
+        assert_eq!(sh.settled_ranges(0, 100, 100)[1], (60, 8));
     }
 
     #[test]

@@ -605,3 +605,51 @@ fn the_zeroed_claim_is_checked_and_unknown_blocks_are_left_alone() {
     assert!(out.passed(), "{:?}", out.failures());
     assert!(out.verify.unwrap().reads_checked > 0);
 }
+
+#[test]
+fn lost_writes_are_caught_by_the_final_read_back() {
+    // Writes only: no read of the run can notice what the target dropped.
+    let lossy = Misbehaviour {
+        lose_every_nth_write: 50,
+        ..Default::default()
+    };
+    let server = TestServer::start(4 << 20, lossy);
+    let mut o = options(&server.uri(), "bs=4k,randwrite,qd=8,disk=1m", 0.5);
+    o.verify = true;
+    o.target_zeroed = true;
+    o.final_check_bytes = 0;
+    let out = run(o);
+    assert!(
+        out.passed(),
+        "without the read-back nothing is read: {:?}",
+        out.failures()
+    );
+
+    let server = TestServer::start(4 << 20, lossy);
+    let mut o = options(&server.uri(), "bs=4k,randwrite,qd=8,disk=1m", 0.5);
+    o.verify = true;
+    o.target_zeroed = true;
+    let out = run(o);
+    let v = out.verify.clone().unwrap();
+    println!("lost writes: {v:?}");
+    assert!(!out.passed());
+    assert!(
+        v.final_sectors_checked > 0 && v.mismatched_sectors > 0,
+        "{v:?}"
+    );
+    assert!(
+        v.first_mismatches[0].starts_with("final read-back:"),
+        "{:?}",
+        v.first_mismatches
+    );
+
+    // An honest target passes the read-back, and it covers what was written.
+    let server = TestServer::start(4 << 20, Misbehaviour::default());
+    let mut o = options(&server.uri(), "bs=4k,randwrite,qd=8,disk=1m", 0.5);
+    o.verify = true;
+    let out = run(o);
+    let v = out.verify.clone().unwrap();
+    assert!(out.passed(), "{:?}", out.failures());
+    // 1 MiB disk, 70 % dataset: at most 1434 written sectors, most of them by now.
+    assert!((500..=1434).contains(&v.final_sectors_checked), "{v:?}");
+}

@@ -111,6 +111,8 @@ pub struct Misbehaviour {
     /// Answer each batch of requests read together in reverse order (legal: NBD
     /// replies may come in any order).
     pub reverse_replies: bool,
+    /// Acknowledge every Nth WRITE without storing it (0: never).
+    pub lose_every_nth_write: u64,
 }
 
 /// A tiny memory-backed NBD server on 127.0.0.1 (one thread per connection).
@@ -183,7 +185,7 @@ fn serve(
     };
     let mut decoder = RequestDecoder::new(info.block_size.max_payload_bytes);
     decoder.feed(&hs.take_leftover());
-    let (mut requests, mut reads) = (0u64, 0u64);
+    let (mut requests, mut reads, mut writes) = (0u64, 0u64, 0u64);
     loop {
         let mut replies: Vec<Vec<u8>> = Vec::new();
         while let Some(req) = decoder
@@ -215,8 +217,14 @@ fn serve(
                     }
                     weir_nbd::Command::Write { offset, length, .. } => {
                         let payload = req.payload.as_deref().unwrap_or_default();
-                        data.lock().unwrap()[offset as usize..(offset + length as u64) as usize]
-                            .copy_from_slice(payload);
+                        writes += 1;
+                        let lose = mis.lose_every_nth_write > 0
+                            && writes.is_multiple_of(mis.lose_every_nth_write);
+                        if !lose {
+                            data.lock().unwrap()
+                                [offset as usize..(offset + length as u64) as usize]
+                                .copy_from_slice(payload);
+                        }
                         weir_nbd::reply::ok_reply(&mut out, v.handle);
                     }
                     weir_nbd::Command::Disconnect => {
