@@ -3,11 +3,32 @@
 //! usual approximation of LRU in storage controllers.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Keys are already well mixed (or block numbers): a multiply is hash enough.
+#[derive(Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x0000_0100_0000_01B3);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (x ^ (x >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type KeyMap = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
 
 pub(crate) struct BlockCache {
     pub block_bytes: u64,
     capacity: usize,
-    map: HashMap<u64, u32>,
+    map: KeyMap,
     slots: Vec<(u64, bool)>,
     hand: usize,
     pub hits: u64,
@@ -20,7 +41,7 @@ impl BlockCache {
         BlockCache {
             block_bytes: block_bytes.max(4096),
             capacity,
-            map: HashMap::with_capacity(capacity.min(1 << 20)),
+            map: KeyMap::with_capacity_and_hasher(capacity.min(1 << 20), Default::default()),
             slots: Vec::with_capacity(capacity.min(1 << 20)),
             hand: 0,
             hits: 0,

@@ -343,7 +343,11 @@ impl<'p> Engine<'p> {
                 }
                 None => None,
             };
-            let cache = match plan.file.host[hi].flash_cache.as_ref().filter(|c| c.enabled) {
+            let cache = match plan.file.host[hi]
+                .flash_cache
+                .as_ref()
+                .filter(|c| c.enabled)
+            {
                 Some(c) => {
                     comps.push(Comp {
                         c: hw::build_flash(&c.flash)?,
@@ -691,7 +695,9 @@ impl<'p> Engine<'p> {
         let now = self.now;
         if self.vms[vm as usize].plan.host_cache
             && self.hosts[h].cache.is_some()
-            && self.vms[vm as usize].generator.host_cacheable(io.offset_bytes)
+            && self.vms[vm as usize]
+                .generator
+                .host_cacheable(io.offset_bytes)
         {
             let addr = self.vms[vm as usize].plan.base_offset + io.offset_bytes;
             let mut keys = std::mem::take(&mut self.keys);
@@ -874,12 +880,12 @@ impl<'p> Engine<'p> {
             }
             self.pump_array_qos();
         } else {
-            self.to_backend(slot);
+            self.enter_backend(slot);
         }
     }
 
     /// Into the array: its flash cache when the read hits, else the array itself.
-    fn to_backend(&mut self, slot: u32) {
+    fn enter_backend(&mut self, slot: u32) {
         if self.array_cache.is_some() {
             let r = self.reqs[slot as usize];
             let v = &self.vms[r.vm as usize];
@@ -889,7 +895,10 @@ impl<'p> Engine<'p> {
                 return;
             };
             let bb = cache.block_bytes;
-            let (start, end) = (r.io.offset_bytes, r.io.offset_bytes + r.io.size_bytes as u64);
+            let (start, end) = (
+                r.io.offset_bytes,
+                r.io.offset_bytes + r.io.size_bytes as u64,
+            );
             match v.shared {
                 Some(sh) if start >= sh.offset_bytes && end <= sh.offset_bytes + sh.len_bytes => {
                     // A golden-image block: one copy for all clones when clone-aware,
@@ -898,7 +907,9 @@ impl<'p> Engine<'p> {
                         splitmix(sh.image_id)
                     } else {
                         splitmix(
-                            ((r.vm as u64) << 32) ^ v.generator.clone_of(r.worker) as u64 ^ sh.image_id,
+                            ((r.vm as u64) << 32)
+                                ^ v.generator.clone_of(r.worker) as u64
+                                ^ sh.image_id,
                         )
                     };
                     for b in (start - sh.offset_bytes) / bb..(end - sh.offset_bytes).div_ceil(bb) {
@@ -943,7 +954,7 @@ impl<'p> Engine<'p> {
             match aq.sched.dispatch(now) {
                 Dispatch::Io(d) => {
                     aq.outstanding += 1;
-                    self.to_backend(d.payload);
+                    self.enter_backend(d.payload);
                 }
                 Dispatch::WaitUntil(t) => {
                     let t = t.max(now + 1);
@@ -1111,7 +1122,9 @@ impl<'p> Engine<'p> {
             }
         }
         for (source, kind, instances) in groups {
-            let Some(first) = instances.first() else { continue };
+            let Some(first) = instances.first() else {
+                continue;
+            };
             for m in first {
                 let parts: Vec<ModelMetric> = instances
                     .iter()
@@ -1339,14 +1352,18 @@ impl<'p> Engine<'p> {
                     interval_s,
                     values: b
                         .iter()
-                        .map(|x| if x.1 == 0 { 0.0 } else { x.2 as f64 / x.1 as f64 / 1e6 })
+                        .map(|x| {
+                            if x.1 == 0 {
+                                0.0
+                            } else {
+                                x.2 as f64 / x.1 as f64 / 1e6
+                            }
+                        })
                         .collect(),
                 });
             }
         }
-        for (c, what) in [
-            (self.array_cache.as_ref().map(|c| &c.0), "array flash cache"),
-        ] {
+        for (c, what) in [(self.array_cache.as_ref().map(|c| &c.0), "array flash cache")] {
             if let Some(c) = c {
                 components.push(ComponentResult {
                     name: format!("{what} hit ratio"),
@@ -1373,7 +1390,7 @@ impl<'p> Engine<'p> {
             + self.sizes.random_writes
             + self.sizes.sequential_writes
             > 0)
-            .then(|| self.sizes.clone());
+        .then(|| self.sizes.clone());
         let mut report = CaseReport {
             name: plan.name.clone(),
             description: plan.description.clone(),
@@ -1434,7 +1451,9 @@ pub(crate) fn check_metric(
     let (metric, window) = match metric.split_once('@') {
         Some((m, w)) => {
             if !windows.iter().any(|x| x.name == w) {
-                return Err(format!("metric {metric:?}: no [[scenario.window]] named {w:?}"));
+                return Err(format!(
+                    "metric {metric:?}: no [[scenario.window]] named {w:?}"
+                ));
             }
             (m, Some(w))
         }
@@ -1442,16 +1461,22 @@ pub(crate) fn check_metric(
     };
     if let Some(rest) = metric.strip_prefix("model:") {
         let Some((vm, _field)) = rest.split_once('.') else {
-            return Err(format!("metric {metric:?} must look like `model:<vm>.<metric>`"));
+            return Err(format!(
+                "metric {metric:?} must look like `model:<vm>.<metric>`"
+            ));
         };
         return if vms.iter().any(|v| v.base == vm && v.model.is_some()) {
             Ok(())
         } else {
-            Err(format!("metric {metric:?}: no [[vm]] named {vm:?} runs a model"))
+            Err(format!(
+                "metric {metric:?}: no [[vm]] named {vm:?} runs a model"
+            ))
         };
     }
     if window.is_some() {
-        let ok = metric.starts_with("volume:") || metric.starts_with("level:") || metric.starts_with("total.");
+        let ok = metric.starts_with("volume:")
+            || metric.starts_with("level:")
+            || metric.starts_with("total.");
         let field = metric.rsplit_once('.').map_or("", |x| x.1);
         if !ok || !matches!(field, "iops" | "mbps" | "latency_mean_ms") {
             return Err(format!(

@@ -118,7 +118,9 @@ pub(crate) fn build_flash(f: &crate::topology::FlashSpec) -> Result<Hw, String> 
         service_us: f.service_us,
         mbps: f.mbps,
     };
-    Ok(Hw::Ideal(IdealArray::new(&spec).map_err(|e| format!("flash: {e}"))?))
+    Ok(Hw::Ideal(
+        IdealArray::new(&spec).map_err(|e| format!("flash: {e}"))?,
+    ))
 }
 
 /// Builds the array; `needed_bytes` is the space the VMs' disks take.

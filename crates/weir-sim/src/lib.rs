@@ -61,6 +61,15 @@ pub fn builtin_scenarios() -> &'static [(&'static str, &'static str)] {
             "qos-invariants",
             include_str!("../../../scenarios/qos-invariants.toml"),
         ),
+        (
+            "mixed-workload",
+            include_str!("../../../scenarios/mixed-workload.toml"),
+        ),
+        (
+            "mixed-workload-cache",
+            include_str!("../../../scenarios/mixed-workload-cache.toml"),
+        ),
+        ("vdi-week", include_str!("../../../scenarios/vdi-week.toml")),
     ]
 }
 

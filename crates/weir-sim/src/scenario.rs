@@ -728,10 +728,7 @@ pub(crate) fn plan_case(
             {
                 return Err(err(
                     at("host_cache"),
-                    format!(
-                        "host {:?} has no enabled flash_cache",
-                        file.host[host].name
-                    ),
+                    format!("host {:?} has no enabled flash_cache", file.host[host].name),
                 ));
             }
             vms.push(VmPlan {
@@ -794,13 +791,23 @@ pub(crate) fn plan_case(
         if !valid_name(&w.name) || windows.iter().any(|x: &WindowPlan| x.name == w.name) {
             return Err(err(
                 at("name"),
-                format!("window names are unique, 1-64 characters of [A-Za-z0-9_-], got {:?}", w.name),
+                format!(
+                    "window names are unique, 1-64 characters of [A-Za-z0-9_-], got {:?}",
+                    w.name
+                ),
             ));
         }
-        if !(w.start_s.is_finite() && w.end_s.is_finite() && 0.0 <= w.start_s && w.start_s < w.end_s) {
+        if !(w.start_s.is_finite()
+            && w.end_s.is_finite()
+            && 0.0 <= w.start_s
+            && w.start_s < w.end_s)
+        {
             return Err(err(
                 at("end_s"),
-                format!("needs 0 <= start_s < end_s, got {} .. {}", w.start_s, w.end_s),
+                format!(
+                    "needs 0 <= start_s < end_s, got {} .. {}",
+                    w.start_s, w.end_s
+                ),
             ));
         }
         windows.push(WindowPlan {
@@ -812,12 +819,19 @@ pub(crate) fn plan_case(
     for c in [file.array_cache.as_ref().map(|c| (c.size_gib, c.block_kib))]
         .into_iter()
         .flatten()
-        .chain(file.host.iter().filter_map(|h| h.flash_cache.as_ref().map(|c| (c.size_gib, c.block_kib))))
+        .chain(
+            file.host
+                .iter()
+                .filter_map(|h| h.flash_cache.as_ref().map(|c| (c.size_gib, c.block_kib))),
+        )
     {
-        if !(c.0.is_finite() && c.0 > 0.0 && c.0 <= 1e5) || !(4..=4096).contains(&c.1) {
+        if !(c.0.is_finite() && c.0 > 0.0 && c.0 <= 1e5 && (4..=4096).contains(&c.1)) {
             return Err(err(
                 vec![key("array_cache")],
-                format!("a cache needs 0 < size_gib <= 1e5 and block_kib in 4..=4096, got {} GiB, {} KiB", c.0, c.1),
+                format!(
+                    "a cache needs 0 < size_gib <= 1e5 and block_kib in 4..=4096, got {} GiB, {} KiB",
+                    c.0, c.1
+                ),
             ));
         }
     }

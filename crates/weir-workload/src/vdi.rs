@@ -513,6 +513,16 @@ impl VdiModel {
         }
     }
 
+    /// When a desktop that is not running may be running: not before the power-on
+    /// starts; during it, checked every 2 s (10 s while it is not even created).
+    fn next_power_check(&self, now: Nanos, power: Power) -> Nanos {
+        let step = if power == Power::Absent { 10 } else { 2 } * 1_000_000_000;
+        match self.spec.power_on_at_s {
+            Some(p) if power == Power::Off => secs(p).max(now + step),
+            _ => now + step,
+        }
+    }
+
     fn d(&self) -> u32 {
         self.spec.desktops
     }
@@ -614,13 +624,6 @@ impl VdiModel {
             offset_bytes: off,
             size_bytes: size as u32,
             dir: Direction::Write,
-        }
-    }
-
-    fn write_dist(&self) -> &SizeDist {
-        match self.spec.login {
-            Some(LoginKind::Tuesday) | None => &self.spec.small_write_sizes,
-            _ => &self.spec.write_sizes,
         }
     }
 
@@ -797,8 +800,7 @@ impl VdiModel {
             }
             let dk = &self.desktops[d as usize];
             if dk.power != Power::On {
-                // Powered off or not created: look again in a second.
-                return Issue::At(now + 1_000_000_000);
+                return Issue::At(self.next_power_check(now, dk.power));
             }
             if !dk.logged_in {
                 let Some(at) = self.login_time(d) else {
@@ -962,7 +964,7 @@ impl VdiModel {
     fn poll_background(&mut self, now: Nanos, d: u32, outstanding: u32) -> Issue {
         let dk = &self.desktops[d as usize];
         if dk.power != Power::On {
-            return Issue::At(now + 1_000_000_000);
+            return Issue::At(self.next_power_check(now, dk.power));
         }
         loop {
             let dk = &mut self.desktops[d as usize];
@@ -981,7 +983,11 @@ impl VdiModel {
                     }
                     Direction::Write => {
                         let s = if self.desktops[d as usize].logged_in {
-                            self.write_dist().clone().sample(&mut self.rng)
+                            let dist = match self.spec.login {
+                                Some(LoginKind::Tuesday) | None => &self.spec.small_write_sizes,
+                                _ => &self.spec.write_sizes,
+                            };
+                            dist.sample(&mut self.rng)
                         } else {
                             4 * K
                         };
