@@ -1,0 +1,269 @@
+//! `weir load` on the command line: clap arguments and the command itself, so the
+//! `weir` binary only has to add `Load(weir_load::cli::LoadArgs)` and call
+//! [`run_command`] (exit status 1 when it returns `Ok(false)`).
+
+use crate::{LoadOptions, LoadOutcome, ScenarioSource, Target};
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct LoadArgs {
+    /// What to run: a scenario TOML file (its [[workload]]/[[model]]/[[vm]] part), a
+    /// `weir sim` built-in scenario name, a profile (oltp, vdi-boot…, with overrides:
+    /// `oltp,vms=8`) or a simple spec (`bs=4k,randread,qd=32,vms=4`)
+    pub scenario: String,
+    /// NBD exports to drive: nbd://HOST[:PORT]/EXPORT, comma-separated or repeated
+    #[arg(long, short = 't', value_name = "URI[,URI…]", required = true)]
+    pub target: Vec<String>,
+    /// Wall-clock run time: 30, 30s, 5m, 1h, 500ms (default: the scenario's duration
+    /// divided by --time-scale, or 10 s)
+    #[arg(long, short = 'd', value_name = "TIME", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Model seconds per wall-clock second: 10 runs a 30-minute storm in 3 minutes
+    #[arg(long, default_value_t = 1.0, value_name = "FACTOR")]
+    pub time_scale: f64,
+    /// Most NBD connections over all targets (default: up to 4 per target)
+    #[arg(long, short = 'c', value_name = "N")]
+    pub connections: Option<u32>,
+    /// Write verifiable patterns and check every read; mismatches fail the run
+    #[arg(long)]
+    pub verify: bool,
+    /// With --verify: the targets start zeroed, so never-written blocks must read as zeroes
+    #[arg(long, requires = "verify")]
+    pub target_zeroed: bool,
+    /// With --verify: after the run, read back up to SIZE per target of what was
+    /// written and check it (0: off)
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
+    pub final_check: u64,
+    /// Seed for the models and the write patterns (default: the scenario's)
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Timeline interval, wall clock (default: 1 s)
+    #[arg(long, value_name = "TIME", value_parser = parse_duration)]
+    pub interval: Option<Duration>,
+    /// Print one JSON document instead of tables
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a self-contained HTML report with charts to FILE
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// No progress bar
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// `90`, `90s`, `1.5m`, `2h`, `250ms` → a duration.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t, "s"),
+    };
+    let factor = match unit {
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?} (use ms, s, m, h)"
+            ));
+        }
+    };
+    let x: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (e.g. 30s, 5m)"))?;
+    let secs = x * factor;
+    if !(secs.is_finite() && secs > 0.0 && secs <= 30.0 * 86400.0) {
+        return Err(format!("{text:?}: must be > 0 and at most 30 days"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// `0`, `4096`, `64MiB`, `1g` → bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    if text.trim() == "0" {
+        return Ok(0);
+    }
+    crate::parse_bytes(text)
+}
+
+impl LoadArgs {
+    pub fn options(&self) -> Result<LoadOptions> {
+        let targets = Target::parse_list(&self.target.join(","))?;
+        let mut o = LoadOptions::new(targets, ScenarioSource::parse(&self.scenario));
+        o.duration = self.duration;
+        o.time_scale = self.time_scale;
+        o.connections = self.connections;
+        o.verify = self.verify;
+        o.target_zeroed = self.target_zeroed;
+        o.seed = self.seed;
+        o.timeline_interval = self.interval;
+        o.final_check_bytes = self.final_check;
+        Ok(o)
+    }
+}
+
+/// Runs `weir load`: progress bar on a terminal, the report on stdout (tables or
+/// JSON), optional HTML; failures (I/O errors, broken connections, verify
+/// mismatches) on stderr. `Ok(false)`: the run did not pass (exit non-zero).
+pub fn run_command(args: &LoadArgs) -> Result<bool> {
+    let opts = args.options()?;
+    let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
+        let bar = ProgressBar::new(1000);
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {msg}")
+                .expect("static template"),
+        );
+        bar
+    });
+    let mut on_progress = |p: &crate::LoadProgress| {
+        if let Some(bar) = &bar {
+            bar.set_position((p.elapsed_s / p.duration_s.max(1e-9) * 1000.0) as u64);
+            bar.set_message(format!(
+                "{:.0} IOPS, {} I/Os, {} errors, {} mismatches",
+                p.iops, p.ios, p.errors, p.mismatched_reads
+            ));
+        }
+    };
+    let outcome = crate::run(opts, &mut on_progress).context("weir load")?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    print_outcome(args, &outcome)?;
+    Ok(outcome.passed())
+}
+
+fn print_outcome(args: &LoadArgs, outcome: &LoadOutcome) -> Result<()> {
+    if args.json {
+        println!("{}", weir_report::render_json(&outcome.report));
+    } else {
+        print!(
+            "{}",
+            weir_report::render_text(&outcome.report, &weir_report::TextOptions::default())
+        );
+    }
+    if let Some(path) = &args.html {
+        std::fs::write(path, weir_report::render_html(&outcome.report))
+            .with_context(|| format!("writing HTML report to {}", path.display()))?;
+        if !args.json {
+            eprintln!("HTML report written to {}", path.display());
+        }
+    }
+    if let Some(v) = &outcome.verify {
+        eprintln!(
+            "verify: {} reads checked ({} sectors), {} mismatched sectors",
+            v.reads_checked, v.sectors_checked, v.mismatched_sectors
+        );
+        for m in &v.first_mismatches {
+            eprintln!("  mismatch: {m}");
+        }
+    }
+    for e in outcome.first_errors.iter().take(5) {
+        eprintln!("  error: {e}");
+    }
+    let failures = outcome.failures();
+    if failures.is_empty() {
+        eprintln!("weir load: passed ({} I/Os)", outcome.ios);
+    } else {
+        eprintln!("weir load: FAILED: {}", failures.join("; "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        load: LoadArgs,
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("5 fortnights").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn arguments_become_options() {
+        let cli = Cli::try_parse_from([
+            "weir-load",
+            "--target",
+            "nbd://127.0.0.1:10809/a,nbd://127.0.0.1/b",
+            "-t",
+            "nbd://[::1]/c",
+            "--duration",
+            "2m",
+            "--time-scale",
+            "10",
+            "-c",
+            "8",
+            "--verify",
+            "--target-zeroed",
+            "--seed",
+            "3",
+            "--final-check",
+            "1m",
+            "bs=4k,randrw",
+        ])
+        .unwrap();
+        let o = cli.load.options().unwrap();
+        assert_eq!(o.targets.len(), 3);
+        assert_eq!(o.targets[2].host, "::1");
+        assert_eq!(o.duration, Some(Duration::from_secs(120)));
+        assert_eq!(
+            (
+                o.time_scale,
+                o.connections,
+                o.verify,
+                o.target_zeroed,
+                o.seed
+            ),
+            (10.0, Some(8), true, true, Some(3))
+        );
+        assert_eq!(o.scenario, ScenarioSource::Spec("bs=4k,randrw".into()));
+        assert_eq!(o.final_check_bytes, 1 << 20);
+        let cli = Cli::try_parse_from([
+            "weir-load",
+            "-t",
+            "nbd://h/x",
+            "--final-check",
+            "0",
+            "bs=4k",
+        ])
+        .unwrap();
+        assert_eq!(cli.load.options().unwrap().final_check_bytes, 0);
+        let cli = Cli::try_parse_from(["weir-load", "-t", "nbd://h/x", "bs=4k"]).unwrap();
+        assert_eq!(cli.load.options().unwrap().final_check_bytes, 256 << 20);
+        assert!(
+            Cli::try_parse_from(["weir-load", "bs=4k"]).is_err(),
+            "--target is required"
+        );
+        assert!(
+            Cli::try_parse_from(["weir-load", "-t", "nbd://h/x", "--target-zeroed", "bs=4k"])
+                .is_err(),
+            "--target-zeroed needs --verify"
+        );
+        let cli = Cli::try_parse_from(["weir-load", "-t", "http://h/x", "bs=4k"]).unwrap();
+        assert!(
+            cli.load
+                .options()
+                .unwrap_err()
+                .to_string()
+                .contains("nbd://")
+        );
+    }
+}

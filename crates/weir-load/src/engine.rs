@@ -1,0 +1,1474 @@
+//! The real-time driver: connections, the generator pump, timers, accounting.
+//!
+//! Everything lives on one thread (a `LocalSet`): one `Core` behind a `RefCell`,
+//! a reader and a writer task per connection, one timer task, and the caller's future
+//! ticking the timeline. No `RefCell` borrow is held across an `.await`.
+
+use crate::scenario::{LoadScenario, VmWorkload};
+use crate::stats::{Counters, Interval, timeline};
+use crate::verify::{ReadTicket, SECTOR_BYTES, Shadow};
+use crate::{LoadError, LoadOptions, LoadOutcome, LoadProgress, Target, VerifySummary};
+use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::Notify;
+use weir_nbd::consts::DEFAULT_MAX_PAYLOAD;
+use weir_nbd::{
+    ClientConfig, ClientExport, ClientGoal, ClientHandshake, ClientOutcome, ClientSession,
+    Completion, ReplyData,
+};
+use weir_report::{
+    CaseReport, ComponentResult, IoSizeHistogram, ModelMetricResult, ScenarioReport, WindowResult,
+};
+use weir_workload::{AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric};
+
+const MAX_NOTED: usize = 20;
+/// `InFlight::vm` of the final read-back sweep's requests (no VM).
+const SWEEP_VM: u32 = u32::MAX;
+/// Sweep reads in flight per target, and sectors per sweep read (1 MiB).
+const SWEEP_DEPTH: usize = 32;
+const SWEEP_READ_SECTORS: u64 = 2048;
+/// 004's I/O size histogram buckets (upper bounds, bytes), as in the simulator.
+const SIZE_BUCKETS: [u64; 10] = [
+    4096,
+    8192,
+    16384,
+    32768,
+    65536,
+    131072,
+    262144,
+    524288,
+    1048576,
+    u64::MAX,
+];
+
+/// Model figures also shown per timeline interval (the others only over the run).
+const TIMELINE_METRICS: [&str; 10] = [
+    "opm",
+    "order_latency_mean_ms",
+    "rpc_latency_mean_ms",
+    "rpcs_per_s",
+    "logins",
+    "app_launchs",
+    "vsi_response_mean_ms",
+    "read_iops",
+    "write_iops",
+    "reading_vms_pct",
+];
+
+/// Figures inside one named window (model clock, by completion time).
+struct WindowCounters {
+    name: String,
+    start_ns: u64,
+    end_ns: u64,
+    total: Counters,
+    per_target: Vec<Counters>,
+}
+/// Issues one pump may make before yielding (a guard against a generator that never
+/// blocks).
+const MAX_ISSUES_PER_PUMP: u32 = 1 << 16;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Vm {
+    name: String,
+    /// The `[[workload]]`/`[[model]]`/profile name (workload classes group by it).
+    workload: String,
+    /// The `[[vm]]` it comes from (model metrics are combined per base).
+    base: String,
+    /// Model kind ("vdi", "oltp", "exchange"); `None` for access specifications.
+    kind: Option<&'static str>,
+    /// Where each worker's last request ended (sequential detection).
+    last_end: Vec<u64>,
+    target: u32,
+    conn: usize,
+    base_offset: u64,
+    generator: Box<dyn IoGenerator>,
+    outstanding: Vec<u32>,
+    timer_at: Vec<Option<u64>>,
+    counters: Counters,
+    /// Last timeline interval in which one of its requests completed.
+    active_in: u32,
+    disk_bytes: u64,
+    /// Stopped after its model asked for something impossible.
+    halted: bool,
+}
+
+struct InFlight {
+    vm: u32,
+    worker: u32,
+    request: IoRequest,
+    issued: Instant,
+    measured: bool,
+    /// Verify mode: the sectors of a write, or the ticket of a read.
+    first_sector: u64,
+    sectors: u64,
+    ticket: Option<ReadTicket>,
+}
+
+struct Conn {
+    target: u32,
+    session: ClientSession,
+    inflight: HashMap<u64, InFlight>,
+    notify: Rc<Notify>,
+    broken: bool,
+    closing: bool,
+}
+
+struct Core {
+    start: Instant,
+    time_scale: f64,
+    warmup_model_ns: u64,
+    stopping: bool,
+    vms: Vec<Vm>,
+    conns: Vec<Conn>,
+    timers: BinaryHeap<Reverse<(u64, u32, u32)>>,
+    timer_notify: Rc<Notify>,
+    shadow: Option<Shadow>,
+    write_pattern: Vec<u8>,
+    scratch: Vec<u8>,
+    interval: Interval,
+    /// Index of the open timeline interval.
+    interval_index: u32,
+    sizes: IoSizeHistogram,
+    windows: Vec<WindowCounters>,
+    ios: u64,
+    io_errors: u64,
+    first_errors: Vec<String>,
+    connection_errors: Vec<String>,
+    verify: VerifySummary,
+    /// Wakes the main future when the last in-flight request of a stopping run ends.
+    drained: Rc<Notify>,
+    sweep_in_flight: usize,
+    sweep_notify: Rc<Notify>,
+}
+
+impl Core {
+    fn model_ns(&self, at: Instant) -> u64 {
+        (at.saturating_duration_since(self.start).as_nanos() as f64 * self.time_scale) as u64
+    }
+
+    fn real_instant(&self, model_ns: u64) -> Instant {
+        self.start + Duration::from_nanos((model_ns as f64 / self.time_scale).ceil() as u64)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.conns.iter().map(|c| c.inflight.len()).sum()
+    }
+
+    fn note_error(&mut self, message: String) {
+        self.io_errors += 1;
+        if self.first_errors.len() < MAX_NOTED {
+            self.first_errors.push(message);
+        }
+    }
+
+    /// Polls a worker until it blocks, issuing what it asks for.
+    fn pump(&mut self, vm_i: u32, worker: u32, now: Instant) {
+        let model_now = self.model_ns(now);
+        for _ in 0..MAX_ISSUES_PER_PUMP {
+            if self.stopping {
+                return;
+            }
+            let vm = &mut self.vms[vm_i as usize];
+            if self.conns[vm.conn].broken || vm.halted {
+                return;
+            }
+            let outstanding = vm.outstanding[worker as usize];
+            match vm.generator.poll(model_now, worker, outstanding) {
+                Issue::Io(request)
+                    if request.size_bytes == 0
+                        || request
+                            .offset_bytes
+                            .saturating_add(request.size_bytes as u64)
+                            > vm.disk_bytes =>
+                {
+                    vm.halted = true;
+                    let msg = format!(
+                        "{}: the model asked for {} bytes at offset {} of a {}-byte disk; VM stopped",
+                        vm.name, request.size_bytes, request.offset_bytes, vm.disk_bytes
+                    );
+                    self.note_error(msg);
+                    return;
+                }
+                Issue::Io(request) => self.issue(vm_i, worker, request, now, model_now),
+                Issue::At(t) => {
+                    let slot = &mut vm.timer_at[worker as usize];
+                    if *slot != Some(t) {
+                        *slot = Some(t);
+                        self.timers.push(Reverse((t, vm_i, worker)));
+                        self.timer_notify.notify_one();
+                    }
+                    return;
+                }
+                Issue::Blocked => return,
+            }
+        }
+    }
+
+    fn issue(&mut self, vm_i: u32, worker: u32, request: IoRequest, now: Instant, model_now: u64) {
+        let vm = &mut self.vms[vm_i as usize];
+        vm.outstanding[worker as usize] += 1;
+        let sequential = vm.last_end[worker as usize] == request.offset_bytes;
+        vm.last_end[worker as usize] = request.offset_bytes + request.size_bytes as u64;
+        if model_now >= self.warmup_model_ns {
+            let b = SIZE_BUCKETS
+                .iter()
+                .position(|&x| request.size_bytes as u64 <= x)
+                .unwrap_or(SIZE_BUCKETS.len() - 1);
+            let h = &mut self.sizes;
+            match (request.dir, sequential) {
+                (Direction::Read, true) => h.sequential_reads += 1,
+                (Direction::Read, false) => h.random_reads += 1,
+                (Direction::Write, true) => h.sequential_writes += 1,
+                (Direction::Write, false) => h.random_writes += 1,
+            }
+            match request.dir {
+                Direction::Read => h.reads[b] += 1,
+                Direction::Write => h.writes[b] += 1,
+            }
+        }
+        let (target, conn_i) = (vm.target, vm.conn);
+        let offset = vm.base_offset + request.offset_bytes;
+        let len = request.size_bytes as u64;
+        let conn = &mut self.conns[conn_i];
+        let mut flight = InFlight {
+            vm: vm_i,
+            worker,
+            request,
+            issued: now,
+            measured: model_now >= self.warmup_model_ns,
+            first_sector: 0,
+            sectors: 0,
+            ticket: None,
+        };
+        let handle = match &mut self.shadow {
+            Some(shadow) => {
+                // Whole sectors: the request is widened to 512-byte boundaries.
+                let first = offset / SECTOR_BYTES;
+                let end = (offset + len).div_ceil(SECTOR_BYTES);
+                flight.first_sector = first;
+                flight.sectors = end - first;
+                let wire_len = (flight.sectors * SECTOR_BYTES) as u32;
+                match request.dir {
+                    Direction::Read => {
+                        flight.ticket = Some(shadow.begin_read(target, first, flight.sectors));
+                        conn.session.read(first * SECTOR_BYTES, wire_len)
+                    }
+                    Direction::Write => {
+                        self.scratch.resize(wire_len as usize, 0);
+                        shadow.begin_write(target, first, &mut self.scratch);
+                        conn.session
+                            .write(first * SECTOR_BYTES, &self.scratch, false)
+                    }
+                }
+            }
+            None => match request.dir {
+                Direction::Read => conn.session.read(offset, len as u32),
+                Direction::Write => {
+                    if self.write_pattern.len() < len as usize {
+                        let old = self.write_pattern.len();
+                        self.write_pattern.resize(len as usize, 0);
+                        for (k, b) in self.write_pattern[old..].iter_mut().enumerate() {
+                            *b = ((old + k) as u64).wrapping_mul(0x9e37_79b9) as u8 | 1;
+                        }
+                    }
+                    conn.session
+                        .write(offset, &self.write_pattern[..len as usize], false)
+                }
+            },
+        };
+        conn.inflight.insert(handle, flight);
+        conn.notify.notify_one();
+    }
+
+    fn complete(&mut self, conn_i: usize, completion: Completion, now: Instant) {
+        let Some(f) = self.conns[conn_i].inflight.remove(&completion.handle) else {
+            return;
+        };
+        let target = self.conns[conn_i].target;
+        let vm_name = match self.vms.get(f.vm as usize) {
+            Some(vm) => vm.name.clone(),
+            None => "final read-back".to_string(),
+        };
+        let ok = match completion.result {
+            Ok(data) => {
+                match (&f.ticket, &mut self.shadow, data) {
+                    (Some(ticket), Some(shadow), ReplyData::Read(bytes)) => {
+                        let check = shadow.check_read(target, ticket, &bytes);
+                        if check.checked_sectors > 0 {
+                            self.verify.reads_checked += 1;
+                            self.verify.sectors_checked += check.checked_sectors;
+                        }
+                        if check.mismatched_sectors > 0 {
+                            self.verify.mismatched_sectors += check.mismatched_sectors;
+                            self.verify.mismatched_reads += 1;
+                            if let Some(vm) = self.vms.get_mut(f.vm as usize) {
+                                vm.counters.mismatched_reads += 1;
+                            }
+                            if let Some(m) = check.first_mismatch
+                                && self.verify.first_mismatches.len() < MAX_NOTED
+                            {
+                                self.verify.first_mismatches.push(format!(
+                                    "{vm_name}: {m} ({} sectors of this read differ)",
+                                    check.mismatched_sectors
+                                ));
+                            }
+                        }
+                        if f.vm == SWEEP_VM {
+                            self.verify.final_sectors_checked += check.checked_sectors;
+                        }
+                    }
+                    (None, Some(shadow), _) if f.request.dir == Direction::Write => {
+                        shadow.end_write(target, f.first_sector, f.sectors, true);
+                    }
+                    _ => {}
+                }
+                true
+            }
+            Err(e) => {
+                if f.request.dir == Direction::Write
+                    && let Some(shadow) = &mut self.shadow
+                {
+                    shadow.end_write(target, f.first_sector, f.sectors, false);
+                }
+                let base = self.vms.get(f.vm as usize).map_or(0, |vm| vm.base_offset);
+                let msg = format!(
+                    "{vm_name}: {:?} of {} bytes at {}: {e}",
+                    f.request.dir,
+                    f.request.size_bytes,
+                    base + f.request.offset_bytes
+                );
+                self.note_error(msg);
+                false
+            }
+        };
+        if f.vm == SWEEP_VM {
+            self.sweep_in_flight -= 1;
+            self.sweep_notify.notify_one();
+            return;
+        }
+        self.finish(f, ok, now);
+    }
+
+    /// Accounting and the generator callback for a request that ended.
+    fn finish(&mut self, f: InFlight, ok: bool, now: Instant) {
+        self.ios += 1;
+        let latency = now.saturating_duration_since(f.issued);
+        let latency_us = latency.as_micros() as u64;
+        let bytes = f.request.size_bytes as u64;
+        if f.measured {
+            let vm = &mut self.vms[f.vm as usize];
+            vm.counters.record(f.request.dir, bytes, latency_us, ok);
+        }
+        let iv = &mut self.interval;
+        iv.ios += 1;
+        iv.bytes += bytes;
+        match f.request.dir {
+            Direction::Read => iv.reads += 1,
+            Direction::Write => iv.writes += 1,
+        }
+        if !ok {
+            iv.errors += 1;
+        }
+        iv.latency_us.saturating_record(latency_us.max(1));
+        if let Some(v) = iv.vm_ios.get_mut(f.vm as usize) {
+            *v += 1;
+        }
+        let vm = &mut self.vms[f.vm as usize];
+        if vm.active_in != self.interval_index {
+            vm.active_in = self.interval_index;
+            iv.active_vms += 1;
+        }
+        let model_now = self.model_ns(now);
+        let target = self.vms[f.vm as usize].target as usize;
+        for w in &mut self.windows {
+            if (w.start_ns..w.end_ns).contains(&model_now) {
+                w.total.record(f.request.dir, bytes, latency_us, ok);
+                w.per_target[target].record(f.request.dir, bytes, latency_us, ok);
+            }
+        }
+        let model_latency = (latency.as_nanos() as f64 * self.time_scale) as u64;
+        let vm = &mut self.vms[f.vm as usize];
+        vm.outstanding[f.worker as usize] -= 1;
+        vm.generator
+            .on_complete(model_now, f.worker, &f.request, model_latency);
+        if self.stopping {
+            if self.in_flight() == 0 {
+                self.drained.notify_one();
+            }
+        } else {
+            self.pump(f.vm, f.worker, now);
+        }
+    }
+
+    /// A connection died: its requests fail, its VMs stop.
+    fn break_conn(&mut self, conn_i: usize, reason: String, now: Instant) {
+        let conn = &mut self.conns[conn_i];
+        if conn.broken {
+            return;
+        }
+        conn.broken = true;
+        conn.notify.notify_one();
+        let lost: Vec<InFlight> = conn.inflight.drain().map(|(_, f)| f).collect();
+        if !conn.closing {
+            self.connection_errors.push(format!(
+                "connection {conn_i} (target {}): {reason}",
+                conn.target
+            ));
+        }
+        let target = self.conns[conn_i].target;
+        for f in lost {
+            if f.request.dir == Direction::Write
+                && let Some(shadow) = &mut self.shadow
+            {
+                shadow.end_write(target, f.first_sector, f.sectors, false);
+            }
+            if f.vm == SWEEP_VM {
+                self.note_error(format!(
+                    "final read-back: request lost with connection {conn_i}: {reason}"
+                ));
+                self.sweep_in_flight -= 1;
+                self.sweep_notify.notify_one();
+                continue;
+            }
+            self.note_error(format!(
+                "{}: request lost with connection {conn_i}: {reason}",
+                self.vms[f.vm as usize].name
+            ));
+            self.finish(f, false, now);
+        }
+        if self.stopping && self.in_flight() == 0 {
+            self.drained.notify_one();
+        }
+    }
+}
+
+async fn handshake(target: &Target) -> Result<(TcpStream, ClientExport, Vec<u8>), String> {
+    let addr = target.socket_address();
+    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&addr))
+        .await
+        .map_err(|_| format!("connecting to {addr} timed out"))?
+        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut hs = ClientHandshake::new(ClientConfig {
+        export_name: target.export.clone(),
+        goal: ClientGoal::Go,
+        structured_replies: true,
+        meta_contexts: vec![],
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    let work = async {
+        loop {
+            let n = stream
+                .read(&mut buf)
+                .await
+                .map_err(|e| format!("handshake: {e}"))?;
+            if n == 0 {
+                return Err("the server closed the connection during the handshake".to_string());
+            }
+            let outcome = hs.input(&buf[..n]).map_err(|e| format!("handshake: {e}"))?;
+            let out = hs.take_output();
+            if !out.is_empty() {
+                stream
+                    .write_all(&out)
+                    .await
+                    .map_err(|e| format!("handshake: {e}"))?;
+            }
+            match outcome {
+                Some(ClientOutcome::Connected(export)) => return Ok(export),
+                Some(other) => return Err(format!("handshake ended without an export: {other:?}")),
+                None => {}
+            }
+        }
+    };
+    let export = tokio::time::timeout(CONNECT_TIMEOUT, work)
+        .await
+        .map_err(|_| "handshake timed out".to_string())??;
+    let leftover = hs.take_leftover();
+    Ok((stream, export, leftover))
+}
+
+async fn writer_task(core: Rc<RefCell<Core>>, conn_i: usize, mut wh: OwnedWriteHalf) {
+    let notify = core.borrow().conns[conn_i].notify.clone();
+    loop {
+        notify.notified().await;
+        let (out, closing, broken) = {
+            let mut c = core.borrow_mut();
+            let conn = &mut c.conns[conn_i];
+            (conn.session.take_output(), conn.closing, conn.broken)
+        };
+        if broken && !closing {
+            return;
+        }
+        if !out.is_empty()
+            && let Err(e) = wh.write_all(&out).await
+        {
+            core.borrow_mut()
+                .break_conn(conn_i, format!("write: {e}"), Instant::now());
+            return;
+        }
+        if closing {
+            let _ = wh.shutdown().await;
+            return;
+        }
+    }
+}
+
+async fn reader_task(core: Rc<RefCell<Core>>, conn_i: usize, mut rh: OwnedReadHalf) {
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let r = rh.read(&mut buf).await;
+        let now = Instant::now();
+        let mut c = core.borrow_mut();
+        let n = match r {
+            Ok(0) => {
+                let reason = if c.conns[conn_i].closing {
+                    "closed".to_string()
+                } else {
+                    "the server closed the connection".to_string()
+                };
+                c.break_conn(conn_i, reason, now);
+                return;
+            }
+            Ok(n) => n,
+            Err(e) => {
+                c.break_conn(conn_i, format!("read: {e}"), now);
+                return;
+            }
+        };
+        if let Err(e) = c.conns[conn_i].session.input(&buf[..n]) {
+            c.break_conn(conn_i, format!("protocol error: {e}"), now);
+            return;
+        }
+        while let Some(completion) = c.conns[conn_i].session.poll_completion() {
+            c.complete(conn_i, completion, now);
+        }
+    }
+}
+
+async fn timer_task(core: Rc<RefCell<Core>>) {
+    let notify = core.borrow().timer_notify.clone();
+    loop {
+        let next = {
+            let c = core.borrow();
+            if c.stopping {
+                return;
+            }
+            c.timers.peek().map(|Reverse((t, _, _))| c.real_instant(*t))
+        };
+        match next {
+            None => notify.notified().await,
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at.into()) => {}
+                    _ = notify.notified() => continue,
+                }
+            }
+        }
+        let now = Instant::now();
+        let mut c = core.borrow_mut();
+        let model_now = c.model_ns(now);
+        while let Some(&Reverse((t, vm, worker))) = c.timers.peek() {
+            if t > model_now || c.stopping {
+                break;
+            }
+            c.timers.pop();
+            let slot = &mut c.vms[vm as usize].timer_at[worker as usize];
+            if *slot == Some(t) {
+                *slot = None;
+                c.pump(vm, worker, now);
+            }
+        }
+    }
+}
+
+struct Plan {
+    vm_target: Vec<u32>,
+    vm_base: Vec<u64>,
+    vm_disk: Vec<u64>,
+    notes: Vec<String>,
+}
+
+/// Places the VMs' disks on the targets (module docs of `scenario`).
+fn layout(scenario: &LoadScenario, targets: &[Target], sizes: &[u64]) -> Result<Plan, LoadError> {
+    let n_targets = targets.len() as u32;
+    let mut rr = 0u32;
+    let vm_target: Vec<u32> = scenario
+        .vms
+        .iter()
+        .map(|vm| {
+            match vm
+                .volume
+                .as_ref()
+                .and_then(|v| targets.iter().position(|t| &t.export == v))
+            {
+                Some(t) => t as u32,
+                None => {
+                    let t = rr % n_targets;
+                    rr += 1;
+                    t
+                }
+            }
+        })
+        .collect();
+    let mut notes = Vec::new();
+    let mut vm_base = vec![0u64; scenario.vms.len()];
+    let mut vm_disk = vec![0u64; scenario.vms.len()];
+    for (t, &size) in sizes.iter().enumerate() {
+        let on: Vec<usize> = (0..scenario.vms.len())
+            .filter(|&i| vm_target[i] == t as u32)
+            .collect();
+        if on.is_empty() {
+            continue;
+        }
+        let explicit: u64 = on.iter().filter_map(|&i| scenario.vms[i].disk_bytes).sum();
+        let n_auto = on
+            .iter()
+            .filter(|&&i| scenario.vms[i].disk_bytes.is_none())
+            .count() as u64;
+        let room_for_explicit = if n_auto > 0 { size / 2 } else { size };
+        let scale = if explicit > room_for_explicit {
+            let s = room_for_explicit as f64 / explicit as f64;
+            notes.push(format!(
+                "{}: the VMs' disks ({explicit} bytes) do not fit the export ({size} bytes); scaled by {s:.4}",
+                targets[t]
+            ));
+            s
+        } else {
+            1.0
+        };
+        let mut used = 0u64;
+        let mut sized = Vec::new();
+        for &i in &on {
+            if let Some(b) = scenario.vms[i].disk_bytes {
+                let b = ((b as f64 * scale) as u64) / 4096 * 4096;
+                sized.push((i, b));
+                used += b;
+            }
+        }
+        let auto = (size - used.min(size))
+            .checked_div(n_auto)
+            .map_or(0, |b| b / 4096 * 4096);
+        let mut next = 0u64;
+        for &i in &on {
+            let disk = sized
+                .iter()
+                .find(|(j, _)| *j == i)
+                .map_or(auto, |(_, b)| *b);
+            if disk < 4096 {
+                return Err(LoadError::Layout(format!(
+                    "{}: {} VMs do not fit an export of {size} bytes (VM {:?} would get {disk} bytes)",
+                    targets[t],
+                    on.len(),
+                    scenario.vms[i].name
+                )));
+            }
+            vm_base[i] = next;
+            vm_disk[i] = disk;
+            next += disk;
+        }
+    }
+    Ok(Plan {
+        vm_target,
+        vm_base,
+        vm_disk,
+        notes,
+    })
+}
+
+/// The models' own figures over `[from_ns, to_ns)` of the model clock, combined over
+/// the copies of one `[[vm]]`; keyed by `"<vm>.<metric>"` (the simulator's
+/// `model:<vm>.<metric>`).
+fn collect_metrics(vms: &[Vm], from_ns: u64, to_ns: u64) -> BTreeMap<String, ModelMetric> {
+    let mut parts: BTreeMap<String, Vec<ModelMetric>> = BTreeMap::new();
+    for vm in vms {
+        for m in vm.generator.metrics(from_ns, to_ns) {
+            parts
+                .entry(format!("{}.{}", vm.base, m.name))
+                .or_default()
+                .push(m);
+        }
+    }
+    parts
+        .into_iter()
+        .filter_map(|(k, v)| ModelMetric::combine(&v).map(|m| (k, m)))
+        .collect()
+}
+
+/// After the run, reads back up to `budget_sectors` of what was written to each target
+/// (settled sectors only) and checks it: lost or corrupted writes that no read of the
+/// run happened to see.
+async fn final_sweep(core: &Rc<RefCell<Core>>, n_targets: usize, budget_sectors: u64) {
+    let notify = core.borrow().sweep_notify.clone();
+    for t in 0..n_targets as u32 {
+        let (conn_i, ranges) = {
+            let c = core.borrow();
+            let Some(conn_i) = c.conns.iter().position(|x| x.target == t && !x.broken) else {
+                continue;
+            };
+            let Some(shadow) = &c.shadow else { return };
+            (
+                conn_i,
+                shadow.settled_ranges(t, SWEEP_READ_SECTORS, budget_sectors),
+            )
+        };
+        for (first, n) in ranges {
+            while core.borrow().sweep_in_flight >= SWEEP_DEPTH {
+                notify.notified().await;
+            }
+            let mut c = core.borrow_mut();
+            if c.conns[conn_i].broken {
+                break;
+            }
+            let Some(ticket) = c.shadow.as_ref().map(|s| s.begin_read(t, first, n)) else {
+                return;
+            };
+            let conn = &mut c.conns[conn_i];
+            let handle = conn
+                .session
+                .read(first * SECTOR_BYTES, (n * SECTOR_BYTES) as u32);
+            conn.inflight.insert(
+                handle,
+                InFlight {
+                    vm: SWEEP_VM,
+                    worker: 0,
+                    request: IoRequest {
+                        offset_bytes: first * SECTOR_BYTES,
+                        size_bytes: (n * SECTOR_BYTES) as u32,
+                        dir: Direction::Read,
+                    },
+                    issued: Instant::now(),
+                    measured: false,
+                    first_sector: first,
+                    sectors: n,
+                    ticket: Some(ticket),
+                },
+            );
+            conn.notify.notify_one();
+            c.sweep_in_flight += 1;
+        }
+    }
+    while core.borrow().sweep_in_flight > 0 {
+        notify.notified().await;
+    }
+}
+
+/// A target's name in the report: its export, or the address for the default export.
+fn volume_name(t: &Target) -> String {
+    if t.export.is_empty() {
+        format!("{} (default export)", t.socket_address())
+    } else {
+        t.export.clone()
+    }
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+pub(crate) async fn run(
+    opts: LoadOptions,
+    progress: &mut dyn FnMut(&LoadProgress),
+) -> Result<LoadOutcome, LoadError> {
+    if opts.targets.is_empty() {
+        return Err(LoadError::InvalidOption("give at least one target".into()));
+    }
+    for (i, t) in opts.targets.iter().enumerate() {
+        if opts.targets[..i].contains(t) {
+            return Err(LoadError::InvalidOption(format!(
+                "target {t} is listed twice (its VMs' disks would overlap)"
+            )));
+        }
+    }
+    if !(opts.time_scale.is_finite() && opts.time_scale > 0.0 && opts.time_scale <= 1e6) {
+        return Err(LoadError::InvalidOption(format!(
+            "time scale must be in (0, 1e6], got {}",
+            opts.time_scale
+        )));
+    }
+    let scenario = LoadScenario::load(&opts.scenario)?;
+    let seed = opts.seed.unwrap_or(scenario.seed);
+    let scale = opts.time_scale;
+    let duration = match opts.duration {
+        Some(d) => d,
+        None => scenario
+            .duration_s
+            .map(|s| Duration::from_secs_f64(s / scale))
+            .unwrap_or(Duration::from_secs(10)),
+    };
+    if duration.is_zero() || duration > Duration::from_secs(30 * 24 * 3600) {
+        return Err(LoadError::InvalidOption(format!(
+            "duration must be > 0 and at most 30 days, got {duration:?}"
+        )));
+    }
+    let interval = opts
+        .timeline_interval
+        .or_else(|| {
+            scenario
+                .timeline_interval_s
+                .map(|s| Duration::from_secs_f64(s / scale))
+        })
+        .unwrap_or(Duration::from_secs(1))
+        .max(Duration::from_millis(10));
+    let warmup_real = Duration::from_secs_f64(scenario.warmup_s / scale);
+    if warmup_real >= duration {
+        return Err(LoadError::InvalidOption(format!(
+            "the scenario's warm-up ({} s model time = {warmup_real:?}) is not shorter than the run ({duration:?})",
+            scenario.warmup_s
+        )));
+    }
+
+    // Which targets are in use, and connections per target.
+    let n_targets = opts.targets.len();
+    let mut vms_on = vec![0u32; n_targets];
+    {
+        let mut rr = 0usize;
+        for vm in &scenario.vms {
+            let t = vm
+                .volume
+                .as_ref()
+                .and_then(|v| opts.targets.iter().position(|t| &t.export == v))
+                .unwrap_or_else(|| {
+                    rr += 1;
+                    (rr - 1) % n_targets
+                });
+            vms_on[t] += 1;
+        }
+    }
+    let used_targets = vms_on.iter().filter(|&&n| n > 0).count() as u32;
+    let mut conns_for: Vec<u32> = vms_on.iter().map(|&n| n.min(1)).collect();
+    let budget = match opts.connections {
+        Some(0) => return Err(LoadError::InvalidOption("connections must be ≥ 1".into())),
+        Some(c) if c < used_targets => {
+            return Err(LoadError::InvalidOption(format!(
+                "{c} connections cannot reach the {used_targets} targets the VMs use"
+            )));
+        }
+        Some(c) => c.min(4096),
+        None => vms_on.iter().map(|&n| n.min(4)).sum(),
+    };
+    let mut left = budget - used_targets;
+    while left > 0 {
+        let mut gave = false;
+        for t in 0..n_targets {
+            if left > 0 && conns_for[t] < vms_on[t] {
+                conns_for[t] += 1;
+                left -= 1;
+                gave = true;
+            }
+        }
+        if !gave {
+            break;
+        }
+    }
+
+    // Connect.
+    let mut streams = Vec::new();
+    let mut sizes = vec![0u64; n_targets];
+    let mut read_only = vec![false; n_targets];
+    let mut max_payload = vec![DEFAULT_MAX_PAYLOAD; n_targets];
+    for (t, target) in opts.targets.iter().enumerate() {
+        for _ in 0..conns_for[t] {
+            let (stream, export, leftover) =
+                handshake(target)
+                    .await
+                    .map_err(|message| LoadError::Connect {
+                        target: target.to_string(),
+                        message,
+                    })?;
+            let info = export.export_info();
+            sizes[t] = export.size_bytes;
+            read_only[t] = info.read_only();
+            max_payload[t] = info.block_size.max_payload_bytes.min(DEFAULT_MAX_PAYLOAD);
+            let mut session = ClientSession::new(info);
+            session.input(&leftover).map_err(|e| LoadError::Connect {
+                target: target.to_string(),
+                message: format!("after the handshake: {e}"),
+            })?;
+            streams.push((t as u32, stream, session));
+        }
+    }
+    let plan = layout(&scenario, &opts.targets, &sizes)?;
+
+    // VMs and their generators.
+    let mut conn_of_target: Vec<Vec<usize>> = vec![vec![]; n_targets];
+    for (i, (t, _, _)) in streams.iter().enumerate() {
+        conn_of_target[*t as usize].push(i);
+    }
+    let mut next_on_target = vec![0usize; n_targets];
+    let mut vms = Vec::new();
+    let mut max_size = 0u32;
+    for (i, svm) in scenario.vms.iter().enumerate() {
+        let t = plan.vm_target[i] as usize;
+        let vm_seed = splitmix64(seed ^ splitmix64(i as u64));
+        let layout_err = |e: weir_workload::WorkloadError| {
+            LoadError::Layout(format!("VM {:?} ({}): {e}", svm.name, svm.workload))
+        };
+        let generator: Box<dyn IoGenerator> = match &svm.run {
+            VmWorkload::Access(spec) => {
+                let spec_max = spec.max_size_bytes();
+                max_size = max_size.max(spec_max);
+                if spec_max as u64 + 2 * SECTOR_BYTES > max_payload[t] as u64 {
+                    return Err(LoadError::Layout(format!(
+                        "VM {:?}: transfers of {spec_max} bytes exceed what {} accepts ({} bytes)",
+                        svm.name, opts.targets[t], max_payload[t]
+                    )));
+                }
+                if read_only[t] && spec.read_pct() < 100.0 {
+                    return Err(LoadError::Layout(format!(
+                        "VM {:?} writes, but {} is read-only",
+                        svm.name, opts.targets[t]
+                    )));
+                }
+                Box::new(AccessGenerator::new(spec, plan.vm_disk[i], vm_seed).map_err(layout_err)?)
+            }
+            VmWorkload::Model {
+                spec,
+                instance,
+                instances,
+            } => {
+                if read_only[t] {
+                    return Err(LoadError::Layout(format!(
+                        "VM {:?} runs model {:?}, which writes, but {} is read-only",
+                        svm.name,
+                        spec.name(),
+                        opts.targets[t]
+                    )));
+                }
+                spec.build(plan.vm_disk[i], vm_seed, *instance, *instances)
+                    .map_err(layout_err)?
+            }
+        };
+        let conns = &conn_of_target[t];
+        let conn = conns[next_on_target[t] % conns.len()];
+        next_on_target[t] += 1;
+        let workers = generator.workers() as usize;
+        vms.push(Vm {
+            name: svm.name.clone(),
+            workload: svm.workload.clone(),
+            base: svm.base.clone(),
+            kind: match &svm.run {
+                VmWorkload::Access(_) => None,
+                VmWorkload::Model { spec, .. } => Some(match spec.as_ref() {
+                    weir_workload::ModelSpec::Vdi(_) => "vdi",
+                    weir_workload::ModelSpec::Oltp(_) => "oltp",
+                    weir_workload::ModelSpec::Exchange(_) => "exchange",
+                }),
+            },
+            last_end: vec![u64::MAX; workers],
+            target: t as u32,
+            conn,
+            base_offset: plan.vm_base[i],
+            generator,
+            outstanding: vec![0; workers],
+            timer_at: vec![None; workers],
+            counters: Counters::new(if scenario.vms.len() > 64 { 2 } else { 3 }),
+            active_in: u32::MAX,
+            disk_bytes: plan.vm_disk[i],
+            halted: false,
+        });
+    }
+    let mut write_pattern = vec![0u8; max_size as usize];
+    for (k, w) in write_pattern.chunks_mut(8).enumerate() {
+        let v = splitmix64(seed ^ (k as u64)).to_le_bytes();
+        w.copy_from_slice(&v[..w.len()]);
+    }
+
+    let n_vms = vms.len();
+    let mut conns = Vec::new();
+    let mut halves = Vec::new();
+    for (t, stream, session) in streams {
+        let (rh, wh) = stream.into_split();
+        halves.push((rh, wh));
+        conns.push(Conn {
+            target: t,
+            session,
+            inflight: HashMap::new(),
+            notify: Rc::new(Notify::new()),
+            broken: false,
+            closing: false,
+        });
+    }
+    let start = Instant::now();
+    let core = Rc::new(RefCell::new(Core {
+        start,
+        time_scale: scale,
+        warmup_model_ns: (scenario.warmup_s * 1e9) as u64,
+        stopping: false,
+        vms,
+        conns,
+        timers: BinaryHeap::new(),
+        timer_notify: Rc::new(Notify::new()),
+        shadow: opts
+            .verify
+            .then(|| Shadow::new(seed, n_targets, opts.target_zeroed)),
+        write_pattern,
+        scratch: Vec::new(),
+        interval: Interval::new(n_vms),
+        interval_index: 0,
+        sizes: IoSizeHistogram {
+            bucket_bytes: SIZE_BUCKETS.to_vec(),
+            reads: vec![0; SIZE_BUCKETS.len()],
+            writes: vec![0; SIZE_BUCKETS.len()],
+            ..Default::default()
+        },
+        windows: scenario
+            .windows
+            .iter()
+            .map(|w| WindowCounters {
+                name: w.name.clone(),
+                start_ns: (w.start_s * 1e9) as u64,
+                end_ns: (w.end_s * 1e9) as u64,
+                total: Counters::new(2),
+                per_target: (0..n_targets).map(|_| Counters::new(2)).collect(),
+            })
+            .collect(),
+        ios: 0,
+        io_errors: 0,
+        first_errors: vec![],
+        connection_errors: vec![],
+        verify: VerifySummary::default(),
+        drained: Rc::new(Notify::new()),
+        sweep_in_flight: 0,
+        sweep_notify: Rc::new(Notify::new()),
+    }));
+    let mut writers = Vec::new();
+    let mut readers = Vec::new();
+    for (i, (rh, wh)) in halves.into_iter().enumerate() {
+        writers.push(tokio::task::spawn_local(writer_task(core.clone(), i, wh)));
+        readers.push(tokio::task::spawn_local(reader_task(core.clone(), i, rh)));
+    }
+    let timer = tokio::task::spawn_local(timer_task(core.clone()));
+    {
+        let mut c = core.borrow_mut();
+        for vm in 0..n_vms as u32 {
+            for w in 0..c.vms[vm as usize].outstanding.len() as u32 {
+                c.pump(vm, w, start);
+            }
+        }
+    }
+
+    // Tick the timeline until the end.
+    let deadline = start + duration;
+    let mut intervals: Vec<Interval> = Vec::new();
+    let mut interval_metrics: Vec<BTreeMap<String, ModelMetric>> = Vec::new();
+    let mut model_from = 0u64;
+    let mut next_tick = start + interval;
+    loop {
+        let at = next_tick.min(deadline);
+        tokio::time::sleep_until(at.into()).await;
+        let mut c = core.borrow_mut();
+        let mut closed = std::mem::replace(&mut c.interval, Interval::new(n_vms));
+        closed.length_s = (at - (next_tick - interval)).as_secs_f64().max(1e-3);
+        c.interval_index += 1;
+        let p = LoadProgress {
+            elapsed_s: at.duration_since(start).as_secs_f64(),
+            duration_s: duration.as_secs_f64(),
+            ios: c.ios,
+            iops: closed.ios as f64 / closed.length_s,
+            errors: c.io_errors,
+            mismatched_reads: c.verify.mismatched_reads,
+        };
+        let all_broken = c.conns.iter().all(|x| x.broken);
+        let model_to = c.model_ns(at);
+        interval_metrics.push(collect_metrics(&c.vms, model_from, model_to));
+        model_from = model_to;
+        drop(c);
+        intervals.push(closed);
+        progress(&p);
+        if at >= deadline || all_broken {
+            break;
+        }
+        next_tick += interval;
+    }
+    let end = Instant::now();
+
+    // Stop issuing, drain, disconnect.
+    let drained = {
+        let mut c = core.borrow_mut();
+        c.stopping = true;
+        c.timer_notify.notify_one();
+        c.drained.clone()
+    };
+    let wait_drain = async {
+        loop {
+            if core.borrow().in_flight() == 0 {
+                return;
+            }
+            drained.notified().await;
+        }
+    };
+    if tokio::time::timeout(opts.drain_timeout, wait_drain)
+        .await
+        .is_err()
+    {
+        let mut c = core.borrow_mut();
+        let now = Instant::now();
+        for i in 0..c.conns.len() {
+            let n = c.conns[i].inflight.len();
+            if n > 0 {
+                c.break_conn(
+                    i,
+                    format!(
+                        "{n} requests without a reply {:?} after the run ended",
+                        opts.drain_timeout
+                    ),
+                    now,
+                );
+            }
+        }
+    }
+    if opts.verify && opts.final_check_bytes > 0 {
+        let deadline = tokio::time::Instant::now() + opts.drain_timeout;
+        let budget = opts.final_check_bytes.div_ceil(SECTOR_BYTES);
+        if tokio::time::timeout_at(deadline, final_sweep(&core, n_targets, budget))
+            .await
+            .is_err()
+        {
+            let mut c = core.borrow_mut();
+            let now = Instant::now();
+            for i in 0..c.conns.len() {
+                if !c.conns[i].inflight.is_empty() {
+                    c.break_conn(
+                        i,
+                        format!(
+                            "final read-back not answered within {:?}",
+                            opts.drain_timeout
+                        ),
+                        now,
+                    );
+                }
+            }
+        }
+    }
+    {
+        let mut c = core.borrow_mut();
+        for conn in c.conns.iter_mut() {
+            conn.closing = true;
+            if !conn.broken {
+                conn.session.disconnect();
+            }
+            conn.notify.notify_one();
+        }
+    }
+    // The disconnects go out within 5 s in all (a target that stopped reading must
+    // not hold the run).
+    let writers_deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    for mut w in writers {
+        if tokio::time::timeout_at(writers_deadline, &mut w)
+            .await
+            .is_err()
+        {
+            w.abort();
+            let _ = w.await;
+        }
+    }
+    for r in &readers {
+        r.abort();
+    }
+    timer.abort();
+    // Aborted tasks drop their share of the core only once polled again.
+    for r in readers {
+        let _ = r.await;
+    }
+    let _ = timer.await;
+    // The tail interval (drain) joins the last one.
+    let tail = std::mem::replace(&mut core.borrow_mut().interval, Interval::new(n_vms));
+    if let Some(last) = intervals.last_mut() {
+        last.ios += tail.ios;
+        last.reads += tail.reads;
+        last.writes += tail.writes;
+        last.bytes += tail.bytes;
+        last.errors += tail.errors;
+        last.active_vms = last.active_vms.max(tail.active_vms);
+        let _ = last.latency_us.add(&tail.latency_us);
+        for (a, b) in last.vm_ios.iter_mut().zip(&tail.vm_ios) {
+            *a += b;
+        }
+    }
+
+    let (run_metrics, model_results) = {
+        let c = core.borrow();
+        let end_model = c.model_ns(end);
+        let run = collect_metrics(&c.vms, c.warmup_model_ns, end_model);
+        let kinds: BTreeMap<&str, &str> = c
+            .vms
+            .iter()
+            .filter_map(|v| v.kind.map(|k| (v.base.as_str(), k)))
+            .collect();
+        let mut results = Vec::new();
+        let mut push = |window: &str, metrics: &BTreeMap<String, ModelMetric>| {
+            for (key, m) in metrics {
+                let source = key.strip_suffix(&format!(".{}", m.name)).unwrap_or(key);
+                results.push(ModelMetricResult {
+                    source: source.to_string(),
+                    kind: kinds.get(source).copied().unwrap_or("").to_string(),
+                    window: window.to_string(),
+                    name: m.name.clone(),
+                    value: m.value,
+                    unit: m.unit.clone(),
+                });
+            }
+        };
+        push("", &run);
+        for w in &c.windows {
+            if w.start_ns < end_model {
+                push(
+                    &w.name,
+                    &collect_metrics(&c.vms, w.start_ns, w.end_ns.min(end_model)),
+                );
+            }
+        }
+        (run, results)
+    };
+    let end_model_ns = core.borrow().model_ns(end);
+    let core = Rc::try_unwrap(core)
+        .map_err(|_| LoadError::Runtime("tasks still hold the driver".into()))?
+        .into_inner();
+    Ok(build_outcome(
+        core,
+        &scenario,
+        &opts,
+        seed,
+        plan.notes,
+        (end - start).saturating_sub(warmup_real).as_secs_f64(),
+        intervals,
+        interval.as_secs_f64(),
+        sizes,
+        (model_results, end_model_ns),
+        (interval_metrics, run_metrics),
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_outcome(
+    core: Core,
+    scenario: &LoadScenario,
+    opts: &LoadOptions,
+    seed: u64,
+    layout_notes: Vec<String>,
+    measured_s: f64,
+    intervals: Vec<Interval>,
+    interval_s: f64,
+    sizes: Vec<u64>,
+    (model_results, end_model_ns): (Vec<ModelMetricResult>, u64),
+    (interval_metrics, run_metrics): (
+        Vec<BTreeMap<String, ModelMetric>>,
+        BTreeMap<String, ModelMetric>,
+    ),
+) -> LoadOutcome {
+    let mut workloads = Vec::new();
+    let mut total = Counters::new(3);
+    let mut per_target: Vec<Counters> = (0..opts.targets.len()).map(|_| Counters::new(3)).collect();
+    for vm in &core.vms {
+        let mut r = vm.counters.result(&vm.name, measured_s);
+        r.volume = Some(volume_name(&opts.targets[vm.target as usize]));
+        workloads.push(r);
+        total.merge(&vm.counters);
+        per_target[vm.target as usize].merge(&vm.counters);
+    }
+    if opts.targets.len() > 1 {
+        for (t, c) in per_target.iter().enumerate() {
+            let name = volume_name(&opts.targets[t]);
+            let mut r = c.result(&format!("volume:{name}"), measured_s);
+            r.volume = Some(name);
+            workloads.push(r);
+        }
+    }
+    let mut total_result = total.result("total", measured_s);
+    // Errors outside the measured window (lost at the end) still count.
+    total_result.errors = total_result
+        .errors
+        .max(core.io_errors + core.verify.mismatched_reads);
+    let components: Vec<ComponentResult> = per_target
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.ios() > 0)
+        .map(|(t, c)| {
+            let r = c.result("", measured_s);
+            ComponentResult {
+                name: format!("{} ({} bytes)", opts.targets[t], sizes[t]),
+                kind: format!(
+                    "nbd target: mean {:.3} ms, p99 {:.3} ms",
+                    r.latency_ms.mean, r.latency_ms.p99
+                ),
+                utilisation: f64::NAN,
+                ios: r.ios,
+                mbps: r.mbps,
+            }
+        })
+        .collect();
+    // Per workload class (VMs running the same workload), when it groups several VMs.
+    let mut classes: BTreeMap<&str, (u32, Counters)> = BTreeMap::new();
+    for vm in &core.vms {
+        let e = classes
+            .entry(vm.workload.as_str())
+            .or_insert_with(|| (0, Counters::new(3)));
+        e.0 += 1;
+        e.1.merge(&vm.counters);
+    }
+    let mut components = components;
+    if classes.len() > 1 || classes.values().any(|(n, _)| *n > 1) {
+        for (name, (n, c)) in &classes {
+            let r = c.result("", measured_s);
+            components.push(ComponentResult {
+                name: format!("workload {name} ({n} VMs)"),
+                kind: format!(
+                    "class: {:.0} IOPS ({:.0} read, {:.0} write), mean {:.3} ms, p95 {:.3} ms, p99 {:.3} ms",
+                    r.iops, r.read_iops, r.write_iops, r.latency_ms.mean, r.latency_ms.p95, r.latency_ms.p99
+                ),
+                utilisation: f64::NAN,
+                ios: r.ios,
+                mbps: r.mbps,
+            });
+        }
+    }
+    let vm_names: Vec<String> = core.vms.iter().map(|v| v.name.clone()).collect();
+    let mut description = vec![format!(
+        "weir load against {}; time scale {}, {} connections, {} VMs, seed {seed}",
+        opts.targets
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        opts.time_scale,
+        core.conns.len(),
+        core.vms.len(),
+    )];
+    if !scenario.description.is_empty() {
+        description.insert(0, scenario.description.clone());
+    }
+    let verify = opts.verify.then(|| core.verify.clone());
+    if let Some(v) = &verify {
+        description.push(format!(
+            "verify: {} reads checked ({} sectors), {} mismatched sectors in {} reads{}",
+            v.reads_checked,
+            v.sectors_checked,
+            v.mismatched_sectors,
+            v.mismatched_reads,
+            if opts.target_zeroed {
+                "; target assumed zeroed"
+            } else {
+                "; never-written sectors not checked"
+            }
+        ));
+        if opts.final_check_bytes > 0 {
+            description.push(format!(
+                "final read-back: {} sectors checked",
+                v.final_sectors_checked
+            ));
+        }
+        for m in &v.first_mismatches {
+            description.push(format!("mismatch: {m}"));
+        }
+    }
+    for e in core.first_errors.iter().take(5) {
+        description.push(format!("error: {e}"));
+    }
+    for e in &core.connection_errors {
+        description.push(format!("connection: {e}"));
+    }
+    if !run_metrics.is_empty() {
+        description.push(format!(
+            "{} model figures in model_metrics (JSON)",
+            run_metrics.len()
+        ));
+    }
+    description.extend(scenario.notes.iter().cloned());
+    description.extend(layout_notes);
+    let case = CaseReport {
+        name: "load".to_string(),
+        description: description.join("; "),
+        params: Default::default(),
+        duration_s: measured_s,
+        workloads,
+        total: Some(total_result),
+        comparisons: vec![],
+        components,
+        model_metrics: model_results,
+        windows: core
+            .windows
+            .iter()
+            .filter(|w| w.start_ns < end_model_ns)
+            .map(|w| {
+                let real_s =
+                    (w.end_ns.min(end_model_ns) - w.start_ns) as f64 / 1e9 / opts.time_scale;
+                let mut figures = vec![w.total.result("total", real_s)];
+                for (t, c) in w.per_target.iter().enumerate() {
+                    if c.ios() > 0 {
+                        figures.push(
+                            c.result(&format!("volume:{}", volume_name(&opts.targets[t])), real_s),
+                        );
+                    }
+                }
+                WindowResult {
+                    name: w.name.clone(),
+                    start_s: w.start_ns as f64 / 1e9,
+                    end_s: w.end_ns as f64 / 1e9,
+                    figures,
+                }
+            })
+            .collect(),
+        io_sizes: Some(core.sizes.clone()),
+        timeline: {
+            let mut t = timeline(&intervals, interval_s, &vm_names);
+            t.push(weir_report::TimelineSeries {
+                name: "VMs issuing I/O %".to_string(),
+                unit: "%".to_string(),
+                interval_s,
+                values: intervals
+                    .iter()
+                    .map(|i| 100.0 * i.active_vms as f64 / vm_names.len().max(1) as f64)
+                    .collect(),
+            });
+            let names: std::collections::BTreeSet<&String> = interval_metrics
+                .iter()
+                .flat_map(|m| m.keys())
+                .filter(|k| {
+                    k.rsplit_once('.')
+                        .is_some_and(|(_, metric)| TIMELINE_METRICS.contains(&metric))
+                })
+                .collect();
+            for name in names {
+                let unit = interval_metrics
+                    .iter()
+                    .find_map(|m| m.get(name))
+                    .map(|m| m.unit.clone())
+                    .unwrap_or_default();
+                t.push(weir_report::TimelineSeries {
+                    name: name.clone(),
+                    unit,
+                    interval_s,
+                    values: interval_metrics
+                        .iter()
+                        .map(|m| m.get(name).map_or(f64::NAN, |x| x.value))
+                        .collect(),
+                });
+            }
+            t
+        },
+        events: 0,
+    };
+    LoadOutcome {
+        report: ScenarioReport {
+            scenario: scenario.name.clone(),
+            description: scenario.description.clone(),
+            seed,
+            cases: vec![case],
+        },
+        ios: core.ios,
+        io_errors: core.io_errors,
+        first_errors: core.first_errors,
+        connection_errors: core.connection_errors,
+        verify,
+        model_metrics: run_metrics,
+    }
+}

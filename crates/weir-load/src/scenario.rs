@@ -1,0 +1,778 @@
+//! What `weir load` runs: VMs with their access specifications.
+//!
+//! Three sources ([`ScenarioSource`]):
+//! - a scenario file in `weir sim`'s format (scenarios/README.md), of which only the
+//!   workload part is used: `[scenario]` (name, description, seed, duration_s,
+//!   warmup_s, timeline_interval_s), `[[workload]]`, `[[model]]` (weir-workload's
+//!   application models: `kind = "vdi" | "oltp" | "exchange"`) and `[[vm]]` (name,
+//!   workload or model, disk_gib, count, volume). A VM's `workload` names a
+//!   `[[workload]]`, a `[[model]]` or a built-in profile; `model = "…"` is accepted
+//!   too. The `count` copies of a VM running a model are instances `i` of `count` of
+//!   it (they split its schedule, as in the simulator). The simulated hardware (`[array]`, `[[host]]`,
+//!   `[datastore]`, `[array_qos]`, `[[policy]]`, `[[volume]]`) and `[[case]]` are ignored
+//!   and listed in [`LoadScenario::notes`]; per-VM QoS fields (shares, limits) are the
+//!   target's business and ignored too. A VM's `volume` picks the target whose export
+//!   has that name, when there is one.
+//! - a built-in application profile name (`oltp`, `vdi-boot`, … of weir-workload),
+//!   one VM, optionally followed by overrides: `oltp,vms=8,qd=4`;
+//! - a simple access specification: `bs=4k,read=70,random=100,qd=32,workers=1,vms=4`,
+//!   with the shorthands `randread`, `randwrite`, `randrw`, `seqread`, `seqwrite`
+//!   (`disk=64m` sets each VM's disk size; by default the VMs share the export).
+
+use crate::LoadError;
+use std::path::{Path, PathBuf};
+use weir_workload::{AccessSpec, ModelSpec, profile, profile_names};
+
+/// Most VMs a run may hold.
+pub const MAX_VMS: usize = 100_000;
+
+/// Where the workload comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScenarioSource {
+    File(PathBuf),
+    /// Scenario text in the file format (e.g. a `weir sim` built-in); `name` stands for
+    /// the file in messages.
+    Text {
+        name: String,
+        toml: String,
+    },
+    /// A built-in profile or a simple access specification (see the module docs).
+    Spec(String),
+}
+
+impl ScenarioSource {
+    /// A path when it names an existing file or ends in `.toml`; else the text of the
+    /// `weir sim` built-in scenario of that name; otherwise a spec.
+    pub fn parse(text: &str) -> ScenarioSource {
+        let p = Path::new(text);
+        if text.ends_with(".toml") || p.is_file() {
+            ScenarioSource::File(p.to_path_buf())
+        } else if let Some((name, toml)) = weir_sim::builtin_scenarios()
+            .iter()
+            .find(|(n, _)| *n == text)
+        {
+            ScenarioSource::Text {
+                name: format!("{name} (built-in)"),
+                toml: toml.to_string(),
+            }
+        } else {
+            ScenarioSource::Spec(text.to_string())
+        }
+    }
+}
+
+/// What a VM runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum VmWorkload {
+    /// An Iometer access specification (`[[workload]]`, profile, simple spec).
+    Access(AccessSpec),
+    /// An application model; this VM is `instance` of `instances` copies of it.
+    Model {
+        spec: Box<ModelSpec>,
+        instance: u32,
+        instances: u32,
+    },
+}
+
+impl VmWorkload {
+    /// The access specification, when it is one.
+    pub fn access(&self) -> Option<&AccessSpec> {
+        match self {
+            VmWorkload::Access(s) => Some(s),
+            VmWorkload::Model { .. } => None,
+        }
+    }
+}
+
+/// A named interval of the run on the model clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Window {
+    pub name: String,
+    pub start_s: f64,
+    pub end_s: f64,
+}
+
+/// One simulated VM (one virtual disk).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadVm {
+    pub name: String,
+    /// The `[[vm]]` it comes from (its name before the `-k` of `count` copies); model
+    /// metrics are combined per base, as the simulator does.
+    pub base: String,
+    /// The `[[workload]]`, `[[model]]` or profile it runs.
+    pub workload: String,
+    pub run: VmWorkload,
+    /// Disk size; `None`: an equal share of what the other VMs leave on the target.
+    pub disk_bytes: Option<u64>,
+    /// Preferred target export name (the sim file's `volume`).
+    pub volume: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadScenario {
+    pub name: String,
+    pub description: String,
+    pub seed: u64,
+    /// Model seconds to run (the scenario's duration), when it says.
+    pub duration_s: Option<f64>,
+    /// Model seconds of ramp-up whose I/Os are not measured.
+    pub warmup_s: f64,
+    pub timeline_interval_s: Option<f64>,
+    /// Named intervals (model seconds from 0, warm-up included): `[scenario] window`.
+    pub windows: Vec<Window>,
+    pub vms: Vec<LoadVm>,
+    /// What of the source was ignored, for the report.
+    pub notes: Vec<String>,
+}
+
+fn scen_err(file: &str, message: impl Into<String>) -> LoadError {
+    LoadError::Scenario {
+        file: file.to_string(),
+        message: message.into(),
+    }
+}
+
+impl LoadScenario {
+    pub fn load(source: &ScenarioSource) -> Result<LoadScenario, LoadError> {
+        match source {
+            ScenarioSource::File(path) => {
+                let file = path.display().to_string();
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| scen_err(&file, format!("cannot read: {e}")))?;
+                LoadScenario::from_toml_str(&file, &text)
+            }
+            ScenarioSource::Text { name, toml } => LoadScenario::from_toml_str(name, toml),
+            ScenarioSource::Spec(s) => LoadScenario::from_spec(s),
+        }
+    }
+
+    /// A profile name or simple access specification (module docs).
+    pub fn from_spec(text: &str) -> Result<LoadScenario, LoadError> {
+        let err = |m: String| scen_err(text, m);
+        let mut tokens = text.split(',').map(str::trim).filter(|t| !t.is_empty());
+        let first = tokens
+            .next()
+            .ok_or_else(|| err("empty workload specification".into()))?;
+        let (mut spec, workload, rest): (AccessSpec, String, Vec<&str>) = match profile(first) {
+            Ok(p) => (p.spec, first.to_string(), tokens.collect()),
+            Err(_) => (
+                AccessSpec::simple(4096, 100.0, 100.0, 1),
+                "spec".to_string(),
+                std::iter::once(first).chain(tokens).collect(),
+            ),
+        };
+        let mut vms = 1usize;
+        let mut disk_bytes = None;
+        for tok in rest {
+            let (k, v) = match tok.split_once('=') {
+                Some((k, v)) => (k.trim(), Some(v.trim())),
+                None => (tok, None),
+            };
+            let num = |v: Option<&str>| -> Result<f64, LoadError> {
+                let v = v.ok_or_else(|| err(format!("{k}: needs a value ({k}=…)")))?;
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite())
+                    .ok_or_else(|| err(format!("{k}: {v:?} is not a number")))
+            };
+            let line = &mut spec.lines;
+            let set_all = |line: &mut Vec<weir_workload::TransferLine>, read: f64, random: f64| {
+                for l in line.iter_mut() {
+                    l.read_pct = read;
+                    l.random_pct = random;
+                }
+            };
+            match (k, v) {
+                ("randread", None) => set_all(line, 100.0, 100.0),
+                ("randwrite", None) => set_all(line, 0.0, 100.0),
+                ("randrw", None) => set_all(line, 50.0, 100.0),
+                ("seqread", None) => set_all(line, 100.0, 0.0),
+                ("seqwrite", None) => set_all(line, 0.0, 0.0),
+                ("bs" | "block", Some(v)) => {
+                    let b = parse_bytes(v).map_err(|m| err(format!("{k}: {m}")))?;
+                    let b = u32::try_from(b).map_err(|_| err(format!("{k}: {v} is too large")))?;
+                    for l in line.iter_mut() {
+                        l.size_bytes = b;
+                    }
+                }
+                ("read", _) => {
+                    let x = num(v)?;
+                    line.iter_mut().for_each(|l| l.read_pct = x);
+                }
+                ("random", _) => {
+                    let x = num(v)?;
+                    line.iter_mut().for_each(|l| l.random_pct = x);
+                }
+                ("qd", _) => spec.outstanding_ios = count(k, num(v)?).map_err(err)?,
+                ("workers", _) => spec.workers = count(k, num(v)?).map_err(err)?,
+                ("vms", _) => vms = count(k, num(v)?).map_err(err)? as usize,
+                ("dataset", _) => spec.dataset_fraction = num(v)?,
+                ("disk", Some(v)) => {
+                    disk_bytes = Some(parse_bytes(v).map_err(|m| err(format!("{k}: {m}")))?)
+                }
+                _ => {
+                    return Err(err(format!(
+                        "unknown item {tok:?}: use bs=, read=, random=, qd=, workers=, vms=, dataset=, disk=, randread, randwrite, randrw, seqread, seqwrite, or start with a profile ({})",
+                        profile_names().join(", ")
+                    )));
+                }
+            }
+        }
+        spec.validate().map_err(|e| err(e.to_string()))?;
+        if vms == 0 || vms > MAX_VMS {
+            return Err(err(format!("vms: must be 1..={MAX_VMS}, got {vms}")));
+        }
+        let vms = (0..vms)
+            .map(|i| LoadVm {
+                name: if vms == 1 {
+                    "vm".to_string()
+                } else {
+                    format!("vm-{}", i + 1)
+                },
+                base: "vm".to_string(),
+                workload: workload.clone(),
+                run: VmWorkload::Access(spec.clone()),
+                disk_bytes,
+                volume: None,
+            })
+            .collect();
+        Ok(LoadScenario {
+            name: text.to_string(),
+            description: String::new(),
+            seed: 1,
+            duration_s: None,
+            warmup_s: 0.0,
+            timeline_interval_s: None,
+            windows: vec![],
+            vms,
+            notes: vec![],
+        })
+    }
+
+    /// The workload part of a `weir sim` scenario file (module docs).
+    pub fn from_toml_str(file: &str, text: &str) -> Result<LoadScenario, LoadError> {
+        let root: toml::Table =
+            toml::from_str(text).map_err(|e| scen_err(file, toml_message(text, &e)))?;
+        let mut notes = Vec::new();
+        let ignored: Vec<&str> = root
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !matches!(*k, "scenario" | "workload" | "model" | "vm"))
+            .collect();
+        if !ignored.is_empty() {
+            notes.push(format!(
+                "ignored by weir load (simulated hardware or cases): {}",
+                ignored.join(", ")
+            ));
+        }
+        let scenario = match root.get("scenario") {
+            Some(toml::Value::Table(t)) => t.clone(),
+            Some(_) => return Err(scen_err(file, "scenario: must be a table")),
+            None => toml::Table::new(),
+        };
+        let get_str = |t: &toml::Table, k: &str, at: &str| -> Result<Option<String>, LoadError> {
+            match t.get(k) {
+                None => Ok(None),
+                Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(scen_err(file, format!("{at}.{k}: must be a string"))),
+            }
+        };
+        let get_num = |t: &toml::Table, k: &str, at: &str| -> Result<Option<f64>, LoadError> {
+            match t.get(k) {
+                None => Ok(None),
+                Some(toml::Value::Integer(i)) => Ok(Some(*i as f64)),
+                Some(toml::Value::Float(f)) if f.is_finite() => Ok(Some(*f)),
+                Some(_) => Err(scen_err(file, format!("{at}.{k}: must be a number"))),
+            }
+        };
+        let non_neg = |v: Option<f64>, k: &str| -> Result<Option<f64>, LoadError> {
+            match v {
+                Some(x) if x < 0.0 => Err(scen_err(
+                    file,
+                    format!("scenario.{k}: must be ≥ 0, got {x}"),
+                )),
+                other => Ok(other),
+            }
+        };
+        let name = get_str(&scenario, "name", "scenario")?.unwrap_or_else(|| {
+            Path::new(file)
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| file.to_string())
+        });
+        let description = get_str(&scenario, "description", "scenario")?.unwrap_or_default();
+        let seed = match scenario.get("seed") {
+            None => 1,
+            Some(toml::Value::Integer(i)) if *i >= 0 => *i as u64,
+            Some(_) => return Err(scen_err(file, "scenario.seed: must be an integer ≥ 0")),
+        };
+        let duration_s = non_neg(get_num(&scenario, "duration_s", "scenario")?, "duration_s")?;
+        let warmup_s =
+            non_neg(get_num(&scenario, "warmup_s", "scenario")?, "warmup_s")?.unwrap_or(0.0);
+        let timeline_interval_s = get_num(&scenario, "timeline_interval_s", "scenario")?;
+        if let Some(i) = timeline_interval_s
+            && i <= 0.0
+        {
+            return Err(scen_err(
+                file,
+                format!("scenario.timeline_interval_s: must be > 0, got {i}"),
+            ));
+        }
+
+        let mut windows = Vec::new();
+        match scenario.get("window") {
+            None => {}
+            Some(toml::Value::Array(a)) => {
+                for (i, w) in a.iter().enumerate() {
+                    let at = format!("scenario.window[{i}]");
+                    let toml::Value::Table(t) = w else {
+                        return Err(scen_err(file, format!("{at}: must be a table")));
+                    };
+                    let name = get_str(t, "name", &at)?
+                        .ok_or_else(|| scen_err(file, format!("{at}.name: missing")))?;
+                    let start_s = get_num(t, "start_s", &at)?
+                        .ok_or_else(|| scen_err(file, format!("{at}.start_s: missing")))?;
+                    let end_s = get_num(t, "end_s", &at)?
+                        .ok_or_else(|| scen_err(file, format!("{at}.end_s: missing")))?;
+                    if !(start_s >= 0.0 && end_s > start_s) {
+                        return Err(scen_err(
+                            file,
+                            format!("{at}: needs 0 ≤ start_s < end_s, got {start_s}..{end_s}"),
+                        ));
+                    }
+                    windows.push(Window {
+                        name,
+                        start_s,
+                        end_s,
+                    });
+                }
+            }
+            Some(_) => {
+                return Err(scen_err(
+                    file,
+                    "scenario.window: must be an array of tables",
+                ));
+            }
+        }
+        let array = |k: &str| -> Result<Vec<toml::Table>, LoadError> {
+            match root.get(k) {
+                None => Ok(vec![]),
+                Some(toml::Value::Array(a)) => a
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| match v {
+                        toml::Value::Table(t) => Ok(t.clone()),
+                        _ => Err(scen_err(
+                            file,
+                            format!("{k}[{i}]: must be a table ([[{k}]])"),
+                        )),
+                    })
+                    .collect(),
+                Some(_) => Err(scen_err(
+                    file,
+                    format!("{k}: must be an array of tables ([[{k}]])"),
+                )),
+            }
+        };
+        let mut workloads: Vec<(String, AccessSpec)> = Vec::new();
+        for (i, w) in array("workload")?.into_iter().enumerate() {
+            let wname = get_str(&w, "name", &format!("workload[{i}]"))?
+                .ok_or_else(|| scen_err(file, format!("workload[{i}].name: missing")))?;
+            let spec: AccessSpec =
+                toml::Value::Table(w)
+                    .try_into()
+                    .map_err(|e: toml::de::Error| {
+                        scen_err(file, format!("workload[{wname}]: {}", e.message()))
+                    })?;
+            workloads.push((wname, spec));
+        }
+        let mut models: Vec<ModelSpec> = Vec::new();
+        for (i, m) in array("model")?.into_iter().enumerate() {
+            let spec: ModelSpec =
+                toml::Value::Table(m)
+                    .try_into()
+                    .map_err(|e: toml::de::Error| {
+                        scen_err(file, format!("model[{i}]: {}", e.message()))
+                    })?;
+            spec.validate()
+                .map_err(|e| scen_err(file, format!("model[{}]: {e}", spec.name())))?;
+            if models.iter().any(|x| x.name() == spec.name()) {
+                return Err(scen_err(
+                    file,
+                    format!("model[{i}]: two models are named {:?}", spec.name()),
+                ));
+            }
+            models.push(spec);
+        }
+        let mut vms = Vec::new();
+        let mut ignored_vm_fields = std::collections::BTreeSet::new();
+        for (i, v) in array("vm")?.into_iter().enumerate() {
+            let at = format!("vm[{i}]");
+            let vname = get_str(&v, "name", &at)?
+                .ok_or_else(|| scen_err(file, format!("{at}.name: missing")))?;
+            let at = format!("vm[{vname}]");
+            for k in v.keys() {
+                match k.as_str() {
+                    "name" | "workload" | "model" | "disk_gib" | "count" | "volume" => {}
+                    "host" | "shares" | "limit_iops" | "reservation_iops" | "host_cache" => {
+                        ignored_vm_fields.insert(k.clone());
+                    }
+                    other => {
+                        return Err(scen_err(file, format!("{at}.{other}: unknown field")));
+                    }
+                }
+            }
+            let workload = match (get_str(&v, "workload", &at)?, get_str(&v, "model", &at)?) {
+                (Some(w), None) | (None, Some(w)) => w,
+                (Some(_), Some(_)) => {
+                    return Err(scen_err(
+                        file,
+                        format!("{at}: give workload or model, not both"),
+                    ));
+                }
+                (None, None) => return Err(scen_err(file, format!("{at}.workload: missing"))),
+            };
+            let template = match workloads.iter().find(|(n, _)| *n == workload) {
+                Some((_, s)) => VmWorkload::Access(s.clone()),
+                None => match models.iter().find(|m| m.name() == workload) {
+                    Some(m) => VmWorkload::Model {
+                        spec: Box::new(m.clone()),
+                        instance: 0,
+                        instances: 1,
+                    },
+                    None => VmWorkload::Access(profile(&workload).map(|p| p.spec).map_err(|_| {
+                        scen_err(
+                            file,
+                            format!(
+                                "{at}.workload: no [[workload]], [[model]] or built-in profile named {workload:?} (profiles: {})",
+                                profile_names().join(", ")
+                            ),
+                        )
+                    })?),
+                },
+            };
+            let disk_gib = get_num(&v, "disk_gib", &at)?.unwrap_or(0.0);
+            if !(0.0..=1e6).contains(&disk_gib) {
+                return Err(scen_err(
+                    file,
+                    format!("{at}.disk_gib: must be in [0, 1e6], got {disk_gib}"),
+                ));
+            }
+            let disk_bytes = (disk_gib > 0.0)
+                .then(|| (disk_gib * (1u64 << 30) as f64) as u64 / 4096 * 4096)
+                .filter(|&b| b > 0);
+            let count = match v.get("count") {
+                None => 1,
+                Some(toml::Value::Integer(c)) if (0..=MAX_VMS as i64).contains(c) => *c as usize,
+                Some(_) => {
+                    return Err(scen_err(
+                        file,
+                        format!("{at}.count: must be an integer 0..={MAX_VMS}"),
+                    ));
+                }
+            };
+            let volume = get_str(&v, "volume", &at)?;
+            for k in 0..count {
+                let name = if count == 1 {
+                    vname.clone()
+                } else {
+                    format!("{vname}-{}", k + 1)
+                };
+                if vms.iter().any(|x: &LoadVm| x.name == name) {
+                    return Err(scen_err(
+                        file,
+                        format!("{at}.name: two VMs are named {name:?}"),
+                    ));
+                }
+                let mut run = template.clone();
+                if let VmWorkload::Model {
+                    instance,
+                    instances,
+                    ..
+                } = &mut run
+                {
+                    *instance = k as u32;
+                    *instances = count as u32;
+                }
+                vms.push(LoadVm {
+                    name,
+                    base: vname.clone(),
+                    workload: workload.clone(),
+                    run,
+                    disk_bytes,
+                    volume: volume.clone(),
+                });
+                if vms.len() > MAX_VMS {
+                    return Err(scen_err(file, format!("more than {MAX_VMS} VMs")));
+                }
+            }
+        }
+        if !ignored_vm_fields.is_empty() {
+            notes.push(format!(
+                "VM fields left to the target's QoS: {}",
+                ignored_vm_fields.into_iter().collect::<Vec<_>>().join(", ")
+            ));
+        }
+        if vms.is_empty() {
+            return Err(scen_err(file, "no [[vm]] to run (or every count is 0)"));
+        }
+        Ok(LoadScenario {
+            name,
+            description,
+            seed,
+            duration_s,
+            warmup_s,
+            timeline_interval_s,
+            windows,
+            vms,
+            notes,
+        })
+    }
+}
+
+fn count(k: &str, x: f64) -> Result<u32, String> {
+    if (1.0..=1e9).contains(&x) && x.fract() == 0.0 {
+        Ok(x as u32)
+    } else {
+        Err(format!("{k}: must be a whole number ≥ 1, got {x}"))
+    }
+}
+
+fn toml_message(text: &str, e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("{line}:{column}: {}", e.message())
+        }
+        None => e.message().to_string(),
+    }
+}
+
+/// `4096`, `4k`, `4KiB`, `1m`, `2g` (binary units) → bytes.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim().to_ascii_lowercase();
+    let t = t
+        .strip_suffix("ib")
+        .or_else(|| t.strip_suffix('b'))
+        .unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        Some('t') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let x: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (e.g. 4096, 4k, 1m)"))?;
+    let bytes = x * mult as f64;
+    if !(bytes.is_finite() && (1.0..1.8e19).contains(&bytes) && bytes.fract() == 0.0) {
+        return Err(format!("{text:?} is not a whole number of bytes ≥ 1"));
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_workload::Direction;
+
+    #[test]
+    fn simple_specs_and_profiles() {
+        let s = LoadScenario::from_spec("bs=4k,randread,qd=32,vms=3,disk=1m").unwrap();
+        assert_eq!(s.vms.len(), 3);
+        let vm = &s.vms[2];
+        assert_eq!(vm.name, "vm-3");
+        let spec = vm.run.access().unwrap();
+        assert_eq!(spec.lines[0].size_bytes, 4096);
+        assert_eq!(spec.lines[0].read_pct, 100.0);
+        assert_eq!(spec.outstanding_ios, 32);
+        assert_eq!(vm.disk_bytes, Some(1 << 20));
+        let s = LoadScenario::from_spec("oltp,vms=2,qd=4").unwrap();
+        assert_eq!(s.vms[0].workload, "oltp");
+        let spec = s.vms[0].run.access().unwrap();
+        assert_eq!(spec.lines[0].size_bytes, 8192);
+        assert_eq!(spec.outstanding_ios, 4);
+        let s = LoadScenario::from_spec("bs=64k,read=30,random=0").unwrap();
+        let spec = s.vms[0].run.access().unwrap();
+        assert_eq!(spec.lines[0].random_pct, 0.0);
+        assert!((spec.read_pct() - 30.0).abs() < 1e-9);
+        let _ = Direction::Read;
+    }
+
+    #[test]
+    fn bad_specs_say_why() {
+        for (s, why) in [
+            ("bs=4x", "not a size"),
+            ("qd=0", "whole number"),
+            ("read=150", "percentage"),
+            ("frobnicate", "unknown item"),
+            ("vms=1.5", "whole number"),
+            ("", "empty"),
+        ] {
+            let e = LoadScenario::from_spec(s).unwrap_err().to_string();
+            assert!(e.contains(why), "{s}: {e}");
+        }
+    }
+
+    #[test]
+    fn sim_scenario_files_keep_the_workload_part() {
+        let text = r#"
+[scenario]
+name = "two"
+seed = 9
+duration_s = 30
+warmup_s = 2
+
+[array]
+preset = "15k-sas-raid5x24"
+
+[[host]]
+name = "esx-1"
+
+[[workload]]
+name = "seq"
+block_kib = 64
+read_pct = 100
+random_pct = 0
+outstanding_ios = 4
+
+[[vm]]
+name = "a"
+host = "esx-1"
+workload = "seq"
+shares = "high"
+disk_gib = 0.5
+
+[[vm]]
+name = "b"
+host = "esx-1"
+workload = "oltp"
+count = 2
+volume = "vol-b"
+"#;
+        let s = LoadScenario::from_toml_str("t.toml", text).unwrap();
+        assert_eq!(
+            (s.name.as_str(), s.seed, s.duration_s, s.warmup_s),
+            ("two", 9, Some(30.0), 2.0)
+        );
+        let names: Vec<&str> = s.vms.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["a", "b-1", "b-2"]);
+        assert_eq!(s.vms[0].disk_bytes, Some(512 << 20));
+        assert_eq!(s.vms[0].run.access().unwrap().lines[0].size_bytes, 65536);
+        assert_eq!(s.vms[1].volume.as_deref(), Some("vol-b"));
+        assert!(
+            s.notes
+                .iter()
+                .any(|n| n.contains("array") && n.contains("host")),
+            "{:?}",
+            s.notes
+        );
+        assert!(s.notes.iter().any(|n| n.contains("shares")));
+
+        let e =
+            LoadScenario::from_toml_str("t.toml", "[[vm]]\nname = \"x\"\nworkload = \"nope\"\n")
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("t.toml") && e.contains("nope"), "{e}");
+        let e = LoadScenario::from_toml_str(
+            "t.toml",
+            "[[vm]]\nname = \"x\"\nworkload = \"oltp\"\nsharez = 1\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("vm[x].sharez: unknown field"), "{e}");
+        let e = LoadScenario::from_toml_str("t.toml", "[scenario\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("t.toml: 1:"), "{e}");
+    }
+
+    #[test]
+    fn models_become_instances() {
+        let text = r#"
+[[model]]
+kind = "exchange"
+name = "mail"
+
+[[vm]]
+name = "ex"
+workload = "mail"
+count = 3
+
+[[vm]]
+name = "both"
+workload = "mail"
+model = "mail"
+"#;
+        let e = LoadScenario::from_toml_str("m.toml", text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not both"), "{e}");
+        let text = text.split("[[vm]]\nname = \"both\"").next().unwrap();
+        let s = LoadScenario::from_toml_str("m.toml", text).unwrap();
+        assert_eq!(s.vms.len(), 3);
+        match &s.vms[2].run {
+            VmWorkload::Model {
+                spec,
+                instance,
+                instances,
+            } => {
+                assert_eq!(spec.name(), "mail");
+                assert_eq!((*instance, *instances), (2, 3));
+            }
+            other => panic!("expected a model, got {other:?}"),
+        }
+        let e = LoadScenario::from_toml_str("m.toml", "[[model]]\nkind = \"tape\"\nname = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("model[0]"), "{e}");
+    }
+
+    #[test]
+    fn shipped_sim_scenarios_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let p = entry.unwrap().path();
+            if p.extension().is_some_and(|e| e == "toml") {
+                let s = LoadScenario::load(&ScenarioSource::File(p.clone()))
+                    .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                assert!(!s.vms.is_empty());
+                n += 1;
+            }
+        }
+        assert!(n >= 5, "found {n} scenario files");
+    }
+
+    #[test]
+    fn sources_are_told_apart() {
+        assert!(matches!(
+            ScenarioSource::parse("x/y.toml"),
+            ScenarioSource::File(_)
+        ));
+        assert!(matches!(
+            ScenarioSource::parse("sioc-shares"),
+            ScenarioSource::Text { .. }
+        ));
+        assert!(matches!(
+            ScenarioSource::parse("bs=4k"),
+            ScenarioSource::Spec(_)
+        ));
+        let s = LoadScenario::load(&ScenarioSource::parse("sioc-shares")).unwrap();
+        assert!(!s.vms.is_empty());
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("4k"), Ok(4096));
+        assert_eq!(parse_bytes("4KiB"), Ok(4096));
+        assert_eq!(parse_bytes("1m"), Ok(1 << 20));
+        assert_eq!(parse_bytes("512"), Ok(512));
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("1.5").is_err());
+    }
+}

@@ -1,0 +1,141 @@
+//! `nbd://HOST[:PORT]/EXPORT` target addresses.
+
+use crate::LoadError;
+use std::fmt;
+
+/// Default NBD port (IANA).
+pub const DEFAULT_NBD_PORT: u16 = 10809;
+
+/// One NBD export to drive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// Host name or IP literal (IPv6 without brackets).
+    pub host: String,
+    pub port: u16,
+    /// Export name (empty: the server's default export).
+    pub export: String,
+}
+
+impl Target {
+    /// Parses `nbd://HOST[:PORT][/EXPORT]` (IPv6 as `nbd://[::1]:10809/x`).
+    pub fn parse(uri: &str) -> Result<Target, LoadError> {
+        let bad = |why: &str| LoadError::InvalidTarget {
+            target: uri.to_string(),
+            message: why.to_string(),
+        };
+        let rest = uri
+            .trim()
+            .strip_prefix("nbd://")
+            .ok_or_else(|| bad("must start with nbd:// (nbd://HOST[:PORT]/EXPORT)"))?;
+        let (authority, export) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i + 1..]),
+            None => (rest, ""),
+        };
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let end = v6.find(']').ok_or_else(|| bad("unclosed [ in the host"))?;
+            let host = &v6[..end];
+            let after = &v6[end + 1..];
+            let port = match after.strip_prefix(':') {
+                Some(p) => Some(p),
+                None if after.is_empty() => None,
+                None => return Err(bad("unexpected text after the IPv6 address")),
+            };
+            (host, port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad("missing host"));
+        }
+        let port = match port {
+            None => DEFAULT_NBD_PORT,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|&p| p != 0)
+                .ok_or_else(|| bad(&format!("port {p:?} is not a number 1-65535")))?,
+        };
+        if export.len() > 4096 {
+            return Err(bad("export name longer than 4096 bytes"));
+        }
+        Ok(Target {
+            host: host.to_string(),
+            port,
+            export: export.to_string(),
+        })
+    }
+
+    /// Parses a comma-separated list of targets (the CLI's `--target`).
+    pub fn parse_list(list: &str) -> Result<Vec<Target>, LoadError> {
+        let targets = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(Target::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        if targets.is_empty() {
+            return Err(LoadError::InvalidOption(
+                "--target: give at least one nbd://HOST[:PORT]/EXPORT".into(),
+            ));
+        }
+        Ok(targets)
+    }
+
+    /// `host:port` as `TcpStream::connect` takes it.
+    pub fn socket_address(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "nbd://{}/{}", self.socket_address(), self.export)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_host_port_export_forms() {
+        let t = Target::parse("nbd://127.0.0.1:10900/vol-a").unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.port, t.export.as_str()),
+            ("127.0.0.1", 10900, "vol-a")
+        );
+        let t = Target::parse("nbd://localhost").unwrap();
+        assert_eq!((t.port, t.export.as_str()), (DEFAULT_NBD_PORT, ""));
+        let t = Target::parse("nbd://[::1]:99/x/y").unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.port, t.export.as_str()),
+            ("::1", 99, "x/y")
+        );
+        assert_eq!(t.to_string(), "nbd://[::1]:99/x/y");
+        let l = Target::parse_list("nbd://a/x, nbd://b:1/y").unwrap();
+        assert_eq!(l.len(), 2);
+        assert_eq!(l[1].port, 1);
+    }
+
+    #[test]
+    fn rejects_bad_uris_with_reasons() {
+        for (uri, why) in [
+            ("http://x/y", "nbd://"),
+            ("nbd:///x", "missing host"),
+            ("nbd://h:0/x", "not a number"),
+            ("nbd://h:abc/x", "not a number"),
+            ("nbd://[::1/x", "unclosed"),
+        ] {
+            let e = Target::parse(uri).unwrap_err().to_string();
+            assert!(e.contains(why), "{uri}: {e}");
+        }
+        assert!(Target::parse_list(" , ").is_err());
+    }
+}
