@@ -23,6 +23,8 @@ struct Cli {
 enum Command {
     /// Run a scenario on the deterministic simulator (virtual clock, same QoS engine as the server)
     Sim(sim::SimArgs),
+    /// Drive workload models (VDI, OLTP, Exchange, Iometer specs) against real NBD exports in real time
+    Load(weir_load::cli::LoadArgs),
     /// Serve volumes over NBD with QoS in the I/O path (embedded default without --config)
     Serve(serve::ServeArgs),
     /// Manage volumes on a running server
@@ -53,6 +55,13 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Sim(args) => sim::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Load(args) => match weir_load::cli::run_command(&args) {
+            // The run finished but did not pass (I/O errors, lost connections, verify
+            // mismatches): the report is printed, the exit status says so.
+            Ok(false) => return ExitCode::from(1),
+            Ok(true) => Ok(()),
+            Err(e) => Err(e),
+        },
         Command::Volume { target, command } => admin::volume(target, command),
         Command::Policy { target, command } => admin::policy(target, command),
     };

@@ -22,6 +22,9 @@ pub struct SimArgs {
     /// Also write a self-contained HTML report with charts to FILE
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
+    /// Multiply every case's simulated warm-up and run time by F (0 < F <= 1) for a quick look
+    #[arg(long, value_name = "F")]
+    scale_duration: Option<f64>,
     /// List the built-in scenarios and exit
     #[arg(long)]
     list: bool,
@@ -64,7 +67,13 @@ pub fn run(args: SimArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let scenario = load(args.scenario.as_deref().unwrap_or(DEFAULT_SCENARIO))?;
+    let mut scenario = load(args.scenario.as_deref().unwrap_or(DEFAULT_SCENARIO))?;
+    if let Some(f) = args.scale_duration {
+        if !(f > 0.0 && f <= 1.0) {
+            bail!("--scale-duration must be in (0, 1], not {f}");
+        }
+        scenario.scale_duration(f);
+    }
 
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
         let bar = ProgressBar::new(scenario.case_names().len() as u64);

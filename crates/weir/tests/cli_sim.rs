@@ -1,4 +1,4 @@
-//! `weir sim` as a user runs it: every shipped scenario with `--json`, determinism
+//! `weir sim` and `weir load` as a user runs them: every shipped scenario with `--json`, determinism
 //! across processes, and errors that name the file, line and field.
 
 use std::path::PathBuf;
@@ -154,4 +154,41 @@ fn bad_scenario_names_file_line_and_field() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("built-ins"));
     std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn scale_duration_is_checked() {
+    let out = weir()
+        .args(["sim", "-q", "--scale-duration", "1.5", "qos-invariants"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--scale-duration"));
+}
+
+#[test]
+fn load_reports_a_bad_target_clearly() {
+    let out = weir()
+        .args([
+            "load",
+            "-q",
+            "-t",
+            "http://127.0.0.1/x",
+            "-d",
+            "1s",
+            "bs=4k,randread,qd=1,vms=1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "setup errors exit 2: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nbd://"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
