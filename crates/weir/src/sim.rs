@@ -25,6 +25,9 @@ pub struct SimArgs {
     /// Multiply every case's simulated warm-up and run time by F (0 < F <= 1) for a quick look
     #[arg(long, value_name = "F")]
     scale_duration: Option<f64>,
+    /// Run only the cases whose name contains TEXT
+    #[arg(long, value_name = "TEXT")]
+    case: Option<String>,
     /// List the built-in scenarios and exit
     #[arg(long)]
     list: bool,
@@ -68,6 +71,12 @@ pub fn run(args: SimArgs) -> Result<()> {
         return Ok(());
     }
     let mut scenario = load(args.scenario.as_deref().unwrap_or(DEFAULT_SCENARIO))?;
+    if let Some(pattern) = &args.case {
+        scenario.retain_cases(pattern);
+        if scenario.case_names().is_empty() {
+            bail!("no case of this scenario has {pattern:?} in its name");
+        }
+    }
     if let Some(f) = args.scale_duration {
         if !(f > 0.0 && f <= 1.0) {
             bail!("--scale-duration must be in (0, 1], not {f}");
