@@ -134,8 +134,7 @@ pub fn human_size(bytes: u64) -> String {
 }
 
 fn opt(v: Option<f64>) -> String {
-    v.map(weir_report::fmt_number)
-        .unwrap_or_else(|| "-".into())
+    v.map(weir_report::fmt_number).unwrap_or_else(|| "-".into())
 }
 
 /// Turns an admin client error into what a person needs to read.

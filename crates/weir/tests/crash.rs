@@ -105,7 +105,9 @@ async fn workload(addr: std::net::SocketAddr, model: Arc<Mutex<Model>>, seed: u6
                 .entry(block)
                 .or_default()
                 .insert(seq);
-            let h = c.session().write(block * BLOCK as u64, &pattern(block, seq), fua);
+            let h = c
+                .session()
+                .write(block * BLOCK as u64, &pattern(block, seq), fua);
             busy_blocks.insert(block);
             writes.insert(h, (block, seq, fua));
         }
@@ -160,7 +162,10 @@ async fn verify(proc: &WeirProcess, model: &Model) -> Result<u64, String> {
         .await
         .map_err(|e| format!("connect after restart: {e:#}"))?;
     if export.size_bytes != VOLUME_BYTES {
-        return Err(format!("volume size is {} after restart", export.size_bytes));
+        return Err(format!(
+            "volume size is {} after restart",
+            export.size_bytes
+        ));
     }
     let chunk = 1u64 << 20;
     let mut checked = 0;
@@ -175,22 +180,30 @@ async fn verify(proc: &WeirProcess, model: &Model) -> Result<u64, String> {
             let durable = model.durable.get(&block).copied();
             if block_data.iter().all(|&b| b == 0) {
                 if let Some(d) = durable {
-                    return Err(format!("block {block}: durable write {d} lost (reads zeroes)"));
+                    return Err(format!(
+                        "block {block}: durable write {d} lost (reads zeroes)"
+                    ));
                 }
                 continue;
             }
             let b = u64::from_le_bytes(block_data[..8].try_into().unwrap());
             let seq = u64::from_le_bytes(block_data[8..16].try_into().unwrap());
             if b != block || block_data != pattern(block, seq).as_slice() {
-                return Err(format!("block {block}: corrupt content (header block {b} seq {seq})"));
+                return Err(format!(
+                    "block {block}: corrupt content (header block {b} seq {seq})"
+                ));
             }
             if !model.sent.get(&block).is_some_and(|s| s.contains(&seq)) {
-                return Err(format!("block {block}: holds seq {seq}, never written there"));
+                return Err(format!(
+                    "block {block}: holds seq {seq}, never written there"
+                ));
             }
             if let Some(d) = durable
                 && seq < d
             {
-                return Err(format!("block {block}: holds seq {seq}, older than durable {d}"));
+                return Err(format!(
+                    "block {block}: holds seq {seq}, older than durable {d}"
+                ));
             }
             if durable.is_some() {
                 checked += 1;
@@ -259,7 +272,8 @@ policy = "open"
             rng.next(),
             (cycle as u64 + 1) << 32,
         ));
-        let m = (cycle % 3 == 0).then(|| rt.spawn(metadata_workload(proc.admin_addr, model.clone(), cycle)));
+        let m = (cycle % 3 == 0)
+            .then(|| rt.spawn(metadata_workload(proc.admin_addr, model.clone(), cycle)));
         std::thread::sleep(Duration::from_millis(run_ms));
         proc.kill();
         rt.block_on(async {
@@ -289,6 +303,9 @@ policy = "open"
         m.created_volumes.len(),
         failures.len()
     );
-    assert!(m.durable_writes > 0, "the workload never made a write durable");
+    assert!(
+        m.durable_writes > 0,
+        "the workload never made a write durable"
+    );
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -74,9 +74,7 @@ impl WeirProcess {
     /// `dir/weir.toml` and starts `weir serve` on `dir/data`.
     pub fn start(dir: &Path, config: &str) -> WeirProcess {
         let config_path = dir.join("weir.toml");
-        let text = format!(
-            "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{config}"
-        );
+        let text = format!("listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{config}");
         std::fs::write(&config_path, text).unwrap();
         let log = std::fs::OpenOptions::new()
             .create(true)
