@@ -31,6 +31,10 @@ pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 256;
 /// wait before their payload is read): bounds memory whatever the client sends.
 pub const MAX_BUFFERED_BYTES_PER_CONNECTION: usize = 128 << 20;
 const BUFFER_UNIT_BYTES: usize = 4096;
+/// On shutdown, how long a connection keeps answering new requests with ESHUTDOWN.
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
+/// … and how long the client may stay silent before the connection is closed.
+pub const SHUTDOWN_QUIET: Duration = Duration::from_millis(200);
 /// A client must finish option haggling within this time.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -298,15 +302,40 @@ pub async fn run_session(
     ));
     let mut reader = BufReader::with_capacity(256 * 1024, std::io::Cursor::new(leftover).chain(rd));
     let max_payload = export.block_size.max_payload_bytes;
+    // Shutting down: requests still arriving are read and answered ESHUTDOWN
+    // (so the client sees a reply for everything it sent, not a reset), until the
+    // client goes quiet or the drain time is up.
+    let mut drain_until: Option<Instant> = None;
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            _ = shutdown.changed() => break,
+        let permit = match drain_until {
+            Some(_) => match permits.clone().acquire_owned().await {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            None => tokio::select! {
+                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                _ = shutdown.changed() => {
+                    drain_until = Some(Instant::now() + SHUTDOWN_DRAIN);
+                    continue;
+                }
+            },
         };
         let mut h = [0u8; REQUEST_HEADER_LEN];
-        tokio::select! {
-            r = reader.read_exact(&mut h) => if r.is_err() { break },
-            _ = shutdown.changed() => break,
+        match drain_until {
+            Some(until) => {
+                let quiet = SHUTDOWN_QUIET.min(until.saturating_duration_since(Instant::now()));
+                match tokio::time::timeout(quiet, reader.read_exact(&mut h)).await {
+                    Ok(Ok(_)) => {}
+                    _ => break,
+                }
+            }
+            None => tokio::select! {
+                r = reader.read_exact(&mut h) => if r.is_err() { break },
+                _ = shutdown.changed() => {
+                    drain_until = Some(Instant::now() + SHUTDOWN_DRAIN);
+                    continue;
+                }
+            },
         }
         let header = match RequestHeader::decode(&h) {
             Ok(h) => h,
@@ -363,6 +392,19 @@ pub async fn run_session(
         if valid.command == Command::Disconnect {
             break;
         }
+        if drain_until.is_some() {
+            let mut out = Vec::new();
+            reply::error_reply(
+                &mut out,
+                &export,
+                valid.handle,
+                &NbdError::new(ErrorCode::Shutdown, "the server is shutting down"),
+            );
+            host_counters.record(OpKind::Other, 0, 0, false);
+            volume_counters.record(OpKind::Other, 0, 0, false);
+            let _ = tx.send(out);
+            continue;
+        }
         let cost = match valid.command {
             Command::Read { length, .. } => IoCost {
                 kind: IoKind::Read,
@@ -404,6 +446,15 @@ pub async fn run_session(
     // Stop reading; the writer finishes once every in-flight job has replied.
     drop(tx);
     let _ = writer.await;
+    if drain_until.is_some() {
+        // Our side is closed (FIN sent); read what the client still sends until it
+        // closes too, so closing the socket does not reset replies in transit.
+        let _ = tokio::time::timeout(SHUTDOWN_QUIET, async {
+            let mut sink = [0u8; 16 * 1024];
+            while matches!(reader.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
     tracing::debug!(%peer, "connection closed");
 }
 
