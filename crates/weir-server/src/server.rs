@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use weir_nbd::{ErrorCode, NbdError};
-use weir_qos::{ClientId, Policy, SchedulerConfig, VolumeId};
+use weir_qos::{ClientId, CongestionConfig, Policy, SchedulerConfig, VolumeId};
 
 use crate::config::WeirConfig;
 use crate::device::EmulatedDevice;
@@ -46,7 +46,14 @@ impl ServerState {
             };
             pools.insert(
                 p.name.clone(),
-                Arc::new(QosPool::new(&p.name, p.max_in_flight, sc, epoch, device)),
+                Arc::new(
+                    QosPool::new(&p.name, p.max_in_flight, sc, epoch, device).with_congestion(
+                        p.congestion.clone().unwrap_or(CongestionConfig {
+                            enabled: false,
+                            ..CongestionConfig::default()
+                        }),
+                    ),
+                ),
             );
         }
         for (r, policy) in store.volume_policies() {
@@ -185,6 +192,13 @@ async fn run(
         .values()
         .map(|p| tokio::spawn(p.clone().run()))
         .collect();
+    dispatchers.extend(
+        state
+            .pools
+            .values()
+            .filter(|p| p.congestion_period().is_some())
+            .map(|p| tokio::spawn(p.clone().run_congestion_control())),
+    );
     dispatchers.extend(
         state
             .pools

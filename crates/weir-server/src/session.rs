@@ -17,7 +17,7 @@ use weir_nbd::{
     Command, ErrorCode, ExportCatalog, ExportDescription, ExportInfo, ExportListing,
     HandshakeEvent, NbdError, Request, RequestHeader, ServerHandshake, reply, validate,
 };
-use weir_qos::{IoCost, IoKind};
+use weir_qos::{ClientId, IoCost, IoKind};
 
 use crate::access::canonical;
 use crate::metrics::{IoCounters, OpKind};
@@ -49,6 +49,8 @@ pub struct Job {
     pub volume_counters: Arc<IoCounters>,
     pub host_counters: Arc<IoCounters>,
     pub received_at: Instant,
+    /// The QoS client (host) that sent it.
+    pub client: ClientId,
     _permit: OwnedSemaphorePermit,
     _buffer: Option<OwnedSemaphorePermit>,
 }
@@ -276,6 +278,7 @@ pub async fn run_session(
     let volume_counters = state.metrics.volume(&volume.name);
     let host_counters = state.metrics.host(host);
     let export = Arc::new(info);
+    pool.host_connection(client, volume.id, true);
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let writer = tokio::spawn(async move {
@@ -429,6 +432,7 @@ pub async fn run_session(
             volume_counters: volume_counters.clone(),
             host_counters: host_counters.clone(),
             received_at,
+            client,
             _permit: permit,
             _buffer: buffer,
         };
@@ -455,6 +459,7 @@ pub async fn run_session(
         })
         .await;
     }
+    pool.host_connection(client, volume.id, false);
     tracing::debug!(%peer, "connection closed");
 }
 

@@ -46,7 +46,7 @@ fn pattern(block: u64, seq: u64) -> Vec<u8> {
 
 /// What the workload knows; shared with the test so writes acknowledged right
 /// up to the kill are counted.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Model {
     /// Highest durable sequence per block.
     durable: HashMap<u64, u64>,
@@ -260,7 +260,8 @@ policy = "open"
     for cycle in 0..cycles {
         let mut proc = WeirProcess::start(dir.path(), config);
         rt.block_on(async {
-            match verify(&proc, &model.lock().unwrap()).await {
+            let snapshot = model.lock().unwrap().clone();
+            match verify(&proc, &snapshot).await {
                 Ok(n) => verified_blocks += n,
                 Err(e) => failures.push(format!("cycle {cycle}: {e}")),
             }
@@ -286,7 +287,8 @@ policy = "open"
     // Last restart: the final kill's writes must be there too.
     let mut proc = WeirProcess::start(dir.path(), config);
     rt.block_on(async {
-        match verify(&proc, &model.lock().unwrap()).await {
+        let snapshot = model.lock().unwrap().clone();
+        match verify(&proc, &snapshot).await {
             Ok(n) => verified_blocks += n,
             Err(e) => failures.push(format!("after the last cycle: {e}")),
         }
