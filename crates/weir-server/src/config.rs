@@ -15,6 +15,8 @@
 //!                                   # datastore-wide congestion control: a window per
 //!                                   # client host (PARDA), threshold 5-100 ms; optional
 //!                                   # gamma, min_window, max_window, period_ms
+//! # qos = false                     # bypass the QoS scheduler (default true)
+//! # direct_io = true                # O_DIRECT for aligned requests (default false)
 //!
 //! [[policies]]                      # user-defined, beside the five built-ins
 //! name = "gold"
@@ -85,6 +87,14 @@ pub struct PoolConfig {
     /// period to the pool's mean latency against `threshold_ms` (absent: off).
     #[serde(default)]
     pub congestion: Option<CongestionConfig>,
+    /// `false`: requests bypass the QoS scheduler (benchmarks, pass-through pools).
+    #[serde(default = "default_true")]
+    pub qos: bool,
+    /// Open the pool's volume files with `O_DIRECT` (aligned requests skip the
+    /// page cache; unaligned ones fall back to buffered I/O). Default off: on
+    /// loopback benchmarks buffered I/O measured faster (docs/PERFORMANCE.md).
+    #[serde(default)]
+    pub direct_io: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -181,6 +191,9 @@ fn default_admin_listen() -> SocketAddr {
 fn default_max_in_flight() -> u32 {
     DEFAULT_MAX_IN_FLIGHT
 }
+fn default_true() -> bool {
+    true
+}
 fn default_pool_name() -> String {
     DEFAULT_POOL.to_string()
 }
@@ -191,6 +204,8 @@ fn default_pools() -> Vec<PoolConfig> {
         cost_unit_bytes: None,
         device: None,
         congestion: None,
+        qos: true,
+        direct_io: false,
     }]
 }
 

@@ -42,6 +42,8 @@ pub struct QosPool {
     epoch: Instant,
     device: Option<Arc<EmulatedDevice>>,
     congestion: Option<Mutex<Congestion>>,
+    /// `false`: requests bypass the scheduler (pool option `qos = false`).
+    qos: bool,
 }
 
 /// Per-host windows of one pool (datastore-wide congestion control).
@@ -90,7 +92,15 @@ impl QosPool {
             epoch,
             device,
             congestion: None,
+            qos: true,
         }
+    }
+
+    /// `false` bypasses the scheduler: requests go straight to the backend
+    /// (no shares, limits, reservations or congestion control on this pool).
+    pub fn with_qos(mut self, enabled: bool) -> QosPool {
+        self.qos = enabled;
+        self
     }
 
     /// Turns on datastore-wide congestion control (when `config.enabled`): hosts
@@ -172,12 +182,18 @@ impl QosPool {
     /// Queues a validated request (behind its host's window when congestion
     /// control is on); `Err`: the volume is unknown to the pool.
     pub fn submit(
-        &self,
+        self: &Arc<Self>,
         volume: VolumeId,
         client: ClientId,
         cost: IoCost,
         job: Job,
     ) -> Result<(), String> {
+        if !self.qos {
+            // QoS disabled on this pool: straight to the backend.
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
+            self.clone().start(None, job);
+            return Ok(());
+        }
         if let Some(mut c) = self.congestion() {
             let initial = c.initial_window;
             let config = c.config.clone();
@@ -381,8 +397,16 @@ impl QosPool {
             }
             self.in_flight.fetch_add(released.len(), Ordering::AcqRel);
             for d in released {
-                let pool = self.clone();
-                tokio::spawn(async move { pool.execute(d).await });
+                let Dispatched {
+                    volume,
+                    client,
+                    cost,
+                    enqueued_at,
+                    payload: job,
+                    ..
+                } = d;
+                self.clone()
+                    .start(Some((volume, client, cost, enqueued_at)), job);
             }
             match wake_at {
                 Some(t) => {
@@ -397,15 +421,26 @@ impl QosPool {
         }
     }
 
-    async fn execute(self: Arc<Self>, d: Dispatched<Job>) {
-        let Dispatched {
-            volume,
-            client,
-            cost,
-            enqueued_at,
-            payload: job,
-            ..
-        } = d;
+    /// Runs a released request: on the blocking pool when the pool has no
+    /// emulated device (one hand-off), else in a task that also waits for the model.
+    /// `scheduled`: what to report to the scheduler (`None` when QoS is bypassed).
+    fn start(self: Arc<Self>, scheduled: Option<(VolumeId, ClientId, IoCost, Nanos)>, job: Job) {
+        if self.device.is_none() {
+            tokio::task::spawn_blocking(move || {
+                let done = crate::session::perform(job);
+                self.finish(scheduled);
+                done.deliver();
+            });
+        } else {
+            tokio::spawn(self.execute_on_device(scheduled, job));
+        }
+    }
+
+    async fn execute_on_device(
+        self: Arc<Self>,
+        scheduled: Option<(VolumeId, ClientId, IoCost, Nanos)>,
+        job: Job,
+    ) {
         // Emulated device: the model starts serving the request now, in parallel
         // with the real file I/O; the reply waits for both.
         let device_done = self.device.as_ref().and_then(|dev| {
@@ -424,18 +459,26 @@ impl QosPool {
         if let Some(done) = device_done {
             let _ = done.await;
         }
+        self.finish(scheduled);
+        if let Ok(done) = completed {
+            done.deliver();
+        }
+    }
+
+    /// A released request finished: tell the scheduler and the host window.
+    fn finish(&self, scheduled: Option<(VolumeId, ClientId, IoCost, Nanos)>) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let Some((volume, client, cost, enqueued_at)) = scheduled else {
+            return;
+        };
         let now = self.now_ns();
         let latency_ns = now.saturating_sub(enqueued_at);
         self.lock().complete(now, volume, client, cost, latency_ns);
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.wake.notify_one();
         if let Some(mut c) = self.congestion() {
             c.latency.record(latency_ns);
         }
         self.left_pool(client, 1);
-        if let Ok(done) = completed {
-            done.deliver();
-        }
     }
 }
 

@@ -47,12 +47,12 @@ impl ServerState {
             pools.insert(
                 p.name.clone(),
                 Arc::new(
-                    QosPool::new(&p.name, p.max_in_flight, sc, epoch, device).with_congestion(
-                        p.congestion.clone().unwrap_or(CongestionConfig {
+                    QosPool::new(&p.name, p.max_in_flight, sc, epoch, device)
+                        .with_congestion(p.congestion.clone().unwrap_or(CongestionConfig {
                             enabled: false,
                             ..CongestionConfig::default()
-                        }),
-                    ),
+                        }))
+                        .with_qos(p.qos),
                 ),
             );
         }

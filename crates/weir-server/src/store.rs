@@ -267,11 +267,32 @@ impl VolumeStore {
             file.set_len(r.size_bytes)
                 .map_err(|e| io_err(format!("sizing {}", path.display()), e))?;
         }
+        let direct_io = self.pools.iter().any(|p| p.name == r.pool && p.direct_io);
+        let backend = if direct_io {
+            use std::os::unix::fs::OpenOptionsExt;
+            match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&path)
+            {
+                Ok(direct) => FileBackend::with_direct(file, direct),
+                Err(e) => {
+                    tracing::warn!(
+                        "volume {:?}: O_DIRECT unavailable ({e}); using buffered I/O",
+                        r.name
+                    );
+                    FileBackend::new(file)
+                }
+            }
+        } else {
+            FileBackend::new(file)
+        };
         Ok(Arc::new(OpenVolume {
             id: VolumeId(r.id),
             name: r.name.clone(),
             pool: r.pool.clone(),
-            backend: Arc::new(FileBackend::new(file)),
+            backend: Arc::new(backend),
             deleted: AtomicBool::new(false),
         }))
     }

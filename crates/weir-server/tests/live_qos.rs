@@ -293,3 +293,47 @@ pool = "array"
     );
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_with_qos_off_ignores_limits() {
+    let (_dir, server) = start(
+        r#"
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+[[pools]]
+name = "raw"
+qos = false
+[[pools]]
+name = "governed"
+[[policies]]
+name = "capped"
+limit_iops = 100
+[[volumes]]
+name = "raw"
+size = "4MiB"
+policy = "capped"
+pool = "raw"
+[[volumes]]
+name = "governed"
+size = "4MiB"
+policy = "capped"
+pool = "governed"
+"#,
+    )
+    .await;
+    let run = Duration::from_millis(600);
+    let raw = drive(server.nbd_addr(), "raw", 8, 4096, 4 << 20, run, 1).await;
+    let governed = drive(server.nbd_addr(), "governed", 8, 4096, 4 << 20, run, 1).await;
+    println!(
+        "100 IOPS policy for 0.6 s: qos = false {} I/Os, qos on {} I/Os",
+        raw.len(),
+        governed.len()
+    );
+    assert!(governed.len() <= 100, "{}", governed.len());
+    assert!(
+        raw.len() > 300,
+        "qos = false still throttled: {}",
+        raw.len()
+    );
+    server.shutdown().await.unwrap();
+}
