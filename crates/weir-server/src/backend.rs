@@ -81,7 +81,7 @@ impl Drop for AlignedBuf {
 }
 
 fn is_aligned(offset: u64, len: usize) -> bool {
-    len > 0 && offset % DIRECT_IO_ALIGN as u64 == 0 && len % DIRECT_IO_ALIGN == 0
+    len > 0 && offset.is_multiple_of(DIRECT_IO_ALIGN as u64) && len.is_multiple_of(DIRECT_IO_ALIGN)
 }
 
 /// Most extents one BLOCK_STATUS reply carries.
