@@ -2,6 +2,7 @@
 # Weir vs other NBD servers, same 1 GiB file, fio's nbd engine on loopback (issue 3).
 #   bench/nbd-peers.sh            # REPS=3 RUNTIME=5 by default
 #   REPS=2 RUNTIME=4 bench/nbd-peers.sh
+#   SERVERS_ONLY="weir-qos nbdkit" CELLS_MATCH=qd1 bench/nbd-peers.sh   # a subset
 # Servers: weir serve with QoS on (a best-effort policy: no limits), weir with
 # `qos = false`, weir with `direct_io = true` (QoS on), nbdkit (file plugin),
 # qemu-nbd, nbd-server. Cells: 4 KiB randread/randwrite at QD1 and QD32, 1 MiB
@@ -103,6 +104,11 @@ SERVERS=(weir-qos weir-noqos weir-direct nbdkit qemu-nbd nbd-server)
 CELLS=("randread-4k-qd1 randread 4k 1" "randread-4k-qd32 randread 4k 32"
        "randwrite-4k-qd1 randwrite 4k 1" "randwrite-4k-qd32 randwrite 4k 32"
        "read-1m-qd4 read 1m 4" "write-1m-qd4 write 1m 4")
+# Optional filters (profiling): SERVERS="weir-qos nbdkit" CELLS_MATCH="qd1"
+[ -n "${SERVERS_ONLY:-}" ] && read -r -a SERVERS <<<"$SERVERS_ONLY"
+if [ -n "${CELLS_MATCH:-}" ]; then
+  kept=(); for c in "${CELLS[@]}"; do [[ "$c" == *"$CELLS_MATCH"* ]] && kept+=("$c"); done; CELLS=("${kept[@]}")
+fi
 RESULTS="$WORK/results.tsv"; : > "$RESULTS"
 echo "uptime: $(uptime)"
 echo "running ${#SERVERS[@]} servers x ${#CELLS[@]} cells x $REPS reps x ${RUNTIME}s"
@@ -128,6 +134,8 @@ done
 python3 - "$RESULTS" "${SERVERS[@]}" <<'EOF'
 import sys, statistics, collections
 path, servers = sys.argv[1], sys.argv[2:]
+for s in ("weir-qos", "weir-noqos", "weir-direct", "nbdkit", "qemu-nbd", "nbd-server"):
+    if s not in servers: servers.append(s)
 iops = collections.defaultdict(list); mbs = collections.defaultdict(list); cells = []
 for line in open(path):
     rep, cell, s, i, m = line.split("\t")

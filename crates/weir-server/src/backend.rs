@@ -20,6 +20,15 @@ pub trait Backend: Send + Sync + 'static {
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()>;
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
+    /// Tries a read that never blocks (served from the page cache); `Ok(false)`:
+    /// it would block, call [`Backend::read`] on a blocking thread instead.
+    fn read_nowait(&self, _offset: u64, _buf: &mut [u8]) -> io::Result<bool> {
+        Ok(false)
+    }
+    /// Tries a write that never blocks; `Ok(false)`: use [`Backend::write`].
+    fn write_nowait(&self, _offset: u64, _data: &[u8]) -> io::Result<bool> {
+        Ok(false)
+    }
     /// Discards a range (advisory: may do nothing).
     fn trim(&self, offset: u64, length: u64) -> io::Result<()>;
     /// Zeroes a range; `may_punch`: holes are allowed. `fast_only`: fail with
@@ -201,6 +210,52 @@ impl Backend for FileBackend {
         self.file.sync_data()
     }
 
+    fn read_nowait(&self, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+        if self.direct.is_some() || buf.is_empty() {
+            return Ok(false);
+        }
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: one iovec over `buf`, which outlives the call; fd is ours.
+        let n = unsafe {
+            libc::preadv2(
+                self.file.as_raw_fd(),
+                &iov,
+                1,
+                offset as libc::off_t,
+                libc::RWF_NOWAIT,
+            )
+        };
+        // Short reads (part not cached, or end of file) and EAGAIN/EOPNOTSUPP: redo
+        // the whole read the blocking way (reads are idempotent).
+        Ok(n >= 0 && n as usize == buf.len())
+    }
+
+    fn write_nowait(&self, offset: u64, data: &[u8]) -> io::Result<bool> {
+        if self.direct.is_some() || data.is_empty() {
+            return Ok(false);
+        }
+        let iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        // SAFETY: one iovec over `data` (only read by the kernel); fd is ours.
+        let n = unsafe {
+            libc::pwritev2(
+                self.file.as_raw_fd(),
+                &iov,
+                1,
+                offset as libc::off_t,
+                libc::RWF_NOWAIT,
+            )
+        };
+        // A short write is completed (rewriting the same bytes is harmless) by the
+        // blocking path.
+        Ok(n >= 0 && n as usize == data.len())
+    }
+
     fn trim(&self, offset: u64, length: u64) -> io::Result<()> {
         match self.fallocate(
             libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
@@ -357,6 +412,16 @@ mod tests {
         b.trim(0, 4096).unwrap();
         b.flush().unwrap();
         b.cache(0, 4096).unwrap();
+        // Non-blocking paths: when they succeed, they did the I/O.
+        if b.write_nowait(8192, b"nowait").unwrap() {
+            let mut back = [0u8; 6];
+            b.read(8192, &mut back).unwrap();
+            assert_eq!(&back, b"nowait");
+        }
+        let mut back = [0u8; 6];
+        if b.read_nowait(65536, &mut back).unwrap() {
+            assert_eq!(back, [0u8; 6]);
+        }
         std::fs::remove_file(path).unwrap();
     }
 

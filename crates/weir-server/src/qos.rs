@@ -191,7 +191,7 @@ impl QosPool {
         if !self.qos {
             // QoS disabled on this pool: straight to the backend.
             self.in_flight.fetch_add(1, Ordering::AcqRel);
-            self.clone().start(None, job);
+            let _ = self.clone().start(None, job);
             return Ok(());
         }
         if let Some(mut c) = self.congestion() {
@@ -213,7 +213,7 @@ impl QosPool {
             self.left_pool(client, 1);
             return Err(e.to_string());
         }
-        self.wake.notify_one();
+        self.pump_inline();
         Ok(())
     }
 
@@ -377,16 +377,23 @@ impl QosPool {
         self.lock().stats(volume)
     }
 
-    /// The dispatcher loop (runs until the task is aborted).
-    pub async fn run(self: Arc<Self>) {
+    /// Releases what the scheduler allows now (up to `max_in_flight` outstanding)
+    /// and starts it; returns when to try again if requests are limit-held.
+    /// Called inline from `submit` and from completions (no task hop on the
+    /// request path), and by the dispatcher task for timed wake-ups.
+    fn pump(self: &Arc<Self>) -> Option<Nanos> {
         loop {
             let mut wake_at: Option<Nanos> = None;
             let mut released: Vec<Dispatched<Job>> = Vec::new();
             {
                 let mut s = self.lock();
-                while self.in_flight.load(Ordering::Acquire) + released.len() < self.max_in_flight {
+                // `in_flight` only grows under the scheduler lock: the bound is exact.
+                while self.in_flight.load(Ordering::Acquire) < self.max_in_flight {
                     match s.dispatch(self.now_ns()) {
-                        Dispatch::Io(d) => released.push(d),
+                        Dispatch::Io(d) => {
+                            self.in_flight.fetch_add(1, Ordering::AcqRel);
+                            released.push(d);
+                        }
                         Dispatch::WaitUntil(t) => {
                             wake_at = Some(t);
                             break;
@@ -395,7 +402,7 @@ impl QosPool {
                     }
                 }
             }
-            self.in_flight.fetch_add(released.len(), Ordering::AcqRel);
+            let mut finished_inline = false;
             for d in released {
                 let Dispatched {
                     volume,
@@ -405,10 +412,29 @@ impl QosPool {
                     payload: job,
                     ..
                 } = d;
-                self.clone()
+                finished_inline |= self
+                    .clone()
                     .start(Some((volume, client, cost, enqueued_at)), job);
             }
-            match wake_at {
+            // Requests that completed inline made room: release more (a loop, not
+            // recursion, so a deep queue cannot grow the stack).
+            if !finished_inline {
+                return wake_at;
+            }
+        }
+    }
+
+    /// Pumps, and hands a limit wake-up time to the dispatcher task.
+    fn pump_inline(self: &Arc<Self>) {
+        if self.pump().is_some() {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The dispatcher loop for timed wake-ups (runs until the task is aborted).
+    pub async fn run(self: Arc<Self>) {
+        loop {
+            match self.pump() {
                 Some(t) => {
                     let delay = Duration::from_nanos(t.saturating_sub(self.now_ns()));
                     tokio::select! {
@@ -421,19 +447,33 @@ impl QosPool {
         }
     }
 
-    /// Runs a released request: on the blocking pool when the pool has no
-    /// emulated device (one hand-off), else in a task that also waits for the model.
+    /// Runs a released request: inline when the backend can serve it without
+    /// blocking (returns `true`: finished, without pumping), else on the blocking
+    /// pool (one hand-off), or in a task that also waits for the emulated device.
     /// `scheduled`: what to report to the scheduler (`None` when QoS is bypassed).
-    fn start(self: Arc<Self>, scheduled: Option<(VolumeId, ClientId, IoCost, Nanos)>, job: Job) {
+    fn start(
+        self: Arc<Self>,
+        scheduled: Option<(VolumeId, ClientId, IoCost, Nanos)>,
+        job: Job,
+    ) -> bool {
         if self.device.is_none() {
+            let job = match crate::session::try_perform_inline(job) {
+                Ok(done) => {
+                    self.finish(scheduled, false);
+                    done.deliver();
+                    return true;
+                }
+                Err(job) => job,
+            };
             tokio::task::spawn_blocking(move || {
                 let done = crate::session::perform(job);
-                self.finish(scheduled);
+                self.finish(scheduled, true);
                 done.deliver();
             });
         } else {
             tokio::spawn(self.execute_on_device(scheduled, job));
         }
+        false
     }
 
     async fn execute_on_device(
@@ -459,14 +499,19 @@ impl QosPool {
         if let Some(done) = device_done {
             let _ = done.await;
         }
-        self.finish(scheduled);
+        self.finish(scheduled, true);
         if let Ok(done) = completed {
             done.deliver();
         }
     }
 
-    /// A released request finished: tell the scheduler and the host window.
-    fn finish(&self, scheduled: Option<(VolumeId, ClientId, IoCost, Nanos)>) {
+    /// A released request finished: tell the scheduler and the host window, and
+    /// (`pump`) release what that made room for.
+    fn finish(
+        self: &Arc<Self>,
+        scheduled: Option<(VolumeId, ClientId, IoCost, Nanos)>,
+        pump: bool,
+    ) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         let Some((volume, client, cost, enqueued_at)) = scheduled else {
             return;
@@ -474,11 +519,13 @@ impl QosPool {
         let now = self.now_ns();
         let latency_ns = now.saturating_sub(enqueued_at);
         self.lock().complete(now, volume, client, cost, latency_ns);
-        self.wake.notify_one();
         if let Some(mut c) = self.congestion() {
             c.latency.record(latency_ns);
         }
         self.left_pool(client, 1);
+        if pump {
+            self.pump_inline();
+        }
     }
 }
 

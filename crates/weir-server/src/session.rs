@@ -96,6 +96,55 @@ fn io_error(e: &io::Error, what: &str) -> NbdError {
     NbdError::new(code, format!("{what}: {e}"))
 }
 
+/// Largest READ/WRITE tried inline without blocking ([`try_perform_inline`]).
+pub const INLINE_MAX_BYTES: u32 = 128 * 1024;
+
+/// Runs a READ or a plain WRITE (no FUA) on the calling thread if the backend can
+/// do it without blocking (page cache); otherwise gives the job back for
+/// [`perform`] on a blocking thread. Saves the hand-off on the common path.
+#[allow(clippy::result_large_err)] // gives the job back by value, no allocation
+pub fn try_perform_inline(job: Job) -> Result<Done, Job> {
+    if job.volume.is_deleted() {
+        return Err(job);
+    }
+    match job.command {
+        Command::Read { offset, length, .. } if length <= INLINE_MAX_BYTES => {
+            let mut out = Vec::with_capacity(64 + length as usize);
+            reply::read_reply_header(&mut out, &job.export, job.handle, offset, length);
+            let start = out.len();
+            out.resize(start + length as usize, 0);
+            match job.volume.backend.read_nowait(offset, &mut out[start..]) {
+                Ok(true) => Ok(Done {
+                    job,
+                    reply: out,
+                    ok: true,
+                }),
+                _ => Err(job),
+            }
+        }
+        Command::Write {
+            offset,
+            length,
+            fua: false,
+        } if length <= INLINE_MAX_BYTES => {
+            let data = job.payload.as_deref().unwrap_or_default();
+            match job.volume.backend.write_nowait(offset, data) {
+                Ok(true) => {
+                    let mut out = Vec::with_capacity(16);
+                    reply::ok_reply(&mut out, job.handle);
+                    Ok(Done {
+                        job,
+                        reply: out,
+                        ok: true,
+                    })
+                }
+                _ => Err(job),
+            }
+        }
+        _ => Err(job),
+    }
+}
+
 /// Runs a job against its volume's backend (blocking) and encodes the reply.
 pub fn perform(job: Job) -> Done {
     let b = &job.volume.backend;
