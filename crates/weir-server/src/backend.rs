@@ -25,7 +25,9 @@ pub trait Backend: Send + Sync + 'static {
     fn read_nowait(&self, _offset: u64, _buf: &mut [u8]) -> io::Result<bool> {
         Ok(false)
     }
-    /// Tries a write that never blocks; `Ok(false)`: use [`Backend::write`].
+    /// Tries a write without a blocking-thread hand-off (`RWF_NOWAIT`, or a plain
+    /// page-cache write where the file system lacks it); `Ok(false)`: use
+    /// [`Backend::write`].
     fn write_nowait(&self, _offset: u64, _data: &[u8]) -> io::Result<bool> {
         Ok(false)
     }
@@ -54,6 +56,9 @@ pub struct FileBackend {
     /// A second descriptor on the same file opened `O_DIRECT` (pool option
     /// `direct_io`): aligned READ/WRITE go through it, bypassing the page cache.
     direct: Option<File>,
+    /// Cleared when the file system refuses `RWF_NOWAIT` buffered writes (ext4
+    /// today): small writes then go to the page cache inline with plain `pwrite`.
+    nowait_writes: std::sync::atomic::AtomicBool,
 }
 
 /// Offset, length and buffer alignment `O_DIRECT` needs here.
@@ -98,7 +103,11 @@ const MAX_EXTENTS: usize = 1024;
 
 impl FileBackend {
     pub fn new(file: File) -> FileBackend {
-        FileBackend { file, direct: None }
+        FileBackend {
+            file,
+            direct: None,
+            nowait_writes: std::sync::atomic::AtomicBool::new(true),
+        }
     }
 
     /// With an `O_DIRECT` descriptor of the same file for aligned requests.
@@ -106,6 +115,7 @@ impl FileBackend {
         FileBackend {
             file,
             direct: Some(direct),
+            nowait_writes: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -234,8 +244,14 @@ impl Backend for FileBackend {
     }
 
     fn write_nowait(&self, offset: u64, data: &[u8]) -> io::Result<bool> {
+        use std::sync::atomic::Ordering;
         if self.direct.is_some() || data.is_empty() {
             return Ok(false);
+        }
+        if !self.nowait_writes.load(Ordering::Relaxed) {
+            // A buffered write is a page-cache copy; it blocks only under dirty-page
+            // throttling, which the caller accepts for small writes.
+            return self.file.write_all_at(data, offset).map(|()| true);
         }
         let iov = libc::iovec {
             iov_base: data.as_ptr() as *mut libc::c_void,
@@ -251,6 +267,10 @@ impl Backend for FileBackend {
                 libc::RWF_NOWAIT,
             )
         };
+        if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
+            self.nowait_writes.store(false, Ordering::Relaxed);
+            return self.file.write_all_at(data, offset).map(|()| true);
+        }
         // A short write is completed (rewriting the same bytes is harmless) by the
         // blocking path.
         Ok(n >= 0 && n as usize == data.len())
