@@ -367,6 +367,30 @@ impl QosPool {
         }
     }
 
+    /// Shutdown: takes every request still queued (in the scheduler or behind a
+    /// host window) so the caller can fail it; volumes stay registered, so
+    /// requests arriving afterwards still run.
+    pub fn take_queued(&self) -> Vec<Job> {
+        let volumes: Vec<(VolumeId, Policy)> = {
+            let s = self.lock();
+            s.volumes()
+                .filter_map(|v| s.policy(v).cloned().map(|p| (v, p)))
+                .collect()
+        };
+        let mut jobs = Vec::new();
+        for (volume, policy) in volumes {
+            jobs.extend(self.remove_volume(volume));
+            self.add_volume(volume, policy);
+        }
+        jobs
+    }
+
+    /// Runs a request at once, past the scheduler (shutdown).
+    pub fn execute_now(self: &Arc<Self>, job: Job) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let _ = self.clone().start(None, job);
+    }
+
     pub fn queued(&self) -> usize {
         self.lock().queued()
     }

@@ -232,7 +232,19 @@ async fn run(
         }
     }
     drop(nbd);
-    while sessions.join_next().await.is_some() {}
+    // Requests held back by QoS (limits) could delay the exit indefinitely: run
+    // them now, past the scheduler, until every session is done.
+    loop {
+        for pool in state.pools.values() {
+            for job in pool.take_queued() {
+                pool.execute_now(job);
+            }
+        }
+        tokio::select! {
+            joined = sessions.join_next() => if joined.is_none() { break },
+            _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+        }
+    }
     let _ = admin_task.await;
     for d in dispatchers {
         d.abort();

@@ -97,7 +97,7 @@ fn io_error(e: &io::Error, what: &str) -> NbdError {
 }
 
 /// Largest READ/WRITE tried inline without blocking ([`try_perform_inline`]).
-pub const INLINE_MAX_BYTES: u32 = 128 * 1024;
+pub const INLINE_MAX_BYTES: u32 = 1 << 20;
 
 /// Runs a READ or a plain WRITE (no FUA) on the calling thread if the backend can
 /// do it without blocking (page cache); otherwise gives the job back for
@@ -411,11 +411,16 @@ pub async fn run_session(
         let received_at = Instant::now();
         let payload = if header.has_payload() {
             if header.length <= max_payload {
-                let mut p = vec![0u8; header.length as usize];
-                if reader.read_exact(&mut p).await.is_err() {
-                    break;
+                // Read straight into spare capacity (no zeroing of the buffer first).
+                let mut p = Vec::with_capacity(header.length as usize);
+                match (&mut reader)
+                    .take(header.length as u64)
+                    .read_to_end(&mut p)
+                    .await
+                {
+                    Ok(n) if n == header.length as usize => Some(p),
+                    _ => break,
                 }
-                Some(p)
             } else {
                 // Too big to accept: discard it as it arrives, then fail the request.
                 let mut sink = tokio::io::sink();

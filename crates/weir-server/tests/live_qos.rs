@@ -337,3 +337,61 @@ pool = "governed"
     );
     server.shutdown().await.unwrap();
 }
+
+/// A client that sends WRITEs faster than its volume may run them (a 16 IOPS
+/// limit; a 32 MiB write costs hundreds of I/Os) without reading replies: the
+/// server stops reading once 128 MiB of payload is buffered for the connection,
+/// so the client's sends stall instead of the server's memory growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_buffers_at_most_128_mib_of_payload() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let (_dir, server) = start(
+        r#"
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+[[policies]]
+name = "trickle"
+limit_iops = 16
+[[volumes]]
+name = "trickle"
+size = "64MiB"
+policy = "trickle"
+"#,
+    )
+    .await;
+    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("trickle"))
+        .await
+        .unwrap();
+    let payload = vec![0x5au8; 32 << 20];
+    let sent = Arc::new(AtomicU64::new(0));
+    let counter = sent.clone();
+    let writer = tokio::spawn(async move {
+        loop {
+            c.session().write(0, &payload, false);
+            if c.send().await.is_err() {
+                break;
+            }
+            counter.fetch_add(payload.len() as u64, Ordering::SeqCst);
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stalled_at = sent.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let later = sent.load(Ordering::SeqCst);
+    writer.abort();
+    println!(
+        "client sends stalled at {} MiB ({} MiB half a second later)",
+        stalled_at >> 20,
+        later >> 20
+    );
+    // 128 MiB buffered + the request being read + socket buffers on both sides.
+    assert!(later <= (128 + 32 + 64) << 20, "sent {} MiB", later >> 20);
+    assert!(
+        stalled_at >= 96 << 20,
+        "server stopped reading early: {} MiB",
+        stalled_at >> 20
+    );
+    assert_eq!(stalled_at, later, "sends kept flowing");
+    server.shutdown().await.unwrap();
+}
