@@ -96,8 +96,11 @@ fn io_error(e: &io::Error, what: &str) -> NbdError {
     NbdError::new(code, format!("{what}: {e}"))
 }
 
-/// Largest READ/WRITE tried inline without blocking ([`try_perform_inline`]).
-pub const INLINE_MAX_BYTES: u32 = 1 << 20;
+/// Largest READ tried inline without blocking ([`try_perform_inline`]); larger
+/// reads run in parallel on the blocking pool (measured faster for 1 MiB).
+pub const INLINE_MAX_READ_BYTES: u32 = 128 * 1024;
+/// Largest plain WRITE tried inline (1 MiB measured faster inline).
+pub const INLINE_MAX_WRITE_BYTES: u32 = 1 << 20;
 
 /// Runs a READ or a plain WRITE (no FUA) on the calling thread if the backend can
 /// do it without blocking (page cache); otherwise gives the job back for
@@ -108,7 +111,7 @@ pub fn try_perform_inline(job: Job) -> Result<Done, Job> {
         return Err(job);
     }
     match job.command {
-        Command::Read { offset, length, .. } if length <= INLINE_MAX_BYTES => {
+        Command::Read { offset, length, .. } if length <= INLINE_MAX_READ_BYTES => {
             let mut out = Vec::with_capacity(64 + length as usize);
             reply::read_reply_header(&mut out, &job.export, job.handle, offset, length);
             let start = out.len();
@@ -126,7 +129,7 @@ pub fn try_perform_inline(job: Job) -> Result<Done, Job> {
             offset,
             length,
             fua: false,
-        } if length <= INLINE_MAX_BYTES => {
+        } if length <= INLINE_MAX_WRITE_BYTES => {
             let data = job.payload.as_deref().unwrap_or_default();
             match job.volume.backend.write_nowait(offset, data) {
                 Ok(true) => {
