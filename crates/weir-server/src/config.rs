@@ -11,6 +11,12 @@
 //! max_in_flight = 64                # I/Os the pool's QoS dispatcher keeps outstanding
 //! # device = "15k-sas-raid5x24"     # emulated device: I/Os complete no earlier than this
 //!                                   # weir-model array says (any of weir_model::ARRAY_PRESETS)
+//! # congestion = { enabled = true, threshold_ms = 30 }
+//!                                   # datastore-wide congestion control: a window per
+//!                                   # client host (PARDA), threshold 5-100 ms; optional
+//!                                   # gamma, min_window, max_window, period_ms
+//! # qos = false                     # bypass the QoS scheduler (default true)
+//! # direct_io = true                # O_DIRECT for aligned requests (default false)
 //!
 //! [[policies]]                      # user-defined, beside the five built-ins
 //! name = "gold"
@@ -36,7 +42,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use weir_qos::{Policy, PolicyCatalog};
+use weir_qos::{CongestionConfig, Policy, PolicyCatalog};
 
 use crate::access::HostPattern;
 
@@ -77,6 +83,18 @@ pub struct PoolConfig {
     /// until the model completes them; data still goes to the pool's files.
     #[serde(default)]
     pub device: Option<String>,
+    /// Datastore-wide congestion control: a window per client host, adapted every
+    /// period to the pool's mean latency against `threshold_ms` (absent: off).
+    #[serde(default)]
+    pub congestion: Option<CongestionConfig>,
+    /// `false`: requests bypass the QoS scheduler (benchmarks, pass-through pools).
+    #[serde(default = "default_true")]
+    pub qos: bool,
+    /// Open the pool's volume files with `O_DIRECT` (aligned requests skip the
+    /// page cache; unaligned ones fall back to buffered I/O). Default off: on
+    /// loopback benchmarks buffered I/O measured faster (docs/PERFORMANCE.md).
+    #[serde(default)]
+    pub direct_io: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -173,6 +191,9 @@ fn default_admin_listen() -> SocketAddr {
 fn default_max_in_flight() -> u32 {
     DEFAULT_MAX_IN_FLIGHT
 }
+fn default_true() -> bool {
+    true
+}
 fn default_pool_name() -> String {
     DEFAULT_POOL.to_string()
 }
@@ -182,6 +203,9 @@ fn default_pools() -> Vec<PoolConfig> {
         max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         cost_unit_bytes: None,
         device: None,
+        congestion: None,
+        qos: true,
+        direct_io: false,
     }]
 }
 
@@ -297,6 +321,10 @@ impl WeirConfig {
                         p.max_in_flight
                     ),
                 ));
+            }
+            if let Some(c) = &p.congestion {
+                c.validate()
+                    .map_err(|e| (at(&p.name), format!("pools[{i}].congestion: {e}")))?;
             }
         }
         let mut groups = std::collections::BTreeSet::new();

@@ -6,6 +6,16 @@
 //! chain ([`backend::Backend`]: file today, emulated device later) → completion
 //! reported to the scheduler → reply encoded → writer task → socket.
 //!
+//! The request path avoids hand-offs: the session submits, the pool releases
+//! inline what the scheduler allows, and READ/plain WRITE that the page cache can
+//! serve without blocking (`RWF_NOWAIT`, or small buffered writes where the file
+//! system lacks it) run on the calling thread; the rest goes to tokio's blocking
+//! pool. A dispatcher task per pool only handles limit timers. Pool options:
+//! `qos = false` bypasses the scheduler, `direct_io = true` opens volumes
+//! `O_DIRECT` (slower on loopback, so off by default), `congestion = { … }`
+//! enables datastore-wide congestion control (a `HostWindow` per client host),
+//! `device = "…"` emulates a device model.
+//!
 //! Entry points: [`serve`] (`weir serve`: runs until SIGINT/SIGTERM),
 //! [`RunningServer::start`] (tests, embedding), [`WeirConfig`],
 //! [`admin::Client`] (the CLI's `volume` and `policy` commands).

@@ -3,11 +3,11 @@
 //! [`NbdClient::session`], then collect [`Completion`]s in completion order.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use anyhow::{Context as _, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use weir_nbd::{
     ClientConfig, ClientExport, ClientHandshake, ClientOutcome, ClientSession, Completion,
     ExportListing, NbdError, ReplyData,
@@ -22,11 +22,24 @@ pub struct NbdClient {
 
 async fn handshake(
     addr: SocketAddr,
+    from: Option<IpAddr>,
     config: ClientConfig,
 ) -> anyhow::Result<(TcpStream, ClientOutcome, Vec<u8>)> {
-    let mut stream = TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("connecting to {addr}"))?;
+    let mut stream = match from {
+        None => TcpStream::connect(addr).await,
+        Some(local) => {
+            let socket = if local.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            socket
+                .bind(SocketAddr::new(local, 0))
+                .with_context(|| format!("binding {local}"))?;
+            socket.connect(addr).await
+        }
+    }
+    .with_context(|| format!("connecting to {addr}"))?;
     stream.set_nodelay(true)?;
     let mut hs = ClientHandshake::new(config);
     let mut buf = vec![0u8; 64 * 1024];
@@ -52,7 +65,17 @@ impl NbdClient {
         addr: SocketAddr,
         config: ClientConfig,
     ) -> anyhow::Result<(NbdClient, ClientExport)> {
-        let (stream, outcome, leftover) = handshake(addr, config).await?;
+        Self::connect_from(None, addr, config).await
+    }
+
+    /// As [`NbdClient::connect`], from a chosen local address (e.g. `127.0.0.2`
+    /// to act as a second host on loopback).
+    pub async fn connect_from(
+        from: Option<IpAddr>,
+        addr: SocketAddr,
+        config: ClientConfig,
+    ) -> anyhow::Result<(NbdClient, ClientExport)> {
+        let (stream, outcome, leftover) = handshake(addr, from, config).await?;
         let ClientOutcome::Connected(export) = outcome else {
             bail!("handshake ended without an export")
         };
@@ -71,7 +94,7 @@ impl NbdClient {
 
     /// The exports this host may see (`NBD_OPT_LIST`).
     pub async fn list(addr: SocketAddr) -> anyhow::Result<Vec<ExportListing>> {
-        let (mut stream, outcome, _) = handshake(addr, ClientConfig::list()).await?;
+        let (mut stream, outcome, _) = handshake(addr, None, ClientConfig::list()).await?;
         let _ = stream.shutdown().await;
         match outcome {
             ClientOutcome::Listed(l) => Ok(l),

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use weir_nbd::{ErrorCode, NbdError};
-use weir_qos::{ClientId, Policy, SchedulerConfig, VolumeId};
+use weir_qos::{ClientId, CongestionConfig, Policy, SchedulerConfig, VolumeId};
 
 use crate::config::WeirConfig;
 use crate::device::EmulatedDevice;
@@ -46,7 +46,14 @@ impl ServerState {
             };
             pools.insert(
                 p.name.clone(),
-                Arc::new(QosPool::new(&p.name, p.max_in_flight, sc, epoch, device)),
+                Arc::new(
+                    QosPool::new(&p.name, p.max_in_flight, sc, epoch, device)
+                        .with_congestion(p.congestion.clone().unwrap_or(CongestionConfig {
+                            enabled: false,
+                            ..CongestionConfig::default()
+                        }))
+                        .with_qos(p.qos),
+                ),
             );
         }
         for (r, policy) in store.volume_policies() {
@@ -189,6 +196,13 @@ async fn run(
         state
             .pools
             .values()
+            .filter(|p| p.congestion_period().is_some())
+            .map(|p| tokio::spawn(p.clone().run_congestion_control())),
+    );
+    dispatchers.extend(
+        state
+            .pools
+            .values()
             .filter_map(|p| p.device())
             .map(|d| tokio::spawn(d.clone().run())),
     );
@@ -218,7 +232,19 @@ async fn run(
         }
     }
     drop(nbd);
-    while sessions.join_next().await.is_some() {}
+    // Requests held back by QoS (limits) could delay the exit indefinitely: run
+    // them now, past the scheduler, until every session is done.
+    loop {
+        for pool in state.pools.values() {
+            for job in pool.take_queued() {
+                pool.execute_now(job);
+            }
+        }
+        tokio::select! {
+            joined = sessions.join_next() => if joined.is_none() { break },
+            _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+        }
+    }
     let _ = admin_task.await;
     for d in dispatchers {
         d.abort();

@@ -3,10 +3,18 @@
 //! replaced crash-safely (write a temporary file, fsync it, rename it over the
 //! old one, fsync the directory).
 //!
-//! On start the metadata file is loaded, then the configuration is merged in:
-//! volumes, policies and access groups the configuration declares are created
-//! when missing (the configuration wins for policies and groups); volumes
-//! created through the admin API persist in the metadata file.
+//! On start the metadata file is loaded, then the configuration is merged in.
+//! The rule (decided for issue 3): the configuration is the floor of what
+//! exists, the metadata file holds everything done since.
+//! - Policies and access groups the configuration declares are (re)created with
+//!   the configuration's definition on every start: the file wins over an API
+//!   change or deletion of a declared one (edit the file to change those).
+//!   Policies and groups created through the API persist untouched.
+//! - Volumes the configuration declares are created when missing; an existing
+//!   volume keeps its metadata (size after `resize`, policy after `set-policy`,
+//!   access groups), so live API changes survive restarts. Volumes created
+//!   through the API persist; a declared volume deleted through the API comes
+//!   back (empty) on the next start while the file still declares it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
@@ -267,11 +275,32 @@ impl VolumeStore {
             file.set_len(r.size_bytes)
                 .map_err(|e| io_err(format!("sizing {}", path.display()), e))?;
         }
+        let direct_io = self.pools.iter().any(|p| p.name == r.pool && p.direct_io);
+        let backend = if direct_io {
+            use std::os::unix::fs::OpenOptionsExt;
+            match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&path)
+            {
+                Ok(direct) => FileBackend::with_direct(file, direct),
+                Err(e) => {
+                    tracing::warn!(
+                        "volume {:?}: O_DIRECT unavailable ({e}); using buffered I/O",
+                        r.name
+                    );
+                    FileBackend::new(file)
+                }
+            }
+        } else {
+            FileBackend::new(file)
+        };
         Ok(Arc::new(OpenVolume {
             id: VolumeId(r.id),
             name: r.name.clone(),
             pool: r.pool.clone(),
-            backend: Arc::new(FileBackend::new(file)),
+            backend: Arc::new(backend),
             deleted: AtomicBool::new(false),
         }))
     }

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Weir vs other NBD servers, same 1 GiB file, fio's nbd engine on loopback (issue 3).
+#   bench/nbd-peers.sh            # REPS=3 RUNTIME=5 by default
+#   REPS=2 RUNTIME=4 bench/nbd-peers.sh
+#   SERVERS_ONLY="weir-qos nbdkit" CELLS_MATCH=qd1 bench/nbd-peers.sh   # a subset
+# Servers: weir serve with QoS on (a best-effort policy: no limits), weir with
+# `qos = false`, weir with `direct_io = true` (QoS on), nbdkit (file plugin),
+# qemu-nbd, nbd-server. Cells: 4 KiB randread/randwrite at QD1 and QD32, 1 MiB
+# sequential read/write at QD4. Prints IOPS (and MB/s), Weir ÷ best peer, and
+# QoS-on ÷ QoS-off, direct ÷ buffered. Missing peers are installed with apt-get.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPS="${REPS:-3}"
+RUNTIME="${RUNTIME:-5}"
+WORK="${WORK:-${TMPDIR:-/tmp}/weir-nbd-peers}"
+
+need() { command -v "$1" >/dev/null 2>&1; }
+missing=()
+need fio || missing+=(fio)
+need nbdkit || missing+=(nbdkit)
+need qemu-nbd || missing+=(qemu-utils)
+need nbd-server || missing+=(nbd-server)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}" >/dev/null
+fi
+fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio has no nbd engine (needs libnbd)"; exit 1; }
+
+cargo build --release -p weir >/dev/null
+WEIR="$PWD/target/release/weir"
+
+rm -rf "$WORK"; mkdir -p "$WORK/data/pools/qos" "$WORK/data/pools/raw" "$WORK/data/pools/direct"
+FILE="$WORK/disk.img"
+echo "writing the 1 GiB test file $FILE"
+head -c 1073741824 /dev/urandom > "$FILE"
+sync
+for p in qos raw direct; do ln -s "$FILE" "$WORK/data/pools/$p/bench-$p.img"; done
+
+P_WEIR=10909; P_ADMIN=10910; P_NBDKIT=10911; P_QEMU=10912; P_NBDSRV=10913
+cat > "$WORK/weir.toml" <<EOF
+listen = "127.0.0.1:$P_WEIR"
+admin_listen = "127.0.0.1:$P_ADMIN"
+data_dir = "$WORK/data"
+[[pools]]
+name = "qos"
+[[pools]]
+name = "raw"
+qos = false
+[[pools]]
+name = "direct"
+direct_io = true
+[[policies]]
+name = "best-effort"
+[[volumes]]
+name = "bench-qos"
+size = "1GiB"
+policy = "best-effort"
+pool = "qos"
+[[volumes]]
+name = "bench-raw"
+size = "1GiB"
+policy = "best-effort"
+pool = "raw"
+[[volumes]]
+name = "bench-direct"
+size = "1GiB"
+policy = "best-effort"
+pool = "direct"
+EOF
+cat > "$WORK/nbd-server.conf" <<EOF
+[generic]
+    listenaddr = 127.0.0.1
+    port = $P_NBDSRV
+    allowlist = true
+[bench]
+    exportname = $FILE
+EOF
+
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  [ -f "$WORK/nbd-server.pid" ] && kill "$(cat "$WORK/nbd-server.pid")" 2>/dev/null || true
+}
+trap cleanup EXIT
+"$WEIR" serve --config "$WORK/weir.toml" > "$WORK/weir.out" 2> "$WORK/weir.log" & pids+=($!)
+nbdkit -f -i 127.0.0.1 -p "$P_NBDKIT" file "$FILE" 2> "$WORK/nbdkit.log" & pids+=($!)
+qemu-nbd -f raw -b 127.0.0.1 -p "$P_QEMU" -x bench --persistent --shared=16 "$FILE" 2> "$WORK/qemu-nbd.log" & pids+=($!)
+nbd-server -C "$WORK/nbd-server.conf" -p "$WORK/nbd-server.pid" 2> "$WORK/nbd-server.log"
+for port in $P_WEIR $P_NBDKIT $P_QEMU $P_NBDSRV; do
+  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
+done
+
+declare -A URI=(
+  [weir-qos]="nbd://127.0.0.1:$P_WEIR/bench-qos"
+  [weir-noqos]="nbd://127.0.0.1:$P_WEIR/bench-raw"
+  [weir-direct]="nbd://127.0.0.1:$P_WEIR/bench-direct"
+  [nbdkit]="nbd://127.0.0.1:$P_NBDKIT/"
+  [qemu-nbd]="nbd://127.0.0.1:$P_QEMU/bench"
+  [nbd-server]="nbd://127.0.0.1:$P_NBDSRV/bench"
+)
+SERVERS=(weir-qos weir-noqos weir-direct nbdkit qemu-nbd nbd-server)
+# name rw bs iodepth
+CELLS=("randread-4k-qd1 randread 4k 1" "randread-4k-qd32 randread 4k 32"
+       "randwrite-4k-qd1 randwrite 4k 1" "randwrite-4k-qd32 randwrite 4k 32"
+       "read-1m-qd4 read 1m 4" "write-1m-qd4 write 1m 4")
+# Optional filters (profiling): SERVERS="weir-qos nbdkit" CELLS_MATCH="qd1"
+[ -n "${SERVERS_ONLY:-}" ] && read -r -a SERVERS <<<"$SERVERS_ONLY"
+if [ -n "${CELLS_MATCH:-}" ]; then
+  kept=(); for c in "${CELLS[@]}"; do [[ "$c" == *"$CELLS_MATCH"* ]] && kept+=("$c"); done; CELLS=("${kept[@]}")
+fi
+RESULTS="$WORK/results.tsv"; : > "$RESULTS"
+echo "uptime: $(uptime)"
+echo "running ${#SERVERS[@]} servers x ${#CELLS[@]} cells x $REPS reps x ${RUNTIME}s"
+for rep in $(seq "$REPS"); do
+  for cell in "${CELLS[@]}"; do
+    read -r cname rw bs qd <<<"$cell"
+    for s in "${SERVERS[@]}"; do
+      out=$(fio --name="$cname" --ioengine=nbd --uri="${URI[$s]}" --rw="$rw" --bs="$bs" \
+        --iodepth="$qd" --size=1g --time_based --runtime="$RUNTIME" --ramp_time=1 \
+        --output-format=json 2>/dev/null || true)
+      python3 -c '
+import json, sys
+try:
+    t = sys.stdin.read(); j = json.loads(t[t.index("{"):]); job = j["jobs"][0]
+    d = job["read"] if job["read"]["io_bytes"] > 0 else job["write"]
+    print("%.0f\t%.1f" % (d["iops"], d["bw_bytes"] / 1e6))
+except Exception:
+    print("0\t0")' <<<"$out" | sed "s/^/$rep\t$cname\t$s\t/" >> "$RESULTS"
+    done
+  done
+done
+
+python3 - "$RESULTS" "${SERVERS[@]}" <<'EOF'
+import sys, statistics, collections
+path, servers = sys.argv[1], sys.argv[2:]
+for s in ("weir-qos", "weir-noqos", "weir-direct", "nbdkit", "qemu-nbd", "nbd-server"):
+    if s not in servers: servers.append(s)
+iops = collections.defaultdict(list); mbs = collections.defaultdict(list); cells = []
+for line in open(path):
+    rep, cell, s, i, m = line.split("\t")
+    if cell not in cells: cells.append(cell)
+    iops[(cell, s)].append(float(i)); mbs[(cell, s)].append(float(m))
+med = lambda v: statistics.median(v) if v else 0.0
+peers = ["nbdkit", "qemu-nbd", "nbd-server"]
+print()
+print("IOPS (median of reps; MB/s for 1 MiB cells)")
+print(f"{'cell':<18}" + "".join(f"{s:>13}" for s in servers)
+      + f"{'weir/best':>11}{'best peer':>12}{'qos on/off':>12}{'direct/buf':>12}")
+for c in cells:
+    big = c.startswith(("read-1m", "write-1m"))
+    val = lambda s: med(mbs[(c, s)]) if big else med(iops[(c, s)])
+    row = f"{c:<18}" + "".join(f"{val(s):>13.0f}" if not big else f"{val(s):>13.1f}" for s in servers)
+    best = max(peers, key=val)
+    ratio = val("weir-qos") / val(best) if val(best) else 0
+    qos = val("weir-qos") / val("weir-noqos") if val("weir-noqos") else 0
+    direct = val("weir-direct") / val("weir-qos") if val("weir-qos") else 0
+    print(row + f"{ratio:>11.2f}{best:>12}{qos:>12.2f}{direct:>12.2f}")
+EOF

@@ -1,0 +1,157 @@
+//! Datastore-wide congestion control in the server: a window per client host,
+//! recomputed every period from the pool's mean latency.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weir_nbd::ClientConfig;
+use weir_server::nbd_client::NbdClient;
+use weir_server::{RunningServer, WeirConfig};
+
+const CONFIG: &str = r#"
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[[pools]]
+name = "array"
+device = "15k-sas-raid5x24"
+max_in_flight = 32
+congestion = { enabled = true, threshold_ms = 5, period_ms = 100 }
+
+[[policies]]
+name = "high"
+shares = 2000
+
+[[policies]]
+name = "normal"
+shares = 1000
+
+[[volumes]]
+name = "a"
+size = "16GiB"
+policy = "high"
+pool = "array"
+
+[[volumes]]
+name = "b"
+size = "16GiB"
+policy = "normal"
+pool = "array"
+"#;
+
+/// QD `queue_depth` random 8 KiB reads from `from` until `end`; returns I/Os done.
+async fn flood(
+    addr: SocketAddr,
+    from: IpAddr,
+    volume: &str,
+    queue_depth: usize,
+    end: Instant,
+) -> u64 {
+    let (mut c, _) = NbdClient::connect_from(Some(from), addr, ClientConfig::go(volume))
+        .await
+        .unwrap();
+    let mut x: u64 = 0x1234_5678 ^ from.to_string().len() as u64;
+    let mut in_flight = 0;
+    let mut done = 0;
+    loop {
+        while Instant::now() < end && in_flight < queue_depth {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            c.session().read((x % (2 << 20)) * 8192, 8192);
+            in_flight += 1;
+        }
+        if in_flight == 0 {
+            break;
+        }
+        let r = c.next_completion().await.unwrap();
+        assert!(r.result.is_ok());
+        in_flight -= 1;
+        done += 1;
+    }
+    c.disconnect().await.unwrap();
+    done
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_windows_shrink_under_congestion_and_follow_shares() {
+    let dir = common::TempDir::new("congestion");
+    let mut config = WeirConfig::from_toml_str(CONFIG, "congestion test").unwrap();
+    config.data_dir = dir.path().to_path_buf();
+    let server = Arc::new(RunningServer::start(config).await.unwrap());
+    let pool = server.state().pool("array").unwrap();
+    let addr = server.nbd_addr();
+    let end = Instant::now() + Duration::from_millis(1800);
+    let host_a: IpAddr = "127.0.0.1".parse().unwrap();
+    let host_b: IpAddr = "127.0.0.2".parse().unwrap();
+    let a = tokio::spawn(flood(addr, host_a, "a", 64, end));
+    let b = tokio::spawn(flood(addr, host_b, "b", 64, end));
+    // While both flood: each host's requests in the pool stay near its window
+    // (a window that just shrank drains as requests complete), and the rest wait.
+    let mut peak_over = 0i64;
+    let mut saw_waiting = false;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    while Instant::now() + Duration::from_millis(100) < end {
+        for h in pool.host_windows() {
+            peak_over = peak_over.max(h.in_pool as i64 - 32);
+            saw_waiting |= h.waiting > 0;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let windows = pool.host_windows();
+    let (ios_a, ios_b) = (a.await.unwrap(), b.await.unwrap());
+    println!(
+        "after 1.8 s of two QD64 floods (threshold 5 ms): {windows:?}; I/Os {ios_a} + {ios_b}"
+    );
+    assert_eq!(windows.len(), 2, "{windows:?}");
+    // Window β follows the shares of the volumes each host has open.
+    assert_eq!(
+        windows[0].host_shares + windows[1].host_shares,
+        3000,
+        "{windows:?}"
+    );
+    assert!(windows.iter().any(|w| w.host_shares == 2000), "{windows:?}");
+    for w in &windows {
+        // The array at QD 32 is far above 5 ms: every window shrank from 32.
+        assert!(w.window < 32, "{w:?}");
+        assert!(w.window >= 4, "{w:?}");
+    }
+    assert!(
+        peak_over <= 0,
+        "a host had {peak_over} requests over the initial window"
+    );
+    assert!(saw_waiting, "no request ever waited behind a host window");
+    let server = Arc::into_inner(server).unwrap();
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn congestion_off_means_no_host_windows_and_bad_thresholds_are_refused() {
+    let dir = common::TempDir::new("congestion-off");
+    let text = CONFIG.replace("enabled = true", "enabled = false");
+    let mut config = WeirConfig::from_toml_str(&text, "congestion test").unwrap();
+    config.data_dir = dir.path().to_path_buf();
+    let server = RunningServer::start(config).await.unwrap();
+    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("a"))
+        .await
+        .unwrap();
+    c.write(0, b"x", true).await.unwrap().unwrap();
+    assert!(
+        server
+            .state()
+            .pool("array")
+            .unwrap()
+            .host_windows()
+            .is_empty()
+    );
+    c.disconnect().await.unwrap();
+    server.shutdown().await.unwrap();
+
+    let text = CONFIG.replace("threshold_ms = 5", "threshold_ms = 500");
+    let e = WeirConfig::from_toml_str(&text, "weir.toml").unwrap_err();
+    assert!(e.to_string().contains("pools[0].congestion"), "{e}");
+    assert!(e.to_string().contains("5-100"), "{e}");
+}

@@ -1,0 +1,147 @@
+//! Helpers for tests that run the real `weir` binary.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "weir-cli-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// xorshift64*: deterministic, dependency-free randomness for workloads.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A `weir serve` child process on ephemeral ports (read from its banner).
+pub struct WeirProcess {
+    pub child: Child,
+    pub nbd_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub stdout: mpsc::Receiver<String>,
+}
+
+fn addr_after(line: &str, marker: &str) -> Option<SocketAddr> {
+    let rest = &line[line.find(marker)? + marker.len()..];
+    let token: String = rest
+        .chars()
+        .take_while(|c| !c.is_whitespace() && *c != ',')
+        .collect();
+    token.parse().ok()
+}
+
+impl WeirProcess {
+    /// Writes `config` (listeners are forced to ephemeral loopback ports) into
+    /// `dir/weir.toml` and starts `weir serve` on `dir/data`.
+    pub fn start(dir: &Path, config: &str) -> WeirProcess {
+        let config_path = dir.join("weir.toml");
+        let text = format!("listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{config}");
+        std::fs::write(&config_path, text).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("weir.log"))
+            .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("weir serve starts");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut nbd_addr = None;
+        let mut admin_addr = None;
+        while nbd_addr.is_none() || admin_addr.is_none() {
+            let line = match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = child.kill();
+                    let log = std::fs::read_to_string(dir.join("weir.log")).unwrap_or_default();
+                    panic!("weir serve did not print its addresses ({e}); log:\n{log}");
+                }
+            };
+            nbd_addr = nbd_addr.or_else(|| addr_after(&line, "NBD on "));
+            admin_addr = admin_addr.or_else(|| addr_after(&line, "http://"));
+        }
+        WeirProcess {
+            child,
+            nbd_addr: nbd_addr.unwrap(),
+            admin_addr: admin_addr.unwrap(),
+            stdout: rx,
+        }
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM (graceful shutdown).
+    pub fn terminate(&self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+    }
+}
+
+impl Drop for WeirProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
