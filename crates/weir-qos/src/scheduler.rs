@@ -113,6 +113,13 @@ pub const LATENCY_EWMA_WEIGHT: f64 = 1.0 / 8.0;
 /// How far a limit tag may lag `now` when the policy sets no larger burst.
 pub const LIMIT_SLACK_NS: Nanos = 10_000_000;
 
+/// How far a backlogged volume's reservation tag may fall behind `now` (or its
+/// `burst_seconds`, if larger). A reservation the device cannot meet (the sum of
+/// reservations above capacity) would otherwise bank an ever-growing debt, and the
+/// volume would then monopolise the reservation phase — ahead of every other volume
+/// and of service-level protection — until it had caught up.
+pub const RESERVATION_LAG_NS: Nanos = 100_000_000;
+
 /// Time tags are nanoseconds shifted left by this many bits.
 const TAG_SHIFT: u32 = 20;
 const TICKS_PER_NS: f64 = (1u64 << TAG_SHIFT) as f64;
@@ -278,6 +285,7 @@ struct Rates {
     risk_latency_ns: Option<f64>,
     burst_ticks: u128,
     limit_slack_ticks: u128,
+    reservation_lag_ticks: u128,
 }
 
 fn per_unit(rate: Option<f64>) -> Option<f64> {
@@ -313,6 +321,7 @@ impl Rates {
                 .map(|t| t * RISK_LATENCY_FRACTION),
             burst_ticks,
             limit_slack_ticks: burst_ticks.max(ticks(LIMIT_SLACK_NS)),
+            reservation_lag_ticks: burst_ticks.max(ticks(RESERVATION_LAG_NS)),
         }
     }
 
@@ -634,9 +643,14 @@ impl<T> Scheduler<T> {
             }
             self.refresh(slot, now);
         }
-        // Constraint phase.
+        // Constraint phase — suspended for a volume of a lower service level than one
+        // whose latency target is at risk: under overload a higher level's target
+        // holds before a lower level is served, reservations included (the at-risk
+        // level is then served by the weight phase's protection below).
+        let protected_rank = self.protected_rank(now);
         if let Some((r, slot)) = self.reservation_heap.peek()
             && r <= now_t
+            && protected_rank.is_none_or(|p| self.volume_rank(slot) <= p)
             && let Some(d) = self.release(slot, now, Phase::Reservation, false)
         {
             return Dispatch::Io(d);
@@ -644,7 +658,7 @@ impl<T> Scheduler<T> {
         // Weight phase.
         let min_ready = |heaps: &[IndexedHeap]| heaps.iter().filter_map(IndexedHeap::peek).min();
         let global = min_ready(&self.ready_heaps);
-        let chosen = match self.protected_rank(now) {
+        let chosen = match protected_rank {
             Some(rank) => min_ready(&self.ready_heaps[..=rank]).or(global),
             None => global,
         };
@@ -762,6 +776,14 @@ impl<T> Scheduler<T> {
     }
 
     /// The most important service level with an at-risk backlogged volume.
+    /// The service-level rank of the volume in `slot` (lowest rank if it is gone).
+    fn volume_rank(&self, slot: u32) -> usize {
+        self.volumes
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .map_or(LEVELS - 1, |v| v.rates.rank)
+    }
+
     fn protected_rank(&self, now: Nanos) -> Option<usize> {
         (0..PROTECTABLE_LEVELS).find(|&rank| {
             self.ewma_at_risk_backlogged[rank] > 0
@@ -870,6 +892,9 @@ impl<T> Scheduler<T> {
         let units = req.cost.units(unit_bytes);
         let bytes = req.cost.bytes();
         if phase == Phase::Reservation {
+            v.next_r = v
+                .next_r
+                .max(now_t.saturating_sub(v.rates.reservation_lag_ticks));
             v.last_r = Some(LastRelease {
                 base: v.next_r,
                 units,

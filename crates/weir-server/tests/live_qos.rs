@@ -236,7 +236,6 @@ async fn mission_critical_keeps_its_latency_target_while_non_critical_floods() {
 /// can do: the non-critical volume's unmet 7,500 IOPS reservation wins the
 /// scheduler's reservation phase ahead of service-level protection (weir-qos).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known gap in weir-qos: infeasible reservations outrank service-level protection"]
 async fn builtin_mission_critical_keeps_its_latency_target_while_non_critical_floods() {
     let critical = critical_beside_flood("mission-critical", "non-critical", "").await;
     assert!(
