@@ -233,8 +233,9 @@ async fn mission_critical_keeps_its_latency_target_while_non_critical_floods() {
 }
 
 /// The same with the built-in policies, whose reservations exceed what the array
-/// can do: the non-critical volume's unmet 7,500 IOPS reservation wins the
-/// scheduler's reservation phase ahead of service-level protection (weir-qos).
+/// can do: the non-critical volume's unmet 7,500 IOPS reservation must not outrank
+/// the mission-critical volume's latency target (weir-qos suspends a lower level's
+/// reservation while a higher level is at risk).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn builtin_mission_critical_keeps_its_latency_target_while_non_critical_floods() {
     let critical = critical_beside_flood("mission-critical", "non-critical", "").await;
