@@ -147,3 +147,29 @@ fn levels_are_served_in_order_under_overload() {
     assert!(nc.ios_in(0, 3 * NANOS_PER_SEC) > 0);
     assert!(nc.mean_latency_ms() > bc.mean_latency_ms());
 }
+
+/// The built-in policies reserve more than this device can do (non-critical alone
+/// asks for 7,500 of its 8,000 IOPS): the flooder's unmet reservation must not
+/// outrank the mission-critical volume's latency target. Before lower-level
+/// reservations waited for an at-risk higher level, the flooder won every
+/// reservation-phase decision and the critical volume's latency ran away.
+#[test]
+fn an_infeasible_lower_level_reservation_does_not_outrank_a_higher_level_target() {
+    let catalog = weir_qos::PolicyCatalog::new();
+    let out = critical_vs_flood(
+        catalog.get("mission-critical").unwrap().clone(),
+        catalog.get("non-critical").unwrap().clone(),
+    );
+    let mc = out.volume(1);
+    eprintln!(
+        "built-ins: mission-critical mean {:.2} ms, non-critical mean {:.2} ms",
+        mc.mean_latency_ms(),
+        out.volume(2).mean_latency_ms()
+    );
+    assert!(
+        mc.mean_latency_ms() < 10.0,
+        "mission-critical mean latency {:.2} ms over its 10 ms target",
+        mc.mean_latency_ms()
+    );
+    assert!(out.busy_fraction(0, 3 * NANOS_PER_SEC) > 0.99);
+}
