@@ -56,3 +56,23 @@ pub(crate) fn check_non_negative(
         })
     }
 }
+
+/// `value` must lie in `range`; `reason` says so in the error.
+pub(crate) fn check_in_range(
+    what: &'static str,
+    field: &'static str,
+    value: u64,
+    range: std::ops::RangeInclusive<u64>,
+    reason: &'static str,
+) -> Result<(), ModelError> {
+    if range.contains(&value) {
+        Ok(())
+    } else {
+        Err(ModelError::InvalidField {
+            what,
+            field,
+            value: value.to_string(),
+            reason,
+        })
+    }
+}

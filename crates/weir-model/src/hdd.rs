@@ -17,7 +17,7 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ModelError, check_non_negative, check_positive};
+use crate::error::{ModelError, check_in_range, check_non_negative, check_positive};
 use crate::{Completion, Component, DeviceIo, IoDir, Nanos};
 
 /// Datasheet-level description of a hard disk drive.
@@ -173,30 +173,21 @@ impl HddSpec {
 
     fn seek_curve(&self) -> Result<SeekCurve, ModelError> {
         const W: &str = "HDD spec";
-        if self.rpm == 0 {
-            return Err(ModelError::InvalidField {
-                what: W,
-                field: "rpm",
-                value: "0".into(),
-                reason: "must be > 0",
-            });
-        }
-        if self.queue_depth == 0 || self.queue_depth > 256 {
-            return Err(ModelError::InvalidField {
-                what: W,
-                field: "queue_depth",
-                value: self.queue_depth.to_string(),
-                reason: "must be in 1..=256 (SAS TCQ allows at most 256)",
-            });
-        }
-        if self.capacity_bytes == 0 {
-            return Err(ModelError::InvalidField {
-                what: W,
-                field: "capacity_bytes",
-                value: "0".into(),
-                reason: "must be > 0",
-            });
-        }
+        check_in_range(W, "rpm", self.rpm.into(), 1..=u64::MAX, "must be > 0")?;
+        check_in_range(
+            W,
+            "queue_depth",
+            self.queue_depth.into(),
+            1..=256,
+            "must be in 1..=256 (SAS TCQ allows at most 256)",
+        )?;
+        check_in_range(
+            W,
+            "capacity_bytes",
+            self.capacity_bytes,
+            1..=u64::MAX,
+            "must be > 0",
+        )?;
         check_positive(W, "track_to_track_seek_ms", self.track_to_track_seek_ms)?;
         check_positive(W, "average_seek_ms", self.average_seek_ms)?;
         check_positive(W, "full_stroke_seek_ms", self.full_stroke_seek_ms)?;

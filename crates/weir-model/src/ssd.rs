@@ -14,7 +14,7 @@ use std::collections::BinaryHeap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ModelError, check_non_negative, check_positive};
+use crate::error::{ModelError, check_in_range, check_non_negative, check_positive};
 use crate::hdd::DriveStats;
 use crate::{Completion, Component, DeviceIo, IoDir, Nanos};
 
@@ -85,22 +85,20 @@ impl SsdSpec {
         check_positive(W, "write_bandwidth_mbps", self.write_bandwidth_mbps)?;
         check_positive(W, "read_iops", self.read_iops)?;
         check_positive(W, "write_iops", self.write_iops)?;
-        if self.channels == 0 || self.channels > 1024 {
-            return Err(ModelError::InvalidField {
-                what: W,
-                field: "channels",
-                value: self.channels.to_string(),
-                reason: "must be in 1..=1024",
-            });
-        }
-        if self.capacity_bytes == 0 {
-            return Err(ModelError::InvalidField {
-                what: W,
-                field: "capacity_bytes",
-                value: "0".into(),
-                reason: "must be > 0",
-            });
-        }
+        check_in_range(
+            W,
+            "channels",
+            self.channels.into(),
+            1..=1024,
+            "must be in 1..=1024",
+        )?;
+        check_in_range(
+            W,
+            "capacity_bytes",
+            self.capacity_bytes,
+            1..=u64::MAX,
+            "must be > 0",
+        )?;
         Ok(())
     }
 }
