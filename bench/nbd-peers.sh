@@ -7,7 +7,8 @@
 # `qos = false`, weir with `direct_io = true` (QoS on), nbdkit (file plugin),
 # qemu-nbd, nbd-server. Cells: 4 KiB randread/randwrite at QD1 and QD32, 1 MiB
 # sequential read/write at QD4. Prints IOPS (and MB/s), Weir ÷ best peer, and
-# QoS-on ÷ QoS-off, direct ÷ buffered. Missing peers are installed with apt-get.
+# QoS-on ÷ QoS-off, direct ÷ buffered, for throughput and for the server's CPU per
+# I/O (robust to other load on the machine). Missing peers are installed with apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS="${REPS:-3}"
@@ -84,12 +85,22 @@ cleanup() {
 }
 trap cleanup EXIT
 "$WEIR" serve --config "$WORK/weir.toml" > "$WORK/weir.out" 2> "$WORK/weir.log" & pids+=($!)
+PID_WEIR=$!
 nbdkit -f -i 127.0.0.1 -p "$P_NBDKIT" file "$FILE" 2> "$WORK/nbdkit.log" & pids+=($!)
+PID_NBDKIT=$!
 qemu-nbd -f raw -b 127.0.0.1 -p "$P_QEMU" -x bench --persistent --shared=16 "$FILE" 2> "$WORK/qemu-nbd.log" & pids+=($!)
+PID_QEMU=$!
 nbd-server -C "$WORK/nbd-server.conf" -p "$WORK/nbd-server.pid" 2> "$WORK/nbd-server.log"
 for port in $P_WEIR $P_NBDKIT $P_QEMU $P_NBDSRV; do
   for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
 done
+# Server CPU (user + system, with reaped children: nbd-server forks per client),
+# in clock ticks; per I/O it is robust to other load on the machine, where IOPS
+# on a shared 2-core box are not.
+declare -A PID=([weir-qos]=$PID_WEIR [weir-noqos]=$PID_WEIR [weir-direct]=$PID_WEIR
+  [nbdkit]=$PID_NBDKIT [qemu-nbd]=$PID_QEMU [nbd-server]="$(cat "$WORK/nbd-server.pid")")
+cpu_ticks() { awk '{print $14 + $15 + $16 + $17}' "/proc/$1/stat"; }
+TICK_HZ=$(getconf CLK_TCK)
 
 declare -A URI=(
   [weir-qos]="nbd://127.0.0.1:$P_WEIR/bench-qos"
@@ -116,17 +127,23 @@ for rep in $(seq "$REPS"); do
   for cell in "${CELLS[@]}"; do
     read -r cname rw bs qd <<<"$cell"
     for s in "${SERVERS[@]}"; do
+      t0=$(cpu_ticks "${PID[$s]}")
       out=$(fio --name="$cname" --ioengine=nbd --uri="${URI[$s]}" --rw="$rw" --bs="$bs" \
         --iodepth="$qd" --size=1g --time_based --runtime="$RUNTIME" --ramp_time=1 \
         --output-format=json 2>/dev/null || true)
+      sleep 0.2  # let nbd-server reap its per-client child
+      t1=$(cpu_ticks "${PID[$s]}")
       python3 -c '
 import json, sys
+ticks, hz = int(sys.argv[1]), int(sys.argv[2])
 try:
     t = sys.stdin.read(); j = json.loads(t[t.index("{"):]); job = j["jobs"][0]
     d = job["read"] if job["read"]["io_bytes"] > 0 else job["write"]
-    print("%.0f\t%.1f" % (d["iops"], d["bw_bytes"] / 1e6))
+    # Server CPU covers the 1 s ramp too: I/Os ≈ IOPS × (runtime + ramp).
+    ios = max(d["iops"] * (int(sys.argv[3]) + 1), 1)
+    print("%.0f\t%.1f\t%.2f" % (d["iops"], d["bw_bytes"] / 1e6, ticks * 1e6 / hz / ios))
 except Exception:
-    print("0\t0")' <<<"$out" | sed "s/^/$rep\t$cname\t$s\t/" >> "$RESULTS"
+    print("0\t0\t0")' "$((t1 - t0))" "$TICK_HZ" "$RUNTIME" <<<"$out" | sed "s/^/$rep\t$cname\t$s\t/" >> "$RESULTS"
     done
   done
 done
@@ -134,26 +151,29 @@ done
 python3 - "$RESULTS" "${SERVERS[@]}" <<'EOF'
 import sys, statistics, collections
 path, servers = sys.argv[1], sys.argv[2:]
-for s in ("weir-qos", "weir-noqos", "weir-direct", "nbdkit", "qemu-nbd", "nbd-server"):
-    if s not in servers: servers.append(s)
-iops = collections.defaultdict(list); mbs = collections.defaultdict(list); cells = []
+iops = collections.defaultdict(list); mbs = collections.defaultdict(list)
+cpu = collections.defaultdict(list); cells = []
 for line in open(path):
-    rep, cell, s, i, m = line.split("\t")
+    rep, cell, s, i, m, c = line.rstrip("\n").split("\t")
     if cell not in cells: cells.append(cell)
-    iops[(cell, s)].append(float(i)); mbs[(cell, s)].append(float(m))
+    iops[(cell, s)].append(float(i)); mbs[(cell, s)].append(float(m)); cpu[(cell, s)].append(float(c))
 med = lambda v: statistics.median(v) if v else 0.0
-peers = ["nbdkit", "qemu-nbd", "nbd-server"]
-print()
-print("IOPS (median of reps; MB/s for 1 MiB cells)")
-print(f"{'cell':<18}" + "".join(f"{s:>13}" for s in servers)
-      + f"{'weir/best':>11}{'best peer':>12}{'qos on/off':>12}{'direct/buf':>12}")
-for c in cells:
-    big = c.startswith(("read-1m", "write-1m"))
-    val = lambda s: med(mbs[(c, s)]) if big else med(iops[(c, s)])
-    row = f"{c:<18}" + "".join(f"{val(s):>13.0f}" if not big else f"{val(s):>13.1f}" for s in servers)
-    best = max(peers, key=val)
-    ratio = val("weir-qos") / val(best) if val(best) else 0
-    qos = val("weir-qos") / val("weir-noqos") if val("weir-noqos") else 0
-    direct = val("weir-direct") / val("weir-qos") if val("weir-qos") else 0
-    print(row + f"{ratio:>11.2f}{best:>12}{qos:>12.2f}{direct:>12.2f}")
+peers = [p for p in ("nbdkit", "qemu-nbd", "nbd-server") if p in servers]
+div = lambda a, b: a / b if b else 0.0
+def table(title, value, best_of, fmt):
+    print()
+    print(title)
+    print(f"{'cell':<18}" + "".join(f"{s:>13}" for s in servers)
+          + f"{'weir/best':>11}{'best peer':>12}{'qos on/off':>12}{'direct/buf':>12}")
+    for c in cells:
+        v = lambda s: value(c, s)
+        row = f"{c:<18}" + "".join(format(v(s), fmt).rjust(13) for s in servers)
+        best = best_of(peers, key=v) if peers else None
+        print(row + f"{div(v('weir-qos'), v(best)) if best else 0:>11.2f}{best or '-':>12}"
+              f"{div(v('weir-qos'), v('weir-noqos')):>12.2f}{div(v('weir-direct'), v('weir-qos')):>12.2f}")
+big = lambda c: c.startswith(("read-1m", "write-1m"))
+table("Throughput: IOPS (MB/s for the 1 MiB cells), median of reps; higher is better",
+      lambda c, s: med(mbs[(c, s)]) if big(c) else med(iops[(c, s)]), max, ".0f")
+table("Server CPU per I/O, µs (user + system), median of reps; lower is better",
+      lambda c, s: med(cpu[(c, s)]), min, ".1f")
 EOF

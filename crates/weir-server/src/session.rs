@@ -6,7 +6,7 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
@@ -46,6 +46,8 @@ pub struct Job {
     pub volume: Arc<OpenVolume>,
     pub export: Arc<ExportInfo>,
     pub reply: mpsc::UnboundedSender<Vec<u8>>,
+    /// The connection's recycled reply buffers (large READs).
+    pub buffers: Arc<ReplyBuffers>,
     pub volume_counters: Arc<IoCounters>,
     pub host_counters: Arc<IoCounters>,
     pub received_at: Instant,
@@ -53,6 +55,66 @@ pub struct Job {
     pub client: ClientId,
     _permit: OwnedSemaphorePermit,
     _buffer: Option<OwnedSemaphorePermit>,
+}
+
+/// Large READ reply buffers of one connection, handed back by the writer once
+/// sent. A recycled buffer keeps its length (its bytes stay initialised), so a
+/// READ that reuses one is read straight into it: no zero-fill of 1 MiB per
+/// request. Bounded: at most [`RECYCLED_BUFFERS`] idle buffers of at most
+/// [`RECYCLE_MAX_BYTES`] each per connection.
+#[derive(Default)]
+pub struct ReplyBuffers(Mutex<Vec<Vec<u8>>>);
+
+/// Replies smaller than this are not recycled (allocation is cheap there).
+pub const RECYCLE_MIN_BYTES: usize = 64 * 1024;
+/// Replies larger than this are not kept (idle memory per connection).
+pub const RECYCLE_MAX_BYTES: usize = 2 << 20;
+/// Idle buffers one connection keeps.
+pub const RECYCLED_BUFFERS: usize = 4;
+
+impl ReplyBuffers {
+    fn pool(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A buffer of exactly `len` bytes (contents unspecified: the caller
+    /// overwrites them all).
+    fn take(&self, len: usize) -> Vec<u8> {
+        if len >= RECYCLE_MIN_BYTES {
+            let mut pool = self.pool();
+            if let Some(i) = pool.iter().position(|b| b.len() >= len) {
+                let mut buf = pool.swap_remove(i);
+                buf.truncate(len);
+                return buf;
+            }
+        }
+        vec![0; len]
+    }
+
+    /// A sent reply: kept for reuse when it is worth it and there is room.
+    pub fn give_back(&self, buf: Vec<u8>) {
+        if (RECYCLE_MIN_BYTES..=RECYCLE_MAX_BYTES).contains(&buf.len()) {
+            let mut pool = self.pool();
+            if pool.len() < RECYCLED_BUFFERS {
+                pool.push(buf);
+            }
+        }
+    }
+
+    /// Idle buffers held (tests).
+    pub fn idle(&self) -> usize {
+        self.pool().len()
+    }
+}
+
+/// A READ reply of `length` data bytes with its header written and the data
+/// still to fill: `(buffer, where the data starts)`.
+fn read_reply_buffer(job: &Job, offset: u64, length: u32) -> (Vec<u8>, usize) {
+    let mut head = Vec::with_capacity(32);
+    reply::read_reply_header(&mut head, &job.export, job.handle, offset, length);
+    let mut out = job.buffers.take(head.len() + length as usize);
+    out[..head.len()].copy_from_slice(&head);
+    (out, head.len())
 }
 
 /// A performed job with its encoded reply.
@@ -112,10 +174,7 @@ pub fn try_perform_inline(job: Job) -> Result<Done, Job> {
     }
     match job.command {
         Command::Read { offset, length, .. } if length <= INLINE_MAX_READ_BYTES => {
-            let mut out = Vec::with_capacity(64 + length as usize);
-            reply::read_reply_header(&mut out, &job.export, job.handle, offset, length);
-            let start = out.len();
-            out.resize(start + length as usize, 0);
+            let (mut out, start) = read_reply_buffer(&job, offset, length);
             match job.volume.backend.read_nowait(offset, &mut out[start..]) {
                 Ok(true) => Ok(Done {
                     job,
@@ -159,9 +218,8 @@ pub fn perform(job: Job) -> Done {
     } else {
         match job.command {
             Command::Read { offset, length, .. } => {
-                reply::read_reply_header(&mut out, export, handle, offset, length);
-                let start = out.len();
-                out.resize(start + length as usize, 0);
+                let start;
+                (out, start) = read_reply_buffer(&job, offset, length);
                 match b.read(offset, &mut out[start..]) {
                     Ok(()) => {
                         return Done {
@@ -333,6 +391,8 @@ pub async fn run_session(
     pool.host_connection(client, volume.id, true);
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let buffers = Arc::new(ReplyBuffers::default());
+    let recycle = buffers.clone();
     let writer = tokio::spawn(async move {
         // Small replies that are ready together go out in one write.
         let mut wr = tokio::io::BufWriter::with_capacity(64 * 1024, wr);
@@ -342,6 +402,7 @@ pub async fn run_session(
                 if wr.write_all(&buf).await.is_err() {
                     break 'replies;
                 }
+                recycle.give_back(buf);
                 next = rx.try_recv().ok();
             }
             if wr.flush().await.is_err() {
@@ -486,6 +547,7 @@ pub async fn run_session(
             volume: volume.clone(),
             export: export.clone(),
             reply: tx.clone(),
+            buffers: buffers.clone(),
             volume_counters: volume_counters.clone(),
             host_counters: host_counters.clone(),
             received_at,
@@ -528,5 +590,39 @@ pub fn fail(job: Job, error: NbdError) -> Done {
         job,
         reply: out,
         ok: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_reply_buffers_are_reused_without_refill_and_bounded() {
+        let pool = ReplyBuffers::default();
+        let mut a = pool.take(1 << 20);
+        a.fill(0xAB);
+        let ptr = a.as_ptr();
+        pool.give_back(a);
+        assert_eq!(pool.idle(), 1);
+        // A smaller request reuses the same allocation; its bytes are not re-zeroed.
+        let b = pool.take((1 << 20) - 4096);
+        assert_eq!(b.as_ptr(), ptr);
+        assert_eq!(b.len(), (1 << 20) - 4096);
+        assert!(b.iter().all(|&x| x == 0xAB));
+        assert_eq!(pool.idle(), 0);
+        // A larger one cannot use it.
+        pool.give_back(b);
+        let c = pool.take(1 << 20);
+        assert_ne!(c.as_ptr(), ptr);
+        assert_eq!(c.len(), 1 << 20);
+        // Small and huge replies are not kept; at most RECYCLED_BUFFERS are.
+        pool.give_back(vec![0; 4096]);
+        pool.give_back(vec![0; RECYCLE_MAX_BYTES + 1]);
+        assert_eq!(pool.idle(), 1);
+        for _ in 0..10 {
+            pool.give_back(vec![0; RECYCLE_MIN_BYTES]);
+        }
+        assert_eq!(pool.idle(), RECYCLED_BUFFERS);
     }
 }
