@@ -126,7 +126,11 @@ echo "running ${#SERVERS[@]} servers x ${#CELLS[@]} cells x $REPS reps x ${RUNTI
 for rep in $(seq "$REPS"); do
   for cell in "${CELLS[@]}"; do
     read -r cname rw bs qd <<<"$cell"
-    for s in "${SERVERS[@]}"; do
+    # Each rep starts the cell with a different server (page cache, writeback and
+    # CPU frequency favour no one in particular).
+    n=${#SERVERS[@]}; order=()
+    for i in $(seq 0 $((n - 1))); do order+=("${SERVERS[$(( (i + rep - 1) % n ))]}"); done
+    for s in "${order[@]}"; do
       t0=$(cpu_ticks "${PID[$s]}")
       out=$(fio --name="$cname" --ioengine=nbd --uri="${URI[$s]}" --rw="$rw" --bs="$bs" \
         --iodepth="$qd" --size=1g --time_based --runtime="$RUNTIME" --ramp_time=1 \
