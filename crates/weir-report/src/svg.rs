@@ -315,6 +315,33 @@ fn write_bar_label(svg: &mut String, x_end: f64, baseline_y: f64, text: &str, ma
     );
 }
 
+/// Geometry of a chart of horizontal bars: one row per item under a header band.
+struct RowLayout {
+    width: f64,
+    /// Where the right-aligned row labels end.
+    label_end: f64,
+    bar_x: f64,
+    /// A full bar's length.
+    bar_w: f64,
+    row_h: f64,
+    /// The first row's top.
+    top: f64,
+}
+
+impl RowLayout {
+    /// Top of row `row` (of the space under the last row when `row` is the count).
+    fn row_y(&self, row: usize) -> f64 {
+        self.top + self.row_h * row as f64
+    }
+
+    /// The opening `<svg>` tag for `rows` rows and `margin_px` under them.
+    fn open(&self, class: &str, rows: usize, margin_px: f64) -> String {
+        let mut svg = String::new();
+        open_svg(&mut svg, class, self.width, self.row_y(rows) + margin_px);
+        svg
+    }
+}
+
 /// Vertical grid lines at 0, 25, 50, 75 and 100 % of a bar `bar_w` wide from `bar_x`,
 /// from `top_y` down to `bottom`, labelled under it.
 fn write_percent_grid(svg: &mut String, bar_x: f64, bar_w: f64, top_y: f64, bottom: f64) {
@@ -544,18 +571,21 @@ pub(crate) struct Pair<'a> {
 /// Horizontal paired bars, each pair scaled to its own larger figure, with a ratio
 /// badge (green within ±20%, red beyond).
 pub(crate) fn paired_bars(pairs: &[Pair<'_>]) -> String {
-    const W: f64 = 1140.0;
-    const LABEL_END: f64 = 330.0;
-    const BAR_X: f64 = 342.0;
-    const BAR_MAX: f64 = 600.0;
-    const ROW_H: f64 = 48.0;
-    const TOP: f64 = 30.0;
+    const L: RowLayout = RowLayout {
+        width: 1140.0,
+        label_end: 330.0,
+        bar_x: 342.0,
+        bar_w: 600.0,
+        row_h: 48.0,
+        top: 30.0,
+    };
+    const W: f64 = L.width;
+    const BAR_X: f64 = L.bar_x;
+    const ROW_H: f64 = L.row_h;
     if pairs.is_empty() {
         return no_data_svg(W, 80.0, "no comparisons");
     }
-    let height = TOP + ROW_H * pairs.len() as f64 + 6.0;
-    let mut svg = String::new();
-    open_svg(&mut svg, "chart bars", W, height);
+    let mut svg = L.open("chart bars", pairs.len(), 6.0);
     let _ = write!(
         svg,
         "<rect x=\"{BAR_X}\" y=\"6\" width=\"12\" height=\"12\" rx=\"2\" fill=\"{WEIR_COLOUR}\"/>\
@@ -571,7 +601,7 @@ pub(crate) fn paired_bars(pairs: &[Pair<'_>]) -> String {
         px(W - 50.0),
     );
     for (i, p) in pairs.iter().enumerate() {
-        let y = TOP + ROW_H * i as f64;
+        let y = L.row_y(i);
         if i % 2 == 1 {
             let _ = write!(
                 svg,
@@ -579,7 +609,7 @@ pub(crate) fn paired_bars(pairs: &[Pair<'_>]) -> String {
                 px(y)
             );
         }
-        write_bar_label(&mut svg, LABEL_END, y + ROW_H / 2.0 + 4.0, p.label, 44);
+        write_bar_label(&mut svg, L.label_end, y + ROW_H / 2.0 + 4.0, p.label, 44);
         let scale = [p.weir, p.seed]
             .iter()
             .filter(|v| v.is_finite())
@@ -593,7 +623,7 @@ pub(crate) fn paired_bars(pairs: &[Pair<'_>]) -> String {
         {
             let bar_y = y + 7.0 + j as f64 * 18.0;
             let len = if value.is_finite() && scale > 0.0 {
-                (value.max(0.0) / scale * BAR_MAX).max(if value > 0.0 { 1.5 } else { 0.0 })
+                (value.max(0.0) / scale * L.bar_w).max(if value > 0.0 { 1.5 } else { 0.0 })
             } else {
                 0.0
             };
@@ -637,22 +667,23 @@ pub(crate) fn utilisation_colour(fraction: f64) -> &'static str {
 
 /// Horizontal 0–100 % bars, one per (label, kind, busy fraction).
 pub(crate) fn utilisation_bars(rows: &[(&str, &str, f64)]) -> String {
-    const W: f64 = 1140.0;
-    const LABEL_END: f64 = 300.0;
-    const BAR_X: f64 = 312.0;
-    const BAR_W: f64 = 740.0;
-    const ROW_H: f64 = 26.0;
-    const TOP: f64 = 8.0;
+    const L: RowLayout = RowLayout {
+        width: 1140.0,
+        label_end: 300.0,
+        bar_x: 312.0,
+        bar_w: 740.0,
+        row_h: 26.0,
+        top: 8.0,
+    };
+    const BAR_X: f64 = L.bar_x;
+    const BAR_W: f64 = L.bar_w;
     if rows.is_empty() {
-        return no_data_svg(W, 80.0, "no components");
+        return no_data_svg(L.width, 80.0, "no components");
     }
-    let height = TOP + ROW_H * rows.len() as f64 + 22.0;
-    let mut svg = String::new();
-    open_svg(&mut svg, "chart bars", W, height);
-    let bottom = TOP + ROW_H * rows.len() as f64;
-    write_percent_grid(&mut svg, BAR_X, BAR_W, TOP, bottom);
+    let mut svg = L.open("chart bars", rows.len(), 22.0);
+    write_percent_grid(&mut svg, BAR_X, BAR_W, L.top, L.row_y(rows.len()));
     for (i, (label, kind, fraction)) in rows.iter().enumerate() {
-        let y = TOP + ROW_H * i as f64;
+        let y = L.row_y(i);
         let colour = utilisation_colour(*fraction);
         let len = if fraction.is_finite() {
             fraction.clamp(0.0, 1.0) * BAR_W
@@ -664,7 +695,7 @@ pub(crate) fn utilisation_bars(rows: &[(&str, &str, f64)]) -> String {
         } else {
             format!("{label} ({kind})")
         };
-        write_bar_label(&mut svg, LABEL_END, y + 17.0, &full, 38);
+        write_bar_label(&mut svg, L.label_end, y + 17.0, &full, 38);
         let _ = write!(
             svg,
             "<rect x=\"{BAR_X}\" y=\"{}\" width=\"{BAR_W}\" height=\"16\" rx=\"3\" fill=\"#eef0f3\"/>\
@@ -702,20 +733,24 @@ pub(crate) struct ShareRow {
 /// or not finite show "no data".
 /// `wide` draws across a card (1140 px); otherwise it fits half a card (600 px).
 pub(crate) fn share_bars(rows: &[ShareRow], wide: bool) -> String {
-    let (chart_w, label_end, bar_x, bar_w) = if wide {
+    let (width, label_end, bar_x, bar_w) = if wide {
         (1140.0, 300.0, 312.0, 600.0)
     } else {
         (600.0, 62.0, 72.0, 380.0)
     };
-    const ROW_H: f64 = 30.0;
-    const TOP: f64 = 30.0;
+    let l = RowLayout {
+        width,
+        label_end,
+        bar_x,
+        bar_w,
+        row_h: 30.0,
+        top: 30.0,
+    };
     if rows.is_empty() {
-        return no_data_svg(chart_w, 80.0, "no data");
+        return no_data_svg(l.width, 80.0, "no data");
     }
-    let height = TOP + ROW_H * rows.len() as f64 + 20.0;
-    let mut svg = String::new();
     let class = if wide { "chart bars" } else { "chart" };
-    open_svg(&mut svg, class, chart_w, height);
+    let mut svg = l.open(class, rows.len(), 20.0);
     // Legend: the segments of the first row.
     let mut lx = bar_x;
     for seg in &rows[0].segments {
@@ -730,12 +765,11 @@ pub(crate) fn share_bars(rows: &[ShareRow], wide: bool) -> String {
         );
         lx += 30.0 + seg.label.chars().count() as f64 * CHAR_PX;
     }
-    let bottom = TOP + ROW_H * rows.len() as f64;
-    write_percent_grid(&mut svg, bar_x, bar_w, TOP - 2.0, bottom);
+    write_percent_grid(&mut svg, bar_x, bar_w, l.top - 2.0, l.row_y(rows.len()));
     for (i, row) in rows.iter().enumerate() {
-        let y = TOP + ROW_H * i as f64;
+        let y = l.row_y(i);
         let max_chars = if wide { 42 } else { 9 };
-        write_bar_label(&mut svg, label_end, y + 19.0, &row.label, max_chars);
+        write_bar_label(&mut svg, l.label_end, y + 19.0, &row.label, max_chars);
         let clean: Vec<f64> = row
             .segments
             .iter()
