@@ -7,14 +7,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::ReadLoad;
 use weir_nbd::ClientConfig;
+use weir_server::WeirConfig;
 use weir_server::nbd_client::NbdClient;
-use weir_server::{RunningServer, WeirConfig};
 
 const CONFIG: &str = r#"
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
 [[pools]]
 name = "array"
 device = "15k-sas-raid5x24"
@@ -50,38 +48,21 @@ async fn flood(
     queue_depth: usize,
     end: Instant,
 ) -> u64 {
-    let (mut c, _) = NbdClient::connect_from(Some(from), addr, ClientConfig::go(volume))
-        .await
-        .unwrap();
-    let mut x: u64 = 0x1234_5678 ^ from.to_string().len() as u64;
-    let mut in_flight = 0;
-    let mut done = 0;
-    loop {
-        while Instant::now() < end && in_flight < queue_depth {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            c.session().read((x % (2 << 20)) * 8192, 8192);
-            in_flight += 1;
-        }
-        if in_flight == 0 {
-            break;
-        }
-        let r = c.next_completion().await.unwrap();
-        assert!(r.result.is_ok());
-        in_flight -= 1;
-        done += 1;
-    }
-    c.disconnect().await.unwrap();
-    done
+    let load = ReadLoad {
+        volume,
+        from: Some(from),
+        queue_depth,
+        size_bytes: 8192,
+        span_bytes: 16 << 30,
+        seed: 0x1234_5678 ^ from.to_string().len() as u64,
+    };
+    load.run_until(addr, end).await.len() as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_windows_shrink_under_congestion_and_follow_shares() {
-    let dir = common::TempDir::new("congestion");
-    let mut config = WeirConfig::from_toml_str(CONFIG, "congestion test").unwrap();
-    config.data_dir = dir.path().to_path_buf();
-    let server = Arc::new(RunningServer::start(config).await.unwrap());
+    let (_dir, server) = common::start_with("congestion", CONFIG).await;
+    let server = Arc::new(server);
     let pool = server.state().pool("array").unwrap();
     let addr = server.nbd_addr();
     let end = Instant::now() + Duration::from_millis(1800);
@@ -130,11 +111,8 @@ async fn host_windows_shrink_under_congestion_and_follow_shares() {
 
 #[tokio::test]
 async fn congestion_off_means_no_host_windows_and_bad_thresholds_are_refused() {
-    let dir = common::TempDir::new("congestion-off");
     let text = CONFIG.replace("enabled = true", "enabled = false");
-    let mut config = WeirConfig::from_toml_str(&text, "congestion test").unwrap();
-    config.data_dir = dir.path().to_path_buf();
-    let server = RunningServer::start(config).await.unwrap();
+    let (_dir, server) = common::start_with("congestion-off", &text).await;
     let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("a"))
         .await
         .unwrap();
