@@ -4,8 +4,10 @@
 mod common;
 
 use common::{Misbehaviour, Nbdkit, TestServer};
+use std::path::PathBuf;
 use std::time::Duration;
 use weir_load::{LoadError, LoadOptions, LoadOutcome, ScenarioSource, Target};
+use weir_testkit::TempDir;
 
 fn options(targets: &str, scenario: &str, seconds: f64) -> LoadOptions {
     let mut o = LoadOptions::new(
@@ -54,10 +56,12 @@ disk_gib = 0.00390625   # 4 MiB each
 preset = "ignored by weir load"
 "#;
 
-fn write_temp(name: &str, text: &str) -> std::path::PathBuf {
-    let p = std::env::temp_dir().join(format!("weir-load-{}-{name}", std::process::id()));
+/// `text` written to `name` in a fresh directory (removed when the first value drops).
+fn write_temp(name: &str, text: &str) -> (TempDir, PathBuf) {
+    let dir = TempDir::new("load");
+    let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
-    p
+    (dir, p)
 }
 
 #[test]
@@ -81,14 +85,13 @@ fn verify_against_nbdkit_memory_finds_no_mismatch() {
     // fresh (zeroed) export: the first one now holds the first run's data.
     drop(k);
     let k = Nbdkit::start(&["memory", "64M"]);
-    let path = write_temp("mixed.toml", MIXED_TOML);
+    let (_tmp, path) = write_temp("mixed.toml", MIXED_TOML);
     let mut o = options(&k.uri(), "", 1.5);
-    o.scenario = ScenarioSource::File(path.clone());
+    o.scenario = ScenarioSource::File(path);
     o.verify = true;
     o.target_zeroed = true;
     o.connections = Some(2);
     let out = run(o);
-    std::fs::remove_file(path).ok();
     let v = out.verify.clone().unwrap();
     println!("nbdkit memory, mixed sizes: {} I/Os, {v:?}", out.ios);
     assert!(out.passed(), "{:?}", out.failures());
@@ -323,16 +326,15 @@ name = "v"
 workload = "bursty"
 count = 6
 "#;
-    let path = write_temp("bursty.toml", toml);
+    let (_tmp, path) = write_temp("bursty.toml", toml);
     let mut o = LoadOptions::new(
         Target::parse_list(&format!("{},{}", a.uri(), b.uri())).unwrap(),
-        ScenarioSource::File(path.clone()),
+        ScenarioSource::File(path),
     );
     o.time_scale = 4.0;
     o.connections = Some(3);
     o.verify = true;
     let out = run(o);
-    std::fs::remove_file(path).ok();
     assert!(out.passed(), "{:?}", out.failures());
     let case = &out.report.cases[0];
     assert!(
@@ -381,9 +383,7 @@ count = 6
 
 #[test]
 fn weir_server_verify_run_passes() {
-    let dir = std::env::temp_dir().join(format!("weir-load-server-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("load-server");
     let config = r#"
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
@@ -403,7 +403,7 @@ size = "16MiB"
 policy = "non-critical"
 "#;
     let mut config = weir_server::WeirConfig::from_toml_str(config, "load test").unwrap();
-    config.data_dir = dir.clone();
+    config.data_dir = dir.path().to_path_buf();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -422,7 +422,6 @@ policy = "non-critical"
     o.target_zeroed = true;
     let out = run(o);
     rt.block_on(server.shutdown()).unwrap();
-    std::fs::remove_dir_all(&dir).ok();
     let v = out.verify.clone().unwrap();
     println!("weir-server: {} I/Os, {v:?}", out.ios);
     assert!(out.passed(), "{:?}", out.failures());
@@ -521,14 +520,13 @@ name = "sql"
 model = "sql"
 count = 2
 "#;
-    let path = write_temp("oltp.toml", toml);
+    let (_tmp, path) = write_temp("oltp.toml", toml);
     let mut o = options(&server.uri(), "", 1.5);
-    o.scenario = ScenarioSource::File(path.clone());
+    o.scenario = ScenarioSource::File(path);
     o.time_scale = 2.0;
     o.verify = true;
     o.target_zeroed = true;
     let out = run(o);
-    std::fs::remove_file(path).ok();
     assert!(out.passed(), "{:?}", out.failures());
     let opm = out.model_metrics.get("sql.opm").expect("opm metric").value;
     let orders = out.model_metrics.get("sql.orders").unwrap().value;

@@ -233,7 +233,7 @@ fn acknowledged_writes_survive_sigkill() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(12);
-    let dir = common::TempDir::new("crash");
+    let dir = common::TempDir::new("cli-crash");
     let config = r#"
 [[pools]]
 name = "default"

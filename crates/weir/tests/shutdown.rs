@@ -31,7 +31,7 @@ policy = "open"
 
 #[test]
 fn sigterm_during_writes_exits_0_with_acknowledged_writes_durable() {
-    let dir = common::TempDir::new("shutdown");
+    let dir = common::TempDir::new("cli-shutdown");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
