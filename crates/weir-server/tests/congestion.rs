@@ -7,38 +7,26 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::ReadLoad;
-use weir_nbd::ClientConfig;
+use common::{HIGH_AND_NORMAL_SHARES, ReadLoad, volume_toml};
 use weir_server::WeirConfig;
-use weir_server::nbd_client::NbdClient;
 
-const CONFIG: &str = r#"
+/// Two volumes with 2:1 shares on an emulated array with congestion control (5 ms).
+fn config() -> String {
+    let pool = r#"
 [[pools]]
 name = "array"
 device = "15k-sas-raid5x24"
 max_in_flight = 32
 congestion = { enabled = true, threshold_ms = 5, period_ms = 100 }
-
-[[policies]]
-name = "high"
-shares = 2000
-
-[[policies]]
-name = "normal"
-shares = 1000
-
-[[volumes]]
-name = "a"
-size = "16GiB"
-policy = "high"
-pool = "array"
-
-[[volumes]]
-name = "b"
-size = "16GiB"
-policy = "normal"
-pool = "array"
 "#;
+    [
+        pool,
+        HIGH_AND_NORMAL_SHARES,
+        &volume_toml("a", "16GiB", "high", "array"),
+        &volume_toml("b", "16GiB", "normal", "array"),
+    ]
+    .concat()
+}
 
 /// QD `queue_depth` random 8 KiB reads from `from` until `end`; returns I/Os done.
 async fn flood(
@@ -61,7 +49,7 @@ async fn flood(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_windows_shrink_under_congestion_and_follow_shares() {
-    let (_dir, server) = common::start_with("congestion", CONFIG).await;
+    let (_dir, server) = common::start_with("congestion", &config()).await;
     let server = Arc::new(server);
     let pool = server.state().pool("array").unwrap();
     let addr = server.nbd_addr();
@@ -111,11 +99,9 @@ async fn host_windows_shrink_under_congestion_and_follow_shares() {
 
 #[tokio::test]
 async fn congestion_off_means_no_host_windows_and_bad_thresholds_are_refused() {
-    let text = CONFIG.replace("enabled = true", "enabled = false");
+    let text = config().replace("enabled = true", "enabled = false");
     let (_dir, server) = common::start_with("congestion-off", &text).await;
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("a"))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(&server, "a").await;
     c.write(0, b"x", true).await.unwrap().unwrap();
     assert!(
         server
@@ -128,7 +114,7 @@ async fn congestion_off_means_no_host_windows_and_bad_thresholds_are_refused() {
     c.disconnect().await.unwrap();
     server.shutdown().await.unwrap();
 
-    let text = CONFIG.replace("threshold_ms = 5", "threshold_ms = 500");
+    let text = config().replace("threshold_ms = 5", "threshold_ms = 500");
     let e = WeirConfig::from_toml_str(&text, "weir.toml").unwrap_err();
     assert!(e.to_string().contains("pools[0].congestion"), "{e}");
     assert!(e.to_string().contains("5-100"), "{e}");

@@ -4,9 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use weir_nbd::ClientConfig;
 use weir_server::RunningServer;
-use weir_server::nbd_client::NbdClient;
 
 const CONFIG: &str = r#"
 [[pools]]
@@ -34,9 +32,7 @@ pool = "array"
 "#;
 
 async fn mean_random_read_latency(server: &RunningServer, volume: &str) -> Duration {
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go(volume))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(server, volume).await;
     let start = Instant::now();
     let n = 20u64;
     for i in 0..n {
@@ -62,9 +58,7 @@ async fn reads_on_an_emulated_array_take_disk_time_and_data_stays_correct() {
     println!(
         "mean QD1 8 KiB random read: emulated 15k-sas-raid5x24 {on_array:?}, files {on_files:?}"
     );
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("on-array"))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(&server, "on-array").await;
     c.write(1 << 20, b"array data", true)
         .await
         .unwrap()

@@ -7,9 +7,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{ReadLoad, Sample};
-use weir_nbd::ClientConfig;
-use weir_server::nbd_client::NbdClient;
+use common::{HIGH_AND_NORMAL_SHARES, ReadLoad, Sample, volume_toml};
 
 /// Keeps `queue_depth` random reads of `size_bytes` in flight on `volume` for
 /// `duration`; returns every completion.
@@ -106,13 +104,6 @@ device = "15k-sas-raid5x24"
 max_in_flight = 16
 "#;
 
-/// A `[[volumes]]` entry.
-fn volume(name: &str, size: &str, policy: &str, pool: &str) -> String {
-    format!(
-        "[[volumes]]\nname = \"{name}\"\nsize = \"{size}\"\npolicy = \"{policy}\"\npool = \"{pool}\"\n"
-    )
-}
-
 /// Runs a QD4 8 KiB random-read load on `sql` beside a QD64 flood on `desktops`
 /// (both on the emulated array) and returns the critical load's mean latency.
 async fn critical_beside_flood(
@@ -123,8 +114,8 @@ async fn critical_beside_flood(
     let config = [
         ARRAY_POOL,
         policies,
-        &volume("sql", "16GiB", sql_policy, "array"),
-        &volume("desktops", "16GiB", desktops_policy, "array"),
+        &volume_toml("sql", "16GiB", sql_policy, "array"),
+        &volume_toml("desktops", "16GiB", desktops_policy, "array"),
     ]
     .concat();
     let (_dir, server) = common::start_with("liveqos", &config).await;
@@ -204,19 +195,11 @@ async fn builtin_mission_critical_keeps_its_latency_target_while_non_critical_fl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shares_2_to_1_split_a_saturated_pool_2_to_1() {
-    let policies = r#"
-[[policies]]
-name = "high"
-shares = 2000
-[[policies]]
-name = "normal"
-shares = 1000
-"#;
     let config = [
         ARRAY_POOL,
-        policies,
-        &volume("a", "256MiB", "high", "array"),
-        &volume("b", "256MiB", "normal", "array"),
+        HIGH_AND_NORMAL_SHARES,
+        &volume_toml("a", "256MiB", "high", "array"),
+        &volume_toml("b", "256MiB", "normal", "array"),
     ]
     .concat();
     let (_dir, server) = common::start_with("liveqos", &config).await;
@@ -260,8 +243,8 @@ limit_iops = 100
 "#;
     let config = [
         pools_and_policy,
-        &volume("raw", "4MiB", "capped", "raw"),
-        &volume("governed", "4MiB", "capped", "governed"),
+        &volume_toml("raw", "4MiB", "capped", "raw"),
+        &volume_toml("governed", "4MiB", "capped", "governed"),
     ]
     .concat();
     let (_dir, server) = common::start_with("liveqos", &config).await;
@@ -303,9 +286,7 @@ policy = "trickle"
 "#,
     )
     .await;
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("trickle"))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(&server, "trickle").await;
     let payload = vec![0x5au8; 32 << 20];
     let sent = Arc::new(AtomicU64::new(0));
     let counter = sent.clone();

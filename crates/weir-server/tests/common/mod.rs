@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use weir_nbd::ClientConfig;
+use weir_nbd::{ClientConfig, ClientExport};
 use weir_server::nbd_client::NbdClient;
 use weir_server::{RunningServer, WeirConfig};
 
@@ -58,6 +58,23 @@ size = "1MiB"
 policy = "slow100"
 "#;
 
+/// Two policies for a shares test: `high` (2000 shares) and `normal` (1000).
+pub const HIGH_AND_NORMAL_SHARES: &str = r#"
+[[policies]]
+name = "high"
+shares = 2000
+[[policies]]
+name = "normal"
+shares = 1000
+"#;
+
+/// A `[[volumes]]` entry.
+pub fn volume_toml(name: &str, size: &str, policy: &str, pool: &str) -> String {
+    format!(
+        "[[volumes]]\nname = \"{name}\"\nsize = \"{size}\"\npolicy = \"{policy}\"\npool = \"{pool}\"\n"
+    )
+}
+
 /// `toml` parsed, with both listeners on ephemeral loopback ports and the data
 /// directory `dir`.
 pub fn config_from(toml: &str, dir: &Path) -> WeirConfig {
@@ -88,6 +105,13 @@ pub async fn start_with(tag: &str, toml: &str) -> (TempDir, RunningServer) {
         .await
         .expect("server starts");
     (dir, server)
+}
+
+/// An NBD client connected to `volume` (panics naming the volume when it cannot).
+pub async fn connect(server: &RunningServer, volume: &str) -> (NbdClient, ClientExport) {
+    NbdClient::connect(server.nbd_addr(), ClientConfig::go(volume))
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {volume}: {e:#}"))
 }
 
 /// `nbd://` URI of a volume.
