@@ -1,6 +1,7 @@
 //! Helpers for tests that run the real `weir` binary.
 #![allow(dead_code)]
 
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -25,6 +26,15 @@ impl Rng {
     }
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
+    }
+    /// A random value below `n` that is not in `taken` (which must leave one free).
+    pub fn below_except(&mut self, n: u64, taken: &HashSet<u64>) -> u64 {
+        loop {
+            let v = self.below(n);
+            if !taken.contains(&v) {
+                return v;
+            }
+        }
     }
 }
 
