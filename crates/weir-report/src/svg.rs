@@ -272,13 +272,14 @@ struct LegendSwatch {
 }
 
 /// Legend items in rows from `top` under a plot, wrapping at the chart's width. Item
-/// `i` gets the swatch `swatch(i, x, y)` (y is the text's baseline) and its name, cut
-/// to 40 characters. Returns the items' SVG and the baseline of the last row.
+/// `i` gets the swatch `swatch(legend, i, x, y)` writes (y is the text's baseline) and
+/// its name, cut to 40 characters. Returns the items' SVG and the baseline of the last
+/// row.
 fn wrapped_legend<'a>(
     names: impl Iterator<Item = &'a str>,
     top: f64,
     layout: LegendSwatch,
-    swatch: impl Fn(usize, f64, f64) -> String,
+    swatch: impl Fn(&mut String, usize, f64, f64),
 ) -> (String, f64) {
     let mut legend = String::new();
     let (mut lx, mut ly) = (PLOT_LEFT, top);
@@ -289,10 +290,11 @@ fn wrapped_legend<'a>(
             lx = PLOT_LEFT;
             ly += 18.0;
         }
+        legend.push_str("<g class=\"legend-item\">");
+        swatch(&mut legend, i, lx, ly);
         let _ = write!(
             legend,
-            "<g class=\"legend-item\">{}<text x=\"{}\" y=\"{}\">{}</text></g>",
-            swatch(i, lx, ly),
+            "<text x=\"{}\" y=\"{}\">{}</text></g>",
             px(lx + layout.text_dx),
             px(ly),
             esc(&label)
@@ -456,16 +458,17 @@ impl LineChart {
                     item_px: 26.0,
                     text_dx: 24.0,
                 },
-                |i, x, y| {
+                |legend, i, x, y| {
                     let (colour, dash) = series_stroke(i);
-                    format!(
+                    let _ = write!(
+                        legend,
                         "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{colour}\" \
                          stroke-width=\"3\"{dash}/>",
                         px(x),
                         px(y - 4.0),
                         px(x + 18.0),
                         px(y - 4.0),
-                    )
+                    );
                 },
             );
             (legend, last_row_y + 10.0)
@@ -883,13 +886,14 @@ pub(crate) fn grouped_bars(groups: &[String], series: &[BarSeries], y_label: &st
             item_px: 22.0,
             text_dx: 17.0,
         },
-        |i, x, y| {
-            format!(
+        |legend, i, x, y| {
+            let _ = write!(
+                legend,
                 "<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" rx=\"2\" fill=\"{}\"/>",
                 px(x),
                 px(y - 10.0),
                 series[i].colour
-            )
+            );
         },
     );
     let height = last_row_y + 10.0;
