@@ -4,8 +4,10 @@
 mod common;
 
 use common::{Misbehaviour, Nbdkit, TestServer};
+use std::path::PathBuf;
 use std::time::Duration;
 use weir_load::{LoadError, LoadOptions, LoadOutcome, ScenarioSource, Target};
+use weir_testkit::TempDir;
 
 fn options(targets: &str, scenario: &str, seconds: f64) -> LoadOptions {
     let mut o = LoadOptions::new(
@@ -15,6 +17,14 @@ fn options(targets: &str, scenario: &str, seconds: f64) -> LoadOptions {
     o.duration = Some(Duration::from_secs_f64(seconds));
     o.timeline_interval = Some(Duration::from_millis(250));
     o.drain_timeout = Duration::from_secs(5);
+    o
+}
+
+/// [`options`] with data verification on; `zeroed`: the target starts all zeroes.
+fn verifying(targets: &str, scenario: &str, seconds: f64, zeroed: bool) -> LoadOptions {
+    let mut o = options(targets, scenario, seconds);
+    o.verify = true;
+    o.target_zeroed = zeroed;
     o
 }
 
@@ -54,10 +64,12 @@ disk_gib = 0.00390625   # 4 MiB each
 preset = "ignored by weir load"
 "#;
 
-fn write_temp(name: &str, text: &str) -> std::path::PathBuf {
-    let p = std::env::temp_dir().join(format!("weir-load-{}-{name}", std::process::id()));
+/// `text` written to `name` in a fresh directory (removed when the first value drops).
+fn write_temp(name: &str, text: &str) -> (TempDir, PathBuf) {
+    let dir = TempDir::new("load");
+    let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
-    p
+    (dir, p)
 }
 
 #[test]
@@ -66,10 +78,12 @@ fn verify_against_nbdkit_memory_finds_no_mismatch() {
         return;
     }
     let k = Nbdkit::start(&["memory", "64M"]);
-    let mut o = options(&k.uri(), "bs=4k,randrw,qd=16,vms=4,disk=1m", 1.5);
-    o.verify = true;
-    o.target_zeroed = true;
-    let out = run(o);
+    let out = run(verifying(
+        &k.uri(),
+        "bs=4k,randrw,qd=16,vms=4,disk=1m",
+        1.5,
+        true,
+    ));
     let v = out.verify.clone().unwrap();
     println!("nbdkit memory: {} I/Os, {v:?}", out.ios);
     assert!(out.passed(), "{:?}", out.failures());
@@ -81,14 +95,11 @@ fn verify_against_nbdkit_memory_finds_no_mismatch() {
     // fresh (zeroed) export: the first one now holds the first run's data.
     drop(k);
     let k = Nbdkit::start(&["memory", "64M"]);
-    let path = write_temp("mixed.toml", MIXED_TOML);
-    let mut o = options(&k.uri(), "", 1.5);
-    o.scenario = ScenarioSource::File(path.clone());
-    o.verify = true;
-    o.target_zeroed = true;
+    let (_tmp, path) = write_temp("mixed.toml", MIXED_TOML);
+    let mut o = verifying(&k.uri(), "", 1.5, true);
+    o.scenario = ScenarioSource::File(path);
     o.connections = Some(2);
     let out = run(o);
-    std::fs::remove_file(path).ok();
     let v = out.verify.clone().unwrap();
     println!("nbdkit memory, mixed sizes: {} I/Os, {v:?}", out.ios);
     assert!(out.passed(), "{:?}", out.failures());
@@ -196,9 +207,7 @@ fn nbdkit_error_filter_errors_are_reported() {
         "error=EIO",
         "error-rate=5%",
     ]);
-    let mut o = options(&k.uri(), "bs=4k,randrw,qd=8", 1.0);
-    o.verify = true;
-    let out = run(o);
+    let out = run(verifying(&k.uri(), "bs=4k,randrw,qd=8", 1.0, false));
     println!(
         "error filter: {} I/Os, {} errors: {:?}",
         out.ios,
@@ -230,10 +239,12 @@ fn a_corrupting_target_fails_verification() {
             ..Default::default()
         },
     );
-    let mut o = options(&server.uri(), "bs=8k,randrw,qd=8,vms=2,disk=2m", 1.0);
-    o.verify = true;
-    o.target_zeroed = true;
-    let out = run(o);
+    let out = run(verifying(
+        &server.uri(),
+        "bs=8k,randrw,qd=8,vms=2,disk=2m",
+        1.0,
+        true,
+    ));
     let v = out.verify.clone().unwrap();
     let flipped = server.flipped.load(std::sync::atomic::Ordering::Relaxed);
     println!("bit flipper: {flipped} reads corrupted, {v:?}");
@@ -263,10 +274,12 @@ fn a_corrupting_target_fails_verification() {
             ..Default::default()
         },
     );
-    let mut o = options(&honest.uri(), "bs=8k,randrw,qd=8,vms=2,disk=2m", 0.5);
-    o.verify = true;
-    o.target_zeroed = true;
-    let out = run(o);
+    let out = run(verifying(
+        &honest.uri(),
+        "bs=8k,randrw,qd=8,vms=2,disk=2m",
+        0.5,
+        true,
+    ));
     assert!(out.passed(), "{:?}", out.failures());
     assert!(honest.reordered.load(std::sync::atomic::Ordering::Relaxed) > 10);
     assert!(out.verify.unwrap().reads_checked > 50);
@@ -323,16 +336,15 @@ name = "v"
 workload = "bursty"
 count = 6
 "#;
-    let path = write_temp("bursty.toml", toml);
+    let (_tmp, path) = write_temp("bursty.toml", toml);
     let mut o = LoadOptions::new(
         Target::parse_list(&format!("{},{}", a.uri(), b.uri())).unwrap(),
-        ScenarioSource::File(path.clone()),
+        ScenarioSource::File(path),
     );
     o.time_scale = 4.0;
     o.connections = Some(3);
     o.verify = true;
     let out = run(o);
-    std::fs::remove_file(path).ok();
     assert!(out.passed(), "{:?}", out.failures());
     let case = &out.report.cases[0];
     assert!(
@@ -381,9 +393,7 @@ count = 6
 
 #[test]
 fn weir_server_verify_run_passes() {
-    let dir = std::env::temp_dir().join(format!("weir-load-server-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("load-server");
     let config = r#"
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
@@ -403,7 +413,7 @@ size = "16MiB"
 policy = "non-critical"
 "#;
     let mut config = weir_server::WeirConfig::from_toml_str(config, "load test").unwrap();
-    config.data_dir = dir.clone();
+    config.data_dir = dir.path().to_path_buf();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -413,16 +423,13 @@ policy = "non-critical"
         .block_on(weir_server::RunningServer::start(config))
         .unwrap();
     let addr = server.nbd_addr();
-    let mut o = options(
+    let out = run(verifying(
         &format!("nbd://{addr}/vol-a,nbd://{addr}/vol-b"),
         "bs=4k,randrw,qd=8,vms=4,disk=2m",
         1.5,
-    );
-    o.verify = true;
-    o.target_zeroed = true;
-    let out = run(o);
+        true,
+    ));
     rt.block_on(server.shutdown()).unwrap();
-    std::fs::remove_dir_all(&dir).ok();
     let v = out.verify.clone().unwrap();
     println!("weir-server: {} I/Os, {v:?}", out.ios);
     assert!(out.passed(), "{:?}", out.failures());
@@ -521,14 +528,11 @@ name = "sql"
 model = "sql"
 count = 2
 "#;
-    let path = write_temp("oltp.toml", toml);
-    let mut o = options(&server.uri(), "", 1.5);
-    o.scenario = ScenarioSource::File(path.clone());
+    let (_tmp, path) = write_temp("oltp.toml", toml);
+    let mut o = verifying(&server.uri(), "", 1.5, true);
+    o.scenario = ScenarioSource::File(path);
     o.time_scale = 2.0;
-    o.verify = true;
-    o.target_zeroed = true;
     let out = run(o);
-    std::fs::remove_file(path).ok();
     assert!(out.passed(), "{:?}", out.failures());
     let opm = out.model_metrics.get("sql.opm").expect("opm metric").value;
     let orders = out.model_metrics.get("sql.orders").unwrap().value;
@@ -578,15 +582,16 @@ count = 2
 fn the_zeroed_claim_is_checked_and_unknown_blocks_are_left_alone() {
     let server = TestServer::start(4 << 20, Misbehaviour::default());
     let spec = "bs=4k,randrw,qd=8,disk=1m";
-    let mut o = options(&server.uri(), spec, 0.5);
-    o.verify = true;
-    o.target_zeroed = true;
+    let o = verifying(&server.uri(), spec, 0.5, true);
     assert!(run(o).passed(), "first run on a fresh export");
     // The export now holds the first run's data: claiming it is zeroed is wrong, and
     // reads of blocks this run has not written yet say so.
-    let mut o = options(&server.uri(), "bs=4k,read=90,random=100,qd=8,disk=1m", 0.5);
-    o.verify = true;
-    o.target_zeroed = true;
+    let mut o = verifying(
+        &server.uri(),
+        "bs=4k,read=90,random=100,qd=8,disk=1m",
+        0.5,
+        true,
+    );
     o.seed = Some(2);
     let out = run(o);
     let v = out.verify.clone().unwrap();
@@ -598,8 +603,12 @@ fn the_zeroed_claim_is_checked_and_unknown_blocks_are_left_alone() {
     );
     // Without the claim, never-written blocks are not judged: the run passes and still
     // checks the blocks it wrote itself.
-    let mut o = options(&server.uri(), "bs=4k,read=90,random=100,qd=8,disk=1m", 0.5);
-    o.verify = true;
+    let mut o = verifying(
+        &server.uri(),
+        "bs=4k,read=90,random=100,qd=8,disk=1m",
+        0.5,
+        false,
+    );
     o.seed = Some(3);
     let out = run(o);
     assert!(out.passed(), "{:?}", out.failures());
@@ -614,9 +623,7 @@ fn lost_writes_are_caught_by_the_final_read_back() {
         ..Default::default()
     };
     let server = TestServer::start(4 << 20, lossy);
-    let mut o = options(&server.uri(), "bs=4k,randwrite,qd=8,disk=1m", 0.5);
-    o.verify = true;
-    o.target_zeroed = true;
+    let mut o = verifying(&server.uri(), "bs=4k,randwrite,qd=8,disk=1m", 0.5, true);
     o.final_check_bytes = 0;
     let out = run(o);
     assert!(
@@ -626,10 +633,12 @@ fn lost_writes_are_caught_by_the_final_read_back() {
     );
 
     let server = TestServer::start(4 << 20, lossy);
-    let mut o = options(&server.uri(), "bs=4k,randwrite,qd=8,disk=1m", 0.5);
-    o.verify = true;
-    o.target_zeroed = true;
-    let out = run(o);
+    let out = run(verifying(
+        &server.uri(),
+        "bs=4k,randwrite,qd=8,disk=1m",
+        0.5,
+        true,
+    ));
     let v = out.verify.clone().unwrap();
     println!("lost writes: {v:?}");
     assert!(!out.passed());
@@ -645,9 +654,12 @@ fn lost_writes_are_caught_by_the_final_read_back() {
 
     // An honest target passes the read-back, and it covers what was written.
     let server = TestServer::start(4 << 20, Misbehaviour::default());
-    let mut o = options(&server.uri(), "bs=4k,randwrite,qd=8,disk=1m", 0.5);
-    o.verify = true;
-    let out = run(o);
+    let out = run(verifying(
+        &server.uri(),
+        "bs=4k,randwrite,qd=8,disk=1m",
+        0.5,
+        false,
+    ));
     let v = out.verify.clone().unwrap();
     assert!(out.passed(), "{:?}", out.failures());
     // 1 MiB disk, 70 % dataset: at most 1434 written sectors, most of them by now.

@@ -36,31 +36,23 @@ fn seq(size: u32, dir: IoDir) -> impl FnMut(u64) -> DeviceIo {
     }
 }
 
+/// MB/s of `ios` 1 MiB sequential reads, `queue_depth` at a time, on a write-through
+/// RAID 0 of `drives` behind `controller`.
+fn raid0_sequential_read_mbps(drives: u32, controller: &str, queue_depth: u32, ios: u64) -> f64 {
+    let mut a = Array::new(&spec(0, drives, controller, write_through()), 1).unwrap();
+    run_closed_loop(&mut a, queue_depth, ios, seq(1 << 20, IoDir::Read)).mbps()
+}
+
 #[test]
 fn raid0_x24_sequential_read_is_capped_by_the_controller() {
-    let mut gen2 = Array::new(&spec(0, 24, "pcie-gen2", write_through()), 1).unwrap();
-    let r = run_closed_loop(&mut gen2, 32, 3000, seq(1 << 20, IoDir::Read));
     // 24 drives could stream ≈ 24 × 200 MB/s; PCIe Gen2 x8 caps at 2,800 MB/s.
-    assert!(
-        (r.mbps() / 2800.0 - 1.0).abs() < 0.03,
-        "gen2 {:.0} MB/s",
-        r.mbps()
-    );
-    let mut gen3 = Array::new(&spec(0, 24, "pcie-gen3", write_through()), 1).unwrap();
-    let r3 = run_closed_loop(&mut gen3, 32, 3000, seq(1 << 20, IoDir::Read));
-    assert!(
-        (r3.mbps() / 4000.0 - 1.0).abs() < 0.05,
-        "gen3 {:.0} MB/s",
-        r3.mbps()
-    );
+    let gen2 = raid0_sequential_read_mbps(24, "pcie-gen2", 32, 3000);
+    assert!((gen2 / 2800.0 - 1.0).abs() < 0.03, "gen2 {gen2:.0} MB/s");
+    let gen3 = raid0_sequential_read_mbps(24, "pcie-gen3", 32, 3000);
+    assert!((gen3 / 4000.0 - 1.0).abs() < 0.05, "gen3 {gen3:.0} MB/s");
     // Few drives: drive-bound, ≈ media rate each.
-    let mut four = Array::new(&spec(0, 4, "pcie-gen2", write_through()), 1).unwrap();
-    let r4 = run_closed_loop(&mut four, 16, 800, seq(1 << 20, IoDir::Read));
-    assert!(
-        (600.0..=830.0).contains(&r4.mbps()),
-        "4 drives {:.0} MB/s",
-        r4.mbps()
-    );
+    let four = raid0_sequential_read_mbps(4, "pcie-gen2", 16, 800);
+    assert!((600.0..=830.0).contains(&four), "4 drives {four:.0} MB/s");
 }
 
 #[test]

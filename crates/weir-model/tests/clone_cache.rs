@@ -1,6 +1,6 @@
 //! Clone-aware array cache: N linked clones booting from one golden image.
 
-use weir_model::harness::{SplitMix64, run_closed_loop};
+use weir_model::harness::{ClosedLoopResult, SplitMix64, run_closed_loop};
 use weir_model::{
     Array, ArraySpec, CloneCacheSpec, Component, ControllerRef, DeviceIo, DriveRef, IoDir,
     PolicyOverride, RaidSpec, WritePolicy,
@@ -42,7 +42,7 @@ fn clones(a: &mut Array, n: u64) -> Vec<u64> {
 
 /// Each clone boots: reads the same 16 MiB of boot blocks (64 KiB reads in a
 /// clone-specific order), one clone after another.
-fn boot(a: &mut Array, bases: &[u64]) -> weir_model::harness::ClosedLoopResult {
+fn boot(a: &mut Array, bases: &[u64]) -> ClosedLoopResult {
     let boot_reads = 16 * MIB / 65536;
     let mut rng = SplitMix64(7);
     let mut order: Vec<u64> = Vec::new();
@@ -64,15 +64,20 @@ fn boot(a: &mut Array, bases: &[u64]) -> weir_model::harness::ClosedLoopResult {
     })
 }
 
+/// An array whose clone cache holds `size_mib`, the image and `n` clones of it, each
+/// clone booted once; returns the array, the clone bases and the boot's result.
+fn booted(aware: bool, size_mib: u64, n: u64) -> (Array, Vec<u64>, ClosedLoopResult) {
+    let mut a = array(aware, size_mib);
+    let bases = clones(&mut a, n);
+    let result = boot(&mut a, &bases);
+    (a, bases, result)
+}
+
 #[test]
 fn clone_aware_cache_reads_shared_blocks_once() {
     let n = 12;
-    let mut aware = array(true, 1024);
-    let mut unaware = array(false, 1024);
-    let ba = clones(&mut aware, n);
-    let bu = clones(&mut unaware, n);
-    let ra = boot(&mut aware, &ba);
-    let ru = boot(&mut unaware, &bu);
+    let (aware, _, ra) = booted(true, 1024, n);
+    let (unaware, _, ru) = booted(false, 1024, n);
     let (sa, su) = (aware.stats(), unaware.stats());
     let (ca, cu) = (
         aware.clone_cache_stats().unwrap(),
@@ -106,12 +111,8 @@ fn clone_aware_cache_reads_shared_blocks_once() {
 fn unaware_cache_is_polluted_by_copies() {
     // A cache holding 4 × the boot set: enough for all clones only if aware.
     let n = 12;
-    let mut aware = array(true, 64);
-    let mut unaware = array(false, 64);
-    let ba = clones(&mut aware, n);
-    let bu = clones(&mut unaware, n);
-    boot(&mut aware, &ba);
-    boot(&mut unaware, &bu);
+    let (mut aware, ba, _) = booted(true, 64, n);
+    let (mut unaware, bu, _) = booted(false, 64, n);
     // Second boot of every clone.
     let first = aware.clone_cache_stats().unwrap();
     boot(&mut aware, &ba);
@@ -215,9 +216,7 @@ clone_cache = { size_mib = 4096, aware = false }
 #[test]
 fn deterministic() {
     let run = || {
-        let mut a = array(false, 32);
-        let b = clones(&mut a, 4);
-        let r = boot(&mut a, &b);
+        let (a, _, r) = booted(false, 32, 4);
         (r.completions, a.stats(), a.clone_cache_stats())
     };
     assert_eq!(run(), run());

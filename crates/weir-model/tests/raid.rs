@@ -8,17 +8,23 @@ use weir_model::{DeviceIo, IoDir, RaidLayout, RaidPlan, RaidSpec};
 const DRIVE_CAP: u64 = 1 << 30;
 const KIB: u32 = 1024;
 
+fn try_layout(
+    level: u32,
+    drives: u32,
+    element: u32,
+    spans: u32,
+) -> Result<RaidLayout, weir_model::ModelError> {
+    let spec = RaidSpec {
+        level,
+        drives,
+        stripe_element_bytes: element,
+        spans,
+    };
+    RaidLayout::new(&spec, DRIVE_CAP)
+}
+
 fn layout(level: u32, drives: u32, element: u32, spans: u32) -> RaidLayout {
-    RaidLayout::new(
-        &RaidSpec {
-            level,
-            drives,
-            stripe_element_bytes: element,
-            spans,
-        },
-        DRIVE_CAP,
-    )
-    .unwrap()
+    try_layout(level, drives, element, spans).unwrap()
 }
 
 fn plan(l: &RaidLayout, offset: u64, size: u32, dir: IoDir) -> RaidPlan {
@@ -36,36 +42,32 @@ fn plan(l: &RaidLayout, offset: u64, size: u32, dir: IoDir) -> RaidPlan {
 
 #[test]
 fn small_write_costs() {
-    let r5 = layout(5, 24, 64 * KIB, 1);
-    let p = plan(&r5, 3 * 64 * 1024 + 8192, 8 * KIB, IoDir::Write);
-    assert_eq!(
-        (p.reads.len(), p.writes.len()),
-        (2, 2),
-        "RAID 5 small write = 4 I/Os"
-    );
-    let r6 = layout(6, 24, 64 * KIB, 1);
-    let p = plan(&r6, 8192, 8 * KIB, IoDir::Write);
-    assert_eq!(
-        (p.reads.len(), p.writes.len()),
-        (3, 3),
-        "RAID 6 small write = 6 I/Os"
-    );
-    let r10 = layout(10, 24, 64 * KIB, 1);
-    let p = plan(&r10, 8192, 8 * KIB, IoDir::Write);
-    assert_eq!(
-        (p.reads.len(), p.writes.len()),
-        (0, 2),
-        "RAID 10 write = 2 I/Os"
-    );
-    assert_ne!(p.writes[0].drive, p.writes[1].drive);
-    let r0 = layout(0, 24, 64 * KIB, 1);
-    let p = plan(&r0, 8192, 8 * KIB, IoDir::Write);
-    assert_eq!((p.reads.len(), p.writes.len()), (0, 1));
-    let r50 = layout(50, 24, 64 * KIB, 3);
-    let p = plan(&r50, 8192, 8 * KIB, IoDir::Write);
-    assert_eq!(p.drive_ios(), 4);
-    let r60 = layout(60, 24, 64 * KIB, 2);
-    assert_eq!(plan(&r60, 8192, 8 * KIB, IoDir::Write).drive_ios(), 6);
+    // (level, spans, offset, drive reads, drive writes): one 8 KiB write on 24
+    // drives with 64 KiB elements.
+    for (level, spans, offset, reads, writes) in [
+        (5, 1, 3 * 64 * 1024 + 8192, 2, 2), // read-modify-write: 4 I/Os
+        (6, 1, 8192, 3, 3),                 // two parities: 6 I/Os
+        (10, 1, 8192, 0, 2),                // both mirrors
+        (0, 1, 8192, 0, 1),
+        (50, 3, 8192, 2, 2), // RAID 5 inside one span
+        (60, 2, 8192, 3, 3), // RAID 6 inside one span
+    ] {
+        let p = plan(
+            &layout(level, 24, 64 * KIB, spans),
+            offset,
+            8 * KIB,
+            IoDir::Write,
+        );
+        assert_eq!(
+            (p.reads.len(), p.writes.len()),
+            (reads, writes),
+            "RAID {level} small write"
+        );
+        assert_eq!(p.drive_ios(), reads + writes, "RAID {level}");
+        if level == 10 {
+            assert_ne!(p.writes[0].drive, p.writes[1].drive, "two mirrors");
+        }
+    }
 }
 
 #[test]
@@ -122,17 +124,9 @@ fn mirrors_split_reads_and_raid0_reads_split_per_element() {
 #[test]
 fn invalid_layouts_are_rejected_with_reasons() {
     let bad = |level, drives, element, spans| {
-        RaidLayout::new(
-            &RaidSpec {
-                level,
-                drives,
-                stripe_element_bytes: element,
-                spans,
-            },
-            DRIVE_CAP,
-        )
-        .unwrap_err()
-        .to_string()
+        try_layout(level, drives, element, spans)
+            .unwrap_err()
+            .to_string()
     };
     assert!(bad(5, 2, 65536, 1).contains("at least 3"));
     assert!(bad(6, 3, 65536, 1).contains("at least 4"));
@@ -169,16 +163,7 @@ fn any_layout() -> impl Strategy<Value = RaidLayout> {
                 50 => (3 * (k % 3 + 2), k % 3 + 2),
                 _ => (4 * (k % 3 + 2), k % 3 + 2),
             };
-            RaidLayout::new(
-                &RaidSpec {
-                    level,
-                    drives,
-                    stripe_element_bytes: element,
-                    spans,
-                },
-                DRIVE_CAP,
-            )
-            .ok()
+            try_layout(level, drives, element, spans).ok()
         })
 }
 

@@ -16,6 +16,15 @@ fn catalog() -> Vec<ExportDescription> {
     vec![a, b]
 }
 
+/// `bytes` as one piece, or one byte at a time when `trickle`.
+fn pieces(bytes: &[u8], trickle: bool) -> Vec<&[u8]> {
+    if trickle {
+        bytes.chunks(1).collect()
+    } else {
+        vec![bytes]
+    }
+}
+
 /// Runs both state machines to completion, feeding bytes one at a time when
 /// `trickle` (exercises partial input everywhere).
 fn pump(
@@ -30,12 +39,7 @@ fn pump(
     for _ in 0..1000 {
         let to_client = server.take_output();
         if !to_client.is_empty() && client_outcome.is_none() {
-            let chunks: Vec<&[u8]> = if trickle {
-                to_client.chunks(1).collect()
-            } else {
-                vec![&to_client]
-            };
-            for c in chunks {
+            for c in pieces(&to_client, trickle) {
                 match client.input(c) {
                     Ok(Some(o)) => client_outcome = Some(Ok(o)),
                     Ok(None) => {}
@@ -48,12 +52,7 @@ fn pump(
             break;
         }
         if !to_server.is_empty() && server_event.is_none() {
-            let chunks: Vec<&[u8]> = if trickle {
-                to_server.chunks(1).collect()
-            } else {
-                vec![&to_server]
-            };
-            for c in chunks {
+            for c in pieces(&to_server, trickle) {
                 if server_event.is_some() {
                     break;
                 }

@@ -140,6 +140,61 @@ pub struct IoSizeHistogram {
     pub random_writes: u64,
 }
 
+impl IoSizeHistogram {
+    /// 004's buckets (upper bounds): 4 KiB to 1 MiB by powers of two, then "larger".
+    pub const SEED_BUCKET_BYTES: [u64; 10] = [
+        4096,
+        8192,
+        16384,
+        32768,
+        65536,
+        131072,
+        262144,
+        524288,
+        1048576,
+        u64::MAX,
+    ];
+
+    /// An empty histogram over [`IoSizeHistogram::SEED_BUCKET_BYTES`].
+    pub fn with_seed_buckets() -> IoSizeHistogram {
+        let buckets = Self::SEED_BUCKET_BYTES.len();
+        IoSizeHistogram {
+            bucket_bytes: Self::SEED_BUCKET_BYTES.to_vec(),
+            reads: vec![0; buckets],
+            writes: vec![0; buckets],
+            ..IoSizeHistogram::default()
+        }
+    }
+
+    /// Counts one transfer of `size_bytes`: in the first bucket whose bound holds it
+    /// (the last bucket when none does), as a read or a write, sequential or random.
+    /// A histogram without buckets counts only the access pattern.
+    pub fn record(&mut self, size_bytes: u64, read: bool, sequential: bool) {
+        match (read, sequential) {
+            (true, true) => self.sequential_reads += 1,
+            (true, false) => self.random_reads += 1,
+            (false, true) => self.sequential_writes += 1,
+            (false, false) => self.random_writes += 1,
+        }
+        let Some(last) = self.bucket_bytes.len().checked_sub(1) else {
+            return;
+        };
+        let bucket = self
+            .bucket_bytes
+            .iter()
+            .position(|&bound| size_bytes <= bound)
+            .unwrap_or(last);
+        let counts = if read {
+            &mut self.reads
+        } else {
+            &mut self.writes
+        };
+        if let Some(count) = counts.get_mut(bucket) {
+            *count += 1;
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct WorkloadResult {
     pub name: String,

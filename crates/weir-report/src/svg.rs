@@ -159,19 +159,207 @@ const PLOT_TOP: f64 = 14.0;
 const PLOT_H: f64 = 220.0;
 
 fn no_data_svg(width: f64, height: f64, message: &str) -> String {
-    format!(
-        "<svg class=\"chart\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" role=\"img\" \
-         xmlns=\"http://www.w3.org/2000/svg\"><rect x=\"0.5\" y=\"0.5\" width=\"{w1}\" \
+    let mut svg = String::new();
+    open_svg(&mut svg, "chart", px(width), height);
+    let _ = write!(
+        svg,
+        "<rect x=\"0.5\" y=\"0.5\" width=\"{w1}\" \
          height=\"{h1}\" rx=\"6\" fill=\"#fafafa\" stroke=\"#e3e3e3\"/><text x=\"{cx}\" \
          y=\"{cy}\" text-anchor=\"middle\" class=\"muted\">{msg}</text></svg>",
-        w = px(width),
-        h = px(height),
         w1 = px(width - 1.0),
         h1 = px(height - 1.0),
         cx = px(width / 2.0),
         cy = px(height / 2.0),
         msg = esc(message)
-    )
+    );
+    svg
+}
+
+/// Writes the opening `<svg>` tag. `width` is written as given: the plot charts pass
+/// it through [`px`] (`600.0`), the bar charts as a bare number (`1140`).
+fn open_svg(svg: &mut String, class: &str, width: impl std::fmt::Display, height: f64) {
+    let _ = write!(
+        svg,
+        "<svg class=\"{class}\" viewBox=\"0 0 {width} {h}\" width=\"{width}\" height=\"{h}\" \
+         role=\"img\" xmlns=\"http://www.w3.org/2000/svg\">",
+        h = px(height)
+    );
+}
+
+/// The y axis of a plot (line chart, grouped bars): a nice linear domain over
+/// `[min, max]` mapped onto the plot's height.
+struct YAxis {
+    lo: f64,
+    hi: f64,
+    ticks: Vec<f64>,
+    step: f64,
+    /// The larger magnitude of the domain's ends: the labels' unit suffix.
+    max_abs: f64,
+}
+
+impl YAxis {
+    fn new(min: f64, max: f64) -> YAxis {
+        let (lo, hi, ticks, step) = linear_ticks(min, max, 5);
+        YAxis {
+            lo,
+            hi,
+            ticks,
+            step,
+            max_abs: lo.abs().max(hi.abs()),
+        }
+    }
+
+    /// Pixel row of value `y`.
+    fn px_of(&self, y: f64) -> f64 {
+        PLOT_TOP + PLOT_H - (y - self.lo) / (self.hi - self.lo) * PLOT_H
+    }
+
+    /// Horizontal grid lines with their tick labels.
+    fn write_grid(&self, svg: &mut String) {
+        for &t in &self.ticks {
+            let y = self.px_of(t);
+            let _ = write!(
+                svg,
+                "<line class=\"grid\" x1=\"{}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\"/>\
+                 <text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
+                px(PLOT_LEFT),
+                px(CHART_W - PLOT_RIGHT),
+                px(PLOT_LEFT - 8.0),
+                px(y + 4.0),
+                esc(&tick_label(t, self.step, self.max_abs)),
+                y = px(y)
+            );
+        }
+    }
+}
+
+/// The axis lines of a plot (the x axis at pixel row `x_axis_y`), the x axis label
+/// when there is one, and the rotated y axis label.
+fn write_axes(svg: &mut String, x_axis_y: f64, x_label: Option<&str>, y_label: &str) {
+    let _ = write!(
+        svg,
+        "<line class=\"axis\" x1=\"{l}\" y1=\"{t}\" x2=\"{l}\" y2=\"{b}\"/>\
+         <line class=\"axis\" x1=\"{l}\" y1=\"{z}\" x2=\"{r}\" y2=\"{z}\"/>",
+        l = px(PLOT_LEFT),
+        t = px(PLOT_TOP),
+        b = px(PLOT_TOP + PLOT_H),
+        z = px(x_axis_y),
+        r = px(CHART_W - PLOT_RIGHT),
+    );
+    if let Some(x_label) = x_label {
+        let _ = write!(
+            svg,
+            "<text class=\"axis-label\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+            px(PLOT_LEFT + (CHART_W - PLOT_LEFT - PLOT_RIGHT) / 2.0),
+            px(PLOT_TOP + PLOT_H + 38.0),
+            esc(x_label)
+        );
+    }
+    let _ = write!(
+        svg,
+        "<text class=\"axis-label\" transform=\"translate(16 {}) rotate(-90)\" \
+         text-anchor=\"middle\">{}</text>",
+        px(PLOT_TOP + PLOT_H / 2.0),
+        esc(y_label)
+    );
+}
+
+/// How a legend item starts: the swatch's width in the item's width, and where the
+/// name's text begins after the item's left edge.
+struct LegendSwatch {
+    item_px: f64,
+    text_dx: f64,
+}
+
+/// Legend items in rows from `top` under a plot, wrapping at the chart's width. Item
+/// `i` gets the swatch `swatch(legend, i, x, y)` writes (y is the text's baseline) and
+/// its name, cut to 40 characters. Returns the items' SVG and the baseline of the last
+/// row.
+fn wrapped_legend<'a>(
+    names: impl Iterator<Item = &'a str>,
+    top: f64,
+    layout: LegendSwatch,
+    swatch: impl Fn(&mut String, usize, f64, f64),
+) -> (String, f64) {
+    let mut legend = String::new();
+    let (mut lx, mut ly) = (PLOT_LEFT, top);
+    for (i, name) in names.enumerate() {
+        let label = truncate(name, 40);
+        let item_w = layout.item_px + label.chars().count() as f64 * CHAR_PX + 18.0;
+        if lx + item_w > CHART_W && lx > PLOT_LEFT {
+            lx = PLOT_LEFT;
+            ly += 18.0;
+        }
+        legend.push_str("<g class=\"legend-item\">");
+        swatch(&mut legend, i, lx, ly);
+        let _ = write!(
+            legend,
+            "<text x=\"{}\" y=\"{}\">{}</text></g>",
+            px(lx + layout.text_dx),
+            px(ly),
+            esc(&label)
+        );
+        lx += item_w;
+    }
+    (legend, ly)
+}
+
+/// A bar chart's row label, right-aligned at `x_end`, cut to `max_chars` with the
+/// full text as its tooltip.
+fn write_bar_label(svg: &mut String, x_end: f64, baseline_y: f64, text: &str, max_chars: usize) {
+    let _ = write!(
+        svg,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"bar-label\"><title>{}</title>{}</text>",
+        px(x_end),
+        px(baseline_y),
+        esc(text),
+        esc(&truncate(text, max_chars))
+    );
+}
+
+/// Geometry of a chart of horizontal bars: one row per item under a header band.
+struct RowLayout {
+    width: f64,
+    /// Where the right-aligned row labels end.
+    label_end: f64,
+    bar_x: f64,
+    /// A full bar's length.
+    bar_w: f64,
+    row_h: f64,
+    /// The first row's top.
+    top: f64,
+}
+
+impl RowLayout {
+    /// Top of row `row` (of the space under the last row when `row` is the count).
+    fn row_y(&self, row: usize) -> f64 {
+        self.top + self.row_h * row as f64
+    }
+
+    /// The opening `<svg>` tag for `rows` rows and `margin_px` under them.
+    fn open(&self, class: &str, rows: usize, margin_px: f64) -> String {
+        let mut svg = String::new();
+        open_svg(&mut svg, class, self.width, self.row_y(rows) + margin_px);
+        svg
+    }
+}
+
+/// Vertical grid lines at 0, 25, 50, 75 and 100 % of a bar `bar_w` wide from `bar_x`,
+/// from `top_y` down to `bottom`, labelled under it.
+fn write_percent_grid(svg: &mut String, bar_x: f64, bar_w: f64, top_y: f64, bottom: f64) {
+    for q in 0..=4 {
+        let x = bar_x + bar_w * q as f64 / 4.0;
+        let _ = write!(
+            svg,
+            "<line class=\"grid\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\"/>\
+             <text class=\"tick\" x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{}%</text>",
+            px(top_y),
+            px(bottom),
+            px(bottom + 15.0),
+            q * 25,
+            x = px(x)
+        );
+    }
 }
 
 impl LineChart {
@@ -212,8 +400,7 @@ impl LineChart {
             y_min = y_min.min(0.0);
             y_max = y_max.max(0.0);
         }
-        let (y_lo, y_hi, y_ticks, y_step) = linear_ticks(y_min, y_max, 5);
-        let y_abs = y_lo.abs().max(y_hi.abs());
+        let y_axis = YAxis::new(y_min, y_max);
 
         // x domain and ticks (in transformed units) with their labels.
         let (x_lo, x_hi, x_ticks): (f64, f64, Vec<(f64, String)>) = {
@@ -258,68 +445,40 @@ impl LineChart {
 
         let plot_w = CHART_W - PLOT_LEFT - PLOT_RIGHT;
         let sx = |x: f64| PLOT_LEFT + (x - x_lo) / (x_hi - x_lo) * plot_w;
-        let sy = |y: f64| PLOT_TOP + PLOT_H - (y - y_lo) / (y_hi - y_lo) * PLOT_H;
+        let sy = |y: f64| y_axis.px_of(y);
 
         // Legend layout (wrapping rows under the x axis label).
         let legend_top = PLOT_TOP + PLOT_H + 58.0;
-        let mut legend = String::new();
-        let mut lx = PLOT_LEFT;
-        let mut ly = legend_top;
         let show_legend = self.series.len() > 1 || !self.series[0].name.is_empty();
-        if show_legend {
-            for (i, s) in self.series.iter().enumerate() {
-                let label = truncate(&s.name, 40);
-                let item_w = 26.0 + label.chars().count() as f64 * CHAR_PX + 18.0;
-                if lx + item_w > CHART_W && lx > PLOT_LEFT {
-                    lx = PLOT_LEFT;
-                    ly += 18.0;
-                }
-                let (colour, dash) = series_stroke(i);
-                let _ = write!(
-                    legend,
-                    "<g class=\"legend-item\"><line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" \
-                     stroke=\"{colour}\" stroke-width=\"3\"{dash}/>\
-                     <text x=\"{}\" y=\"{}\">{}</text></g>",
-                    px(lx),
-                    px(ly - 4.0),
-                    px(lx + 18.0),
-                    px(ly - 4.0),
-                    px(lx + 24.0),
-                    px(ly),
-                    esc(&label)
-                );
-                lx += item_w;
-            }
-        }
-        let height = if show_legend {
-            ly + 10.0
+        let (legend, height) = if show_legend {
+            let (legend, last_row_y) = wrapped_legend(
+                self.series.iter().map(|s| s.name.as_str()),
+                legend_top,
+                LegendSwatch {
+                    item_px: 26.0,
+                    text_dx: 24.0,
+                },
+                |legend, i, x, y| {
+                    let (colour, dash) = series_stroke(i);
+                    let _ = write!(
+                        legend,
+                        "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{colour}\" \
+                         stroke-width=\"3\"{dash}/>",
+                        px(x),
+                        px(y - 4.0),
+                        px(x + 18.0),
+                        px(y - 4.0),
+                    );
+                },
+            );
+            (legend, last_row_y + 10.0)
         } else {
-            legend_top - 8.0
+            (String::new(), legend_top - 8.0)
         };
 
         let mut svg = String::new();
-        let _ = write!(
-            svg,
-            "<svg class=\"chart\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" \
-             role=\"img\" xmlns=\"http://www.w3.org/2000/svg\">",
-            w = px(CHART_W),
-            h = px(height)
-        );
-        // Grid and y ticks.
-        for &t in &y_ticks {
-            let y = sy(t);
-            let _ = write!(
-                svg,
-                "<line class=\"grid\" x1=\"{}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\"/>\
-                 <text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
-                px(PLOT_LEFT),
-                px(CHART_W - PLOT_RIGHT),
-                px(PLOT_LEFT - 8.0),
-                px(y + 4.0),
-                esc(&tick_label(t, y_step, y_abs)),
-                y = px(y)
-            );
-        }
+        open_svg(&mut svg, "chart", px(CHART_W), height);
+        y_axis.write_grid(&mut svg);
         // x ticks.
         let bottom = PLOT_TOP + PLOT_H;
         let mut last_label_end = f64::NEG_INFINITY;
@@ -345,24 +504,7 @@ impl LineChart {
                 last_label_end = x + half;
             }
         }
-        // Axes and labels.
-        let _ = write!(
-            svg,
-            "<line class=\"axis\" x1=\"{l}\" y1=\"{t}\" x2=\"{l}\" y2=\"{b}\"/>\
-             <line class=\"axis\" x1=\"{l}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\"/>\
-             <text class=\"axis-label\" x=\"{cx}\" y=\"{xl}\" text-anchor=\"middle\">{xlabel}</text>\
-             <text class=\"axis-label\" transform=\"translate(16 {cy}) rotate(-90)\" \
-             text-anchor=\"middle\">{ylabel}</text>",
-            l = px(PLOT_LEFT),
-            t = px(PLOT_TOP),
-            b = px(bottom),
-            r = px(CHART_W - PLOT_RIGHT),
-            cx = px(PLOT_LEFT + plot_w / 2.0),
-            xl = px(bottom + 38.0),
-            cy = px(PLOT_TOP + PLOT_H / 2.0),
-            xlabel = esc(&self.x_label),
-            ylabel = esc(&self.y_label)
-        );
+        write_axes(&mut svg, bottom, Some(&self.x_label), &self.y_label);
         // Series.
         for (i, s) in self.series.iter().enumerate() {
             let (colour, dash) = series_stroke(i);
@@ -432,22 +574,24 @@ pub(crate) struct Pair<'a> {
 /// Horizontal paired bars, each pair scaled to its own larger figure, with a ratio
 /// badge (green within ±20%, red beyond).
 pub(crate) fn paired_bars(pairs: &[Pair<'_>]) -> String {
-    const W: f64 = 1140.0;
-    const LABEL_END: f64 = 330.0;
-    const BAR_X: f64 = 342.0;
-    const BAR_MAX: f64 = 600.0;
-    const ROW_H: f64 = 48.0;
-    const TOP: f64 = 30.0;
+    const L: RowLayout = RowLayout {
+        width: 1140.0,
+        label_end: 330.0,
+        bar_x: 342.0,
+        bar_w: 600.0,
+        row_h: 48.0,
+        top: 30.0,
+    };
+    const W: f64 = L.width;
+    const BAR_X: f64 = L.bar_x;
+    const ROW_H: f64 = L.row_h;
     if pairs.is_empty() {
         return no_data_svg(W, 80.0, "no comparisons");
     }
-    let height = TOP + ROW_H * pairs.len() as f64 + 6.0;
-    let mut svg = String::new();
+    let mut svg = L.open("chart bars", pairs.len(), 6.0);
     let _ = write!(
         svg,
-        "<svg class=\"chart bars\" viewBox=\"0 0 {W} {h}\" width=\"{W}\" height=\"{h}\" \
-         role=\"img\" xmlns=\"http://www.w3.org/2000/svg\">\
-         <rect x=\"{BAR_X}\" y=\"6\" width=\"12\" height=\"12\" rx=\"2\" fill=\"{WEIR_COLOUR}\"/>\
+        "<rect x=\"{BAR_X}\" y=\"6\" width=\"12\" height=\"12\" rx=\"2\" fill=\"{WEIR_COLOUR}\"/>\
          <text x=\"{}\" y=\"16\">Weir</text>\
          <rect x=\"{}\" y=\"6\" width=\"12\" height=\"12\" rx=\"2\" fill=\"{SEED_COLOUR}\"/>\
          <text x=\"{}\" y=\"16\">seed document</text>\
@@ -458,10 +602,9 @@ pub(crate) fn paired_bars(pairs: &[Pair<'_>]) -> String {
         px(BAR_X + 81.0),
         px(BAR_X + 190.0),
         px(W - 50.0),
-        h = px(height)
     );
     for (i, p) in pairs.iter().enumerate() {
-        let y = TOP + ROW_H * i as f64;
+        let y = L.row_y(i);
         if i % 2 == 1 {
             let _ = write!(
                 svg,
@@ -469,14 +612,7 @@ pub(crate) fn paired_bars(pairs: &[Pair<'_>]) -> String {
                 px(y)
             );
         }
-        let _ = write!(
-            svg,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"bar-label\"><title>{}</title>{}</text>",
-            px(LABEL_END),
-            px(y + ROW_H / 2.0 + 4.0),
-            esc(p.label),
-            esc(&truncate(p.label, 44))
-        );
+        write_bar_label(&mut svg, L.label_end, y + ROW_H / 2.0 + 4.0, p.label, 44);
         let scale = [p.weir, p.seed]
             .iter()
             .filter(|v| v.is_finite())
@@ -490,7 +626,7 @@ pub(crate) fn paired_bars(pairs: &[Pair<'_>]) -> String {
         {
             let bar_y = y + 7.0 + j as f64 * 18.0;
             let len = if value.is_finite() && scale > 0.0 {
-                (value.max(0.0) / scale * BAR_MAX).max(if value > 0.0 { 1.5 } else { 0.0 })
+                (value.max(0.0) / scale * L.bar_w).max(if value > 0.0 { 1.5 } else { 0.0 })
             } else {
                 0.0
             };
@@ -534,39 +670,23 @@ pub(crate) fn utilisation_colour(fraction: f64) -> &'static str {
 
 /// Horizontal 0–100 % bars, one per (label, kind, busy fraction).
 pub(crate) fn utilisation_bars(rows: &[(&str, &str, f64)]) -> String {
-    const W: f64 = 1140.0;
-    const LABEL_END: f64 = 300.0;
-    const BAR_X: f64 = 312.0;
-    const BAR_W: f64 = 740.0;
-    const ROW_H: f64 = 26.0;
-    const TOP: f64 = 8.0;
+    const L: RowLayout = RowLayout {
+        width: 1140.0,
+        label_end: 300.0,
+        bar_x: 312.0,
+        bar_w: 740.0,
+        row_h: 26.0,
+        top: 8.0,
+    };
+    const BAR_X: f64 = L.bar_x;
+    const BAR_W: f64 = L.bar_w;
     if rows.is_empty() {
-        return no_data_svg(W, 80.0, "no components");
+        return no_data_svg(L.width, 80.0, "no components");
     }
-    let height = TOP + ROW_H * rows.len() as f64 + 22.0;
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        "<svg class=\"chart bars\" viewBox=\"0 0 {W} {h}\" width=\"{W}\" height=\"{h}\" \
-         role=\"img\" xmlns=\"http://www.w3.org/2000/svg\">",
-        h = px(height)
-    );
-    let bottom = TOP + ROW_H * rows.len() as f64;
-    for q in 0..=4 {
-        let x = BAR_X + BAR_W * q as f64 / 4.0;
-        let _ = write!(
-            svg,
-            "<line class=\"grid\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\"/>\
-             <text class=\"tick\" x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{}%</text>",
-            px(TOP),
-            px(bottom),
-            px(bottom + 15.0),
-            q * 25,
-            x = px(x)
-        );
-    }
+    let mut svg = L.open("chart bars", rows.len(), 22.0);
+    write_percent_grid(&mut svg, BAR_X, BAR_W, L.top, L.row_y(rows.len()));
     for (i, (label, kind, fraction)) in rows.iter().enumerate() {
-        let y = TOP + ROW_H * i as f64;
+        let y = L.row_y(i);
         let colour = utilisation_colour(*fraction);
         let len = if fraction.is_finite() {
             fraction.clamp(0.0, 1.0) * BAR_W
@@ -578,16 +698,12 @@ pub(crate) fn utilisation_bars(rows: &[(&str, &str, f64)]) -> String {
         } else {
             format!("{label} ({kind})")
         };
+        write_bar_label(&mut svg, L.label_end, y + 17.0, &full, 38);
         let _ = write!(
             svg,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"bar-label\"><title>{}</title>{}</text>\
-             <rect x=\"{BAR_X}\" y=\"{}\" width=\"{BAR_W}\" height=\"16\" rx=\"3\" fill=\"#eef0f3\"/>\
+            "<rect x=\"{BAR_X}\" y=\"{}\" width=\"{BAR_W}\" height=\"16\" rx=\"3\" fill=\"#eef0f3\"/>\
              <rect x=\"{BAR_X}\" y=\"{}\" width=\"{}\" height=\"16\" rx=\"3\" fill=\"{colour}\"/>\
              <text class=\"bar-value\" x=\"{}\" y=\"{}\">{}</text>",
-            px(LABEL_END),
-            px(y + 17.0),
-            esc(&full),
-            esc(&truncate(&full, 38)),
             px(y + 5.0),
             px(y + 5.0),
             px(len),
@@ -620,25 +736,24 @@ pub(crate) struct ShareRow {
 /// or not finite show "no data".
 /// `wide` draws across a card (1140 px); otherwise it fits half a card (600 px).
 pub(crate) fn share_bars(rows: &[ShareRow], wide: bool) -> String {
-    let (chart_w, label_end, bar_x, bar_w) = if wide {
+    let (width, label_end, bar_x, bar_w) = if wide {
         (1140.0, 300.0, 312.0, 600.0)
     } else {
         (600.0, 62.0, 72.0, 380.0)
     };
-    const ROW_H: f64 = 30.0;
-    const TOP: f64 = 30.0;
+    let l = RowLayout {
+        width,
+        label_end,
+        bar_x,
+        bar_w,
+        row_h: 30.0,
+        top: 30.0,
+    };
     if rows.is_empty() {
-        return no_data_svg(chart_w, 80.0, "no data");
+        return no_data_svg(l.width, 80.0, "no data");
     }
-    let height = TOP + ROW_H * rows.len() as f64 + 20.0;
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        "<svg class=\"chart{}\" viewBox=\"0 0 {chart_w} {h}\" width=\"{chart_w}\" height=\"{h}\" \
-         role=\"img\" xmlns=\"http://www.w3.org/2000/svg\">",
-        if wide { " bars" } else { "" },
-        h = px(height)
-    );
+    let class = if wide { "chart bars" } else { "chart" };
+    let mut svg = l.open(class, rows.len(), 20.0);
     // Legend: the segments of the first row.
     let mut lx = bar_x;
     for seg in &rows[0].segments {
@@ -653,30 +768,11 @@ pub(crate) fn share_bars(rows: &[ShareRow], wide: bool) -> String {
         );
         lx += 30.0 + seg.label.chars().count() as f64 * CHAR_PX;
     }
-    let bottom = TOP + ROW_H * rows.len() as f64;
-    for q in 0..=4 {
-        let x = bar_x + bar_w * q as f64 / 4.0;
-        let _ = write!(
-            svg,
-            "<line class=\"grid\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\"/>\
-             <text class=\"tick\" x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{}%</text>",
-            px(TOP - 2.0),
-            px(bottom),
-            px(bottom + 15.0),
-            q * 25,
-            x = px(x)
-        );
-    }
+    write_percent_grid(&mut svg, bar_x, bar_w, l.top - 2.0, l.row_y(rows.len()));
     for (i, row) in rows.iter().enumerate() {
-        let y = TOP + ROW_H * i as f64;
-        let _ = write!(
-            svg,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"bar-label\"><title>{}</title>{}</text>",
-            px(label_end),
-            px(y + 19.0),
-            esc(&row.label),
-            esc(&truncate(&row.label, if wide { 42 } else { 9 }))
-        );
+        let y = l.row_y(i);
+        let max_chars = if wide { 42 } else { 9 };
+        write_bar_label(&mut svg, l.label_end, y + 19.0, &row.label, max_chars);
         let clean: Vec<f64> = row
             .segments
             .iter()
@@ -769,10 +865,9 @@ pub(crate) fn grouped_bars(groups: &[String], series: &[BarSeries], y_label: &st
     }
     let y_max = finite.iter().fold(0.0f64, |m, v| m.max(*v));
     let y_min = finite.iter().fold(0.0f64, |m, v| m.min(*v));
-    let (y_lo, y_hi, y_ticks, y_step) = linear_ticks(y_min, y_max, 5);
-    let y_abs = y_lo.abs().max(y_hi.abs());
+    let y_axis = YAxis::new(y_min, y_max);
     let plot_w = CHART_W - PLOT_LEFT - PLOT_RIGHT;
-    let sy = |y: f64| PLOT_TOP + PLOT_H - (y - y_lo) / (y_hi - y_lo) * PLOT_H;
+    let sy = |y: f64| y_axis.px_of(y);
     let group_w = plot_w / groups.len() as f64;
     let bar_w = (group_w * 0.8 / series.len() as f64).min(48.0);
     let bottom = PLOT_TOP + PLOT_H;
@@ -784,51 +879,28 @@ pub(crate) fn grouped_bars(groups: &[String], series: &[BarSeries], y_label: &st
         .any(|g| g.chars().count() as f64 * TICK_CHAR_PX > group_w - 4.0);
     // Legend rows under the axis.
     let legend_top = bottom + if stagger { 53.0 } else { 40.0 };
-    let mut legend = String::new();
-    let (mut lx, mut ly) = (PLOT_LEFT, legend_top);
-    for s in series {
-        let label = truncate(&s.name, 40);
-        let item_w = 22.0 + label.chars().count() as f64 * CHAR_PX + 18.0;
-        if lx + item_w > CHART_W && lx > PLOT_LEFT {
-            lx = PLOT_LEFT;
-            ly += 18.0;
-        }
-        let _ = write!(
-            legend,
-            "<g class=\"legend-item\"><rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" rx=\"2\" \
-             fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text></g>",
-            px(lx),
-            px(ly - 10.0),
-            s.colour,
-            px(lx + 17.0),
-            px(ly),
-            esc(&label)
-        );
-        lx += item_w;
-    }
-    let height = ly + 10.0;
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        "<svg class=\"chart\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" \
-         role=\"img\" xmlns=\"http://www.w3.org/2000/svg\">",
-        w = px(CHART_W),
-        h = px(height)
+    let (legend, last_row_y) = wrapped_legend(
+        series.iter().map(|s| s.name.as_str()),
+        legend_top,
+        LegendSwatch {
+            item_px: 22.0,
+            text_dx: 17.0,
+        },
+        |legend, i, x, y| {
+            let _ = write!(
+                legend,
+                "<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" rx=\"2\" fill=\"{}\"/>",
+                px(x),
+                px(y - 10.0),
+                series[i].colour
+            );
+        },
     );
-    for &t in &y_ticks {
-        let _ = write!(
-            svg,
-            "<line class=\"grid\" x1=\"{}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\"/>\
-             <text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
-            px(PLOT_LEFT),
-            px(CHART_W - PLOT_RIGHT),
-            px(PLOT_LEFT - 8.0),
-            px(sy(t) + 4.0),
-            esc(&tick_label(t, y_step, y_abs)),
-            y = px(sy(t))
-        );
-    }
-    let zero_y = sy(0.0f64.clamp(y_lo, y_hi));
+    let height = last_row_y + 10.0;
+    let mut svg = String::new();
+    open_svg(&mut svg, "chart", px(CHART_W), height);
+    y_axis.write_grid(&mut svg);
+    let zero_y = sy(0.0f64.clamp(y_axis.lo, y_axis.hi));
     for (gi, group) in groups.iter().enumerate() {
         let gx = PLOT_LEFT + group_w * gi as f64;
         let bars_w = bar_w * series.len() as f64;
@@ -868,20 +940,7 @@ pub(crate) fn grouped_bars(groups: &[String], series: &[BarSeries], y_label: &st
             esc(&truncate(group, max_chars))
         );
     }
-    let _ = write!(
-        svg,
-        "<line class=\"axis\" x1=\"{l}\" y1=\"{t}\" x2=\"{l}\" y2=\"{b}\"/>\
-         <line class=\"axis\" x1=\"{l}\" y1=\"{z}\" x2=\"{r}\" y2=\"{z}\"/>\
-         <text class=\"axis-label\" transform=\"translate(16 {cy}) rotate(-90)\" \
-         text-anchor=\"middle\">{ylabel}</text>",
-        l = px(PLOT_LEFT),
-        t = px(PLOT_TOP),
-        b = px(bottom),
-        z = px(zero_y),
-        r = px(CHART_W - PLOT_RIGHT),
-        cy = px(PLOT_TOP + PLOT_H / 2.0),
-        ylabel = esc(y_label)
-    );
+    write_axes(&mut svg, zero_y, None, y_label);
     svg.push_str(&legend);
     svg.push_str("</svg>");
     svg

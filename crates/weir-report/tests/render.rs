@@ -606,3 +606,33 @@ fn pools_of_one_kind_share_a_tile_and_repeated_windows_are_dropped() {
         .count();
     assert_eq!(launches, 2, "whole run per pool; the vsi repeat is dropped");
 }
+
+#[test]
+fn io_size_histogram_records_into_the_seed_buckets() {
+    let mut h = IoSizeHistogram::with_seed_buckets();
+    assert_eq!(h.bucket_bytes.len(), 10);
+    assert_eq!(h.reads, vec![0; 10]);
+    // Bounds are inclusive: 4096 is the first bucket, 4097 the second.
+    h.record(512, true, false);
+    h.record(4096, true, true);
+    h.record(4097, true, false);
+    h.record(64 << 10, false, true);
+    h.record(1 << 20, false, false);
+    h.record(4 << 20, false, false); // beyond 1 MiB: the last bucket
+    assert_eq!(h.reads, vec![2, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(h.writes, vec![0, 0, 0, 0, 1, 0, 0, 0, 1, 1]);
+    assert_eq!(
+        (
+            h.sequential_reads,
+            h.random_reads,
+            h.sequential_writes,
+            h.random_writes
+        ),
+        (1, 2, 1, 2)
+    );
+    // Without buckets only the access pattern is counted (no panic).
+    let mut bare = IoSizeHistogram::default();
+    bare.record(4096, false, true);
+    assert_eq!(bare.sequential_writes, 1);
+    assert!(bare.writes.is_empty());
+}

@@ -117,9 +117,7 @@ async fn volumes_and_policies_through_the_admin_client() {
     assert_eq!(status(admin.show_volume("nope").await.unwrap_err()), 404);
 
     // The new volume is served at once.
-    let (mut c, export) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("db"))
-        .await
-        .unwrap();
+    let (mut c, export) = common::connect(&server, "db").await;
     assert_eq!(export.size_bytes, 1 << 20);
     c.write(0, &[3u8; 8192], false).await.unwrap().unwrap();
     c.read(0, 4096).await.unwrap().unwrap();
@@ -131,9 +129,7 @@ async fn volumes_and_policies_through_the_admin_client() {
         400,
         "no shrinking"
     );
-    let (_, export) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("db"))
-        .await
-        .unwrap();
+    let (_, export) = common::connect(&server, "db").await;
     assert_eq!(
         export.size_bytes,
         2 << 20,
@@ -202,9 +198,7 @@ async fn metadata_and_data_survive_a_restart() {
         .set_volume_policy("open", "non-critical")
         .await
         .unwrap();
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("kept"))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(&server, "kept").await;
     c.write(4096, b"persistent", true).await.unwrap().unwrap();
     c.disconnect().await.unwrap();
     server.shutdown().await.unwrap();
@@ -220,9 +214,7 @@ async fn metadata_and_data_survive_a_restart() {
         "API change kept over config"
     );
     assert_eq!(admin.show_policy("silver").await.unwrap(), p);
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("kept"))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(&server, "kept").await;
     assert_eq!(c.read(4096, 10).await.unwrap().unwrap(), b"persistent");
     c.disconnect().await.unwrap();
     server.shutdown().await.unwrap();
@@ -279,9 +271,7 @@ async fn access_groups_decide_who_sees_a_volume() {
     };
     admin.put_access_group(&lab2).await.unwrap();
     assert!(visible(NbdClient::list(server.nbd_addr()).await.unwrap()));
-    NbdClient::connect(server.nbd_addr(), ClientConfig::go("labvol"))
-        .await
-        .unwrap();
+    common::connect(&server, "labvol").await;
     assert_eq!(
         status(admin.delete_access_group("lab").await.unwrap_err()),
         409,
@@ -312,9 +302,7 @@ async fn access_groups_decide_who_sees_a_volume() {
         ..Default::default()
     };
     admin.update_volume("labvol", &open_all).await.unwrap();
-    let (_, export) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("labvol"))
-        .await
-        .unwrap();
+    let (_, export) = common::connect(&server, "labvol").await;
     assert!(
         export.export_info().read_only(),
         "no groups: open to every host; read-only kept"

@@ -7,40 +7,26 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weir_nbd::ClientConfig;
-use weir_server::nbd_client::NbdClient;
-use weir_server::{RunningServer, WeirConfig};
+use common::{HIGH_AND_NORMAL_SHARES, ReadLoad, volume_toml};
+use weir_server::WeirConfig;
 
-const CONFIG: &str = r#"
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
+/// Two volumes with 2:1 shares on an emulated array with congestion control (5 ms).
+fn config() -> String {
+    let pool = r#"
 [[pools]]
 name = "array"
 device = "15k-sas-raid5x24"
 max_in_flight = 32
 congestion = { enabled = true, threshold_ms = 5, period_ms = 100 }
-
-[[policies]]
-name = "high"
-shares = 2000
-
-[[policies]]
-name = "normal"
-shares = 1000
-
-[[volumes]]
-name = "a"
-size = "16GiB"
-policy = "high"
-pool = "array"
-
-[[volumes]]
-name = "b"
-size = "16GiB"
-policy = "normal"
-pool = "array"
 "#;
+    [
+        pool,
+        HIGH_AND_NORMAL_SHARES,
+        &volume_toml("a", "16GiB", "high", "array"),
+        &volume_toml("b", "16GiB", "normal", "array"),
+    ]
+    .concat()
+}
 
 /// QD `queue_depth` random 8 KiB reads from `from` until `end`; returns I/Os done.
 async fn flood(
@@ -50,38 +36,21 @@ async fn flood(
     queue_depth: usize,
     end: Instant,
 ) -> u64 {
-    let (mut c, _) = NbdClient::connect_from(Some(from), addr, ClientConfig::go(volume))
-        .await
-        .unwrap();
-    let mut x: u64 = 0x1234_5678 ^ from.to_string().len() as u64;
-    let mut in_flight = 0;
-    let mut done = 0;
-    loop {
-        while Instant::now() < end && in_flight < queue_depth {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            c.session().read((x % (2 << 20)) * 8192, 8192);
-            in_flight += 1;
-        }
-        if in_flight == 0 {
-            break;
-        }
-        let r = c.next_completion().await.unwrap();
-        assert!(r.result.is_ok());
-        in_flight -= 1;
-        done += 1;
-    }
-    c.disconnect().await.unwrap();
-    done
+    let load = ReadLoad {
+        volume,
+        from: Some(from),
+        queue_depth,
+        size_bytes: 8192,
+        span_bytes: 16 << 30,
+        seed: 0x1234_5678 ^ from.to_string().len() as u64,
+    };
+    load.run_until(addr, end).await.len() as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_windows_shrink_under_congestion_and_follow_shares() {
-    let dir = common::TempDir::new("congestion");
-    let mut config = WeirConfig::from_toml_str(CONFIG, "congestion test").unwrap();
-    config.data_dir = dir.path().to_path_buf();
-    let server = Arc::new(RunningServer::start(config).await.unwrap());
+    let (_dir, server) = common::start_with("congestion", &config()).await;
+    let server = Arc::new(server);
     let pool = server.state().pool("array").unwrap();
     let addr = server.nbd_addr();
     let end = Instant::now() + Duration::from_millis(1800);
@@ -130,14 +99,9 @@ async fn host_windows_shrink_under_congestion_and_follow_shares() {
 
 #[tokio::test]
 async fn congestion_off_means_no_host_windows_and_bad_thresholds_are_refused() {
-    let dir = common::TempDir::new("congestion-off");
-    let text = CONFIG.replace("enabled = true", "enabled = false");
-    let mut config = WeirConfig::from_toml_str(&text, "congestion test").unwrap();
-    config.data_dir = dir.path().to_path_buf();
-    let server = RunningServer::start(config).await.unwrap();
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("a"))
-        .await
-        .unwrap();
+    let text = config().replace("enabled = true", "enabled = false");
+    let (_dir, server) = common::start_with("congestion-off", &text).await;
+    let (mut c, _) = common::connect(&server, "a").await;
     c.write(0, b"x", true).await.unwrap().unwrap();
     assert!(
         server
@@ -150,7 +114,7 @@ async fn congestion_off_means_no_host_windows_and_bad_thresholds_are_refused() {
     c.disconnect().await.unwrap();
     server.shutdown().await.unwrap();
 
-    let text = CONFIG.replace("threshold_ms = 5", "threshold_ms = 500");
+    let text = config().replace("threshold_ms = 5", "threshold_ms = 500");
     let e = WeirConfig::from_toml_str(&text, "weir.toml").unwrap_err();
     assert!(e.to_string().contains("pools[0].congestion"), "{e}");
     assert!(e.to_string().contains("5-100"), "{e}");

@@ -4,14 +4,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use weir_nbd::ClientConfig;
-use weir_server::nbd_client::NbdClient;
-use weir_server::{RunningServer, WeirConfig};
+use weir_server::RunningServer;
 
 const CONFIG: &str = r#"
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
 [[pools]]
 name = "fast"
 
@@ -37,9 +32,7 @@ pool = "array"
 "#;
 
 async fn mean_random_read_latency(server: &RunningServer, volume: &str) -> Duration {
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go(volume))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(server, volume).await;
     let start = Instant::now();
     let n = 20u64;
     for i in 0..n {
@@ -53,10 +46,7 @@ async fn mean_random_read_latency(server: &RunningServer, volume: &str) -> Durat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_on_an_emulated_array_take_disk_time_and_data_stays_correct() {
-    let dir = common::TempDir::new("device");
-    let mut config = WeirConfig::from_toml_str(CONFIG, "device test").unwrap();
-    config.data_dir = dir.path().to_path_buf();
-    let server = RunningServer::start(config).await.unwrap();
+    let (_dir, server) = common::start_with("device", CONFIG).await;
     let on_array = mean_random_read_latency(&server, "on-array").await;
     // A random read on a 15K drive is milliseconds (seek + rotation); from page
     // cache it is microseconds. Only the lower bound is asserted.
@@ -68,9 +58,7 @@ async fn reads_on_an_emulated_array_take_disk_time_and_data_stays_correct() {
     println!(
         "mean QD1 8 KiB random read: emulated 15k-sas-raid5x24 {on_array:?}, files {on_files:?}"
     );
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("on-array"))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(&server, "on-array").await;
     c.write(1 << 20, b"array data", true)
         .await
         .unwrap()
@@ -84,8 +72,7 @@ async fn reads_on_an_emulated_array_take_disk_time_and_data_stays_correct() {
 async fn an_unknown_device_is_refused_at_start() {
     let dir = common::TempDir::new("baddevice");
     let text = CONFIG.replace("15k-sas-raid5x24", "floppy-raid");
-    let mut config = WeirConfig::from_toml_str(&text, "device test").unwrap();
-    config.data_dir = dir.path().to_path_buf();
+    let config = common::config_from(&text, dir.path());
     let e = RunningServer::start(config).await.err().unwrap();
     let msg = format!("{e:#}");
     assert!(

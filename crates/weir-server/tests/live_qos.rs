@@ -7,16 +7,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use weir_nbd::ClientConfig;
-use weir_server::nbd_client::NbdClient;
-use weir_server::{RunningServer, WeirConfig};
-
-/// One completed request: when it completed and how long it took.
-#[derive(Clone, Copy, Debug)]
-struct Sample {
-    done_at: Instant,
-    latency: Duration,
-}
+use common::{HIGH_AND_NORMAL_SHARES, ReadLoad, Sample, volume_toml};
 
 /// Keeps `queue_depth` random reads of `size_bytes` in flight on `volume` for
 /// `duration`; returns every completion.
@@ -29,40 +20,16 @@ async fn drive(
     duration: Duration,
     seed: u64,
 ) -> Vec<Sample> {
-    let (mut c, _) = NbdClient::connect(addr, ClientConfig::go(volume))
-        .await
-        .unwrap();
-    let mut x = seed | 1;
-    let mut next_offset = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % (span_bytes / size_bytes as u64)) * size_bytes as u64
-    };
-    let mut sent: std::collections::HashMap<u64, Instant> = Default::default();
-    let mut samples = Vec::new();
-    let end = Instant::now() + duration;
-    loop {
-        if Instant::now() < end {
-            while sent.len() < queue_depth {
-                let h = c.session().read(next_offset(), size_bytes);
-                sent.insert(h, Instant::now());
-            }
-        } else if sent.is_empty() {
-            break;
-        }
-        let done = c.next_completion().await.unwrap();
-        assert!(done.result.is_ok(), "{volume}: {:?}", done.result.err());
-        let now = Instant::now();
-        if let Some(t) = sent.remove(&done.handle) {
-            samples.push(Sample {
-                done_at: now,
-                latency: now - t,
-            });
-        }
+    ReadLoad {
+        volume,
+        from: None,
+        queue_depth,
+        size_bytes,
+        span_bytes,
+        seed,
     }
-    c.disconnect().await.unwrap();
-    samples
+    .run_for(addr, duration)
+    .await
 }
 
 /// Completions in each whole 1-second window from `start`.
@@ -89,20 +56,11 @@ fn percentile(samples: &[Sample], p: f64) -> Duration {
         .unwrap_or_default()
 }
 
-async fn start(config: &str) -> (common::TempDir, RunningServer) {
-    let dir = common::TempDir::new("liveqos");
-    let mut c = WeirConfig::from_toml_str(config, "live qos test").unwrap();
-    c.data_dir = dir.path().to_path_buf();
-    let server = RunningServer::start(c).await.unwrap();
-    (dir, server)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_limited_to_1000_iops_stays_under_1020_in_every_second() {
-    let (_dir, server) = start(
+    let (_dir, server) = common::start_with(
+        "liveqos",
         r#"
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
 [[policies]]
 name = "capped"
 limit_iops = 1000
@@ -140,8 +98,6 @@ policy = "capped"
 
 /// An emulated 24 × 15K SAS RAID 5 pool: the device, not the CPU, is the bottleneck.
 const ARRAY_POOL: &str = r#"
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
 [[pools]]
 name = "array"
 device = "15k-sas-raid5x24"
@@ -155,22 +111,14 @@ async fn critical_beside_flood(
     desktops_policy: &str,
     policies: &str,
 ) -> Duration {
-    let config = format!(
-        r#"{ARRAY_POOL}
-{policies}
-[[volumes]]
-name = "sql"
-size = "16GiB"
-policy = "{sql_policy}"
-pool = "array"
-[[volumes]]
-name = "desktops"
-size = "16GiB"
-policy = "{desktops_policy}"
-pool = "array"
-"#
-    );
-    let (_dir, server) = start(&config).await;
+    let config = [
+        ARRAY_POOL,
+        policies,
+        &volume_toml("sql", "16GiB", sql_policy, "array"),
+        &volume_toml("desktops", "16GiB", desktops_policy, "array"),
+    ]
+    .concat();
+    let (_dir, server) = common::start_with("liveqos", &config).await;
     let addr = server.nbd_addr();
     let run = Duration::from_secs(3);
     // Alone first: what the mission-critical load costs on an idle array.
@@ -247,27 +195,14 @@ async fn builtin_mission_critical_keeps_its_latency_target_while_non_critical_fl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shares_2_to_1_split_a_saturated_pool_2_to_1() {
-    let config = format!(
-        r#"{ARRAY_POOL}
-[[policies]]
-name = "high"
-shares = 2000
-[[policies]]
-name = "normal"
-shares = 1000
-[[volumes]]
-name = "a"
-size = "256MiB"
-policy = "high"
-pool = "array"
-[[volumes]]
-name = "b"
-size = "256MiB"
-policy = "normal"
-pool = "array"
-"#
-    );
-    let (_dir, server) = start(&config).await;
+    let config = [
+        ARRAY_POOL,
+        HIGH_AND_NORMAL_SHARES,
+        &volume_toml("a", "256MiB", "high", "array"),
+        &volume_toml("b", "256MiB", "normal", "array"),
+    ]
+    .concat();
+    let (_dir, server) = common::start_with("liveqos", &config).await;
     let addr = server.nbd_addr();
     let run = Duration::from_secs(3);
     let a = tokio::spawn(async move { drive(addr, "a", 32, 8192, 256 << 20, run, 1).await });
@@ -296,10 +231,7 @@ pool = "array"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_with_qos_off_ignores_limits() {
-    let (_dir, server) = start(
-        r#"
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
+    let pools_and_policy = r#"
 [[pools]]
 name = "raw"
 qos = false
@@ -308,19 +240,14 @@ name = "governed"
 [[policies]]
 name = "capped"
 limit_iops = 100
-[[volumes]]
-name = "raw"
-size = "4MiB"
-policy = "capped"
-pool = "raw"
-[[volumes]]
-name = "governed"
-size = "4MiB"
-policy = "capped"
-pool = "governed"
-"#,
-    )
-    .await;
+"#;
+    let config = [
+        pools_and_policy,
+        &volume_toml("raw", "4MiB", "capped", "raw"),
+        &volume_toml("governed", "4MiB", "capped", "governed"),
+    ]
+    .concat();
+    let (_dir, server) = common::start_with("liveqos", &config).await;
     let run = Duration::from_millis(600);
     let raw = drive(server.nbd_addr(), "raw", 8, 4096, 4 << 20, run, 1).await;
     let governed = drive(server.nbd_addr(), "governed", 8, 4096, 4 << 20, run, 1).await;
@@ -346,10 +273,9 @@ pool = "governed"
 async fn one_connection_buffers_at_most_128_mib_of_payload() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
-    let (_dir, server) = start(
+    let (_dir, server) = common::start_with(
+        "liveqos",
         r#"
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
 [[policies]]
 name = "trickle"
 limit_iops = 16
@@ -360,9 +286,7 @@ policy = "trickle"
 "#,
     )
     .await;
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("trickle"))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(&server, "trickle").await;
     let payload = vec![0x5au8; 32 << 20];
     let sent = Arc::new(AtomicU64::new(0));
     let counter = sent.clone();

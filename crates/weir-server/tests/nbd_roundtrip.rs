@@ -13,9 +13,7 @@ use weir_server::nbd_client::NbdClient;
 async fn data_round_trips_and_errors() {
     let dir = common::TempDir::new("roundtrip");
     let server = common::start(dir.path()).await;
-    let (mut c, export) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("open"))
-        .await
-        .unwrap();
+    let (mut c, export) = common::connect(&server, "open").await;
     assert_eq!(export.size_bytes, 16 << 20);
     assert!(export.structured_replies);
     assert_eq!(export.description, "open to all hosts");
@@ -109,9 +107,7 @@ async fn data_round_trips_and_errors() {
     c.disconnect().await.unwrap();
 
     // Read-only export: writes fail with EPERM, reads work.
-    let (mut ro, export) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("ro"))
-        .await
-        .unwrap();
+    let (mut ro, export) = common::connect(&server, "ro").await;
     assert_ne!(export.transmission_flags & FLAG_READ_ONLY, 0);
     assert_eq!(
         ro.write(0, b"x", false).await.unwrap().unwrap_err().code,
@@ -154,9 +150,7 @@ async fn list_and_open_follow_host_access_groups() {
 async fn many_requests_in_flight_on_one_connection() {
     let dir = common::TempDir::new("inflight");
     let server = common::start(dir.path()).await;
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("open"))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(&server, "open").await;
     let n = 300u64;
     let mut writes = vec![];
     for i in 0..n {
@@ -202,9 +196,7 @@ async fn many_requests_in_flight_on_one_connection() {
 async fn a_malformed_client_closes_only_its_own_connection() {
     let dir = common::TempDir::new("malformed");
     let server = common::start(dir.path()).await;
-    let (mut good, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("open"))
-        .await
-        .unwrap();
+    let (mut good, _) = common::connect(&server, "open").await;
     // Garbage instead of client flags.
     let mut s = tokio::net::TcpStream::connect(server.nbd_addr())
         .await
@@ -266,9 +258,7 @@ async fn a_malformed_client_closes_only_its_own_connection() {
 async fn iops_limit_holds_requests_back_and_set_policy_applies_live() {
     let dir = common::TempDir::new("qos");
     let server = common::start(dir.path()).await;
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("slow"))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(&server, "slow").await;
     // 60 reads of 4 KiB against a 100 IOPS limit: at least ~0.5 s whatever the machine.
     let start = Instant::now();
     let handles: Vec<u64> = (0..60).map(|i| c.session().read(i * 4096, 4096)).collect();
@@ -309,9 +299,7 @@ async fn iops_limit_holds_requests_back_and_set_policy_applies_live() {
 async fn shutdown_answers_in_flight_requests_first() {
     let dir = common::TempDir::new("shutdown");
     let server = common::start(dir.path()).await;
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("slow"))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(&server, "slow").await;
     let handles: Vec<u64> = (0..20)
         .map(|i| c.session().write(i * 4096, &[7u8; 4096], false))
         .collect();
@@ -324,9 +312,7 @@ async fn shutdown_answers_in_flight_requests_first() {
     stop.await.unwrap().unwrap();
     // After restart the data is there.
     let server = common::start(dir.path()).await;
-    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("slow"))
-        .await
-        .unwrap();
+    let (mut c, _) = common::connect(&server, "slow").await;
     assert_eq!(
         c.read(19 * 4096, 4096).await.unwrap().unwrap(),
         vec![7u8; 4096]

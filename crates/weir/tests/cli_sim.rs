@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use weir_testkit::TempDir;
+
 fn weir() -> Command {
     Command::new(env!("CARGO_BIN_EXE_weir"))
 }
@@ -93,7 +95,8 @@ fn same_seed_same_bytes_across_processes() {
 
 #[test]
 fn default_scenario_prints_tables_and_html() {
-    let html = std::env::temp_dir().join(format!("weir-cli-test-{}.html", std::process::id()));
+    let dir = TempDir::new("cli-html");
+    let html = dir.join("report.html");
     let out = weir()
         .args(["sim", "-q", "--html"])
         .arg(&html)
@@ -113,13 +116,11 @@ fn default_scenario_prints_tables_and_html() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.starts_with("<!DOCTYPE html>") || page.starts_with("<!doctype html>"));
     assert!(page.contains("<svg"));
-    std::fs::remove_file(html).ok();
 }
 
 #[test]
 fn bad_scenario_names_file_line_and_field() {
-    let dir = std::env::temp_dir().join(format!("weir-cli-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("cli-bad");
     let file = dir.join("bad.toml");
     let good = std::fs::read_to_string(repo_root().join("scenarios/qos-invariants.toml")).unwrap();
     // Misspell a field on a known line.
@@ -159,7 +160,6 @@ fn bad_scenario_names_file_line_and_field() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("built-ins"));
-    std::fs::remove_dir_all(dir).ok();
 }
 
 #[test]

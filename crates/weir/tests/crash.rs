@@ -90,12 +90,7 @@ async fn workload(addr: std::net::SocketAddr, model: Arc<Mutex<Model>>, seed: u6
                 flushes.insert(h, batch);
                 continue;
             }
-            let block = loop {
-                let b = rng.below(BLOCKS);
-                if !busy_blocks.contains(&b) {
-                    break b;
-                }
-            };
+            let block = rng.below_except(BLOCKS, &busy_blocks);
             seq += 1;
             let fua = rng.below(8) == 0;
             model
@@ -233,7 +228,7 @@ fn acknowledged_writes_survive_sigkill() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(12);
-    let dir = common::TempDir::new("crash");
+    let dir = common::TempDir::new("cli-crash");
     let config = r#"
 [[pools]]
 name = "default"
@@ -257,15 +252,19 @@ policy = "open"
     let start = Instant::now();
     let mut verified_blocks = 0u64;
     let mut failures = Vec::new();
-    for cycle in 0..cycles {
-        let mut proc = WeirProcess::start(dir.path(), config);
+    // Every block the model holds durable must read back from a restarted server.
+    let mut check_durable = |proc: &WeirProcess, when: &str| {
         rt.block_on(async {
             let snapshot = model.lock().unwrap().clone();
-            match verify(&proc, &snapshot).await {
+            match verify(proc, &snapshot).await {
                 Ok(n) => verified_blocks += n,
-                Err(e) => failures.push(format!("cycle {cycle}: {e}")),
+                Err(e) => failures.push(format!("{when}: {e}")),
             }
-        });
+        })
+    };
+    for cycle in 0..cycles {
+        let mut proc = WeirProcess::start(dir.path(), config);
+        check_durable(&proc, &format!("cycle {cycle}"));
         let run_ms = 30 + rng.below(250);
         let w = rt.spawn(workload(
             proc.nbd_addr,
@@ -286,13 +285,7 @@ policy = "open"
     }
     // Last restart: the final kill's writes must be there too.
     let mut proc = WeirProcess::start(dir.path(), config);
-    rt.block_on(async {
-        let snapshot = model.lock().unwrap().clone();
-        match verify(&proc, &snapshot).await {
-            Ok(n) => verified_blocks += n,
-            Err(e) => failures.push(format!("after the last cycle: {e}")),
-        }
-    });
+    check_durable(&proc, "after the last cycle");
     proc.kill();
     let m = model.lock().unwrap();
     println!(

@@ -31,7 +31,7 @@ policy = "open"
 
 #[test]
 fn sigterm_during_writes_exits_0_with_acknowledged_writes_durable() {
-    let dir = common::TempDir::new("shutdown");
+    let dir = common::TempDir::new("cli-shutdown");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -53,12 +53,7 @@ fn sigterm_during_writes_exits_0_with_acknowledged_writes_durable() {
         let mut refused = false;
         let end_reason = loop {
             while !refused && in_flight.len() < 32 {
-                let block = loop {
-                    let b = rng.below(BLOCKS);
-                    if !busy.contains(&b) {
-                        break b;
-                    }
-                };
+                let block = rng.below_except(BLOCKS, &busy);
                 seq += 1;
                 let h = c
                     .session()

@@ -6,45 +6,15 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use weir_nbd::{ExportDescription, HandshakeEvent, RequestDecoder, ServerHandshake, validate};
 
-fn have_nbdkit() -> bool {
-    Command::new("nbdkit")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// nbdkit installed (installing it with apt-get when missing and root); prints the
 /// reason when it cannot be had.
 pub fn nbdkit_available() -> bool {
-    static INSTALL: Once = Once::new();
-    if have_nbdkit() {
-        return true;
-    }
-    INSTALL.call_once(|| {
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-        if root {
-            println!("nbdkit missing: running apt-get install -y nbdkit libnbd-bin");
-            let _ = Command::new("apt-get")
-                .args(["install", "-y", "nbdkit", "libnbd-bin"])
-                .stdout(Stdio::null())
-                .status();
-        }
-    });
-    let ok = have_nbdkit();
-    if !ok {
-        println!("skipped: nbdkit is not installed (and could not be installed)");
-    }
-    ok
+    weir_testkit::require_tool("nbdkit", &["nbdkit", "libnbd-bin"])
 }
 
 fn free_port() -> u16 {

@@ -1,43 +1,22 @@
-//! Shared helpers: a temporary data directory and a server on ephemeral ports.
+//! Shared helpers: servers on ephemeral loopback ports in a temporary data
+//! directory, and the load the QoS tests drive through them.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
+use weir_nbd::{ClientConfig, ClientExport};
+use weir_server::nbd_client::NbdClient;
 use weir_server::{RunningServer, WeirConfig};
 
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "weir-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use weir_testkit::TempDir;
 
 /// Volumes: `open` (16 MiB, any host), `ro` (1 MiB, read-only, loopback group),
 /// `hidden` (1 MiB, only 10.0.0.0/8: never this test's host), `slow` (limited
 /// to 100 IOPS by the `slow100` policy).
 pub const TEST_CONFIG: &str = r#"
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
 [[pools]]
 name = "default"
 max_in_flight = 16
@@ -79,16 +58,60 @@ size = "1MiB"
 policy = "slow100"
 "#;
 
-pub fn config(dir: &Path) -> WeirConfig {
-    let mut c = WeirConfig::from_toml_str(TEST_CONFIG, "test config").unwrap();
+/// Two policies for a shares test: `high` (2000 shares) and `normal` (1000).
+pub const HIGH_AND_NORMAL_SHARES: &str = r#"
+[[policies]]
+name = "high"
+shares = 2000
+[[policies]]
+name = "normal"
+shares = 1000
+"#;
+
+/// A `[[volumes]]` entry.
+pub fn volume_toml(name: &str, size: &str, policy: &str, pool: &str) -> String {
+    format!(
+        "[[volumes]]\nname = \"{name}\"\nsize = \"{size}\"\npolicy = \"{policy}\"\npool = \"{pool}\"\n"
+    )
+}
+
+/// `toml` parsed, with both listeners on ephemeral loopback ports and the data
+/// directory `dir`.
+pub fn config_from(toml: &str, dir: &Path) -> WeirConfig {
+    let mut c = WeirConfig::from_toml_str(toml, "test config").unwrap();
+    c.listen = "127.0.0.1:0".parse().unwrap();
+    c.admin_listen = "127.0.0.1:0".parse().unwrap();
     c.data_dir = dir.to_path_buf();
     c
 }
 
+/// [`TEST_CONFIG`] on `dir`.
+pub fn config(dir: &Path) -> WeirConfig {
+    config_from(TEST_CONFIG, dir)
+}
+
+/// A server with [`TEST_CONFIG`] on `dir`.
 pub async fn start(dir: &Path) -> RunningServer {
     RunningServer::start(config(dir))
         .await
         .expect("server starts")
+}
+
+/// A server with the configuration `toml` in a fresh directory named after `tag`
+/// (keep the directory as long as the server runs).
+pub async fn start_with(tag: &str, toml: &str) -> (TempDir, RunningServer) {
+    let dir = TempDir::new(tag);
+    let server = RunningServer::start(config_from(toml, dir.path()))
+        .await
+        .expect("server starts");
+    (dir, server)
+}
+
+/// An NBD client connected to `volume` (panics naming the volume when it cannot).
+pub async fn connect(server: &RunningServer, volume: &str) -> (NbdClient, ClientExport) {
+    NbdClient::connect(server.nbd_addr(), ClientConfig::go(volume))
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {volume}: {e:#}"))
 }
 
 /// `nbd://` URI of a volume.
@@ -96,16 +119,72 @@ pub fn uri(server: &RunningServer, volume: &str) -> String {
     format!("nbd://{}/{volume}", server.nbd_addr())
 }
 
-/// Whether an external tool is installed; prints the skip line when it is not.
-pub fn have(tool: &str) -> bool {
-    let found = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !found {
-        println!("skipped: {tool} not installed");
+/// One completed request: when it completed and how long it took.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    pub done_at: Instant,
+    pub latency: Duration,
+}
+
+/// A closed-loop random-read load on one volume.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadLoad<'a> {
+    pub volume: &'a str,
+    /// Local address to connect from (a second "host" on loopback), or the default.
+    pub from: Option<IpAddr>,
+    pub queue_depth: usize,
+    pub size_bytes: u32,
+    /// Reads fall at multiples of `size_bytes` below this.
+    pub span_bytes: u64,
+    pub seed: u64,
+}
+
+impl ReadLoad<'_> {
+    /// Keeps `queue_depth` reads in flight until `end`, then waits for the last ones;
+    /// returns every completion.
+    pub async fn run_until(self, addr: SocketAddr, end: Instant) -> Vec<Sample> {
+        let (mut c, _) = NbdClient::connect_from(self.from, addr, ClientConfig::go(self.volume))
+            .await
+            .unwrap();
+        let slots = self.span_bytes / self.size_bytes as u64;
+        let mut x = self.seed | 1;
+        let mut sent: HashMap<u64, Instant> = HashMap::new();
+        let mut samples = Vec::new();
+        loop {
+            if Instant::now() < end {
+                while sent.len() < self.queue_depth {
+                    // xorshift64
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let offset = (x % slots) * self.size_bytes as u64;
+                    let handle = c.session().read(offset, self.size_bytes);
+                    sent.insert(handle, Instant::now());
+                }
+            } else if sent.is_empty() {
+                break;
+            }
+            let done = c.next_completion().await.unwrap();
+            assert!(
+                done.result.is_ok(),
+                "{}: {:?}",
+                self.volume,
+                done.result.err()
+            );
+            let now = Instant::now();
+            if let Some(t) = sent.remove(&done.handle) {
+                samples.push(Sample {
+                    done_at: now,
+                    latency: now - t,
+                });
+            }
+        }
+        c.disconnect().await.unwrap();
+        samples
     }
-    found
+
+    /// As [`ReadLoad::run_until`], for `duration` from now.
+    pub async fn run_for(self, addr: SocketAddr, duration: Duration) -> Vec<Sample> {
+        self.run_until(addr, Instant::now() + duration).await
+    }
 }

@@ -1,38 +1,15 @@
 //! Helpers for tests that run the real `weir` binary.
 #![allow(dead_code)]
 
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "weir-cli-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use weir_testkit::TempDir;
 
 /// xorshift64*: deterministic, dependency-free randomness for workloads.
 pub struct Rng(u64);
@@ -49,6 +26,15 @@ impl Rng {
     }
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
+    }
+    /// A random value below `n` that is not in `taken` (which must leave one free).
+    pub fn below_except(&mut self, n: u64, taken: &HashSet<u64>) -> u64 {
+        loop {
+            let v = self.below(n);
+            if !taken.contains(&v) {
+                return v;
+            }
+        }
     }
 }
 
