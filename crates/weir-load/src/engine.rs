@@ -33,19 +33,6 @@ const SWEEP_VM: u32 = u32::MAX;
 /// Sweep reads in flight per target, and sectors per sweep read (1 MiB).
 const SWEEP_DEPTH: usize = 32;
 const SWEEP_READ_SECTORS: u64 = 2048;
-/// 004's I/O size histogram buckets (upper bounds, bytes), as in the simulator.
-const SIZE_BUCKETS: [u64; 10] = [
-    4096,
-    8192,
-    16384,
-    32768,
-    65536,
-    131072,
-    262144,
-    524288,
-    1048576,
-    u64::MAX,
-];
 
 /// Model figures also shown per timeline interval (the others only over the run).
 const TIMELINE_METRICS: [&str; 10] = [
@@ -216,21 +203,11 @@ impl Core {
         let sequential = vm.last_end[worker as usize] == request.offset_bytes;
         vm.last_end[worker as usize] = request.offset_bytes + request.size_bytes as u64;
         if model_now >= self.warmup_model_ns {
-            let b = SIZE_BUCKETS
-                .iter()
-                .position(|&x| request.size_bytes as u64 <= x)
-                .unwrap_or(SIZE_BUCKETS.len() - 1);
-            let h = &mut self.sizes;
-            match (request.dir, sequential) {
-                (Direction::Read, true) => h.sequential_reads += 1,
-                (Direction::Read, false) => h.random_reads += 1,
-                (Direction::Write, true) => h.sequential_writes += 1,
-                (Direction::Write, false) => h.random_writes += 1,
-            }
-            match request.dir {
-                Direction::Read => h.reads[b] += 1,
-                Direction::Write => h.writes[b] += 1,
-            }
+            self.sizes.record(
+                request.size_bytes as u64,
+                request.dir == Direction::Read,
+                sequential,
+            );
         }
         let (target, conn_i) = (vm.target, vm.conn);
         let offset = vm.base_offset + request.offset_bytes;
@@ -1014,12 +991,7 @@ pub(crate) async fn run(
         scratch: Vec::new(),
         interval: Interval::new(n_vms),
         interval_index: 0,
-        sizes: IoSizeHistogram {
-            bucket_bytes: SIZE_BUCKETS.to_vec(),
-            reads: vec![0; SIZE_BUCKETS.len()],
-            writes: vec![0; SIZE_BUCKETS.len()],
-            ..Default::default()
-        },
+        sizes: IoSizeHistogram::with_seed_buckets(),
         windows: scenario
             .windows
             .iter()
