@@ -741,7 +741,8 @@ pub(crate) fn plan_case(
                     format!("host {:?} has no enabled flash_cache", file.host[host].name),
                 ));
             }
-            let prewarm_bytes = match (v.prewarm_cache, model.as_ref().and_then(|m| m.data_bytes())) {
+            let prewarm_bytes = match (v.prewarm_cache, model.as_ref().and_then(|m| m.data_bytes()))
+            {
                 (false, _) => 0,
                 (true, Some(bytes)) => bytes.min(disk_bytes),
                 (true, None) => {

@@ -146,14 +146,20 @@ fn mixed_storm_small(text: &str) -> String {
     for (from, to) in [
         ("flash = { servers = 8,", "flash = { servers = 2,"),
         ("desktops = 150", "desktops = 8"),
-        ("max_concurrent_power_on = 32", "max_concurrent_power_on = 8"),
+        (
+            "max_concurrent_power_on = 32",
+            "max_concurrent_power_on = 8",
+        ),
         ("power_on_at_s = 840", "power_on_at_s = 30"),
         ("boot_ios = 10000", "boot_ios = 4000"),
         ("login_at_s = 1200", "login_at_s = 100000"),
         ("threads = 12", "threads = 3"),
         ("database_gib = 20", "database_gib = 2"),
     ] {
-        assert!(out.contains(from), "the shipped file no longer has {from:?}");
+        assert!(
+            out.contains(from),
+            "the shipped file no longer has {from:?}"
+        );
         out = out.replace(from, to);
     }
     out
@@ -181,8 +187,14 @@ fn qos_keeps_oltp_flat_through_the_boot_storm_and_no_qos_does_not() {
     assert!(ratio_on >= 0.9, "QoS on: OPM storm/pre-storm {ratio_on:.3}");
     assert!(sql_on <= 10.0, "QoS on: DVD-SQL {sql_on:.2} ms");
     assert!(rpc_on < 50.0, "QoS on: RPC {rpc_on:.1} ms");
-    assert!(ratio_off < 0.9, "QoS off: OPM storm/pre-storm {ratio_off:.3}");
-    assert!(sql_off > 2.0 * sql_on, "DVD-SQL {sql_on:.2} ms on, {sql_off:.2} ms off");
+    assert!(
+        ratio_off < 0.9,
+        "QoS off: OPM storm/pre-storm {ratio_off:.3}"
+    );
+    assert!(
+        sql_off > 2.0 * sql_on,
+        "DVD-SQL {sql_on:.2} ms on, {sql_off:.2} ms off"
+    );
     // The OLTP timeline is reported per interval too.
     let opm = on
         .timeline
@@ -190,7 +202,13 @@ fn qos_keeps_oltp_flat_through_the_boot_storm_and_no_qos_does_not() {
         .find(|t| t.name == "model:sql opm")
         .expect("OPM timeline");
     assert_eq!(opm.unit, "orders/min");
-    assert!(opm.values.iter().filter(|v| v.is_finite() && **v > 0.0).count() >= 4);
+    assert!(
+        opm.values
+            .iter()
+            .filter(|v| v.is_finite() && **v > 0.0)
+            .count()
+            >= 4
+    );
 }
 
 #[test]
