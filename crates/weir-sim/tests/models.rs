@@ -47,21 +47,35 @@ fn component(c: &CaseReport, name: &str) -> (f64, u64) {
     (x.utilisation, x.ios)
 }
 
-/// The mixed workload with a short time line: 30 s warm-up, pre-storm 30-60 s, a
-/// storm of 24 desktops per pool at 60 s, logins from 80 s, 100 s in all; 2 GiB
-/// databases (so that caches warm up in that time) and 4 threads per SQL VM.
-fn mixed_small(text: &str) -> String {
+/// The shipped mixed-workload time line (warm-up, duration, the three windows)
+/// replaced by a shorter one.
+fn retimed(text: &str, warmup_s: f64, duration_s: f64, windows: [(f64, f64); 3]) -> String {
+    let [(a0, a1), (b0, b1), (c0, c1)] = windows;
     text.replace(
         "warmup_s = 600\nduration_s = 1400",
-        "warmup_s = 30\nduration_s = 70",
+        &format!("warmup_s = {warmup_s}\nduration_s = {duration_s}"),
     )
     .replace(
         r#"  { name = "pre-storm", start_s = 600, end_s = 840 },
   { name = "storm", start_s = 840, end_s = 1140 },
   { name = "vsi", start_s = 1200, end_s = 2000 },"#,
-        r#"  { name = "pre-storm", start_s = 30, end_s = 60 },
-  { name = "storm", start_s = 60, end_s = 80 },
-  { name = "vsi", start_s = 80, end_s = 100 },"#,
+        &format!(
+            r#"  {{ name = "pre-storm", start_s = {a0}, end_s = {a1} }},
+  {{ name = "storm", start_s = {b0}, end_s = {b1} }},
+  {{ name = "vsi", start_s = {c0}, end_s = {c1} }},"#
+        ),
+    )
+}
+
+/// The mixed workload with a short time line: 30 s warm-up, pre-storm 30-60 s, a
+/// storm of 24 desktops per pool at 60 s, logins from 80 s, 100 s in all; 2 GiB
+/// databases (so that caches warm up in that time) and 4 threads per SQL VM.
+fn mixed_small(text: &str) -> String {
+    retimed(
+        text,
+        30.0,
+        70.0,
+        [(30.0, 60.0), (60.0, 80.0), (80.0, 100.0)],
     )
     .replace("desktops = 150", "desktops = 16")
     .replace("power_on_at_s = 840", "power_on_at_s = 60")
@@ -130,19 +144,7 @@ fn mixed_workload_runs_the_models_and_reports_windows() {
 /// of the flash), 2 GiB pre-warmed databases; 10 s warm-up, pre-storm 10-30 s, storm
 /// 30-50 s, no logins.
 fn mixed_storm_small(text: &str) -> String {
-    let mut out = text
-        .replace(
-            "warmup_s = 600\nduration_s = 1400",
-            "warmup_s = 10\nduration_s = 40",
-        )
-        .replace(
-            r#"  { name = "pre-storm", start_s = 600, end_s = 840 },
-  { name = "storm", start_s = 840, end_s = 1140 },
-  { name = "vsi", start_s = 1200, end_s = 2000 },"#,
-            r#"  { name = "pre-storm", start_s = 10, end_s = 30 },
-  { name = "storm", start_s = 30, end_s = 50 },
-  { name = "vsi", start_s = 50, end_s = 50.5 },"#,
-        );
+    let mut out = retimed(text, 10.0, 40.0, [(10.0, 30.0), (30.0, 50.0), (50.0, 50.5)]);
     for (from, to) in [
         ("flash = { servers = 8,", "flash = { servers = 2,"),
         ("desktops = 150", "desktops = 8"),
