@@ -460,11 +460,9 @@ impl<'p> Engine<'p> {
             }
             None => None,
         };
-        let flash_servers = plan
-            .file
-            .array_cache
-            .as_ref()
-            .map_or(1, |c| c.flash.servers.max(1));
+        // Without a flash tier nothing is ever sent there: a bound of 0 keeps the
+        // release rule exactly the single back-end bound it was.
+        let flash_tier = plan.file.array_cache.as_ref().filter(|c| c.enabled);
         let array_qos = plan.file.array_qos.as_ref().filter(|q| q.enabled).map(|q| {
             let mut sched = Scheduler::new(SchedulerConfig {
                 cost_unit_bytes: q.cost_unit_bytes,
@@ -477,7 +475,8 @@ impl<'p> Engine<'p> {
                 outstanding: 0,
                 concurrency: q.backend_concurrency,
                 flash_outstanding: 0,
-                flash_concurrency: q.flash_concurrency.unwrap_or(flash_servers),
+                flash_concurrency: flash_tier
+                    .map_or(0, |c| q.flash_concurrency.unwrap_or(c.flash.servers.max(1))),
                 parked: None,
                 wake_at: None,
             }
