@@ -86,9 +86,11 @@ impl List {
     };
 }
 
-/// Fixed-capacity resident-set index with LRU or SLRU replacement.
+/// Fixed-capacity resident-set index with LRU or SLRU replacement. Keys are the
+/// caller's (volume, block) encodings; the index keeps no data, only which keys are
+/// resident and in which order they leave.
 #[derive(Clone, Debug)]
-pub(crate) struct BlockCache {
+pub struct BlockCache {
     entries: Vec<Entry>,
     map: FastMap<u128, u32>,
     /// Index 1: probation, 2: protected (index 0 unused).
@@ -107,7 +109,7 @@ pub(crate) struct BlockCache {
 
 impl BlockCache {
     /// `capacity` entries (0 is allowed: nothing is ever resident).
-    pub(crate) fn new(capacity: u32, policy: CachePolicy) -> Self {
+    pub fn new(capacity: u32, policy: CachePolicy) -> Self {
         // Tables grow with the resident set (a 785 GB cache of 4 KiB blocks would be
         // ~10 GB of index if reserved up front); once full, nothing allocates.
         let initial = capacity.min(1 << 16) as usize;
@@ -126,16 +128,26 @@ impl BlockCache {
         }
     }
 
-    pub(crate) fn len(&self) -> u32 {
+    /// Resident keys.
+    pub fn len(&self) -> u32 {
         self.map.len() as u32
     }
 
-    pub(crate) fn contains(&self, key: u128) -> bool {
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Most keys resident at once.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    pub fn contains(&self, key: u128) -> bool {
         self.map.contains_key(&key)
     }
 
     /// Records an access; returns whether the key was resident.
-    pub(crate) fn touch(&mut self, key: u128) -> bool {
+    pub fn touch(&mut self, key: u128) -> bool {
         let Some(&i) = self.map.get(&key) else {
             return false;
         };
@@ -144,7 +156,7 @@ impl BlockCache {
     }
 
     /// Makes `key` resident (an access if it already is). Returns the evicted key.
-    pub(crate) fn insert(&mut self, key: u128) -> Option<u128> {
+    pub fn insert(&mut self, key: u128) -> Option<u128> {
         if let Some(&i) = self.map.get(&key) {
             self.access(i);
             return None;
@@ -183,7 +195,7 @@ impl BlockCache {
     }
 
     /// Drops `key`; returns whether it was resident.
-    pub(crate) fn remove(&mut self, key: u128) -> bool {
+    pub fn remove(&mut self, key: u128) -> bool {
         let Some(i) = self.map.remove(&key) else {
             return false;
         };
@@ -193,7 +205,7 @@ impl BlockCache {
     }
 
     /// The key that would leave next (without removing it).
-    pub(crate) fn peek_victim(&self) -> Option<u128> {
+    pub fn peek_victim(&self) -> Option<u128> {
         if self.map.is_empty() {
             return None;
         }

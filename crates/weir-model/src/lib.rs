@@ -96,7 +96,7 @@ pub use array::{
     ARRAY_PRESETS, Array, ArraySpec, ArrayStats, ControllerRef, DriveRef, DriveReport, DriveSpec,
     PolicyOverride,
 };
-pub use block_cache::CachePolicy;
+pub use block_cache::{BlockCache, CachePolicy};
 pub use clone_cache::{CloneCacheSpec, CloneCacheStats, CloneId, ImageId};
 pub use controller::{BatteryState, ControllerSpec, IoPolicy, ReadPolicy, WritePolicy};
 pub use error::ModelError;

@@ -138,10 +138,28 @@ struct HostState {
     window_series: Vec<f64>,
 }
 
+/// Appliance-side QoS. Each tier has its own bound on outstanding requests (a hybrid
+/// array's flash and disks are separate devices): `concurrency` for the disk tier,
+/// `flash_concurrency` for the flash tier, so flash hits do not wait for slots held
+/// by 10 ms disk misses, and the flash device's own FIFO stays short — the
+/// scheduler, not a device queue, decides who goes first.
+///
+/// The tier of a request is known only once the scheduler has released it (flash
+/// tier lookup); a released request whose tier is full is parked until that tier
+/// frees a slot, and nothing else is released meanwhile, so the scheduler's order
+/// holds. The cost: while the disks are saturated, a parked disk request holds back
+/// flash releases for up to one disk service time. (A scheduler per tier, with the
+/// tier chosen on arrival, avoids that but splits each volume's reservation, risk
+/// tracking and shares across tiers; tried on `mixed-workload.toml`, it let the
+/// business-critical Exchange volume's RPC latency pass 50 ms during the storm.)
 struct ArrayQos {
     sched: Scheduler<u32>,
     outstanding: u32,
     concurrency: u32,
+    flash_outstanding: u32,
+    flash_concurrency: u32,
+    /// A released request waiting for a slot of its tier (at most one).
+    parked: Option<(u32, Stage)>,
     wake_at: Option<Nanos>,
 }
 
@@ -270,6 +288,16 @@ fn splitmix(mut x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Host flash cache key of a block (absolute block number on the array) of VM `vm`.
+fn host_cache_key(vm: u32, block: u64) -> u64 {
+    ((vm as u64) << 48) ^ block
+}
+
+/// Array flash tier key of a block that is not part of a shared image.
+fn array_cache_key(block: u64) -> u64 {
+    splitmix(block) ^ 0x5EED
+}
+
 /// Stable seed for a named stream (FNV-1a of the name, mixed with the run's seed).
 pub(crate) fn stream_seed(seed: u64, name: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -278,6 +306,32 @@ pub(crate) fn stream_seed(seed: u64, name: &str) -> u64 {
         h = h.wrapping_mul(0x0000_0100_0000_01B3);
     }
     splitmix(seed ^ splitmix(h))
+}
+
+/// Loads the data regions of the VMs that ask for it (`prewarm_cache`) into the caches
+/// on their path, in address order.
+fn prewarm(plan: &CasePlan, hosts: &mut [HostState], mut array_cache: Option<&mut BlockCache>) {
+    let mut keys = Vec::new();
+    for (vi, vm) in plan.vms.iter().enumerate() {
+        if vm.prewarm_bytes == 0 {
+            continue;
+        }
+        let (start, end) = (vm.base_offset, vm.base_offset + vm.prewarm_bytes);
+        if vm.host_cache
+            && let Some((cache, _)) = &mut hosts[vm.host].cache
+        {
+            let bb = cache.block_bytes;
+            keys.clear();
+            keys.extend((start / bb..end.div_ceil(bb)).map(|b| host_cache_key(vi as u32, b)));
+            cache.insert(&keys);
+        }
+        if let Some(cache) = array_cache.as_deref_mut() {
+            let bb = cache.block_bytes;
+            keys.clear();
+            keys.extend((start / bb..end.div_ceil(bb)).map(array_cache_key));
+            cache.insert(&keys);
+        }
+    }
 }
 
 impl<'p> Engine<'p> {
@@ -383,7 +437,7 @@ impl<'p> Engine<'p> {
                 window_series: Vec::new(),
             });
         }
-        let array_cache = match plan.file.array_cache.as_ref().filter(|c| c.enabled) {
+        let mut array_cache = match plan.file.array_cache.as_ref().filter(|c| c.enabled) {
             Some(c) => {
                 comps.push(Comp {
                     c: hw::build_flash(&c.flash)?,
@@ -406,6 +460,9 @@ impl<'p> Engine<'p> {
             }
             None => None,
         };
+        // Without a flash tier nothing is ever sent there: a bound of 0 keeps the
+        // release rule exactly the single back-end bound it was.
+        let flash_tier = plan.file.array_cache.as_ref().filter(|c| c.enabled);
         let array_qos = plan.file.array_qos.as_ref().filter(|q| q.enabled).map(|q| {
             let mut sched = Scheduler::new(SchedulerConfig {
                 cost_unit_bytes: q.cost_unit_bytes,
@@ -417,9 +474,14 @@ impl<'p> Engine<'p> {
                 sched,
                 outstanding: 0,
                 concurrency: q.backend_concurrency,
+                flash_outstanding: 0,
+                flash_concurrency: flash_tier
+                    .map_or(0, |c| q.flash_concurrency.unwrap_or(c.flash.servers.max(1))),
+                parked: None,
                 wake_at: None,
             }
         });
+        prewarm(plan, &mut hosts, array_cache.as_mut().map(|c| &mut c.0));
         let buckets = ((plan.warmup_ns + plan.duration_ns) / plan.interval_ns + 1) as usize;
         let mut vms = Vec::new();
         for vm in &plan.vms {
@@ -704,9 +766,8 @@ impl<'p> Engine<'p> {
             keys.clear();
             if let Some((cache, comp)) = &mut self.hosts[h].cache {
                 let bb = cache.block_bytes;
-                let vm_tag = (vm as u64) << 48;
                 for b in addr / bb..(addr + io.size_bytes as u64).div_ceil(bb) {
-                    keys.push(vm_tag ^ b);
+                    keys.push(host_cache_key(vm, b));
                 }
                 let comp = *comp;
                 if io.dir == Direction::Read && cache.lookup(&keys) {
@@ -886,13 +947,22 @@ impl<'p> Engine<'p> {
 
     /// Into the array: its flash cache when the read hits, else the array itself.
     fn enter_backend(&mut self, slot: u32) {
+        let tier = self.backend_tier(slot);
+        self.send_to_tier(slot, tier);
+    }
+
+    /// The tier that serves a request: `Stage::ArrayFlash` (a read whose blocks are
+    /// all in the flash tier, or a write absorbed by it) or `Stage::Array` (disks).
+    /// Looks the flash tier up and fills it (misses and writes), so call it once per
+    /// request.
+    fn backend_tier(&mut self, slot: u32) -> Stage {
         if self.array_cache.is_some() {
             let r = self.reqs[slot as usize];
             let v = &self.vms[r.vm as usize];
             let mut keys = std::mem::take(&mut self.keys);
             keys.clear();
-            let Some((cache, comp, clone_aware, write_back)) = &mut self.array_cache else {
-                return;
+            let Some((cache, _, clone_aware, write_back)) = &mut self.array_cache else {
+                return Stage::Array;
             };
             let bb = cache.block_bytes;
             let (start, end) = (
@@ -919,11 +989,10 @@ impl<'p> Engine<'p> {
                 _ => {
                     let a = v.plan.base_offset + start;
                     for b in a / bb..(a + r.io.size_bytes as u64).div_ceil(bb) {
-                        keys.push(splitmix(b) ^ 0x5EED);
+                        keys.push(array_cache_key(b));
                     }
                 }
             }
-            let comp = *comp;
             let hit = match r.io.dir {
                 Direction::Read => cache.lookup(&keys),
                 Direction::Write => *write_back,
@@ -933,13 +1002,19 @@ impl<'p> Engine<'p> {
             }
             self.keys = keys;
             if hit {
-                self.reqs[slot as usize].stage = Stage::ArrayFlash;
-                self.submit(comp, slot);
-                return;
+                return Stage::ArrayFlash;
             }
         }
-        self.reqs[slot as usize].stage = Stage::Array;
-        self.submit(0, slot);
+        Stage::Array
+    }
+
+    fn send_to_tier(&mut self, slot: u32, tier: Stage) {
+        self.reqs[slot as usize].stage = tier;
+        let comp = match (tier, &self.array_cache) {
+            (Stage::ArrayFlash, Some((_, flash, _, _))) => *flash,
+            _ => 0,
+        };
+        self.submit(comp, slot);
     }
 
     fn pump_array_qos(&mut self) {
@@ -948,13 +1023,31 @@ impl<'p> Engine<'p> {
             let Some(aq) = &mut self.array_qos else {
                 return;
             };
-            if aq.outstanding >= aq.concurrency {
+            // One released request may wait for a slot of its tier; while it does,
+            // nothing else is released (the scheduler keeps deciding the order).
+            if aq.parked.is_some()
+                || (aq.outstanding >= aq.concurrency
+                    && aq.flash_outstanding >= aq.flash_concurrency)
+            {
                 return;
             }
             match aq.sched.dispatch(now) {
                 Dispatch::Io(d) => {
-                    aq.outstanding += 1;
-                    self.enter_backend(d.payload);
+                    let slot = d.payload;
+                    let tier = self.backend_tier(slot);
+                    let Some(aq) = &mut self.array_qos else {
+                        return;
+                    };
+                    let (used, bound) = match tier {
+                        Stage::ArrayFlash => (&mut aq.flash_outstanding, aq.flash_concurrency),
+                        _ => (&mut aq.outstanding, aq.concurrency),
+                    };
+                    if *used < bound {
+                        *used += 1;
+                        self.send_to_tier(slot, tier);
+                    } else {
+                        aq.parked = Some((slot, tier));
+                    }
                 }
                 Dispatch::WaitUntil(t) => {
                     let t = t.max(now + 1);
@@ -975,8 +1068,28 @@ impl<'p> Engine<'p> {
             let vm = &self.vms[r.vm as usize].plan;
             let (vol, client) = (VolumeId(vm.volume as u32), ClientId(vm.host as u32));
             let now = self.now;
+            let tier = r.stage;
             if let Some(aq) = &mut self.array_qos {
-                aq.outstanding = aq.outstanding.saturating_sub(1);
+                match tier {
+                    Stage::ArrayFlash => {
+                        aq.flash_outstanding = aq.flash_outstanding.saturating_sub(1)
+                    }
+                    _ => aq.outstanding = aq.outstanding.saturating_sub(1),
+                }
+            }
+            // The waiting request takes the slot its tier just freed.
+            if let Some(aq) = &mut self.array_qos
+                && let Some((parked, parked_tier)) = aq.parked
+                && parked_tier == tier
+            {
+                aq.parked = None;
+                match tier {
+                    Stage::ArrayFlash => aq.flash_outstanding += 1,
+                    _ => aq.outstanding += 1,
+                }
+                self.send_to_tier(parked, parked_tier);
+            }
+            if let Some(aq) = &mut self.array_qos {
                 aq.sched.complete(
                     now,
                     vol,
@@ -1143,6 +1256,53 @@ impl<'p> Engine<'p> {
             }
         }
         out
+    }
+
+    /// The models' user-facing figures per timeline interval ("per phase and over
+    /// time"): OLTP orders per minute and order latency, Exchange RPC latency, the
+    /// Login VSI response time. Named `model:<vm> <metric>`; an
+    /// interval without samples is NaN (a gap in charts, `null` in JSON).
+    fn model_timeline(&self, intervals: usize) -> Vec<TimelineSeries> {
+        const CHARTED: [&str; 4] = [
+            "opm",
+            "order_latency_mean_ms",
+            "rpc_latency_mean_ms",
+            "vsi_response_mean_ms",
+        ];
+        let step = self.plan.interval_ns;
+        let mut series: Vec<TimelineSeries> = Vec::new();
+        for i in 0..intervals {
+            let (from, to) = (i as Nanos * step, (i as Nanos + 1) * step);
+            for m in self.model_metrics("", from, to) {
+                if !CHARTED.contains(&m.name.as_str()) {
+                    continue;
+                }
+                let name = format!("model:{} {}", m.source, m.name);
+                let s = match series.iter_mut().find(|s| s.name == name) {
+                    Some(s) => s,
+                    None => {
+                        series.push(TimelineSeries {
+                            name,
+                            // Application latencies get their own chart, apart
+                            // from the I/O latencies.
+                            unit: if m.unit == "ms" {
+                                "ms (application)".into()
+                            } else {
+                                m.unit.clone()
+                            },
+                            interval_s: step as f64 / 1e9,
+                            values: vec![f64::NAN; i],
+                        });
+                        series.last_mut().expect("just pushed")
+                    }
+                };
+                s.values.push(m.value);
+            }
+            for s in &mut series {
+                s.values.resize(i + 1, f64::NAN);
+            }
+        }
+        series
     }
 
     fn window_result(&self, w: &WindowPlan, now: Nanos) -> WindowResult {
@@ -1331,6 +1491,7 @@ impl<'p> Engine<'p> {
                 });
             }
         }
+        timeline.extend(self.model_timeline(used));
         let mut model_metrics = self.model_metrics("", self.measure_start, now);
         let mut windows = Vec::new();
         for w in &plan.windows {

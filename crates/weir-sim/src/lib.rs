@@ -17,8 +17,12 @@
 //! (`CaseReport::windows`, per volume, service level and total) and the I/O size
 //! histogram (`CaseReport::io_sizes`). `[array_cache]` (a flash tier in front of the
 //! array, optionally clone-aware and absorbing writes) and a host's `flash_cache`
-//! (ioTurbine-like, opted into per VM) are simulated here as block caches in front of
-//! flash devices; `[array_qos] enabled = false` runs without QoS.
+//! (ioTurbine-like, opted into per VM) are simulated as weir-model block cache
+//! indexes ([`weir_model::BlockCache`], LRU) in front of flash devices, optionally
+//! pre-warmed with a model's database (`prewarm_cache`); `[array_qos] enabled =
+//! false` runs without QoS, and with a flash tier the appliance's QoS bounds each
+//! tier separately (`backend_concurrency`, `flash_concurrency`). The timeline carries
+//! the models' figures per interval (`model:<vm> opm`, `… rpc_latency_mean_ms`).
 
 mod cache;
 mod engine;

@@ -80,6 +80,8 @@ pub(crate) struct VmPlan {
     /// The `[[vm]]` name (without the copy suffix).
     pub base: String,
     pub host_cache: bool,
+    /// Bytes from the disk's start to load into the caches before the run.
+    pub prewarm_bytes: u64,
     pub disk_bytes: u64,
     /// Where the disk starts on the array.
     pub base_offset: u64,
@@ -559,6 +561,14 @@ pub(crate) fn plan_case(
                 format!("must be 1-65536, got {}", q.backend_concurrency),
             ));
         }
+        if let Some(n) = q.flash_concurrency
+            && (n == 0 || n > 65536)
+        {
+            return Err(err(
+                vec![key("array_qos"), key("flash_concurrency")],
+                format!("must be 1-65536, got {n}"),
+            ));
+        }
         if q.cost_unit_bytes == 0 {
             return Err(err(
                 vec![key("array_qos"), key("cost_unit_bytes")],
@@ -731,6 +741,17 @@ pub(crate) fn plan_case(
                     format!("host {:?} has no enabled flash_cache", file.host[host].name),
                 ));
             }
+            let prewarm_bytes = match (v.prewarm_cache, model.as_ref().and_then(|m| m.data_bytes()))
+            {
+                (false, _) => 0,
+                (true, Some(bytes)) => bytes.min(disk_bytes),
+                (true, None) => {
+                    return Err(err(
+                        at("prewarm_cache"),
+                        "only an OLTP or Exchange model has a data region to pre-warm".into(),
+                    ));
+                }
+            };
             vms.push(VmPlan {
                 name: vm_name,
                 host,
@@ -742,6 +763,7 @@ pub(crate) fn plan_case(
                 instances: v.count,
                 base: v.name.clone(),
                 host_cache: v.host_cache,
+                prewarm_bytes,
                 disk_bytes,
                 base_offset: next_offset,
             });

@@ -176,9 +176,15 @@ pub struct ArrayQosSpec {
     /// `false`: requests go to the array in arrival order (QoS off).
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// Requests the appliance keeps outstanding on its back end.
+    /// Requests the appliance keeps outstanding on its back end (its disk tier when
+    /// an `[array_cache]` flash tier is present).
     #[serde(default = "default_backend_concurrency")]
     pub backend_concurrency: u32,
+    /// Requests the appliance keeps outstanding on its flash tier (`[array_cache]`);
+    /// default: the flash's `servers` (channels), so that requests queue in the QoS
+    /// scheduler rather than in the flash device's FIFO.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_concurrency: Option<u32>,
     /// IOPS are counted in units of this many bytes (weir-qos `cost_unit_bytes`).
     #[serde(default = "default_cost_unit")]
     pub cost_unit_bytes: u32,
@@ -242,6 +248,11 @@ pub struct VmSpec {
     /// Use the host's `flash_cache` for this VM's reads.
     #[serde(default)]
     pub host_cache: bool,
+    /// Start the run with the model's data region (OLTP or Exchange database) resident
+    /// in the caches on this VM's path (its host's flash cache if `host_cache`, the
+    /// array flash tier if any): the state after a long warm-up, without simulating it.
+    #[serde(default)]
+    pub prewarm_cache: bool,
 }
 
 /// One `[[case]]`: overrides of the base file, optional sweeps, seed figures.

@@ -47,21 +47,35 @@ fn component(c: &CaseReport, name: &str) -> (f64, u64) {
     (x.utilisation, x.ios)
 }
 
-/// The mixed workload with a short time line: 30 s warm-up, pre-storm 30-60 s, a
-/// storm of 24 desktops per pool at 60 s, logins from 80 s, 100 s in all; 2 GiB
-/// databases (so that caches warm up in that time) and 4 threads per SQL VM.
-fn mixed_small(text: &str) -> String {
+/// The shipped mixed-workload time line (warm-up, duration, the three windows)
+/// replaced by a shorter one.
+fn retimed(text: &str, warmup_s: f64, duration_s: f64, windows: [(f64, f64); 3]) -> String {
+    let [(a0, a1), (b0, b1), (c0, c1)] = windows;
     text.replace(
         "warmup_s = 600\nduration_s = 1400",
-        "warmup_s = 30\nduration_s = 70",
+        &format!("warmup_s = {warmup_s}\nduration_s = {duration_s}"),
     )
     .replace(
         r#"  { name = "pre-storm", start_s = 600, end_s = 840 },
   { name = "storm", start_s = 840, end_s = 1140 },
   { name = "vsi", start_s = 1200, end_s = 2000 },"#,
-        r#"  { name = "pre-storm", start_s = 30, end_s = 60 },
-  { name = "storm", start_s = 60, end_s = 80 },
-  { name = "vsi", start_s = 80, end_s = 100 },"#,
+        &format!(
+            r#"  {{ name = "pre-storm", start_s = {a0}, end_s = {a1} }},
+  {{ name = "storm", start_s = {b0}, end_s = {b1} }},
+  {{ name = "vsi", start_s = {c0}, end_s = {c1} }},"#
+        ),
+    )
+}
+
+/// The mixed workload with a short time line: 30 s warm-up, pre-storm 30-60 s, a
+/// storm of 24 desktops per pool at 60 s, logins from 80 s, 100 s in all; 2 GiB
+/// databases (so that caches warm up in that time) and 4 threads per SQL VM.
+fn mixed_small(text: &str) -> String {
+    retimed(
+        text,
+        30.0,
+        70.0,
+        [(30.0, 60.0), (60.0, 80.0), (80.0, 100.0)],
     )
     .replace("desktops = 150", "desktops = 16")
     .replace("power_on_at_s = 840", "power_on_at_s = 60")
@@ -124,6 +138,81 @@ fn mixed_workload_runs_the_models_and_reports_windows() {
     );
 }
 
+/// The mixed workload's boot storm at a quarter of the flash tier: 2 flash channels
+/// instead of 8 and 32 desktops booting at once instead of 128 (16 per channel, as in
+/// the shipped file), 3 SQL threads per VM (the OLTP load keeps about the same share
+/// of the flash), 2 GiB pre-warmed databases; 10 s warm-up, pre-storm 10-30 s, storm
+/// 30-50 s, no logins.
+fn mixed_storm_small(text: &str) -> String {
+    let mut out = retimed(text, 10.0, 40.0, [(10.0, 30.0), (30.0, 50.0), (50.0, 50.5)]);
+    for (from, to) in [
+        ("flash = { servers = 8,", "flash = { servers = 2,"),
+        ("desktops = 150", "desktops = 8"),
+        (
+            "max_concurrent_power_on = 32",
+            "max_concurrent_power_on = 8",
+        ),
+        ("power_on_at_s = 840", "power_on_at_s = 30"),
+        ("boot_ios = 10000", "boot_ios = 4000"),
+        ("login_at_s = 1200", "login_at_s = 100000"),
+        ("threads = 12", "threads = 3"),
+        ("database_gib = 20", "database_gib = 2"),
+    ] {
+        assert!(
+            out.contains(from),
+            "the shipped file no longer has {from:?}"
+        );
+        out = out.replace(from, to);
+    }
+    out
+}
+
+/// Issue 4's mixed-workload acceptance at a reduced scale (see `mixed_storm_small`):
+/// with the policies, OLTP orders per minute stay within 10 % of the pre-storm level
+/// through the boot storm, the mission-critical volume within its 10 ms target and
+/// Exchange under 50 ms; without them, OLTP loses more than 10 %.
+#[test]
+fn qos_keeps_oltp_flat_through_the_boot_storm_and_no_qos_does_not() {
+    let r = load("mixed-storm-small", &mixed_storm_small(MIXED)).run(None, &mut |_| {});
+    let (on, off) = (case(&r, "qos-on"), case(&r, "qos-off"));
+    let ratio = |c| model(c, "sql", "opm", "storm") / model(c, "sql", "opm", "pre-storm");
+    let (ratio_on, ratio_off) = (ratio(on), ratio(off));
+    let (sql_on, sql_off) = (
+        window_latency(on, "storm", "volume:DVD-SQL"),
+        window_latency(off, "storm", "volume:DVD-SQL"),
+    );
+    let rpc_on = model(on, "exchange", "rpc_latency_mean_ms", "storm");
+    // The storm saturated the (reduced) flash tier through the storm window.
+    let storm = on.windows.iter().find(|w| w.name == "storm").unwrap();
+    let storm_iops = storm.figures.last().unwrap().iops;
+    assert!(storm_iops > 5_000.0, "storm {storm_iops} IOPS");
+    assert!(ratio_on >= 0.9, "QoS on: OPM storm/pre-storm {ratio_on:.3}");
+    assert!(sql_on <= 10.0, "QoS on: DVD-SQL {sql_on:.2} ms");
+    assert!(rpc_on < 50.0, "QoS on: RPC {rpc_on:.1} ms");
+    assert!(
+        ratio_off < 0.9,
+        "QoS off: OPM storm/pre-storm {ratio_off:.3}"
+    );
+    assert!(
+        sql_off > 2.0 * sql_on,
+        "DVD-SQL {sql_on:.2} ms on, {sql_off:.2} ms off"
+    );
+    // The OLTP timeline is reported per interval too.
+    let opm = on
+        .timeline
+        .iter()
+        .find(|t| t.name == "model:sql opm")
+        .expect("OPM timeline");
+    assert_eq!(opm.unit, "orders/min");
+    assert!(
+        opm.values
+            .iter()
+            .filter(|v| v.is_finite() && **v > 0.0)
+            .count()
+            >= 4
+    );
+}
+
 #[test]
 fn host_cache_serves_most_oltp_reads_and_multiplies_opm() {
     let text = mixed_small(MIXED_CACHE).replace("power_on_at_s = 60", "power_on_at_s = 100000");
@@ -136,8 +225,9 @@ fn host_cache_serves_most_oltp_reads_and_multiplies_opm() {
         model(with, "sql", "opm", "pre-storm"),
         model(without, "sql", "opm", "pre-storm"),
     );
-    // Here the appliance's flash tier already holds the small database, so the host
-    // cache only trims latency (docs/FIDELITY.md: why 000's six-fold is not reproduced).
+    // The appliance's flash tier already holds the (pre-warmed) database, so the host
+    // cache trims latency rather than multiplying OPM (docs/FIDELITY.md: why 000's
+    // six-fold is not reproduced).
     assert!(a > b, "OPM with cache {a}, without {b}");
     // Log writes are never cached: the array still sees the SQL volume.
     let w = with.windows.iter().find(|w| w.name == "pre-storm").unwrap();
@@ -241,8 +331,9 @@ fn acceptance_mixed_workload_full() {
     );
     assert!(sql_on <= 10.0);
     assert!(model(on, "exchange", "rpc_latency_mean_ms", "storm") < 50.0);
-    assert!(ratio(on) > ratio(off));
+    assert!(ratio(on) >= 0.9 && ratio(off) < 0.9);
     assert!(sql_on < sql_off);
+    assert_eq!(model(on, "vdt-a", "vsimax_reached", ""), 0.0);
 }
 
 #[test]

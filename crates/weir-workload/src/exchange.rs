@@ -87,7 +87,7 @@ impl ExchangeSpec {
         Ok(())
     }
 
-    fn db_bytes(&self) -> u64 {
+    pub(crate) fn db_bytes(&self) -> u64 {
         // Database file ≈ 1.2 × the mailbox data (white space, indexes).
         ((self.mailboxes as f64 * self.mailbox_mb * 1.2 * MIB as f64) as u64 / 65536 * 65536)
             .max(self.page_bytes as u64 * 16)

@@ -126,6 +126,17 @@ impl ModelSpec {
         }
     }
 
+    /// The model's data region, `[0, bytes)` of its volume, when it has one a cache
+    /// can be pre-warmed with: the OLTP database (not its log), the Exchange database.
+    /// Desktops have none (their image is read on a schedule, not resident by default).
+    pub fn data_bytes(&self) -> Option<u64> {
+        match self {
+            ModelSpec::Vdi(_) => None,
+            ModelSpec::Oltp(s) => Some(s.database_bytes()),
+            ModelSpec::Exchange(s) => Some(s.db_bytes()),
+        }
+    }
+
     /// Bytes of volume the model needs.
     pub fn min_volume_bytes(&self) -> u64 {
         match self {

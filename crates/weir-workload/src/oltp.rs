@@ -124,6 +124,11 @@ impl OltpSpec {
     pub fn min_volume_bytes(&self) -> u64 {
         ((self.database_gib + self.log_gib) * GIB as f64) as u64
     }
+
+    /// Bytes of the database (data pages, before the log), from the volume's start.
+    pub(crate) fn database_bytes(&self) -> u64 {
+        (self.database_gib * GIB as f64) as u64 / 4096 * 4096
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -154,7 +159,7 @@ pub(crate) struct OltpModel {
 
 impl OltpModel {
     pub(crate) fn new(spec: &OltpSpec, _volume_bytes: u64, seed: u64) -> OltpModel {
-        let db_bytes = (spec.database_gib * GIB as f64) as u64 / 4096 * 4096;
+        let db_bytes = spec.database_bytes();
         let log_bytes = (spec.log_gib * GIB as f64) as u64 / 4096 * 4096;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         // Threads start spread over one think time (DVD Store's ramp).
@@ -403,6 +408,10 @@ mod tests {
         assert!(logs.len() > 10);
         assert!(logs.windows(2).all(|w| w[1] == w[0] + 8192));
         assert!(!g.host_cacheable(logs[0]) && g.host_cacheable(0));
+        // The pre-warmable data region is the database, up to the log.
+        let data = ModelSpec::Oltp(s.clone()).data_bytes().unwrap();
+        assert_eq!(data, db);
+        assert!(g.host_cacheable(data - 1) && !g.host_cacheable(data));
         // Hot set: the distinct pages read are far fewer than the reads.
         let distinct: std::collections::HashSet<u64> =
             reads.iter().map(|r| r.1.offset_bytes).collect();
