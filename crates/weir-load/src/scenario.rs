@@ -10,8 +10,8 @@
 //!   too. The `count` copies of a VM running a model are instances `i` of `count` of
 //!   it (they split its schedule, as in the simulator). The simulated hardware (`[array]`, `[[host]]`,
 //!   `[datastore]`, `[array_qos]`, `[[policy]]`, `[[volume]]`) and `[[case]]` are ignored
-//!   and listed in [`LoadScenario::notes`]; per-VM QoS fields (shares, limits) are the
-//!   target's business and ignored too. A VM's `volume` picks the target whose export
+//!   and listed in [`LoadScenario::notes`]; per-VM QoS and cache fields (shares,
+//!   limits, `host_cache`, `prewarm_cache`) are the target's business and ignored too. A VM's `volume` picks the target whose export
 //!   has that name, when there is one.
 //! - a built-in application profile name (`oltp`, `vdi-boot`, … of weir-workload),
 //!   one VM, optionally followed by overrides: `oltp,vms=8,qd=4`;
@@ -414,7 +414,8 @@ impl LoadScenario {
             for k in v.keys() {
                 match k.as_str() {
                     "name" | "workload" | "model" | "disk_gib" | "count" | "volume" => {}
-                    "host" | "shares" | "limit_iops" | "reservation_iops" | "host_cache" => {
+                    "host" | "shares" | "limit_iops" | "reservation_iops" | "host_cache"
+                    | "prewarm_cache" => {
                         ignored_vm_fields.insert(k.clone());
                     }
                     other => {
