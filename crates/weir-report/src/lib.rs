@@ -169,6 +169,10 @@ impl IoSizeHistogram {
     /// Counts one transfer of `size_bytes`: in the first bucket whose bound holds it
     /// (the last bucket when none does), as a read or a write, sequential or random.
     /// A histogram without buckets counts only the access pattern.
+    ///
+    /// `#[inline]`: called per I/O by the simulator and the load engine, it compiles
+    /// in their crates at their opt-level (weir-report itself builds at opt-level 1).
+    #[inline]
     pub fn record(&mut self, size_bytes: u64, read: bool, sequential: bool) {
         match (read, sequential) {
             (true, true) => self.sequential_reads += 1,

@@ -133,18 +133,27 @@ impl Serialize for ByteSize {
 
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Number(u64),
-            Text(String),
+        // A visitor rather than an untagged enum: no buffering of the value through
+        // serde's generic `Content` (less code per deserializer, clearer errors).
+        struct SizeVisitor;
+        impl serde::de::Visitor<'_> for SizeVisitor {
+            type Value = ByteSize;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size: a number of bytes or a string like \"10GiB\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, bytes: u64) -> Result<ByteSize, E> {
+                Ok(ByteSize(bytes))
+            }
+            fn visit_i64<E: serde::de::Error>(self, bytes: i64) -> Result<ByteSize, E> {
+                u64::try_from(bytes)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom(format!("size {bytes} is negative")))
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<ByteSize, E> {
+                parse_size(text).map(ByteSize).map_err(E::custom)
+            }
         }
-        match Raw::deserialize(d)? {
-            Raw::Number(n) => Ok(ByteSize(n)),
-            Raw::Text(t) => parse_size(&t)
-                .map(ByteSize)
-                .map_err(serde::de::Error::custom),
-        }
+        d.deserialize_any(SizeVisitor)
     }
 }
 
@@ -471,6 +480,23 @@ mod tests {
         let text = "[[volumes]]\nname = \"a\"\nsize = \"big\"\npolicy = \"non-critical\"\n";
         let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
         assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("\"big\""), "{e}");
+        let text = "[[volumes]]\nname = \"a\"\nsize = -5\npolicy = \"non-critical\"\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("negative"), "{e}");
+        let text = "[[volumes]]\nname = \"a\"\nsize = [1]\npolicy = \"non-critical\"\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("a size"), "{e}");
+    }
+
+    #[test]
+    fn sizes_read_as_numbers_or_strings() {
+        let text = "[[volumes]]\nname = \"a\"\nsize = 4096\npolicy = \"non-critical\"\n\n[[volumes]]\nname = \"b\"\nsize = \"2 MiB\"\npolicy = \"non-critical\"\n";
+        let c = WeirConfig::from_toml_str(text, "w.toml").unwrap();
+        assert_eq!(c.volumes[0].size, ByteSize(4096));
+        assert_eq!(c.volumes[1].size, ByteSize(2 << 20));
     }
 
     #[test]

@@ -1,0 +1,95 @@
+//! `weir` — the command line. Argument handling only; the work lives in the crates.
+//!
+//! A library with a one-line binary (`src/main.rs`) for build time: cargo starts a
+//! library as soon as its dependencies' metadata exists, but a binary only once they
+//! are fully compiled. The CLI instantiates much of weir-server's async code (the
+//! NBD session futures are compiled where they are spawned), so as a library that
+//! work overlaps with the dependencies' code generation instead of following it.
+
+mod admin;
+mod serve;
+mod sim;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "weir",
+    version,
+    about = "Weir: storage QoS for virtualized data centers — serve volumes over NBD, simulate a storage stack, drive workloads",
+    long_about = None
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a scenario on the deterministic simulator (virtual clock, same QoS engine as the server)
+    Sim(sim::SimArgs),
+    /// Drive workload models (VDI, OLTP, Exchange, Iometer specs) against real NBD exports in real time
+    Load(weir_load::cli::LoadArgs),
+    /// Serve volumes over NBD with QoS in the I/O path (embedded default without --config)
+    Serve(serve::ServeArgs),
+    /// Manage volumes on a running server
+    Volume {
+        #[command(flatten)]
+        target: admin::AdminTarget,
+        #[command(subcommand)]
+        command: admin::VolumeCommand,
+    },
+    /// Manage QoS policies on a running server
+    Policy {
+        #[command(flatten)]
+        target: admin::AdminTarget,
+        #[command(subcommand)]
+        command: admin::PolicyCommand,
+    },
+}
+
+/// Logs to stderr; `RUST_LOG` takes `level` or `target=level,…` (e.g.
+/// `RUST_LOG=weir_server=debug`); unset or unreadable: warnings only.
+fn init_logging() {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::prelude::*;
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|s| s.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(LevelFilter::WARN));
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
+        .with(filter)
+        .init();
+}
+
+/// Parses the command line, runs the command, returns the process exit status.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let result = match cli.command {
+        Command::Sim(args) => sim::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Load(args) => match weir_load::cli::run_command(&args) {
+            // The run finished but did not pass (I/O errors, lost connections, verify
+            // mismatches): the report is printed, the exit status says so.
+            Ok(false) => return ExitCode::from(1),
+            Ok(true) => Ok(()),
+            Err(e) => Err(e),
+        },
+        Command::Volume { target, command } => admin::volume(target, command),
+        Command::Policy { target, command } => admin::policy(target, command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
