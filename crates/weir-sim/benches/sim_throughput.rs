@@ -1,6 +1,6 @@
 //! Simulated I/Os per wall-clock second.
 //!
-//! `cargo bench -p weir-sim --bench sim_throughput`
+//! `cargo bench -p weir-sim --bench sim_throughput [-- --digest]`
 //!
 //! Two large scenarios, each run once after a warm-up run:
 //! - `engine`: 64 VMs on 4 hosts (host schedulers with shares and limits, PARDA windows,
@@ -120,6 +120,16 @@ count = 8
 disk_gib = 500
 "#;
 
+/// FNV-1a of the report's JSON (`-- --digest`): equal digests, identical results.
+fn digest(text: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    h
+}
+
 fn measure(name: &str, text: &str) {
     let scenario = match Scenario::from_toml_str(name, text) {
         Ok(s) => s,
@@ -137,6 +147,12 @@ fn measure(name: &str, text: &str) {
         "{name:<12} {ios:>10} simulated I/Os in {wall_s:>6.3} s wall = {:>10.0} simulated I/Os per wall second",
         ios as f64 / wall_s
     );
+    if std::env::args().any(|a| a == "--digest") {
+        println!(
+            "{name:<12} report digest {:016x}",
+            digest(&weir_report::render_json(&report))
+        );
+    }
 }
 
 fn main() {
