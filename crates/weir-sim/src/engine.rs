@@ -234,7 +234,12 @@ pub(crate) struct Engine<'p> {
     plan: &'p CasePlan,
     now: Nanos,
     seq: u64,
+    /// Pending events but worker wake-ups: components, hosts, ticks (a few dozen).
     heap: BinaryHeap<Reverse<Event>>,
+    /// Worker wake-ups: one per idle worker (thousands with VDI desktops, mostly far
+    /// ahead). Kept apart so the hot events sift through a small heap; popping the
+    /// earlier head of the two gives exactly the (time, sequence) order of one queue.
+    wakes: BinaryHeap<Reverse<Event>>,
     reqs: Vec<Req>,
     free: Vec<u32>,
     vms: Vec<VmState>,
@@ -463,6 +468,7 @@ impl<'p> Engine<'p> {
             now: 0,
             seq: 0,
             heap: BinaryHeap::with_capacity(in_flight * 2 + 64),
+            wakes: BinaryHeap::with_capacity(plan.vms.len() + 64),
             reqs: Vec::with_capacity(in_flight),
             free: Vec::with_capacity(in_flight),
             vms,
@@ -499,11 +505,30 @@ impl<'p> Engine<'p> {
 
     fn push(&mut self, at: Nanos, ev: Ev) {
         self.seq += 1;
-        self.heap.push(Reverse(Event {
+        let e = Reverse(Event {
             at,
             seq: self.seq,
             ev,
-        }));
+        });
+        match ev {
+            Ev::WorkerWake { .. } => self.wakes.push(e),
+            _ => self.heap.push(e),
+        }
+    }
+
+    /// The earliest pending event (by time, then by push order).
+    fn pop(&mut self) -> Option<Event> {
+        let wake_first = match (self.heap.peek(), self.wakes.peek()) {
+            (Some(Reverse(other)), Some(Reverse(wake))) => wake < other,
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        let e = if wake_first {
+            self.wakes.pop()
+        } else {
+            self.heap.pop()
+        };
+        e.map(|Reverse(e)| e)
     }
 
     pub(crate) fn run(
@@ -527,7 +552,7 @@ impl<'p> Engine<'p> {
                 self.poll_worker(vm as u32, w as u32);
             }
         }
-        while let Some(Reverse(e)) = self.heap.pop() {
+        while let Some(e) = self.pop() {
             self.now = e.at;
             match e.ev {
                 Ev::WorkerWake { vm, worker } => {
