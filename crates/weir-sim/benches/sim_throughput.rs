@@ -1,6 +1,6 @@
 //! Simulated I/Os per wall-clock second.
 //!
-//! `cargo bench -p weir-sim --bench sim_throughput [-- --digest]`
+//! `cargo bench -p weir-sim --bench sim_throughput [-- [engine|disk-array] [--digest]]`
 //!
 //! Two large scenarios, each run once after a warm-up run:
 //! - `engine`: 64 VMs on 4 hosts (host schedulers with shares and limits, PARDA windows,
@@ -11,6 +11,9 @@
 
 use std::time::Instant;
 use weir_sim::Scenario;
+
+mod common;
+use common::{cpu_s, digest};
 
 const ENGINE: &str = r#"
 [scenario]
@@ -120,16 +123,6 @@ count = 8
 disk_gib = 500
 "#;
 
-/// FNV-1a of the report's JSON (`-- --digest`): equal digests, identical results.
-fn digest(text: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01B3);
-    }
-    h
-}
-
 fn measure(name: &str, text: &str) {
     let scenario = match Scenario::from_toml_str(name, text) {
         Ok(s) => s,
@@ -139,23 +132,27 @@ fn measure(name: &str, text: &str) {
         }
     };
     let _ = scenario.run(None, &mut |_| {});
-    let started = Instant::now();
+    let (started, cpu0) = (Instant::now(), cpu_s());
     let report = scenario.run(None, &mut |_| {});
-    let wall_s = started.elapsed().as_secs_f64();
+    let (wall_s, cpu) = (started.elapsed().as_secs_f64(), cpu_s() - cpu0);
     let ios: u64 = report.cases.iter().map(|c| c.events).sum();
     println!(
-        "{name:<12} {ios:>10} simulated I/Os in {wall_s:>6.3} s wall = {:>10.0} simulated I/Os per wall second",
-        ios as f64 / wall_s
+        "{name:<12} {ios:>10} simulated I/Os in {wall_s:>6.3} s wall = {:>10.0} simulated I/Os per wall second ({:>10.0} per CPU second)",
+        ios as f64 / wall_s,
+        ios as f64 / cpu.max(1e-9)
     );
     if std::env::args().any(|a| a == "--digest") {
-        println!(
-            "{name:<12} report digest {:016x}",
-            digest(&weir_report::render_json(&report))
-        );
+        println!("{name:<12} report digest {:016x}", digest(&report));
     }
 }
 
 fn main() {
-    measure("engine", ENGINE);
-    measure("disk-array", DISK_ARRAY);
+    // `-- engine` or `-- disk-array` runs that case only.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    for (name, text) in [("engine", ENGINE), ("disk-array", DISK_ARRAY)] {
+        let named = args.iter().any(|a| a == "engine" || a == "disk-array");
+        if !named || args.iter().any(|a| a == name) {
+            measure(name, text);
+        }
+    }
 }
