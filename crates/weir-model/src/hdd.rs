@@ -430,19 +430,15 @@ impl Hdd {
 
     /// (positioning ns before the media transfer, bytes already in the buffer).
     /// `buffered` = read-ahead bytes available by `start` for a queued command and by
-    /// `start + overhead` for one that arrived at an idle drive.
-    ///
-    /// `None` when the command cannot cost less than `bound`: once the overhead and the
-    /// seek reach it, the rotational wait (≥ 0) cannot bring the cost back under, so
-    /// the scheduler skips computing it — the choice is the same as with every cost.
+    /// `start + overhead` for one that arrived at an idle drive. `start_f` is `start`
+    /// as f64 (converted once per scan, not per command).
     #[inline(always)]
     fn positioning(
         &self,
         p: &Pending,
         (start, start_f): (Nanos, f64),
         buffered: [u64; 2],
-        bound: f64,
-    ) -> Option<(f64, u64)> {
+    ) -> (f64, u64) {
         let off = p.offset;
         let pipelined = p.arrival_ns < start;
         let overhead = if pipelined { 0.0 } else { self.overhead_ns };
@@ -450,14 +446,14 @@ impl Hdd {
         if self.last_end_offset != u64::MAX && p.io.dir == self.last_dir {
             if continues && pipelined {
                 // Queued continuation of the stream: the next sectors are under the head.
-                return Some((0.0, 0));
+                return (0.0, 0);
             }
             if p.io.dir == IoDir::Read && off >= self.last_end_offset {
                 let buffered = buffered[usize::from(!pipelined)];
                 let skip = off - self.last_end_offset;
                 if skip < buffered {
                     let in_buffer = (buffered - skip).min(p.io.size_bytes as u64);
-                    return Some((overhead, in_buffer));
+                    return (overhead, in_buffer);
                 }
             }
         }
@@ -472,10 +468,6 @@ impl Hdd {
         if p.io.dir == IoDir::Write && seek > 0.0 {
             seek += self.write_settle_ns;
         }
-        // The cost is `overhead + seek + wait` (in that order, wait ≥ 0): never below.
-        if overhead + seek >= bound {
-            return None;
-        }
         let target_angle = if continues {
             frac(self.last_done_ns as f64 * self.inv_rev_ns)
         } else {
@@ -487,7 +479,7 @@ impl Hdd {
         if wait < 0.0 {
             wait += 1.0;
         }
-        Some((overhead + seek + wait * self.rev_ns, 0))
+        (overhead + seek + wait * self.rev_ns, 0)
     }
 
     fn start_next(&mut self, t: Nanos) {
@@ -517,9 +509,7 @@ impl Hdd {
                 oldest_arrival = p.arrival_ns;
                 oldest = i;
             }
-            let Some((pos, in_buf)) = self.positioning(p, (t, t_f), buffered, best_cost) else {
-                continue;
-            };
+            let (pos, in_buf) = self.positioning(p, (t, t_f), buffered);
             // Buffered bytes make a request cheaper still.
             let cost = if in_buf == 0 {
                 pos
@@ -534,10 +524,7 @@ impl Hdd {
         }
         if t.saturating_sub(oldest_arrival) > MAX_REORDER_WAIT_NS && best != oldest {
             best = oldest;
-            // Unbounded: `None` only when overhead + seek is already infinite.
-            best_pos = self
-                .positioning(&self.queue[oldest], (t, t_f), buffered, f64::INFINITY)
-                .unwrap_or((f64::INFINITY, 0));
+            best_pos = self.positioning(&self.queue[oldest], (t, t_f), buffered);
         }
         let p = self.queue.swap_remove(best);
         let (pos, in_buf) = best_pos;
