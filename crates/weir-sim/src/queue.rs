@@ -1,35 +1,44 @@
-//! A priority queue for a handful of entries: a vector kept sorted, latest first, so
-//! the earliest entry pops off the end.
+//! A priority queue for a handful of entries: a ring kept sorted, earliest first.
 //!
 //! The engine's I/O-path events (component completions, host wake-ups, ticks) number a
-//! few at a time (≈ 5 on average in the VDI week): a binary search and a short move
-//! beat a binary heap's sift, which moves the hole through every level on each pop.
+//! few at a time (≈ 5 on average in the VDI week, 7 in the engine benchmark). A new
+//! entry is usually the latest, so it settles in one or two steps from the back, and
+//! the earliest pops off the front: cheaper than a binary heap's sift, which moves
+//! the hole through every level on each pop.
 //! Entries must be totally ordered and distinct (the engine's carry a sequence
 //! number): equal entries would pop in an unspecified order.
 
+use std::collections::VecDeque;
+
 pub(crate) struct SortedQueue<E: Ord + Copy> {
-    /// Sorted descending: the earliest entry is last.
-    entries: Vec<E>,
+    /// Sorted ascending: the earliest entry is first.
+    entries: VecDeque<E>,
 }
 
 impl<E: Ord + Copy> SortedQueue<E> {
     pub(crate) fn with_capacity(capacity: usize) -> Self {
         SortedQueue {
-            entries: Vec::with_capacity(capacity),
+            entries: VecDeque::with_capacity(capacity),
         }
     }
 
     pub(crate) fn push(&mut self, e: E) {
-        let i = self.entries.partition_point(|x| *x > e);
-        self.entries.insert(i, e);
+        // Insertion step from the back (no memmove call for a few entries).
+        let mut i = self.entries.len();
+        self.entries.push_back(e);
+        while i > 0 && self.entries[i - 1] > e {
+            self.entries[i] = self.entries[i - 1];
+            i -= 1;
+        }
+        self.entries[i] = e;
     }
 
     pub(crate) fn peek(&self) -> Option<&E> {
-        self.entries.last()
+        self.entries.front()
     }
 
     pub(crate) fn pop(&mut self) -> Option<E> {
-        self.entries.pop()
+        self.entries.pop_front()
     }
 }
 
