@@ -29,7 +29,7 @@ use crate::error::ModelError;
 use crate::hdd::{DriveStats, Hdd, HddSpec};
 use crate::raid::{DriveIo, RaidLayout, RaidPlan, RaidSpec};
 use crate::ssd::{Ssd, SsdSpec};
-use crate::{Completion, Component, DeviceIo, IoDir, Nanos};
+use crate::{Completion, Component, DeviceIo, IoDir, Nanos, round_ns};
 
 /// A member drive description.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -958,7 +958,7 @@ impl Array {
     fn finish_read(&mut self, slot: u32, t: Nanos) {
         let size = self.ops[slot as usize].io.size_bytes;
         let start = t.max(self.bus_out_free_ns);
-        let done = start + (size as f64 * self.ns_per_byte).round() as Nanos;
+        let done = start + round_ns(size as f64 * self.ns_per_byte);
         self.bus_out_free_ns = done;
         self.schedule(done, Event::HostDone, slot);
     }
@@ -1288,7 +1288,7 @@ impl Component for Array {
         let mut ready = self.cpu_free_ns;
         if io.dir == IoDir::Write {
             let s = ready.max(self.bus_in_free_ns);
-            ready = s + (io.size_bytes as f64 * self.ns_per_byte).round() as Nanos;
+            ready = s + round_ns(io.size_bytes as f64 * self.ns_per_byte);
             self.bus_in_free_ns = ready;
         }
         self.schedule(ready, Event::CtrlReady, slot);

@@ -18,7 +18,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, check_in_range, check_non_negative, check_positive};
-use crate::{Completion, Component, DeviceIo, IoDir, Nanos};
+use crate::{Completion, Component, DeviceIo, IoDir, Nanos, round_ns};
 
 /// Datasheet-level description of a hard disk drive.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -283,8 +283,9 @@ impl SeekCurve {
 #[derive(Clone, Copy, Debug)]
 struct Pending {
     io: DeviceIo,
-    /// `io.offset_bytes` wrapped to the capacity.
+    /// `io.offset_bytes` wrapped to the capacity, and as f64.
     offset: u64,
+    offset_f: f64,
     token: u64,
     arrival_ns: Nanos,
     /// Radial position, media rate (bytes/ns), track size and angular position of the
@@ -338,6 +339,8 @@ pub struct Hdd {
     busy_until: Option<Nanos>,
     head_x: f64,
     last_end_offset: u64,
+    /// `last_end_offset as f64` (the SPTF scan compares it with every queued command).
+    last_end_f: f64,
     last_done_ns: Nanos,
     last_dir: IoDir,
     /// Media rate where the last command ended, bytes/ns.
@@ -369,6 +372,7 @@ impl Hdd {
             busy_until: None,
             head_x: 0.0,
             last_end_offset: u64::MAX,
+            last_end_f: u64::MAX as f64,
             last_done_ns: 0,
             last_dir: IoDir::Read,
             last_rate: rate_outer,
@@ -426,9 +430,15 @@ impl Hdd {
 
     /// (positioning ns before the media transfer, bytes already in the buffer).
     /// `buffered` = read-ahead bytes available by `start` for a queued command and by
-    /// `start + overhead` for one that arrived at an idle drive.
-    #[inline]
-    fn positioning(&self, p: &Pending, start: Nanos, buffered: [u64; 2]) -> (f64, u64) {
+    /// `start + overhead` for one that arrived at an idle drive. `start_f` is `start`
+    /// as f64 (converted once per scan, not per command).
+    #[inline(always)]
+    fn positioning(
+        &self,
+        p: &Pending,
+        (start, start_f): (Nanos, f64),
+        buffered: [u64; 2],
+    ) -> (f64, u64) {
         let off = p.offset;
         let pipelined = p.arrival_ns < start;
         let overhead = if pipelined { 0.0 } else { self.overhead_ns };
@@ -448,7 +458,7 @@ impl Hdd {
             }
         }
         let near = self.last_end_offset != u64::MAX
-            && (off as f64 - self.last_end_offset as f64).abs() < p.track_bytes;
+            && (p.offset_f - self.last_end_f).abs() < p.track_bytes;
         let mut seek = if near {
             0.0
         } else {
@@ -463,7 +473,7 @@ impl Hdd {
         } else {
             p.angle
         };
-        let arrive = start as f64 + overhead + seek;
+        let arrive = start_f + overhead + seek;
         let head_angle = frac(arrive * self.inv_rev_ns);
         let mut wait = target_angle - head_angle;
         if wait < 0.0 {
@@ -489,6 +499,7 @@ impl Hdd {
         let mut best_pos = (0.0, 0);
         let mut oldest = 0;
         let mut oldest_arrival = Nanos::MAX;
+        let t_f = t as f64;
         let buffered = [
             self.buffered_ahead(t),
             self.buffered_ahead(t + self.overhead_ns as Nanos),
@@ -498,9 +509,13 @@ impl Hdd {
                 oldest_arrival = p.arrival_ns;
                 oldest = i;
             }
-            let (pos, in_buf) = self.positioning(p, t, buffered);
+            let (pos, in_buf) = self.positioning(p, (t, t_f), buffered);
             // Buffered bytes make a request cheaper still.
-            let cost = pos - in_buf as f64 / self.interface_bytes_per_ns;
+            let cost = if in_buf == 0 {
+                pos
+            } else {
+                pos - in_buf as f64 / self.interface_bytes_per_ns
+            };
             if cost < best_cost {
                 best_cost = cost;
                 best = i;
@@ -509,7 +524,7 @@ impl Hdd {
         }
         if t.saturating_sub(oldest_arrival) > MAX_REORDER_WAIT_NS && best != oldest {
             best = oldest;
-            best_pos = self.positioning(&self.queue[oldest], t, buffered);
+            best_pos = self.positioning(&self.queue[oldest], (t, t_f), buffered);
         }
         let p = self.queue.swap_remove(best);
         let (pos, in_buf) = best_pos;
@@ -518,7 +533,7 @@ impl Hdd {
         let media_bytes = p.io.size_bytes as u64 - in_buf;
         let service =
             pos + in_buf as f64 / self.interface_bytes_per_ns + media_bytes as f64 / p.rate;
-        let service_ns = service.max(1.0).round() as Nanos;
+        let service_ns = round_ns(service.max(1.0));
         let done = t + service_ns;
         self.stats.busy_ns += service_ns;
         match p.io.dir {
@@ -539,6 +554,7 @@ impl Hdd {
         self.head_x = x;
         self.last_rate = p.rate;
         self.last_end_offset = (off + p.io.size_bytes as u64) % self.spec.capacity_bytes;
+        self.last_end_f = self.last_end_offset as f64;
         self.last_done_ns = done;
         self.last_dir = p.io.dir;
         self.busy_until = Some(done);
@@ -581,6 +597,7 @@ impl Component for Hdd {
         let mut p = Pending {
             io,
             offset,
+            offset_f: offset as f64,
             token,
             arrival_ns: now,
             x,
@@ -601,7 +618,7 @@ impl Component for Hdd {
             self.cached_write_bytes += io.size_bytes as u64;
             let ack =
                 now as f64 + self.overhead_ns + io.size_bytes as f64 / self.interface_bytes_per_ns;
-            self.push_completion(ack.round() as Nanos, token);
+            self.push_completion(round_ns(ack), token);
             p.report = false;
         }
         self.backlog.push_back(p);

@@ -113,6 +113,17 @@ pub use ssd::{Ssd, SsdSpec};
 /// Nanoseconds on the driver's clock.
 pub type Nanos = u64;
 
+/// `x.round() as Nanos`, exactly (half away from zero; negative and NaN give 0, beyond
+/// the range saturates), without the libm call `round` costs on baseline x86-64: the
+/// device models round a duration on every request.
+#[inline]
+pub fn round_ns(x: f64) -> Nanos {
+    let whole = x as Nanos;
+    // Exact: below 2^53 `whole` and the fraction are representable; above, x is whole.
+    let fraction = x - whole as f64;
+    whole.saturating_add((fraction >= 0.5) as Nanos)
+}
+
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IoDir {
@@ -148,4 +159,40 @@ pub trait Component {
     /// Busy time so far (for utilisation = busy / elapsed), summed over parallel units
     /// and divided by their count.
     fn busy_ns(&self) -> Nanos;
+}
+
+#[cfg(test)]
+mod round_tests {
+    use super::round_ns;
+
+    #[test]
+    fn round_ns_is_round_as_u64() {
+        let mut edges = vec![
+            0.0,
+            -0.0,
+            0.49999999999999994,
+            0.5,
+            1.5,
+            2.5,
+            -0.5,
+            -3.7,
+            4503599627370495.5,
+            4503599627370496.0,
+            9007199254740993.0,
+            1.8446744073709552e19,
+            1e30,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ];
+        // Halves and near-halves over many magnitudes.
+        let mut x: f64 = 1e-3;
+        while x < 1e20 {
+            edges.extend([x, x + 0.5, x.floor() + 0.5, x * 1.000_000_1]);
+            x *= 1.37;
+        }
+        for x in edges {
+            assert_eq!(round_ns(x), x.round() as u64, "x = {x:e}");
+        }
+    }
 }

@@ -9,13 +9,12 @@
 //! host→array), a read after the array returned its data (payload array→host); the
 //! completion is when the last byte has arrived at the far end.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, check_non_negative, check_positive};
-use crate::{Completion, Component, DeviceIo, IoDir, Nanos};
+use crate::{Completion, Component, DeviceIo, IoDir, Nanos, round_ns};
 
 /// A link's payload bandwidth (per direction) and one-way latency.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -96,7 +95,10 @@ pub struct Link {
     /// When each direction's serialiser is free: [host→array, array→host].
     free_ns: [Nanos; 2],
     busy: [Nanos; 2],
-    completions: BinaryHeap<Reverse<(Nanos, u64, u64)>>,
+    /// Transfers in flight per direction, as (arrival, sequence, token). Each direction
+    /// is a FIFO serialiser with a fixed latency, so arrivals come in submission order:
+    /// merging the two fronts by (arrival, sequence) is the order a heap would give.
+    in_flight: [VecDeque<(Nanos, u64, u64)>; 2],
     seq: u64,
 }
 
@@ -109,7 +111,7 @@ impl Link {
             latency_ns: (spec.latency_us * 1e3).round() as Nanos,
             free_ns: [0; 2],
             busy: [0; 2],
-            completions: BinaryHeap::new(),
+            in_flight: [VecDeque::new(), VecDeque::new()],
             seq: 0,
         })
     }
@@ -126,15 +128,29 @@ impl Link {
     /// Eager form: when a payload of `bytes` in the direction of `dir` submitted at
     /// `now` has fully arrived (reserves the serialiser).
     pub fn transfer(&mut self, now: Nanos, dir: IoDir, bytes: u32) -> Nanos {
-        let lane = match dir {
-            IoDir::Write => 0,
-            IoDir::Read => 1,
-        };
+        let lane = Self::lane(dir);
         let start = now.max(self.free_ns[lane]);
-        let ser = (bytes as f64 * self.ns_per_byte).round() as Nanos;
+        let ser = round_ns(bytes as f64 * self.ns_per_byte);
         self.free_ns[lane] = start + ser;
         self.busy[lane] += ser;
         start + ser + self.latency_ns
+    }
+
+    fn lane(dir: IoDir) -> usize {
+        match dir {
+            IoDir::Write => 0,
+            IoDir::Read => 1,
+        }
+    }
+
+    /// The direction whose next arrival comes first (by arrival, then submission).
+    fn next_lane(&self) -> Option<usize> {
+        match (self.in_flight[0].front(), self.in_flight[1].front()) {
+            (Some(w), Some(r)) => Some(if (r.0, r.1) < (w.0, w.1) { 1 } else { 0 }),
+            (Some(_), None) => Some(0),
+            (None, Some(_)) => Some(1),
+            (None, None) => None,
+        }
     }
 
     /// Serialisation busy time of each direction: [host→array, array→host].
@@ -147,19 +163,20 @@ impl Component for Link {
     fn submit(&mut self, now: Nanos, io: DeviceIo, token: u64) {
         let at = self.transfer(now, io.dir, io.size_bytes);
         self.seq += 1;
-        self.completions.push(Reverse((at, self.seq, token)));
+        self.in_flight[Self::lane(io.dir)].push_back((at, self.seq, token));
     }
 
     fn next_event_ns(&self) -> Option<Nanos> {
-        self.completions.peek().map(|r| r.0.0)
+        self.next_lane().map(|l| self.in_flight[l][0].0)
     }
 
     fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>) {
-        while let Some(Reverse((at, _, token))) = self.completions.peek().copied() {
+        while let Some(l) = self.next_lane() {
+            let (at, _, token) = self.in_flight[l][0];
             if at > now {
                 break;
             }
-            self.completions.pop();
+            self.in_flight[l].pop_front();
             done.push(Completion { token, at_ns: at });
         }
     }

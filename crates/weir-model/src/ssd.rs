@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, check_in_range, check_non_negative, check_positive};
 use crate::hdd::DriveStats;
-use crate::{Completion, Component, DeviceIo, IoDir, Nanos};
+use crate::{Completion, Component, DeviceIo, IoDir, Nanos, round_ns};
 
 /// Datasheet-level description of a flash device.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -189,7 +189,7 @@ impl Component for Ssd {
             self.last_write_end = io.offset_bytes.saturating_add(io.size_bytes as u64);
         }
         let iops_ns = 1e9 / iops * slots;
-        let path_ns = xfer_ns.max(iops_ns).round() as Nanos;
+        let path_ns = round_ns(xfer_ns.max(iops_ns));
         let path_start = flash_done.max(self.path_free_ns);
         let done = path_start + path_ns;
         self.path_free_ns = done;

@@ -1,8 +1,9 @@
 //! Simulated I/Os per wall-clock second.
 //!
-//! `cargo bench -p weir-sim --bench sim_throughput`
+//! `cargo bench -p weir-sim --bench sim_throughput [-- [engine|disk-array] [--digest]]`
 //!
-//! Two large scenarios, each run once after a warm-up run:
+//! Two large scenarios, each run a few times after a warm-up run (median printed, per
+//! wall second and per CPU second of this process: the machine may be shared):
 //! - `engine`: 64 VMs on 4 hosts (host schedulers with shares and limits, PARDA windows,
 //!   FC links, array-side QoS on 4 volumes) on an `ideal` array: the cost of the event
 //!   loop, the weir-qos schedulers and the links.
@@ -11,6 +12,9 @@
 
 use std::time::Instant;
 use weir_sim::Scenario;
+
+mod common;
+use common::{cpu_s, digest};
 
 const ENGINE: &str = r#"
 [scenario]
@@ -120,7 +124,7 @@ count = 8
 disk_gib = 500
 "#;
 
-fn measure(name: &str, text: &str) {
+fn measure(name: &str, text: &str, runs: usize) {
     let scenario = match Scenario::from_toml_str(name, text) {
         Ok(s) => s,
         Err(e) => {
@@ -129,17 +133,44 @@ fn measure(name: &str, text: &str) {
         }
     };
     let _ = scenario.run(None, &mut |_| {});
-    let started = Instant::now();
-    let report = scenario.run(None, &mut |_| {});
-    let wall_s = started.elapsed().as_secs_f64();
-    let ios: u64 = report.cases.iter().map(|c| c.events).sum();
+    let (mut wall_rates, mut cpu_rates) = (Vec::new(), Vec::new());
+    let mut ios = 0;
+    let mut report = None;
+    for _ in 0..runs {
+        let (started, cpu0) = (Instant::now(), cpu_s());
+        let r = scenario.run(None, &mut |_| {});
+        let (wall_s, cpu) = (started.elapsed().as_secs_f64(), cpu_s() - cpu0);
+        ios = r.cases.iter().map(|c| c.events).sum::<u64>();
+        wall_rates.push(ios as f64 / wall_s);
+        cpu_rates.push(ios as f64 / cpu.max(1e-9));
+        report = Some(r);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     println!(
-        "{name:<12} {ios:>10} simulated I/Os in {wall_s:>6.3} s wall = {:>10.0} simulated I/Os per wall second",
-        ios as f64 / wall_s
+        "{name:<12} {ios:>10} simulated I/Os, median of {runs}: {:>10.0} simulated I/Os per wall second, {:>10.0} per CPU second (CPU: {:.0}–{:.0})",
+        median(&mut wall_rates),
+        median(&mut cpu_rates),
+        cpu_rates[0],
+        cpu_rates[cpu_rates.len() - 1],
     );
+    if let Some(report) = report
+        && std::env::args().any(|a| a == "--digest")
+    {
+        println!("{name:<12} report digest {:016x}", digest(&report));
+    }
 }
 
 fn main() {
-    measure("engine", ENGINE);
-    measure("disk-array", DISK_ARRAY);
+    // `-- engine` or `-- disk-array` runs that case only.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // Runs per case: the disk-array case is short (≈ 0.3 s), so more of them.
+    for (name, text, runs) in [("engine", ENGINE, 3), ("disk-array", DISK_ARRAY, 7)] {
+        let named = args.iter().any(|a| a == "engine" || a == "disk-array");
+        if !named || args.iter().any(|a| a == name) {
+            measure(name, text, runs);
+        }
+    }
 }

@@ -214,9 +214,7 @@ impl IdealArray {
     }
 
     fn start(&mut self, at: Nanos, token: u64, size: u32) {
-        let service = (self.service_ns + size as f64 * self.ns_per_byte)
-            .round()
-            .max(1.0) as Nanos;
+        let service = weir_model::round_ns(self.service_ns + size as f64 * self.ns_per_byte).max(1);
         self.busy_ns += service as u128;
         let finish = at + service;
         let pos = self.running.partition_point(|&(f, _)| f <= finish);

@@ -28,6 +28,7 @@ mod cache;
 mod engine;
 pub mod fault;
 mod hw;
+mod queue;
 mod scenario;
 pub mod topology;
 

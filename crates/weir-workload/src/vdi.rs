@@ -398,7 +398,11 @@ struct Desktop {
     write_cursor: u64,
     // Background: this second's pending I/Os.
     bg_second_end: Nanos,
+    /// Pending I/Os, latest first (the next one is last).
     bg_pending: Vec<(Nanos, Direction)>,
+    /// Time of `bg_pending`'s last entry (`Nanos::MAX`: none): most polls only ask
+    /// when the next I/O is due, without touching the vector's memory.
+    bg_next_ns: Nanos,
     last_read_sec: u64,
     last_write_sec: u64,
 }
@@ -476,6 +480,7 @@ impl VdiModel {
                 write_cursor: 0,
                 bg_second_end: 0,
                 bg_pending: Vec::new(),
+                bg_next_ns: Nanos::MAX,
                 last_read_sec: u64::MAX,
                 last_write_sec: u64::MAX,
             })
@@ -968,14 +973,19 @@ impl VdiModel {
         }
         loop {
             let dk = &mut self.desktops[d as usize];
-            if let Some(&(t, dir)) = dk.bg_pending.last() {
+            if dk.bg_next_ns != Nanos::MAX {
+                let t = dk.bg_next_ns;
                 if t > now {
                     return Issue::At(t);
                 }
                 if outstanding >= 64 {
                     return Issue::Blocked;
                 }
-                dk.bg_pending.pop();
+                let Some((_, dir)) = dk.bg_pending.pop() else {
+                    dk.bg_next_ns = Nanos::MAX;
+                    continue;
+                };
+                dk.bg_next_ns = dk.bg_pending.last().map_or(Nanos::MAX, |p| p.0);
                 let io = match dir {
                     Direction::Read => {
                         let s = self.spec.read_sizes.sample(&mut self.rng);
@@ -1033,6 +1043,7 @@ impl VdiModel {
             }
             pending.sort_unstable_by_key(|p| std::cmp::Reverse(p.0));
             let dk = &mut self.desktops[d as usize];
+            dk.bg_next_ns = pending.last().map_or(Nanos::MAX, |p| p.0);
             dk.bg_pending = pending;
             dk.bg_second_end = end;
         }
