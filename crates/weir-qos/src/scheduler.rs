@@ -88,7 +88,14 @@
 //! rule would have picked) is charged shares from the current virtual time:
 //! `P ← min(P, v) + units/shares`. Protection therefore reorders service without
 //! leaving the protected volume a share debt to pay back once the overload is over.
-//! It never overrides a limit, and reservations are served before it.
+//! It never overrides a limit. Reservations are served before it, with one
+//! exception: while level `ℓ*` has a volume at risk, the constraint phase runs only
+//! when the most-behind due reservation (smallest R) belongs to level `ℓ*` or a more
+//! important one; otherwise it is skipped for that decision (an infeasible lower-level
+//! reservation must not outrank a higher level's latency target), and any due
+//! reservation of the protected levels competes in the weight phase by its P tag.
+//! Serving the protected levels' due reservations in R order instead was measured on
+//! the mixed-workload scenario and lost (docs/FIDELITY.md).
 //!
 //! # Cost of a decision
 //!
