@@ -29,20 +29,6 @@ use weir_workload::{
     AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric, SharedRegion,
 };
 
-/// 004's I/O size histogram buckets (upper bounds, bytes).
-const SIZE_BUCKETS: [u64; 10] = [
-    4096,
-    8192,
-    16384,
-    32768,
-    65536,
-    131072,
-    262144,
-    524288,
-    1048576,
-    u64::MAX,
-];
-
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Ev {
     WorkerWake { vm: u32, worker: u32 },
@@ -572,12 +558,7 @@ impl<'p> Engine<'p> {
                 .map(|_| vec![(0, 0, 0); buckets])
                 .collect(),
             array_cache,
-            sizes: IoSizeHistogram {
-                bucket_bytes: SIZE_BUCKETS.to_vec(),
-                reads: vec![0; SIZE_BUCKETS.len()],
-                writes: vec![0; SIZE_BUCKETS.len()],
-                ..Default::default()
-            },
+            sizes: IoSizeHistogram::with_seed_buckets(),
             keys: Vec::with_capacity(64),
         })
     }
@@ -765,22 +746,8 @@ impl<'p> Engine<'p> {
             let sequential = v.last_end[w] == io.offset_bytes;
             v.last_end[w] = io.offset_bytes + io.size_bytes as u64;
             if self.measuring {
-                let b = SIZE_BUCKETS
-                    .iter()
-                    .position(|&x| io.size_bytes as u64 <= x)
-                    .unwrap_or(SIZE_BUCKETS.len() - 1);
-                let h = &mut self.sizes;
-                match (io.dir, sequential) {
-                    (Direction::Read, true) => h.sequential_reads += 1,
-                    (Direction::Read, false) => h.random_reads += 1,
-                    (Direction::Write, true) => h.sequential_writes += 1,
-                    (Direction::Write, false) => h.random_writes += 1,
-                }
-                if io.dir == Direction::Read {
-                    h.reads[b] += 1;
-                } else {
-                    h.writes[b] += 1;
-                }
+                self.sizes
+                    .record(io.size_bytes as u64, io.dir == Direction::Read, sequential);
             }
         }
         let req = Req {
