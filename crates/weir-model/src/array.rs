@@ -19,7 +19,7 @@
 //!   high watermark, keeping up to `2 × drives` destage operations in flight.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -419,26 +419,8 @@ impl ChunkCache {
     }
 }
 
-/// Multiplicative hasher for row numbers (the default SipHash costs more than the
-/// rest of a cache insert).
-#[derive(Clone, Copy, Debug, Default)]
-struct RowHasher(u64);
-
-impl std::hash::Hasher for RowHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
-type RowMap = HashMap<u64, RowDirty, std::hash::BuildHasherDefault<RowHasher>>;
+/// Dirty rows by row number (only looked up, never iterated).
+type RowMap = crate::block_cache::FastMap<u64, RowDirty>;
 
 #[derive(Clone, Copy, Debug)]
 struct RowDirty {

@@ -109,6 +109,31 @@ const FREE_REQ: Req = Req {
     array_arrived_at: 0,
 };
 
+/// A flash cache: its device as a new component, and the block index in front of it
+/// (with the component's index).
+fn flash_cache(
+    comps: &mut Vec<Comp>,
+    name: String,
+    flash: &crate::topology::FlashSpec,
+    size_gib: f64,
+    block_kib: u32,
+) -> Result<(BlockCache, u32), String> {
+    comps.push(Comp {
+        c: hw::build_flash(flash)?,
+        pending: None,
+        name,
+        kind: "flash",
+        busy_at_start: 0,
+        ios: 0,
+        bytes: 0,
+    });
+    let cache = BlockCache::new(
+        (size_gib * (1u64 << 30) as f64) as u64,
+        block_kib as u64 * 1024,
+    );
+    Ok((cache, comps.len() as u32 - 1))
+}
+
 struct Comp {
     c: Hw,
     pending: Option<Nanos>,
@@ -404,24 +429,13 @@ impl<'p> Engine<'p> {
                 .as_ref()
                 .filter(|c| c.enabled)
             {
-                Some(c) => {
-                    comps.push(Comp {
-                        c: hw::build_flash(&c.flash)?,
-                        pending: None,
-                        name: format!("host flash {}", h.name),
-                        kind: "flash",
-                        busy_at_start: 0,
-                        ios: 0,
-                        bytes: 0,
-                    });
-                    Some((
-                        BlockCache::new(
-                            (c.size_gib * (1u64 << 30) as f64) as u64,
-                            c.block_kib as u64 * 1024,
-                        ),
-                        comps.len() as u32 - 1,
-                    ))
-                }
+                Some(c) => Some(flash_cache(
+                    &mut comps,
+                    format!("host flash {}", h.name),
+                    &c.flash,
+                    c.size_gib,
+                    c.block_kib,
+                )?),
                 None => None,
             };
             hosts.push(HostState {
@@ -441,24 +455,14 @@ impl<'p> Engine<'p> {
         }
         let mut array_cache = match plan.file.array_cache.as_ref().filter(|c| c.enabled) {
             Some(c) => {
-                comps.push(Comp {
-                    c: hw::build_flash(&c.flash)?,
-                    pending: None,
-                    name: "array flash".into(),
-                    kind: "flash",
-                    busy_at_start: 0,
-                    ios: 0,
-                    bytes: 0,
-                });
-                Some((
-                    BlockCache::new(
-                        (c.size_gib * (1u64 << 30) as f64) as u64,
-                        c.block_kib as u64 * 1024,
-                    ),
-                    comps.len() as u32 - 1,
-                    c.clone_aware,
-                    c.write_back,
-                ))
+                let (cache, comp) = flash_cache(
+                    &mut comps,
+                    "array flash".into(),
+                    &c.flash,
+                    c.size_gib,
+                    c.block_kib,
+                )?;
+                Some((cache, comp, c.clone_aware, c.write_back))
             }
             None => None,
         };
