@@ -238,6 +238,19 @@ impl CloneLayer {
         Ok(ImageId(self.images.len() as u32 - 1))
     }
 
+    /// The size in blocks of a registered image.
+    fn image_blocks(&self, image: ImageId) -> Result<u64, ModelError> {
+        match self.images.get(image.0 as usize) {
+            Some(&(_, blocks)) => Ok(blocks),
+            None => Err(ModelError::InvalidField {
+                what: "clone map",
+                field: "image",
+                value: image.0.to_string(),
+                reason: "no such image",
+            }),
+        }
+    }
+
     pub(crate) fn add_clone(
         &mut self,
         base: u64,
@@ -245,14 +258,7 @@ impl CloneLayer {
         image: ImageId,
         capacity: u64,
     ) -> Result<CloneId, ModelError> {
-        let Some(&(_, image_blocks)) = self.images.get(image.0 as usize) else {
-            return Err(ModelError::InvalidField {
-                what: "clone map",
-                field: "image",
-                value: image.0.to_string(),
-                reason: "no such image",
-            });
-        };
+        let image_blocks = self.image_blocks(image)?;
         if size >> self.shift != image_blocks {
             return Err(ModelError::InvalidField {
                 what: "clone map",
@@ -287,14 +293,7 @@ impl CloneLayer {
         delta_size: u64,
         capacity: u64,
     ) -> Result<CloneId, ModelError> {
-        let Some(&(_, image_blocks)) = self.images.get(image.0 as usize) else {
-            return Err(ModelError::InvalidField {
-                what: "clone map",
-                field: "image",
-                value: image.0.to_string(),
-                reason: "no such image",
-            });
-        };
+        let image_blocks = self.image_blocks(image)?;
         if virtual_base < capacity {
             return Err(ModelError::InvalidField {
                 what: "clone map",
