@@ -45,7 +45,7 @@ pub struct Job {
     pub payload: Option<Vec<u8>>,
     pub volume: Arc<OpenVolume>,
     pub export: Arc<ExportInfo>,
-    pub reply: mpsc::UnboundedSender<Vec<u8>>,
+    pub reply: mpsc::UnboundedSender<Reply>,
     /// The connection's recycled reply buffers (large READs).
     pub buffers: Arc<ReplyBuffers>,
     pub volume_counters: Arc<IoCounters>,
@@ -117,10 +117,32 @@ fn read_reply_buffer(job: &Job, offset: u64, length: u32) -> (Vec<u8>, usize) {
     (out, head.len())
 }
 
+/// An encoded reply on its way to the connection's writer.
+pub enum Reply {
+    Bytes(Vec<u8>),
+    /// A large READ whose data is in the page cache: the header, then the data
+    /// sent from the file with `sendfile(2)`, with no copy through user space
+    /// (half of the CPU a 1 MiB read costs otherwise: one copy out of the page
+    /// cache, one into the socket). `volume` keeps the descriptor open.
+    FromFile {
+        head: Vec<u8>,
+        volume: Arc<OpenVolume>,
+        fd: std::os::fd::RawFd,
+        offset: u64,
+        length: usize,
+    },
+}
+
+impl From<Vec<u8>> for Reply {
+    fn from(bytes: Vec<u8>) -> Reply {
+        Reply::Bytes(bytes)
+    }
+}
+
 /// A performed job with its encoded reply.
 pub struct Done {
     job: Job,
-    reply: Vec<u8>,
+    reply: Reply,
     ok: bool,
 }
 
@@ -161,11 +183,16 @@ fn io_error(e: &io::Error, what: &str) -> NbdError {
 /// Largest READ tried inline without blocking ([`try_perform_inline`]); larger
 /// reads run in parallel on the blocking pool (measured faster for 1 MiB).
 pub const INLINE_MAX_READ_BYTES: u32 = 128 * 1024;
+/// Smallest READ sent from the page cache with `sendfile(2)` when it is all
+/// cached ([`Reply::FromFile`]); smaller ones are copied (cheaper than the
+/// page-cache check and the extra system call).
+pub const ZERO_COPY_MIN_READ_BYTES: u32 = 64 * 1024;
 /// Largest plain WRITE tried inline (1 MiB measured faster inline).
 pub const INLINE_MAX_WRITE_BYTES: u32 = 1 << 20;
 
 /// Runs a READ or a plain WRITE (no FUA) on the calling thread if the backend can
-/// do it without blocking (page cache); otherwise gives the job back for
+/// do it without blocking (page cache: small reads are copied, large ones sent
+/// with `sendfile(2)` by the writer); otherwise gives the job back for
 /// [`perform`] on a blocking thread. Saves the hand-off on the common path.
 #[allow(clippy::result_large_err)] // gives the job back by value, no allocation
 pub fn try_perform_inline(job: Job) -> Result<Done, Job> {
@@ -173,12 +200,22 @@ pub fn try_perform_inline(job: Job) -> Result<Done, Job> {
         return Err(job);
     }
     match job.command {
+        Command::Read { offset, length, .. } if length >= ZERO_COPY_MIN_READ_BYTES => {
+            match zero_copy_reply(&job, offset, length) {
+                Some(reply) => Ok(Done {
+                    job,
+                    reply,
+                    ok: true,
+                }),
+                None => Err(job),
+            }
+        }
         Command::Read { offset, length, .. } if length <= INLINE_MAX_READ_BYTES => {
             let (mut out, start) = read_reply_buffer(&job, offset, length);
             match job.volume.backend.read_nowait(offset, &mut out[start..]) {
                 Ok(true) => Ok(Done {
                     job,
-                    reply: out,
+                    reply: out.into(),
                     ok: true,
                 }),
                 _ => Err(job),
@@ -196,7 +233,7 @@ pub fn try_perform_inline(job: Job) -> Result<Done, Job> {
                     reply::ok_reply(&mut out, job.handle);
                     Ok(Done {
                         job,
-                        reply: out,
+                        reply: out.into(),
                         ok: true,
                     })
                 }
@@ -205,6 +242,21 @@ pub fn try_perform_inline(job: Job) -> Result<Done, Job> {
         }
         _ => Err(job),
     }
+}
+
+/// A READ reply sent from the page cache by `sendfile(2)`, if its range is all
+/// cached now (a page-cache check, no data copied: cheap enough to run inline).
+fn zero_copy_reply(job: &Job, offset: u64, length: u32) -> Option<Reply> {
+    let fd = job.volume.backend.cached_source(offset, length as u64)?;
+    let mut head = Vec::with_capacity(32);
+    reply::read_reply_header(&mut head, &job.export, job.handle, offset, length);
+    Some(Reply::FromFile {
+        head,
+        volume: job.volume.clone(),
+        fd,
+        offset,
+        length: length as usize,
+    })
 }
 
 /// Runs a job against its volume's backend (blocking) and encodes the reply.
@@ -218,13 +270,22 @@ pub fn perform(job: Job) -> Done {
     } else {
         match job.command {
             Command::Read { offset, length, .. } => {
+                if length >= ZERO_COPY_MIN_READ_BYTES
+                    && let Some(reply) = zero_copy_reply(&job, offset, length)
+                {
+                    return Done {
+                        job,
+                        reply,
+                        ok: true,
+                    };
+                }
                 let start;
                 (out, start) = read_reply_buffer(&job, offset, length);
                 match b.read(offset, &mut out[start..]) {
                     Ok(()) => {
                         return Done {
                             job,
-                            reply: out,
+                            reply: out.into(),
                             ok: true,
                         };
                     }
@@ -274,7 +335,7 @@ pub fn perform(job: Job) -> Done {
                     );
                     return Done {
                         job,
-                        reply: out,
+                        reply: out.into(),
                         ok: true,
                     };
                 }
@@ -290,7 +351,7 @@ pub fn perform(job: Job) -> Done {
     }
     Done {
         job,
-        reply: out,
+        reply: out.into(),
         ok,
     }
 }
@@ -390,19 +451,41 @@ pub async fn run_session(
     let export = Arc::new(info);
     pool.host_connection(client, volume.id, true);
 
-    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
     let buffers = Arc::new(ReplyBuffers::default());
     let recycle = buffers.clone();
     let writer = tokio::spawn(async move {
         // Small replies that are ready together go out in one write.
         let mut wr = tokio::io::BufWriter::with_capacity(64 * 1024, wr);
-        'replies: while let Some(buf) = rx.recv().await {
-            let mut next = Some(buf);
-            while let Some(buf) = next.take() {
-                if wr.write_all(&buf).await.is_err() {
-                    break 'replies;
+        'replies: while let Some(reply) = rx.recv().await {
+            let mut next = Some(reply);
+            while let Some(reply) = next.take() {
+                match reply {
+                    Reply::Bytes(buf) => {
+                        if wr.write_all(&buf).await.is_err() {
+                            break 'replies;
+                        }
+                        recycle.give_back(buf);
+                    }
+                    Reply::FromFile {
+                        head,
+                        volume: _volume,
+                        fd,
+                        offset,
+                        length,
+                    } => {
+                        let sent = async {
+                            wr.write_all(&head).await?;
+                            wr.flush().await?;
+                            send_file(wr.get_ref().as_ref(), fd, offset, length).await
+                        };
+                        if let Err(e) = sent.await {
+                            // Part of the reply may be out: the stream cannot go on.
+                            tracing::warn!(%peer, "closing connection: sending read data: {e}");
+                            break 'replies;
+                        }
+                    }
                 }
-                recycle.give_back(buf);
                 next = rx.try_recv().ok();
             }
             if wr.flush().await.is_err() {
@@ -506,7 +589,7 @@ pub async fn run_session(
                 reply::error_reply(&mut out, &export, header.handle, &e);
                 host_counters.record(OpKind::Other, 0, 0, false);
                 volume_counters.record(OpKind::Other, 0, 0, false);
-                let _ = tx.send(out);
+                let _ = tx.send(out.into());
                 continue;
             }
         };
@@ -523,7 +606,7 @@ pub async fn run_session(
             );
             host_counters.record(OpKind::Other, 0, 0, false);
             volume_counters.record(OpKind::Other, 0, 0, false);
-            let _ = tx.send(out);
+            let _ = tx.send(out.into());
             continue;
         }
         let cost = match valid.command {
@@ -563,7 +646,7 @@ pub async fn run_session(
                 valid.handle,
                 &NbdError::new(ErrorCode::Io, e),
             );
-            let _ = tx.send(out);
+            let _ = tx.send(out.into());
         }
     }
     // Stop reading; the writer finishes once every in-flight job has replied.
@@ -582,13 +665,58 @@ pub async fn run_session(
     tracing::debug!(%peer, "connection closed");
 }
 
+/// Sends `length` bytes of the file `fd` from `offset` to the socket with
+/// `sendfile(2)` (page cache to socket, no user-space copy), waiting for room in
+/// the socket buffer as needed.
+async fn send_file(
+    socket: &TcpStream,
+    fd: std::os::fd::RawFd,
+    mut offset: u64,
+    mut left: usize,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    while left > 0 {
+        socket.writable().await?;
+        let sent = socket.try_io(tokio::io::Interest::WRITABLE, || {
+            let mut off = offset as libc::off_t;
+            // SAFETY: both descriptors are open (the socket is borrowed, the file
+            // is kept open by the reply's volume); `off` is a live local.
+            let n = unsafe { libc::sendfile(socket.as_raw_fd(), fd, &mut off, left) };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        });
+        match sent {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the volume file ended before the requested range",
+                ));
+            }
+            Ok(n) => {
+                offset += n as u64;
+                left -= n;
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Answers a job that will not run (its volume was deleted while it was queued).
 pub fn fail(job: Job, error: NbdError) -> Done {
     let mut out = Vec::new();
     reply::error_reply(&mut out, &job.export, job.handle, &error);
     Done {
         job,
-        reply: out,
+        reply: out.into(),
         ok: false,
     }
 }
