@@ -3,6 +3,11 @@
 #   bench/nbd-peers.sh            # REPS=3 RUNTIME=5 by default
 #   REPS=2 RUNTIME=4 bench/nbd-peers.sh
 #   SERVERS_ONLY="weir-qos nbdkit" CELLS_MATCH=qd1 bench/nbd-peers.sh   # a subset
+#   PIN=split bench/nbd-peers.sh  # servers on CPU 1, fio on CPU 0 (PIN=same: all on CPU 0)
+# On a small VM the QD1 cells mostly measure where the scheduler puts the two ends:
+# a request and its reply each wake the other side's vCPU when they run apart
+# (≈ 4× the round trip of running together, for every server). Unpinned, that
+# placement differs run to run; PIN makes it the same for every server.
 # Servers: weir serve with QoS on (a best-effort policy: no limits), weir with
 # `qos = false`, weir with `direct_io = true` (QoS on), nbdkit (file plugin),
 # qemu-nbd, nbd-server. Cells: 4 KiB randread/randwrite at QD1 and QD32, 1 MiB
@@ -13,6 +18,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS="${REPS:-3}"
 RUNTIME="${RUNTIME:-5}"
+PIN="${PIN:-}"
+case "$PIN" in
+  "") SRV_PIN=(); FIO_PIN=() ;;
+  same) SRV_PIN=(taskset -c 0); FIO_PIN=(taskset -c 0) ;;
+  split) SRV_PIN=(taskset -c 1); FIO_PIN=(taskset -c 0) ;;
+  *) echo "PIN must be same or split" >&2; exit 2 ;;
+esac
 WORK="${WORK:-${TMPDIR:-/tmp}/weir-nbd-peers}"
 
 need() { command -v "$1" >/dev/null 2>&1; }
@@ -84,13 +96,13 @@ cleanup() {
   [ -f "$WORK/nbd-server.pid" ] && kill "$(cat "$WORK/nbd-server.pid")" 2>/dev/null || true
 }
 trap cleanup EXIT
-"$WEIR" serve --config "$WORK/weir.toml" > "$WORK/weir.out" 2> "$WORK/weir.log" & pids+=($!)
+"${SRV_PIN[@]}" "$WEIR" serve --config "$WORK/weir.toml" > "$WORK/weir.out" 2> "$WORK/weir.log" & pids+=($!)
 PID_WEIR=$!
-nbdkit -f -i 127.0.0.1 -p "$P_NBDKIT" file "$FILE" 2> "$WORK/nbdkit.log" & pids+=($!)
+"${SRV_PIN[@]}" nbdkit -f -i 127.0.0.1 -p "$P_NBDKIT" file "$FILE" 2> "$WORK/nbdkit.log" & pids+=($!)
 PID_NBDKIT=$!
-qemu-nbd -f raw -b 127.0.0.1 -p "$P_QEMU" -x bench --persistent --shared=16 "$FILE" 2> "$WORK/qemu-nbd.log" & pids+=($!)
+"${SRV_PIN[@]}" qemu-nbd -f raw -b 127.0.0.1 -p "$P_QEMU" -x bench --persistent --shared=16 "$FILE" 2> "$WORK/qemu-nbd.log" & pids+=($!)
 PID_QEMU=$!
-nbd-server -C "$WORK/nbd-server.conf" -p "$WORK/nbd-server.pid" 2> "$WORK/nbd-server.log"
+"${SRV_PIN[@]}" nbd-server -C "$WORK/nbd-server.conf" -p "$WORK/nbd-server.pid" 2> "$WORK/nbd-server.log"
 for port in $P_WEIR $P_NBDKIT $P_QEMU $P_NBDSRV; do
   for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
 done
@@ -122,6 +134,7 @@ if [ -n "${CELLS_MATCH:-}" ]; then
 fi
 RESULTS="$WORK/results.tsv"; : > "$RESULTS"
 echo "uptime: $(uptime)"
+[ -n "$PIN" ] && echo "pinned: servers on CPU ${SRV_PIN[2]}, fio on CPU ${FIO_PIN[2]}"
 echo "running ${#SERVERS[@]} servers x ${#CELLS[@]} cells x $REPS reps x ${RUNTIME}s"
 for rep in $(seq "$REPS"); do
   for cell in "${CELLS[@]}"; do
@@ -132,7 +145,7 @@ for rep in $(seq "$REPS"); do
     for i in $(seq 0 $((n - 1))); do order+=("${SERVERS[$(( (i + rep - 1) % n ))]}"); done
     for s in "${order[@]}"; do
       t0=$(cpu_ticks "${PID[$s]}")
-      out=$(fio --name="$cname" --ioengine=nbd --uri="${URI[$s]}" --rw="$rw" --bs="$bs" \
+      out=$("${FIO_PIN[@]}" fio --name="$cname" --ioengine=nbd --uri="${URI[$s]}" --rw="$rw" --bs="$bs" \
         --iodepth="$qd" --size=1g --time_based --runtime="$RUNTIME" --ramp_time=1 \
         --output-format=json 2>/dev/null || true)
       sleep 0.2  # let nbd-server reap its per-client child
