@@ -2,7 +2,7 @@
 //! the dev-profile test suite stays fast, and their full acceptance checks (ignored by
 //! default; `cargo test --release -p weir-sim --test models -- --ignored`).
 
-use weir_report::{CaseReport, ScenarioReport};
+use weir_report::{CaseReport, ScenarioReport, WorkloadResult};
 use weir_sim::Scenario;
 
 const MIXED: &str = include_str!("../../../scenarios/mixed-workload.toml");
@@ -28,14 +28,18 @@ fn model(c: &CaseReport, source: &str, name: &str, window: &str) -> f64 {
         .value
 }
 
-fn window_latency(c: &CaseReport, window: &str, what: &str) -> f64 {
+/// A volume's, level's or the total's figures inside a window.
+fn window_figure<'a>(c: &'a CaseReport, window: &str, what: &str) -> &'a WorkloadResult {
     let w = c.windows.iter().find(|w| w.name == window).expect("window");
-    w.figures
-        .iter()
-        .find(|f| f.name == what)
-        .expect("figure")
-        .latency_ms
-        .mean
+    w.figures.iter().find(|f| f.name == what).expect("figure")
+}
+
+fn window_latency(c: &CaseReport, window: &str, what: &str) -> f64 {
+    window_figure(c, window, what).latency_ms.mean
+}
+
+fn window_iops(c: &CaseReport, window: &str, what: &str) -> f64 {
+    window_figure(c, window, what).iops
 }
 
 fn component(c: &CaseReport, name: &str) -> (f64, u64) {
@@ -65,6 +69,18 @@ fn retimed(text: &str, warmup_s: f64, duration_s: f64, windows: [(f64, f64); 3])
   {{ name = "vsi", start_s = {c0}, end_s = {c1} }},"#
         ),
     )
+}
+
+/// `text` with each `(from, to)` replaced; every `from` must be in it.
+fn replaced(mut text: String, pairs: &[(&str, &str)]) -> String {
+    for (from, to) in pairs {
+        assert!(
+            text.contains(from),
+            "the shipped file no longer has {from:?}"
+        );
+        text = text.replace(from, to);
+    }
+    text
 }
 
 /// The mixed workload with a short time line: 30 s warm-up, pre-storm 30-60 s, a
@@ -144,27 +160,22 @@ fn mixed_workload_runs_the_models_and_reports_windows() {
 /// of the flash), 2 GiB pre-warmed databases; 10 s warm-up, pre-storm 10-30 s, storm
 /// 30-50 s, no logins.
 fn mixed_storm_small(text: &str) -> String {
-    let mut out = retimed(text, 10.0, 40.0, [(10.0, 30.0), (30.0, 50.0), (50.0, 50.5)]);
-    for (from, to) in [
-        ("flash = { servers = 8,", "flash = { servers = 2,"),
-        ("desktops = 150", "desktops = 8"),
-        (
-            "max_concurrent_power_on = 32",
-            "max_concurrent_power_on = 8",
-        ),
-        ("power_on_at_s = 840", "power_on_at_s = 30"),
-        ("boot_ios = 10000", "boot_ios = 4000"),
-        ("login_at_s = 1200", "login_at_s = 100000"),
-        ("threads = 12", "threads = 3"),
-        ("database_gib = 20", "database_gib = 2"),
-    ] {
-        assert!(
-            out.contains(from),
-            "the shipped file no longer has {from:?}"
-        );
-        out = out.replace(from, to);
-    }
-    out
+    replaced(
+        retimed(text, 10.0, 40.0, [(10.0, 30.0), (30.0, 50.0), (50.0, 50.5)]),
+        &[
+            ("flash = { servers = 8,", "flash = { servers = 2,"),
+            ("desktops = 150", "desktops = 8"),
+            (
+                "max_concurrent_power_on = 32",
+                "max_concurrent_power_on = 8",
+            ),
+            ("power_on_at_s = 840", "power_on_at_s = 30"),
+            ("boot_ios = 10000", "boot_ios = 4000"),
+            ("login_at_s = 1200", "login_at_s = 100000"),
+            ("threads = 12", "threads = 3"),
+            ("database_gib = 20", "database_gib = 2"),
+        ],
+    )
 }
 
 /// Issue 4's mixed-workload acceptance at a reduced scale (see `mixed_storm_small`):
@@ -219,25 +230,20 @@ fn qos_keeps_oltp_flat_through_the_boot_storm_and_no_qos_does_not() {
 /// Heavy OLTP (12 threads, no think time) with 2 GiB databases, 5 s warm-up,
 /// "pre-storm" 5-15 s, no storm, no logins.
 fn heavy_small() -> String {
-    let mut out = retimed(
-        MIXED_CACHE,
-        5.0,
-        10.0,
-        [(5.0, 15.0), (10.0, 12.0), (12.0, 15.0)],
-    );
-    for (from, to) in [
-        ("power_on_at_s = 840", "power_on_at_s = 100000"),
-        ("login_at_s = 1200", "login_at_s = 100000"),
-        ("desktops = 150", "desktops = 4"),
-        ("database_gib = 50", "database_gib = 2"),
-    ] {
-        assert!(
-            out.contains(from),
-            "the shipped file no longer has {from:?}"
-        );
-        out = out.replace(from, to);
-    }
-    out
+    replaced(
+        retimed(
+            MIXED_CACHE,
+            5.0,
+            10.0,
+            [(5.0, 15.0), (10.0, 12.0), (12.0, 15.0)],
+        ),
+        &[
+            ("power_on_at_s = 840", "power_on_at_s = 100000"),
+            ("login_at_s = 1200", "login_at_s = 100000"),
+            ("desktops = 150", "desktops = 4"),
+            ("database_gib = 50", "database_gib = 2"),
+        ],
+    )
 }
 
 /// 000 test scenario 2 at a reduced scale: the host cache serves the OLTP reads, the
@@ -265,18 +271,10 @@ fn host_cache_serves_most_oltp_reads_and_keeps_them_off_the_array() {
     assert!(model(with, "sql", "vcpus_busy", "pre-storm") > 3.9);
     // Log and checkpoint writes are never cached: the array still sees the SQL
     // volume, but not its reads.
-    let sql_iops = |c: &weir_report::CaseReport| {
-        c.windows
-            .iter()
-            .find(|w| w.name == "pre-storm")
-            .unwrap()
-            .figures
-            .iter()
-            .find(|f| f.name == "volume:DVD-SQL")
-            .unwrap()
-            .iops
-    };
-    let (cached, uncached) = (sql_iops(with), sql_iops(without));
+    let (cached, uncached) = (
+        window_iops(with, "pre-storm", "volume:DVD-SQL"),
+        window_iops(without, "pre-storm", "volume:DVD-SQL"),
+    );
     assert!(
         cached > 0.0 && cached < 0.4 * uncached,
         "DVD-SQL at the appliance: {cached} IOPS with the host cache, {uncached} without"
@@ -394,19 +392,14 @@ fn acceptance_mixed_workload_cache_full() {
     heavy.retain_cases("host-cache");
     let heavy = heavy.run(None, &mut |_| {});
     let (m, h) = (case(&medium, "qos-on"), case(&heavy, "host-cache"));
-    let sql_iops = |c: &CaseReport| {
-        let w = c.windows.iter().find(|w| w.name == "pre-storm").unwrap();
-        w.figures
-            .iter()
-            .find(|f| f.name == "volume:DVD-SQL")
-            .unwrap()
-            .iops
-    };
     let (opm_m, opm_h) = (
         model(m, "sql", "opm_per_vm", "pre-storm"),
         model(h, "sql", "opm_per_vm", "pre-storm"),
     );
-    let (iops_m, iops_h) = (sql_iops(m), sql_iops(h));
+    let (iops_m, iops_h) = (
+        window_iops(m, "pre-storm", "volume:DVD-SQL"),
+        window_iops(h, "pre-storm", "volume:DVD-SQL"),
+    );
     let hit_ratio = component(h, "host cache c1-s7 hit ratio").0;
     println!(
         "OPM per VM: medium {opm_m:.0}, heavy with host cache {opm_h:.0} (× {:.2}); DVD-SQL at the appliance {iops_m:.0} → {iops_h:.0} IOPS; host cache hit ratio {hit_ratio:.3}",
