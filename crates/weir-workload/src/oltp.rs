@@ -53,10 +53,11 @@
 //!   figure: 000 scenario 2's ~10,000 cached reads/s ÷ (37,500 OPM × 4 VMs ÷ 60)
 //!   = 4.0 reads per order.
 //! - `cpu_ms_per_order = 8.7`: the medium budget less its I/O, 10.8 ms − (4 reads +
-//!   1 log write) × 0.42 ms (Weir's flash-tier latency in mixed-workload.toml),
-//!   calibrated once from the medium figure, never from the heavy one, which the
-//!   vCPU bound then predicts (4 × 60,000 ÷ 8.7 ≈ 27,600 OPM per VM; 000: 35,000-
-//!   40,000). Network round trips and the driver's own time are in those 8.7 ms too.
+//!   1 log write) × 0.42 ms (the SQL volume's latency in mixed-workload.toml with
+//!   the previous OLTP model; 0.37 ms with this one, not re-tuned), calibrated once
+//!   from the medium figure, never from the heavy one, which the vCPU bound then
+//!   predicts (4 × 60,000 ÷ 8.7 ≈ 27,600 OPM per VM; 000: 35,000-40,000). Network
+//!   round trips and the driver's own time are in those 8.7 ms too.
 //! - `writes_per_order = 8`: 5 INVENTORY rows (DVD Store's default 5 items) and the
 //!   ORDERS, ORDERLINES and CUST_HIST tails, all in the write hot set (32 MiB ≈
 //!   INVENTORY for 1 M products plus the tails). DVD Store's three customer-keyed
