@@ -121,7 +121,7 @@ impl ModelSpec {
     pub fn max_outstanding(&self) -> u64 {
         match self {
             ModelSpec::Vdi(s) => s.desktops as u64 * (s.task_queue_depth as u64 + 64),
-            ModelSpec::Oltp(s) => s.threads as u64 * 3,
+            ModelSpec::Oltp(s) => s.max_outstanding(),
             ModelSpec::Exchange(s) => s.mailboxes as u64 * 4,
         }
     }
