@@ -140,20 +140,14 @@ impl Scenario {
         let located =
             |path: &[Seg], message: String| locate_error(name_for_errors, text, path, message);
         let invalid = |root: Option<&DeTable<'_>>, e: toml::de::Error| {
-            let span = e.span().unwrap_or(0..0);
-            let (line, column) = line_col(text, span.start);
-            let field = root.map(|r| path_at(r, span.start)).unwrap_or_default();
-            ScenarioError::Invalid {
-                file: name_for_errors.to_string(),
-                line,
-                column,
-                field: if field.is_empty() {
-                    "(document)".to_string()
-                } else {
-                    field
-                },
-                message: e.message().to_string(),
-            }
+            let offset = e.span().unwrap_or(0..0).start;
+            let field = root.map(|r| path_at(r, offset)).unwrap_or_default();
+            invalid_at(
+                name_for_errors,
+                line_col(text, offset),
+                field,
+                e.message().to_string(),
+            )
         };
         let root = DeTable::parse(text).map_err(|e| invalid(None, e))?;
         let file = deserialize_file(root.clone()).map_err(|e| invalid(Some(root.get_ref()), e))?;
@@ -1111,15 +1105,25 @@ fn locate_error(file: &str, text: &str, path: &[Seg], message: String) -> Scenar
         Ok(root) => span_of(root.get_ref(), path),
         Err(_) => (None, render_path(path)),
     };
-    let (line, column) = span.map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+    let line_column = span.map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+    invalid_at(file, line_column, rendered, message)
+}
+
+/// An `Invalid` error; an empty `field` stands for the whole document.
+fn invalid_at(
+    file: &str,
+    (line, column): (usize, usize),
+    field: String,
+    message: String,
+) -> ScenarioError {
     ScenarioError::Invalid {
         file: file.to_string(),
         line,
         column,
-        field: if rendered.is_empty() {
+        field: if field.is_empty() {
             "(document)".to_string()
         } else {
-            rendered
+            field
         },
         message,
     }
