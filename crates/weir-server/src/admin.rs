@@ -573,6 +573,58 @@ mod tests {
     }
 
     #[test]
+    fn requests_route_to_answers_with_status_and_error_bodies() {
+        let dir = weir_testkit::TempDir::new("admin-handle");
+        let mut config = crate::WeirConfig::embedded_default();
+        config.data_dir = dir.path().to_path_buf();
+        let state = ServerState::new(&config).unwrap();
+        let call = |method: &str, path: &str, body: &str| {
+            handle(
+                &state,
+                &Request {
+                    method: method.into(),
+                    path: path.into(),
+                    body: body.as_bytes().to_vec(),
+                },
+            )
+        };
+        let error = |r: &Response| serde_json::from_slice::<ErrorBody>(&r.body).unwrap().error;
+
+        let r = call("GET", "/v1/volumes", "");
+        assert_eq!((r.status, r.content_type), (200, JSON));
+        let volumes: Vec<VolumeRecord> = serde_json::from_slice(&r.body).unwrap();
+        assert!(!volumes.is_empty());
+        let name = &volumes[0].name;
+        let r = call("GET", &format!("/v1/volumes/{}", encode(name)), "");
+        assert_eq!(r.status, 200);
+        let r = call("GET", "/v1/volumes/no%20such", "");
+        assert_eq!(r.status, 404);
+        assert!(error(&r).contains("no such"), "{}", error(&r));
+        let r = call("DELETE", "/v1/policies", "");
+        assert_eq!(r.status, 405);
+        assert!(error(&r).contains("DELETE"), "{}", error(&r));
+        assert_eq!(call("GET", "/v2/volumes", "").status, 404);
+        assert_eq!(call("GET", "/v1/volumes/%zz", "").status, 400);
+        let r = call("POST", "/v1/policies", "{");
+        assert_eq!(r.status, 400);
+        assert!(error(&r).contains("invalid request body"), "{}", error(&r));
+        assert_eq!(call("POST", "/v1/policies", r#"{"name": 5}"#).status, 422);
+        let r = call(
+            "POST",
+            "/v1/policies",
+            r#"{"name": "gold", "limit_iops": 5000}"#,
+        );
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(
+            call("POST", "/v1/policies", r#"{"name": "gold"}"#).status,
+            409
+        );
+        let r = call("GET", "/metrics", "");
+        assert_eq!(r.status, 200);
+        assert!(r.content_type.starts_with("text/plain"));
+    }
+
+    #[test]
     fn paths_decode_and_route() {
         assert_eq!(decode(&encode("a b/c")).as_deref(), Some("a b/c"));
         assert_eq!(decode("x%2"), None);
