@@ -21,20 +21,24 @@
 //! | DELETE | `/v1/access-groups/{name}` | | `AccessGroupConfig` |
 //! | GET | `/metrics` | | Prometheus text |
 //!
-//! Errors are `{"error": "message"}` with 400 (invalid), 404 (not found),
-//! 409 (conflict) or 500.
+//! Errors are `{"error": "message"}` with 400 (invalid; malformed JSON body), 404
+//! (not found), 405 (method not allowed on that path), 409 (conflict), 422 (JSON
+//! body of the wrong shape) or 500.
+//!
+//! The HTTP side (axum, hyper) is in the `weir-http` crate, compiled apart from the
+//! data path; this module routes the decoded request ([`handle`]) and holds the
+//! client.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use weir_http::{Request, Response};
 use weir_qos::{Policy, VolumeId};
 
 use crate::config::AccessGroupConfig;
@@ -72,113 +76,148 @@ pub struct ErrorBody {
     pub error: String,
 }
 
-struct ApiError(StatusCode, String);
+struct ApiError(u16, String);
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
         let status = match e {
-            StoreError::NotFound(_) => StatusCode::NOT_FOUND,
-            StoreError::Conflict(_) => StatusCode::CONFLICT,
-            StoreError::Invalid(_) => StatusCode::BAD_REQUEST,
-            StoreError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            StoreError::NotFound(_) => 404,
+            StoreError::Conflict(_) => 409,
+            StoreError::Invalid(_) => 400,
+            StoreError::Io(_) => 500,
         };
         ApiError(status, e.to_string())
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.0, Json(ErrorBody { error: self.1 })).into_response()
+type ApiResult = Result<Response, ApiError>;
+
+/// Serves the admin API on `listener` until `shutdown` turns true (the HTTP side
+/// is weir-http's; requests come back to [`handle`]).
+pub fn spawn(
+    state: Arc<ServerState>,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    weir_http::spawn(
+        listener,
+        Arc::new(move |request| handle(&state, &request)),
+        Box::pin(async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        }),
+    )
+}
+
+/// Answers one admin request (the table at the top of this module).
+pub fn handle(s: &ServerState, request: &Request) -> Response {
+    let answer = match route(&request.path) {
+        Err(e) => Err(e),
+        Ok(segments) => {
+            let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+            dispatch(s, &request.method, &segments, &request.body)
+        }
+    };
+    answer.unwrap_or_else(|ApiError(status, error)| Response {
+        status,
+        content_type: JSON,
+        body: serde_json::to_vec(&ErrorBody { error }).unwrap_or_default(),
+    })
+}
+
+const JSON: &str = "application/json";
+
+/// The path's segments, percent-decoded.
+fn route(path: &str) -> Result<Vec<String>, ApiError> {
+    path.trim_start_matches('/')
+        .split('/')
+        .map(|segment| {
+            decode(segment)
+                .ok_or_else(|| ApiError(400, format!("bad percent-encoding in {segment:?}")))
+        })
+        .collect()
+}
+
+fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiResult {
+    let store = || s.store();
+    match (method, path) {
+        ("GET", ["v1", "volumes"]) => ok(&store().list()),
+        ("POST", ["v1", "volumes"]) => created(&s.create_volume(parse(body)?)?),
+        ("GET", ["v1", "volumes", name]) => ok(&store().get(name)?),
+        ("PATCH", ["v1", "volumes", name]) => {
+            let change: VolumeUpdate = parse(body)?;
+            ok(&store().update_volume(name, change)?)
+        }
+        ("DELETE", ["v1", "volumes", name]) => ok(&s.delete_volume(name)?),
+        ("POST", ["v1", "volumes", name, "resize"]) => {
+            let req: ResizeRequest = parse(body)?;
+            ok(&store().resize(name, req.size_bytes)?)
+        }
+        ("POST", ["v1", "volumes", name, "policy"]) => {
+            let req: SetPolicyRequest = parse(body)?;
+            ok(&s.set_volume_policy(name, &req.policy)?)
+        }
+        ("GET", ["v1", "volumes", name, "stats"]) => ok(&volume_stats(s, name)?),
+        ("GET", ["v1", "policies"]) => ok(&store().policies()),
+        ("POST", ["v1", "policies"]) => {
+            let p: Policy = parse(body)?;
+            created(&store().create_policy(p)?)
+        }
+        ("GET", ["v1", "policies", name]) => ok(&store().policy(name)?),
+        ("DELETE", ["v1", "policies", name]) => ok(&store().delete_policy(name)?),
+        ("GET", ["v1", "access-groups"]) => ok(&store().access_groups()),
+        ("GET", ["v1", "access-groups", name]) => ok(&store().access_group(name)?),
+        ("PUT", ["v1", "access-groups", name]) => {
+            let group: AccessGroupConfig = parse(body)?;
+            if group.name != *name {
+                return Err(ApiError(
+                    400,
+                    format!(
+                        "group name {:?} in the body does not match {name:?} in the path",
+                        group.name
+                    ),
+                ));
+            }
+            ok(&store().put_access_group(group)?)
+        }
+        ("DELETE", ["v1", "access-groups", name]) => ok(&store().delete_access_group(name)?),
+        ("GET", ["metrics"]) => {
+            let queued = s.queued_by_volume();
+            Ok(Response {
+                status: 200,
+                content_type: "text/plain; version=0.0.4",
+                body: s.metrics.render_prometheus(&queued).into_bytes(),
+            })
+        }
+        (_, path) if is_route(path) => Err(ApiError(
+            405,
+            format!("method {method} is not allowed on /{}", path.join("/")),
+        )),
+        (_, path) => Err(ApiError(
+            404,
+            format!("no such resource: /{}", path.join("/")),
+        )),
     }
 }
 
-type Shared = State<Arc<ServerState>>;
-type ApiResult<T> = Result<T, ApiError>;
-
-pub fn router(state: Arc<ServerState>) -> Router {
-    Router::new()
-        .route("/v1/volumes", get(list_volumes).post(create_volume))
-        .route(
-            "/v1/volumes/{name}",
-            get(show_volume).patch(update_volume).delete(delete_volume),
-        )
-        .route("/v1/volumes/{name}/resize", post(resize_volume))
-        .route("/v1/volumes/{name}/policy", post(set_policy))
-        .route("/v1/volumes/{name}/stats", get(volume_stats))
-        .route("/v1/policies", get(list_policies).post(create_policy))
-        .route(
-            "/v1/policies/{name}",
-            get(show_policy).delete(delete_policy),
-        )
-        .route("/v1/access-groups", get(list_groups))
-        .route(
-            "/v1/access-groups/{name}",
-            get(show_group).put(put_group).delete(delete_group),
-        )
-        .route("/metrics", get(metrics))
-        .with_state(state)
+/// Whether some method is served at `path`.
+fn is_route(path: &[&str]) -> bool {
+    matches!(
+        path,
+        ["v1", "volumes" | "policies" | "access-groups"]
+            | ["v1", "volumes" | "policies" | "access-groups", _]
+            | ["v1", "volumes", _, "resize" | "policy" | "stats"]
+            | ["metrics"]
+    )
 }
 
-async fn list_volumes(State(s): Shared) -> Json<Vec<VolumeRecord>> {
-    Json(s.store().list())
-}
-
-async fn create_volume(
-    State(s): Shared,
-    Json(req): Json<VolumeCreate>,
-) -> ApiResult<(StatusCode, Json<VolumeRecord>)> {
-    let r = tokio::task::spawn_blocking(move || s.create_volume(req))
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
-    Ok((StatusCode::CREATED, Json(r)))
-}
-
-async fn show_volume(State(s): Shared, Path(name): Path<String>) -> ApiResult<Json<VolumeRecord>> {
-    Ok(Json(s.store().get(&name)?))
-}
-
-async fn update_volume(
-    State(s): Shared,
-    Path(name): Path<String>,
-    Json(change): Json<VolumeUpdate>,
-) -> ApiResult<Json<VolumeRecord>> {
-    Ok(Json(s.store().update_volume(&name, change)?))
-}
-
-async fn delete_volume(
-    State(s): Shared,
-    Path(name): Path<String>,
-) -> ApiResult<Json<VolumeRecord>> {
-    Ok(Json(s.delete_volume(&name)?))
-}
-
-async fn resize_volume(
-    State(s): Shared,
-    Path(name): Path<String>,
-    Json(req): Json<ResizeRequest>,
-) -> ApiResult<Json<VolumeRecord>> {
-    Ok(Json(s.store().resize(&name, req.size_bytes)?))
-}
-
-async fn set_policy(
-    State(s): Shared,
-    Path(name): Path<String>,
-    Json(req): Json<SetPolicyRequest>,
-) -> ApiResult<Json<VolumeRecord>> {
-    Ok(Json(s.set_volume_policy(&name, &req.policy)?))
-}
-
-async fn volume_stats(
-    State(s): Shared,
-    Path(name): Path<String>,
-) -> ApiResult<Json<VolumeStatsReport>> {
-    let volume = s.store().get(&name)?;
-    let counters = s.metrics.volume(&name).snapshot();
+fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiError> {
+    let volume = s.store().get(name)?;
+    let counters = s.metrics.volume(name).snapshot();
     let sched = s
         .pool(&volume.pool)
         .and_then(|p| p.volume_stats(VolumeId(volume.id)))
         .unwrap_or_default();
-    Ok(Json(VolumeStatsReport {
+    Ok(VolumeStatsReport {
         uptime_seconds: s.started.elapsed().as_secs_f64(),
         mean_latency_ms: counters.mean_latency_ms(),
         counters,
@@ -186,69 +225,54 @@ async fn volume_stats(
         reservation_dispatches: sched.reservation_dispatches,
         dispatched_ios: sched.dispatched_ios,
         volume,
-    }))
+    })
 }
 
-async fn list_policies(State(s): Shared) -> Json<Vec<Policy>> {
-    Json(s.store().policies())
+/// A JSON request body; like axum's `Json`: 400 for malformed JSON, 422 for JSON
+/// of the wrong shape.
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        let status = match e.classify() {
+            serde_json::error::Category::Data => 422,
+            _ => 400,
+        };
+        ApiError(status, format!("invalid request body: {e}"))
+    })
 }
 
-async fn create_policy(
-    State(s): Shared,
-    Json(p): Json<Policy>,
-) -> ApiResult<(StatusCode, Json<Policy>)> {
-    Ok((StatusCode::CREATED, Json(s.store().create_policy(p)?)))
+fn json<T: Serialize + ?Sized>(status: u16, value: &T) -> ApiResult {
+    let body = serde_json::to_vec(value).map_err(|e| ApiError(500, e.to_string()))?;
+    Ok(Response {
+        status,
+        content_type: JSON,
+        body,
+    })
 }
 
-async fn show_policy(State(s): Shared, Path(name): Path<String>) -> ApiResult<Json<Policy>> {
-    Ok(Json(s.store().policy(&name)?))
+fn ok<T: Serialize + ?Sized>(value: &T) -> ApiResult {
+    json(200, value)
 }
 
-async fn delete_policy(State(s): Shared, Path(name): Path<String>) -> ApiResult<Json<Policy>> {
-    Ok(Json(s.store().delete_policy(&name)?))
+fn created<T: Serialize + ?Sized>(value: &T) -> ApiResult {
+    json(201, value)
 }
 
-async fn list_groups(State(s): Shared) -> Json<Vec<AccessGroupConfig>> {
-    Json(s.store().access_groups())
-}
-
-async fn show_group(
-    State(s): Shared,
-    Path(name): Path<String>,
-) -> ApiResult<Json<AccessGroupConfig>> {
-    Ok(Json(s.store().access_group(&name)?))
-}
-
-async fn put_group(
-    State(s): Shared,
-    Path(name): Path<String>,
-    Json(group): Json<AccessGroupConfig>,
-) -> ApiResult<Json<AccessGroupConfig>> {
-    if group.name != name {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "group name {:?} in the body does not match {name:?} in the path",
-                group.name
-            ),
-        ));
+/// Percent-decodes one path segment (`None`: a bad escape or not UTF-8).
+fn decode(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
     }
-    Ok(Json(s.store().put_access_group(group)?))
-}
-
-async fn delete_group(
-    State(s): Shared,
-    Path(name): Path<String>,
-) -> ApiResult<Json<AccessGroupConfig>> {
-    Ok(Json(s.store().delete_access_group(&name)?))
-}
-
-async fn metrics(State(s): Shared) -> impl IntoResponse {
-    let queued = s.queued_by_volume();
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics.render_prometheus(&queued),
-    )
+    String::from_utf8(out).ok()
 }
 
 /// Admin API client (one HTTP/1.1 request per call, `Connection: close`).
@@ -546,5 +570,73 @@ mod tests {
         assert_eq!(parse_response(r).unwrap(), (404, b"abcde".to_vec()));
         assert!(parse_response(b"garbage").is_err());
         assert_eq!(encode("a b/c"), "a%20b%2Fc");
+    }
+
+    #[test]
+    fn requests_route_to_answers_with_status_and_error_bodies() {
+        let dir = weir_testkit::TempDir::new("admin-handle");
+        let mut config = crate::WeirConfig::embedded_default();
+        config.data_dir = dir.path().to_path_buf();
+        let state = ServerState::new(&config).unwrap();
+        let call = |method: &str, path: &str, body: &str| {
+            handle(
+                &state,
+                &Request {
+                    method: method.into(),
+                    path: path.into(),
+                    body: body.as_bytes().to_vec(),
+                },
+            )
+        };
+        let error = |r: &Response| serde_json::from_slice::<ErrorBody>(&r.body).unwrap().error;
+
+        let r = call("GET", "/v1/volumes", "");
+        assert_eq!((r.status, r.content_type), (200, JSON));
+        let volumes: Vec<VolumeRecord> = serde_json::from_slice(&r.body).unwrap();
+        assert!(!volumes.is_empty());
+        let name = &volumes[0].name;
+        let r = call("GET", &format!("/v1/volumes/{}", encode(name)), "");
+        assert_eq!(r.status, 200);
+        let r = call("GET", "/v1/volumes/no%20such", "");
+        assert_eq!(r.status, 404);
+        assert!(error(&r).contains("no such"), "{}", error(&r));
+        let r = call("DELETE", "/v1/policies", "");
+        assert_eq!(r.status, 405);
+        assert!(error(&r).contains("DELETE"), "{}", error(&r));
+        assert_eq!(call("GET", "/v2/volumes", "").status, 404);
+        assert_eq!(call("GET", "/v1/volumes/%zz", "").status, 400);
+        let r = call("POST", "/v1/policies", "{");
+        assert_eq!(r.status, 400);
+        assert!(error(&r).contains("invalid request body"), "{}", error(&r));
+        assert_eq!(call("POST", "/v1/policies", r#"{"name": 5}"#).status, 422);
+        let r = call(
+            "POST",
+            "/v1/policies",
+            r#"{"name": "gold", "limit_iops": 5000}"#,
+        );
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(
+            call("POST", "/v1/policies", r#"{"name": "gold"}"#).status,
+            409
+        );
+        let r = call("GET", "/metrics", "");
+        assert_eq!(r.status, 200);
+        assert!(r.content_type.starts_with("text/plain"));
+    }
+
+    #[test]
+    fn paths_decode_and_route() {
+        assert_eq!(decode(&encode("a b/c")).as_deref(), Some("a b/c"));
+        assert_eq!(decode("x%2"), None);
+        assert_eq!(decode("%zz"), None);
+        assert_eq!(decode("%FF"), None);
+        assert_eq!(
+            route("/v1/volumes/db%2F1").ok(),
+            Some(vec!["v1".into(), "volumes".into(), "db/1".into()])
+        );
+        assert!(is_route(&["v1", "volumes", "db", "stats"]));
+        assert!(is_route(&["metrics"]));
+        assert!(!is_route(&["v1", "volumes", "db", "nope"]));
+        assert!(!is_route(&["v2"]));
     }
 }

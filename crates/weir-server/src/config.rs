@@ -265,8 +265,13 @@ pub fn validate_name(kind: &str, name: &str) -> Result<(), String> {
     }
 }
 
+// `from_toml_str`, `load` and `embedded_default` are `#[inline]` for build time: an
+// inline function is compiled in the crate that calls it, at that crate's
+// optimisation level, so the TOML deserializer code for the config model is compiled
+// in the CLI (opt-level 0), not in this crate (opt-level 3, for the data path).
 impl WeirConfig {
     /// Parses and validates TOML; `origin` (a file name) prefixes every error.
+    #[inline]
     pub fn from_toml_str(text: &str, origin: &str) -> Result<WeirConfig, ConfigError> {
         let config: WeirConfig = toml::from_str(text).map_err(|e| {
             let line = e
@@ -286,6 +291,7 @@ impl WeirConfig {
         Ok(config)
     }
 
+    #[inline]
     pub fn load(path: &Path) -> Result<WeirConfig, ConfigError> {
         let origin = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
@@ -298,6 +304,7 @@ impl WeirConfig {
 
     /// The built-in demo configuration: one pool, a `local` access group
     /// (loopback only) and five 1 GiB volumes, one per built-in policy.
+    #[inline]
     pub fn embedded_default() -> WeirConfig {
         Self::from_toml_str(EMBEDDED_DEFAULT, "<embedded default>")
             .expect("embedded default configuration is valid")

@@ -35,3 +35,27 @@ pub mod store;
 pub use config::{ConfigError, WeirConfig, parse_size};
 pub use server::{RunningServer, ServerState, serve};
 pub use store::{VolumeCreate, VolumeRecord, VolumeUpdate};
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// A future polled through a vtable.
+pub type BoxedFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// [`RunningServer::start`] behind a vtable, for callers in other crates (the CLI).
+///
+/// The futures of an `async fn` (and every task they spawn) are compiled in each
+/// crate that polls them, at that crate's optimisation level. The CLI is compiled at
+/// opt-level 0 for build time, so it must not poll the server's futures itself: this
+/// function creates the future here, where the session, QoS and admin code are
+/// compiled at full optimisation, and the caller only sees `dyn Future`.
+#[inline(never)]
+pub fn start_boxed(config: WeirConfig) -> BoxedFuture<anyhow::Result<RunningServer>> {
+    Box::pin(RunningServer::start(config))
+}
+
+/// [`RunningServer::shutdown`] behind a vtable (see [`start_boxed`]).
+#[inline(never)]
+pub fn shutdown_boxed(server: RunningServer) -> BoxedFuture<anyhow::Result<()>> {
+    Box::pin(server.shutdown())
+}

@@ -206,17 +206,7 @@ async fn run(
             .filter_map(|p| p.device())
             .map(|d| tokio::spawn(d.clone().run())),
     );
-    let admin_task = {
-        let app = crate::admin::router(state.clone());
-        let mut rx = shutdown.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(admin, app.into_make_service())
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })
-                .await;
-        })
-    };
+    let admin_task = crate::admin::spawn(state.clone(), admin, shutdown.clone());
     let mut sessions = JoinSet::new();
     let session_shutdown = shutdown.clone();
     loop {

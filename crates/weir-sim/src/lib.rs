@@ -88,6 +88,9 @@ pub fn builtin_scenarios() -> &'static [(&'static str, &'static str)] {
 
 impl Scenario {
     /// A shipped scenario by name.
+    // Inline like `Scenario::from_toml_str` (see scenario.rs): parsing is compiled
+    // in the caller.
+    #[inline]
     pub fn builtin(name: &str) -> Option<Result<Scenario, ScenarioError>> {
         builtin_scenarios()
             .iter()

@@ -3,6 +3,7 @@
 
 use crate::hw;
 use crate::topology::{CaseSpec, CompareSpec, ScenarioFile};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
@@ -111,7 +112,13 @@ pub struct Scenario {
     pub(crate) cases: Vec<CasePlan>,
 }
 
+// `from_file`, `from_toml_str` and `deserialize_file` are `#[inline]` for build time:
+// an inline function is compiled in the crate that calls it, at that crate's
+// optimisation level, so the serde code for the scenario model (about half of this
+// crate's generated code) is compiled in the CLI at opt-level 0, not here at
+// opt-level 3. Loading runs once per scenario; the event loop stays here.
 impl Scenario {
+    #[inline]
     pub fn from_file(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> {
         let path = path.as_ref();
         let file = path.display().to_string();
@@ -123,34 +130,48 @@ impl Scenario {
     }
 
     /// Parses scenario text; `name_for_errors` stands for the file in messages.
+    ///
+    /// One parse and one deserializer: the text is parsed once into toml's spanned
+    /// tree; the base file and each case (that tree with the case's `set` and dotted
+    /// sweep values applied) are deserialized from it by toml's own deserializer, so
+    /// the serde code of the scenario model is compiled for a single deserializer.
+    #[inline]
     pub fn from_toml_str(name_for_errors: &str, text: &str) -> Result<Scenario, ScenarioError> {
         let located =
             |path: &[Seg], message: String| locate_error(name_for_errors, text, path, message);
-        let file: ScenarioFile = match toml::from_str(text) {
-            Ok(f) => f,
-            Err(e) => {
-                let span = e.span().unwrap_or(0..0);
-                let (line, column) = line_col(text, span.start);
-                let field = toml::de::DeTable::parse(text)
-                    .map(|root| path_at(root.get_ref(), span.start))
-                    .unwrap_or_default();
-                return Err(ScenarioError::Invalid {
-                    file: name_for_errors.to_string(),
-                    line,
-                    column,
-                    field: if field.is_empty() {
-                        "(document)".to_string()
-                    } else {
-                        field
-                    },
-                    message: e.message().to_string(),
-                });
-            }
+        let invalid = |root: Option<&DeTable<'_>>, e: toml::de::Error| {
+            let offset = e.span().unwrap_or(0..0).start;
+            let field = root.map(|r| path_at(r, offset)).unwrap_or_default();
+            invalid_at(
+                name_for_errors,
+                line_col(text, offset),
+                field,
+                e.message().to_string(),
+            )
         };
+        let root = DeTable::parse(text).map_err(|e| invalid(None, e))?;
+        let file = deserialize_file(root.clone()).map_err(|e| invalid(Some(root.get_ref()), e))?;
         // The base file must be valid on its own.
         plan_case(&file, "base", "", BTreeMap::new(), &[]).map_err(|(p, m)| located(&p, m))?;
-        let base_value =
-            toml::Value::try_from(&file).map_err(|e| located(&[], format!("internal: {e}")))?;
+        // What each case starts from: the document without its cases.
+        let mut base_doc = root.get_ref().clone();
+        base_doc.remove("case");
+        let case_docs: &[toml::Spanned<DeValue<'_>>] = match root.get_ref().get("case") {
+            Some(c) => match c.get_ref() {
+                DeValue::Array(items) => items,
+                _ => &[],
+            },
+            None => &[],
+        };
+        // Dotted sweep values as TOML number text (the values of a case borrow it).
+        let numbers: BTreeMap<u64, String> = file
+            .case
+            .iter()
+            .flat_map(|c| &c.sweep)
+            .filter(|s| s.param.contains('.'))
+            .flat_map(|s| &s.values)
+            .map(|x| (x.to_bits(), toml_number(*x)))
+            .collect();
         let mut cases = Vec::new();
         let specs: Vec<CaseSpec> = if file.case.is_empty() {
             vec![CaseSpec {
@@ -170,10 +191,17 @@ impl Scenario {
                 p.extend_from_slice(sub);
                 p
             };
-            let mut value = base_value.clone();
-            for (k, v) in &case.set {
-                set_path(&mut value, k, v.clone())
-                    .map_err(|m| located(&at(&[key("set"), key(k)]), m))?;
+            let case_doc = case_docs.get(ci).map(|c| c.get_ref());
+            let mut value = DeValue::Table(base_doc.clone());
+            if let Some(set) = case_doc
+                .and_then(|c| c.get("set"))
+                .and_then(|s| s.get_ref().as_table())
+            {
+                for (k, v) in set.iter() {
+                    let k: &str = k.get_ref();
+                    set_path(&mut value, k, v.clone())
+                        .map_err(|m| located(&at(&[key("set"), key(k)]), m))?;
+                }
             }
             for (si, sweep) in case.sweep.iter().enumerate() {
                 let known =
@@ -202,24 +230,36 @@ impl Scenario {
                     values: s.values.clone(),
                 })
                 .collect();
+            let sweep_span = case_doc
+                .and_then(|c| c.get("sweep"))
+                .map(|s| s.span())
+                .unwrap_or(0..0);
             for params in weir_workload::expand_sweeps(&sweeps) {
                 let mut v = value.clone();
                 for (p, x) in &params {
                     if p.contains('.') {
-                        let num = if x.fract() == 0.0 && x.abs() < 9e15 {
-                            toml::Value::Integer(*x as i64)
-                        } else {
-                            toml::Value::Float(*x)
-                        };
-                        set_path(&mut v, p, num).map_err(|m| located(&at(&[key("sweep")]), m))?;
+                        let num = numbers
+                            .get(&x.to_bits())
+                            .map(|t| DeValue::parse(t))
+                            .ok_or_else(|| format!("internal: no text for sweep value {x}"))
+                            .and_then(|r| r.map_err(|e| e.message().to_string()))
+                            .map_err(|m| located(&at(&[key("sweep")]), m))?
+                            .into_inner();
+                        set_path(&mut v, p, toml::Spanned::new(sweep_span.clone(), num))
+                            .map_err(|m| located(&at(&[key("sweep")]), m))?;
                     }
                 }
-                let resolved: ScenarioFile = v.try_into().map_err(|e: toml::de::Error| {
-                    located(
-                        &at(&[key("set")]),
-                        format!("after this case's overrides: {}", e.message()),
-                    )
-                })?;
+                let DeValue::Table(t) = v else {
+                    return Err(located(&[], "internal: the document is not a table".into()));
+                };
+                let resolved = deserialize_file(toml::Spanned::new(root.span(), t)).map_err(
+                    |e: toml::de::Error| {
+                        located(
+                            &at(&[key("set")]),
+                            format!("after this case's overrides: {}", e.message()),
+                        )
+                    },
+                )?;
                 let name = if params.is_empty() {
                     case.name.clone()
                 } else {
@@ -334,56 +374,84 @@ pub(crate) fn fmt_num(x: f64) -> String {
     }
 }
 
+#[inline]
+fn deserialize_file(doc: toml::Spanned<DeTable<'_>>) -> Result<ScenarioFile, toml::de::Error> {
+    serde::Deserialize::deserialize(toml::de::Deserializer::from(doc))
+}
+
+/// A sweep value as TOML: an integer when it is whole (and exact as one), else a float.
+fn toml_number(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 9e15 {
+        format!("{}", x as i64)
+    } else if x.is_nan() {
+        "nan".to_string()
+    } else if x.is_infinite() {
+        if x > 0.0 { "inf" } else { "-inf" }.to_string()
+    } else {
+        // Debug prints the shortest text that reads back as the same f64, always
+        // with a `.` or an exponent (so TOML reads a float).
+        format!("{x:?}")
+    }
+}
+
 /// Sets `path` (dot separated; arrays of named tables addressed by name) to `value`.
-fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Result<(), String> {
+fn set_path<'a>(
+    root: &mut DeValue<'a>,
+    path: &str,
+    value: toml::Spanned<DeValue<'a>>,
+) -> Result<(), String> {
     let segs: Vec<&str> = path.split('.').collect();
+    let Some((last, parents)) = segs.split_last() else {
+        return Err(format!("bad path {path:?}: empty segment"));
+    };
     if segs.iter().any(|s| s.is_empty()) {
         return Err(format!("bad path {path:?}: empty segment"));
     }
+    let span = value.span();
+    let key = |seg: &str| toml::Spanned::new(span.clone(), Cow::Owned(seg.to_string()));
+    let not_a_table = |i: usize| format!("{path:?}: {:?} is not a table", segs[..i].join("."));
     let mut cur = root;
-    let mut i = 0;
-    while i < segs.len() {
-        let seg = segs[i];
-        let last = i + 1 == segs.len();
+    for (i, seg) in parents.iter().enumerate() {
         cur = match cur {
-            toml::Value::Table(t) => {
-                if last {
-                    t.insert(seg.to_string(), value);
-                    return Ok(());
-                }
-                t.entry(seg.to_string())
-                    .or_insert_with(|| toml::Value::Table(Default::default()))
+            DeValue::Table(t) => t
+                .entry(key(seg))
+                .or_insert_with(|| toml::Spanned::new(span.clone(), DeValue::Table(DeTable::new())))
+                .get_mut(),
+            DeValue::Array(items) => {
+                let pos = named_element(items, seg, path)?;
+                items.as_mut()[pos].get_mut()
             }
-            toml::Value::Array(items) => {
-                let Some(pos) = items
-                    .iter()
-                    .position(|v| v.get("name").and_then(|n| n.as_str()) == Some(seg))
-                else {
-                    let names: Vec<&str> = items
-                        .iter()
-                        .filter_map(|v| v.get("name").and_then(|n| n.as_str()))
-                        .collect();
-                    return Err(format!(
-                        "{path:?}: no entry named {seg:?} (have: {})",
-                        names.join(", ")
-                    ));
-                };
-                if last {
-                    items[pos] = value;
-                    return Ok(());
-                }
-                &mut items[pos]
-            }
-            _ => {
-                return Err(format!(
-                    "{path:?}: {:?} is not a table",
-                    segs[..i].join(".")
-                ));
-            }
+            _ => return Err(not_a_table(i)),
         };
-        i += 1;
+    }
+    match cur {
+        DeValue::Table(t) => {
+            t.insert(key(last), value);
+        }
+        DeValue::Array(items) => {
+            let pos = named_element(items, last, path)?;
+            items.as_mut()[pos] = value;
+        }
+        _ => return Err(not_a_table(parents.len())),
     }
     Ok(())
+}
+
+/// The index of the table named `name` in an array of tables.
+fn named_element(items: &toml::de::DeArray<'_>, name: &str, path: &str) -> Result<usize, String> {
+    let name_of = |v: &toml::Spanned<DeValue<'_>>| -> Option<String> {
+        Some(v.get_ref().get("name")?.get_ref().as_str()?.to_string())
+    };
+    items
+        .iter()
+        .position(|v| name_of(v).as_deref() == Some(name))
+        .ok_or_else(|| {
+            let names: Vec<String> = items.iter().filter_map(name_of).collect();
+            format!(
+                "{path:?}: no entry named {name:?} (have: {})",
+                names.join(", ")
+            )
+        })
 }
 
 /// Most I/Os the VMs of one case may keep outstanding (memory bound).
@@ -1037,15 +1105,25 @@ fn locate_error(file: &str, text: &str, path: &[Seg], message: String) -> Scenar
         Ok(root) => span_of(root.get_ref(), path),
         Err(_) => (None, render_path(path)),
     };
-    let (line, column) = span.map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+    let line_column = span.map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+    invalid_at(file, line_column, rendered, message)
+}
+
+/// An `Invalid` error; an empty `field` stands for the whole document.
+fn invalid_at(
+    file: &str,
+    (line, column): (usize, usize),
+    field: String,
+    message: String,
+) -> ScenarioError {
     ScenarioError::Invalid {
         file: file.to_string(),
         line,
         column,
-        field: if rendered.is_empty() {
+        field: if field.is_empty() {
             "(document)".to_string()
         } else {
-            rendered
+            field
         },
         message,
     }
@@ -1055,36 +1133,77 @@ fn locate_error(file: &str, text: &str, path: &[Seg], message: String) -> Scenar
 mod tests {
     use super::*;
 
-    fn doc() -> toml::Value {
-        toml::from_str(
-            "[datastore]\nname = \"ds\"\n[[vm]]\nname = \"a\"\nshares = 1000\n[[vm]]\nname = \"b\"\nshares = 1000\n",
+    fn doc() -> DeValue<'static> {
+        DeValue::Table(
+            DeTable::parse(
+                "[datastore]\nname = \"ds\"\n[[vm]]\nname = \"a\"\nshares = 1000\n[[vm]]\nname = \"b\"\nshares = 1000\n",
+            )
+            .unwrap()
+            .into_inner(),
         )
-        .unwrap()
+    }
+
+    fn num(text: &'static str) -> toml::Spanned<DeValue<'static>> {
+        DeValue::parse(text).unwrap()
+    }
+
+    fn int_at(v: &DeValue<'_>, path: &[&str]) -> Option<String> {
+        let mut cur = v;
+        for p in path {
+            cur = match p.parse::<usize>() {
+                Ok(i) => cur.get(i)?.get_ref(),
+                Err(_) => cur.get(*p)?.get_ref(),
+            };
+        }
+        Some(cur.as_integer()?.as_str().to_string())
     }
 
     #[test]
     fn set_path_addresses_named_elements_and_creates_tables() {
         let mut v = doc();
-        set_path(&mut v, "vm.b.shares", toml::Value::Integer(2000)).unwrap();
-        assert_eq!(v["vm"][1]["shares"].as_integer(), Some(2000));
-        assert_eq!(v["vm"][0]["shares"].as_integer(), Some(1000));
-        set_path(
-            &mut v,
-            "datastore.congestion.enabled",
-            toml::Value::Boolean(true),
-        )
-        .unwrap();
+        set_path(&mut v, "vm.b.shares", num("2000")).unwrap();
+        assert_eq!(int_at(&v, &["vm", "1", "shares"]).as_deref(), Some("2000"));
+        assert_eq!(int_at(&v, &["vm", "0", "shares"]).as_deref(), Some("1000"));
+        set_path(&mut v, "datastore.congestion.enabled", num("true")).unwrap();
         assert_eq!(
-            v["datastore"]["congestion"]["enabled"].as_bool(),
+            v.get("datastore")
+                .unwrap()
+                .get_ref()
+                .get("congestion")
+                .unwrap()
+                .get_ref()
+                .get("enabled")
+                .unwrap()
+                .get_ref()
+                .as_bool(),
             Some(true)
         );
-        let e = set_path(&mut v, "vm.c.shares", toml::Value::Integer(1)).unwrap_err();
+        let e = set_path(&mut v, "vm.c.shares", num("1")).unwrap_err();
         assert!(
             e.contains("no entry named \"c\"") && e.contains("a, b"),
             "{e}"
         );
-        assert!(set_path(&mut v, "datastore.name.x", toml::Value::Integer(1)).is_err());
-        assert!(set_path(&mut v, "vm..shares", toml::Value::Integer(1)).is_err());
+        assert!(set_path(&mut v, "datastore.name.x", num("1")).is_err());
+        assert!(set_path(&mut v, "vm..shares", num("1")).is_err());
+    }
+
+    #[test]
+    fn sweep_numbers_read_back_exactly() {
+        for x in [64.0, -3.0, 0.5, 1e-7, 1e16, 9.5e15, 123.456, f64::INFINITY] {
+            let text = toml_number(x);
+            let v = DeValue::parse(&text).unwrap().into_inner();
+            let back = match &v {
+                DeValue::Integer(i) => i.as_str().parse::<f64>().unwrap(),
+                DeValue::Float(f) => f.as_str().parse::<f64>().unwrap(),
+                other => panic!("{x}: {other:?}"),
+            };
+            assert_eq!(back, x, "{text}");
+            assert_eq!(
+                matches!(v, DeValue::Integer(_)),
+                x.fract() == 0.0 && x.abs() < 9e15,
+                "{text}"
+            );
+        }
     }
 
     #[test]

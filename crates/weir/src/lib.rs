@@ -2,9 +2,12 @@
 //!
 //! A library with a one-line binary (`src/main.rs`) for build time: cargo starts a
 //! library as soon as its dependencies' metadata exists, but a binary only once they
-//! are fully compiled. The CLI instantiates much of weir-server's async code (the
-//! NBD session futures are compiled where they are spawned), so as a library that
-//! work overlaps with the dependencies' code generation instead of following it.
+//! are fully compiled. This crate is compiled at opt-level 0 (root Cargo.toml): it
+//! only parses arguments and prints; the work it starts is compiled in the library
+//! crates — the server through `weir_server::start_boxed` (a `dyn Future`, so the
+//! NBD session code is not re-instantiated here), the simulator and `weir load`
+//! through plain functions. Scenario and config TOML parsing are `#[inline]` in
+//! their crates so that they *are* compiled here, cheaply.
 
 mod admin;
 mod serve;

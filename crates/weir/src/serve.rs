@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use weir_server::{RunningServer, WeirConfig};
+use weir_server::WeirConfig;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -42,7 +42,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async move {
         let data_dir = config.data_dir.clone();
-        let server = RunningServer::start(config).await?;
+        // Through a vtable: the server's futures are compiled in weir-server at full
+        // optimisation, not here (this crate is built at opt-level 0).
+        let server = weir_server::start_boxed(config).await?;
         let nbd = server.nbd_addr();
         let admin = weir_server::admin::Client::new(server.admin_addr());
         let volumes = admin.list_volumes().await.unwrap_or_default();
@@ -73,6 +75,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
             _ = term.recv() => {}
         }
         eprintln!("stopping: finishing in-flight requests, syncing data…");
-        server.shutdown().await
+        weir_server::shutdown_boxed(server).await
     })
 }
