@@ -27,7 +27,6 @@
 //! What runs ([`ScenarioSource`]): a `weir sim` scenario file (its workload part), a
 //! built-in profile, or a one-line access specification; see [`scenario`].
 
-pub mod cli;
 mod engine;
 pub mod scenario;
 mod stats;

@@ -42,15 +42,13 @@ pub enum ScenarioSource {
 
 impl ScenarioSource {
     /// A path when it names an existing file or ends in `.toml`; else the text of the
-    /// `weir sim` built-in scenario of that name; otherwise a spec.
-    pub fn parse(text: &str) -> ScenarioSource {
+    /// built-in scenario of that name in `builtins` (`weir_sim::builtin_scenarios()`:
+    /// passed in, so that this crate does not build on the simulator); otherwise a spec.
+    pub fn parse(text: &str, builtins: &[(&str, &str)]) -> ScenarioSource {
         let p = Path::new(text);
         if text.ends_with(".toml") || p.is_file() {
             ScenarioSource::File(p.to_path_buf())
-        } else if let Some((name, toml)) = weir_sim::builtin_scenarios()
-            .iter()
-            .find(|(n, _)| *n == text)
-        {
+        } else if let Some((name, toml)) = builtins.iter().find(|(n, _)| *n == text) {
             ScenarioSource::Text {
                 name: format!("{name} (built-in)"),
                 toml: toml.to_string(),
@@ -752,18 +750,22 @@ model = "mail"
     #[test]
     fn sources_are_told_apart() {
         assert!(matches!(
-            ScenarioSource::parse("x/y.toml"),
+            ScenarioSource::parse("x/y.toml", weir_sim::builtin_scenarios()),
             ScenarioSource::File(_)
         ));
         assert!(matches!(
-            ScenarioSource::parse("sioc-shares"),
+            ScenarioSource::parse("sioc-shares", weir_sim::builtin_scenarios()),
             ScenarioSource::Text { .. }
         ));
         assert!(matches!(
-            ScenarioSource::parse("bs=4k"),
+            ScenarioSource::parse("bs=4k", weir_sim::builtin_scenarios()),
             ScenarioSource::Spec(_)
         ));
-        let s = LoadScenario::load(&ScenarioSource::parse("sioc-shares")).unwrap();
+        let s = LoadScenario::load(&ScenarioSource::parse(
+            "sioc-shares",
+            weir_sim::builtin_scenarios(),
+        ))
+        .unwrap();
         assert!(!s.vms.is_empty());
     }
 

@@ -10,6 +10,7 @@
 //! their crates so that they *are* compiled here, cheaply.
 
 mod admin;
+mod load;
 mod serve;
 mod sim;
 
@@ -33,7 +34,7 @@ enum Command {
     /// Run a scenario on the deterministic simulator (virtual clock, same QoS engine as the server)
     Sim(sim::SimArgs),
     /// Drive workload models (VDI, OLTP, Exchange, Iometer specs) against real NBD exports in real time
-    Load(weir_load::cli::LoadArgs),
+    Load(load::LoadArgs),
     /// Serve volumes over NBD with QoS in the I/O path (embedded default without --config)
     Serve(serve::ServeArgs),
     /// Manage volumes on a running server
@@ -78,7 +79,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Sim(args) => sim::run(args),
         Command::Serve(args) => serve::run(args),
-        Command::Load(args) => match weir_load::cli::run_command(&args) {
+        Command::Load(args) => match load::run_command(&args) {
             // The run finished but did not pass (I/O errors, lost connections, verify
             // mismatches): the report is printed, the exit status says so.
             Ok(false) => return ExitCode::from(1),

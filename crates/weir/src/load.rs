@@ -1,13 +1,12 @@
-//! `weir load` on the command line: clap arguments and the command itself, so the
-//! `weir` binary only has to add `Load(weir_load::cli::LoadArgs)` and call
-//! [`run_command`] (exit status 1 when it returns `Ok(false)`).
+//! `weir load` on the command line: clap arguments, progress bar and printing; the
+//! run itself is weir-load's (exit status 1 when [`run_command`] returns `Ok(false)`).
 
-use crate::{LoadOptions, LoadOutcome, ScenarioSource, Target};
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
+use weir_load::{LoadOptions, LoadOutcome, ScenarioSource, Target};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct LoadArgs {
@@ -89,13 +88,16 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     if text.trim() == "0" {
         return Ok(0);
     }
-    crate::parse_bytes(text)
+    weir_load::parse_bytes(text)
 }
 
 impl LoadArgs {
     pub fn options(&self) -> Result<LoadOptions> {
         let targets = Target::parse_list(&self.target.join(","))?;
-        let mut o = LoadOptions::new(targets, ScenarioSource::parse(&self.scenario));
+        let mut o = LoadOptions::new(
+            targets,
+            ScenarioSource::parse(&self.scenario, weir_sim::builtin_scenarios()),
+        );
         o.duration = self.duration;
         o.time_scale = self.time_scale;
         o.connections = self.connections;
@@ -121,7 +123,7 @@ pub fn run_command(args: &LoadArgs) -> Result<bool> {
         );
         bar
     });
-    let mut on_progress = |p: &crate::LoadProgress| {
+    let mut on_progress = |p: &weir_load::LoadProgress| {
         if let Some(bar) = &bar {
             bar.set_position((p.elapsed_s / p.duration_s.max(1e-9) * 1000.0) as u64);
             bar.set_message(format!(
@@ -130,7 +132,7 @@ pub fn run_command(args: &LoadArgs) -> Result<bool> {
             ));
         }
     };
-    let outcome = crate::run(opts, &mut on_progress).context("weir load")?;
+    let outcome = weir_load::run(opts, &mut on_progress).context("weir load")?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
