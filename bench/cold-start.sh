@@ -24,6 +24,9 @@ mkdir -p "$CARGO_HOME" "$HOME_DATA"
 pid=""
 cleanup() { [ -n "$pid" ] && pkill -INT -P "$pid" 2>/dev/null; sleep 1; rm -rf "$WORK"; }
 trap cleanup EXIT
+if nbdinfo --list nbd://127.0.0.1 >/dev/null 2>&1; then
+  echo "an NBD server already answers on 127.0.0.1:10809: stop it first" >&2; exit 2
+fi
 echo "uptime: $(uptime)"
 t0=$(date +%s.%N)
 git clone -q "$REPO" "$WORK/weir"
