@@ -648,12 +648,6 @@ pub async fn run_session(
             );
             let _ = tx.send(out.into());
         }
-        if reader.buffer().is_empty() {
-            // Nothing more buffered: the next read goes to the socket and would
-            // find it empty if the client waits for this reply (QD1). Let the writer
-            // send what completed inline first, then read.
-            tokio::task::yield_now().await;
-        }
     }
     // Stop reading; the writer finishes once every in-flight job has replied.
     drop(tx);
