@@ -22,7 +22,14 @@ export CARGO_HOME="$WORK/cargo-home"
 export HOME_DATA="$WORK/home"
 mkdir -p "$CARGO_HOME" "$HOME_DATA"
 pid=""
-cleanup() { [ -n "$pid" ] && pkill -INT -P "$pid" 2>/dev/null; sleep 1; rm -rf "$WORK"; }
+# The server is a descendant of $pid (rustup's proxy, cargo, which execs it): stop
+# the `weir` processes running in the clone.
+cleanup() {
+  for p in $(pgrep -x weir); do
+    [ "$(readlink "/proc/$p/cwd")" = "$WORK/weir" ] && kill -INT "$p" 2>/dev/null
+  done
+  sleep 1; rm -rf "$WORK"
+}
 trap cleanup EXIT
 if nbdinfo --list nbd://127.0.0.1 >/dev/null 2>&1; then
   echo "an NBD server already answers on 127.0.0.1:10809: stop it first" >&2; exit 2
@@ -42,4 +49,5 @@ t1=$(date +%s.%N)
 export_name=$(sed -n 's/^export="\(.*\)":$/\1/p' "$WORK/list.out" | head -1)
 qemu-img info "nbd://127.0.0.1:10809/$export_name" | head -2
 echo "exports listed: $(grep -c '^export=' "$WORK/list.out")"
+grep -h "Finished\|Downloaded [0-9]" "$WORK/serve.err" || true
 python3 -c "import sys; print(f'clone -> nbdinfo answers: {float(sys.argv[2]) - float(sys.argv[1]):.1f} s')" "$t0" "$t1"
