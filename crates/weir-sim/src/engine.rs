@@ -1516,7 +1516,15 @@ impl<'p> Engine<'p> {
         timeline.extend(self.model_timeline(used));
         let mut model_metrics = self.model_metrics("", self.measure_start, now);
         let mut windows = Vec::new();
-        for w in &plan.windows {
+        // A window the run never reached (e.g. with --scale-duration) is not
+        // measured at all: its figures would read as zeroes.
+        let unreached: Vec<&str> = plan
+            .windows
+            .iter()
+            .filter(|w| w.start_ns >= now)
+            .map(|w| w.name.as_str())
+            .collect();
+        for w in plan.windows.iter().filter(|w| w.start_ns < now) {
             model_metrics.extend(self.model_metrics(&w.name, w.start_ns, w.end_ns.min(now)));
             windows.push(self.window_result(w, now));
         }
@@ -1601,11 +1609,29 @@ impl<'p> Engine<'p> {
                 weir: metric_value(&report, &c.metric).unwrap_or(f64::NAN),
                 seed: c.seed,
                 source: c.source.clone(),
-                note: c.note.clone(),
+                note: match unreached
+                    .iter()
+                    .find(|w| metric_windows(&c.metric).any(|m| m == **w))
+                {
+                    Some(w) => format!(
+                        "window {w} starts after the run ends ({:.0} s): not measured",
+                        now as f64 / 1e9
+                    ),
+                    None => c.note.clone(),
+                },
             })
             .collect();
         report
     }
+}
+
+/// The window names a compare metric uses (`…@name`, also in `a / b`).
+fn metric_windows(metric: &str) -> impl Iterator<Item = &str> {
+    metric.split('@').skip(1).map(|rest| {
+        rest.split(|c: char| c.is_whitespace() || c == '/')
+            .next()
+            .unwrap_or_default()
+    })
 }
 
 const FIELDS: &[&str] = &[

@@ -471,3 +471,46 @@ fn disk_fixture_runs_with_array_qos_limit() {
         assert!(c.components.iter().any(|x| x.kind == "drive"));
     }
 }
+
+/// A window the (shortened) run never reaches is not reported as zeroes: its compare
+/// figures are n/a with a note saying why; a window inside the run is measured.
+#[test]
+fn windows_beyond_the_run_are_not_measured() {
+    let (_, text) = builtin_scenarios()
+        .iter()
+        .find(|(n, _)| *n == "qos-invariants")
+        .unwrap();
+    let text = text
+        .replacen(
+            "duration_s = 5\n",
+            "duration_s = 5\nwindow = [{ name = \"early\", start_s = 1, end_s = 3 }, { name = \"late\", start_s = 4, end_s = 5 }]\n",
+            1,
+        )
+        .replacen(
+            "seed = 1500\nsource = \"invariant: a limit is never exceeded by more than 2%\"\n",
+            "seed = 1500\nsource = \"invariant: a limit is never exceeded by more than 2%\"\n\
+             [[case.compare]]\nmetric = \"total.iops@late\"\nseed = 10000\nsource = \"test\"\n\
+             [[case.compare]]\nmetric = \"total.iops@early / total.iops@late\"\nseed = 1\nsource = \"test\"\n\
+             [[case.compare]]\nmetric = \"total.iops@early\"\nseed = 10000\nsource = \"test\"\n",
+            1,
+        );
+    let mut s = Scenario::from_toml_str("windows.toml", &text).unwrap();
+    s.retain_cases("limit");
+    s.scale_duration(0.6); // the run ends at 3 s: "late" (4-5 s) is never reached
+    let report = s.run(Some(1), &mut |_| {});
+    let c = &report.cases[0];
+    let find = |m: &str| c.comparisons.iter().find(|x| x.metric == m).unwrap();
+    for m in ["total.iops@late", "total.iops@early / total.iops@late"] {
+        let x = find(m);
+        assert!(x.weir.is_nan(), "{m}: {}", x.weir);
+        assert!(
+            x.note.contains("window late starts after the run ends"),
+            "{m}: {}",
+            x.note
+        );
+    }
+    let early = find("total.iops@early");
+    assert!(early.weir > 1000.0, "early window measured: {}", early.weir);
+    assert!(early.note.is_empty());
+    assert!(c.windows.iter().all(|w| w.name != "late"));
+}
