@@ -19,11 +19,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 WORK="$(mktemp -d)"
 export CARGO_HOME="$WORK/cargo-home"
-export HOME_DATA="$WORK/home"
-mkdir -p "$CARGO_HOME" "$HOME_DATA"
+DATA_HOME="$WORK/data-home"
+mkdir -p "$CARGO_HOME" "$DATA_HOME"
 pid=""
-# The server is a descendant of $pid (rustup's proxy, cargo, which execs it): stop
-# the `weir` processes running in the clone.
+# The server runs below rustup's proxy and cargo (which execs it): stop the `weir`
+# processes whose working directory is the clone.
 cleanup() {
   for p in $(pgrep -x weir); do
     [ "$(readlink "/proc/$p/cwd")" = "$WORK/weir" ] && kill -INT "$p" 2>/dev/null
@@ -39,7 +39,7 @@ t0=$(date +%s.%N)
 git clone -q "$REPO" "$WORK/weir"
 cd "$WORK/weir"
 # The default data directory ($XDG_DATA_HOME/weir) lands in the temp dir.
-XDG_DATA_HOME="$HOME_DATA" cargo run --release -- serve > "$WORK/serve.out" 2> "$WORK/serve.err" &
+XDG_DATA_HOME="$DATA_HOME" cargo run --release -- serve > "$WORK/serve.out" 2> "$WORK/serve.err" &
 pid=$!
 until nbdinfo --list nbd://127.0.0.1 > "$WORK/list.out" 2>&1; do
   kill -0 "$pid" 2>/dev/null || { echo "weir serve exited:"; tail -20 "$WORK/serve.err"; exit 1; }
@@ -49,5 +49,5 @@ t1=$(date +%s.%N)
 export_name=$(sed -n 's/^export="\(.*\)":$/\1/p' "$WORK/list.out" | head -1)
 qemu-img info "nbd://127.0.0.1:10809/$export_name" | head -2
 echo "exports listed: $(grep -c '^export=' "$WORK/list.out")"
-grep -h "Finished\|Downloaded [0-9]" "$WORK/serve.err" || true
+grep -h "Finished" "$WORK/serve.err" || true
 python3 -c "import sys; print(f'clone -> nbdinfo answers: {float(sys.argv[2]) - float(sys.argv[1]):.1f} s')" "$t0" "$t1"
