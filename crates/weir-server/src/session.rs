@@ -200,16 +200,18 @@ pub fn try_perform_inline(job: Job) -> Result<Done, Job> {
         return Err(job);
     }
     match job.command {
-        Command::Read { offset, length, .. } if length >= ZERO_COPY_MIN_READ_BYTES => {
-            match zero_copy_reply(&job, offset, length) {
-                Some(reply) => Ok(Done {
-                    job,
-                    reply,
-                    ok: true,
-                }),
-                None => Err(job),
-            }
+        Command::Read { offset, length, .. }
+            if length >= ZERO_COPY_MIN_READ_BYTES
+                && let Some(reply) = zero_copy_reply(&job, offset, length) =>
+        {
+            Ok(Done {
+                job,
+                reply,
+                ok: true,
+            })
         }
+        // Not sent from the page cache (partly cached, or no cachestat(2) before
+        // Linux 6.5): small enough reads are still tried without blocking.
         Command::Read { offset, length, .. } if length <= INLINE_MAX_READ_BYTES => {
             let (mut out, start) = read_reply_buffer(&job, offset, length);
             match job.volume.backend.read_nowait(offset, &mut out[start..]) {
@@ -270,6 +272,7 @@ pub fn perform(job: Job) -> Done {
     } else {
         match job.command {
             Command::Read { offset, length, .. } => {
+                // Checked here too: the emulated-device path comes straight here.
                 if length >= ZERO_COPY_MIN_READ_BYTES
                     && let Some(reply) = zero_copy_reply(&job, offset, length)
                 {
