@@ -10,7 +10,7 @@
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use weir_load::{LoadOptions, ScenarioSource, Target};
+use weir_load::{LoadOptions, LoadScenario, Target};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -51,10 +51,11 @@ fn main() {
     let vms = connections.max(1);
     let mut opts = LoadOptions::new(
         Target::parse_list(&target).expect("target"),
-        ScenarioSource::Spec(format!(
+        LoadScenario::from_spec(&format!(
             "bs=4k,{},qd={qd},vms={vms}",
             if verify { "randrw" } else { "randread" }
-        )),
+        ))
+        .expect("access specification"),
     );
     opts.verify = verify;
     opts.target_zeroed = verify;

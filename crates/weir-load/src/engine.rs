@@ -771,7 +771,7 @@ pub(crate) async fn run(
             opts.time_scale
         )));
     }
-    let scenario = LoadScenario::load(&opts.scenario)?;
+    let scenario = &opts.scenario;
     let seed = opts.seed.unwrap_or(scenario.seed);
     let scale = opts.time_scale;
     let duration = match opts.duration {

@@ -24,8 +24,9 @@
 //! driver runs on one core. Inside an existing runtime use [`run_async`] (it runs on a
 //! `LocalSet`, so the future is not `Send`; await it directly or from `block_on`).
 //!
-//! What runs ([`ScenarioSource`]): a `weir sim` scenario file (its workload part), a
-//! built-in profile, or a one-line access specification; see [`scenario`].
+//! What runs ([`ScenarioSource`], parsed by [`LoadScenario::load`]): a `weir sim`
+//! scenario file (its workload part), a built-in profile, or a one-line access
+//! specification; see [`scenario`].
 
 mod engine;
 pub mod scenario;
@@ -45,7 +46,8 @@ pub struct LoadOptions {
     /// NBD exports to drive; VMs are spread over them (a VM whose `volume` names an
     /// export goes there).
     pub targets: Vec<Target>,
-    pub scenario: ScenarioSource,
+    /// What runs, parsed ([`LoadScenario::load`]).
+    pub scenario: LoadScenario,
     /// Wall-clock run time. `None`: the scenario's `duration_s / time_scale`, or 10 s.
     pub duration: Option<Duration>,
     /// Model seconds per wall-clock second (> 0; 1 = real time).
@@ -72,7 +74,7 @@ pub struct LoadOptions {
 }
 
 impl LoadOptions {
-    pub fn new(targets: Vec<Target>, scenario: ScenarioSource) -> LoadOptions {
+    pub fn new(targets: Vec<Target>, scenario: LoadScenario) -> LoadOptions {
         LoadOptions {
             targets,
             scenario,

@@ -130,7 +130,14 @@ fn scen_err(file: &str, message: impl Into<String>) -> LoadError {
     }
 }
 
+// Parsing is `#[inline]` (as weir-sim's and weir-server's): the TOML and serde code it
+// instantiates is then compiled in its caller, the CLI, at opt-level 0, instead of at
+// opt-level 3 here (a quarter of this crate's code; it runs once, for milliseconds).
+// The engine takes a parsed scenario ([`crate::LoadOptions::scenario`]) and never
+// calls these.
 impl LoadScenario {
+    /// Reads and parses what `source` names.
+    #[inline]
     pub fn load(source: &ScenarioSource) -> Result<LoadScenario, LoadError> {
         match source {
             ScenarioSource::File(path) => {
@@ -145,6 +152,7 @@ impl LoadScenario {
     }
 
     /// A profile name or simple access specification (module docs).
+    #[inline]
     pub fn from_spec(text: &str) -> Result<LoadScenario, LoadError> {
         let err = |m: String| scen_err(text, m);
         let mut tokens = text.split(',').map(str::trim).filter(|t| !t.is_empty());
@@ -248,6 +256,7 @@ impl LoadScenario {
     }
 
     /// The workload part of a `weir sim` scenario file (module docs).
+    #[inline]
     pub fn from_toml_str(file: &str, text: &str) -> Result<LoadScenario, LoadError> {
         let root: toml::Table =
             toml::from_str(text).map_err(|e| scen_err(file, toml_message(text, &e)))?;

@@ -6,13 +6,13 @@ mod common;
 use common::{Misbehaviour, Nbdkit, TestServer};
 use std::path::PathBuf;
 use std::time::Duration;
-use weir_load::{LoadError, LoadOptions, LoadOutcome, ScenarioSource, Target};
+use weir_load::{LoadError, LoadOptions, LoadOutcome, LoadScenario, ScenarioSource, Target};
 use weir_testkit::TempDir;
 
 fn options(targets: &str, scenario: &str, seconds: f64) -> LoadOptions {
     let mut o = LoadOptions::new(
         Target::parse_list(targets).unwrap(),
-        ScenarioSource::Spec(scenario.to_string()),
+        LoadScenario::from_spec(scenario).unwrap(),
     );
     o.duration = Some(Duration::from_secs_f64(seconds));
     o.timeline_interval = Some(Duration::from_millis(250));
@@ -26,6 +26,10 @@ fn verifying(targets: &str, scenario: &str, seconds: f64, zeroed: bool) -> LoadO
     o.verify = true;
     o.target_zeroed = zeroed;
     o
+}
+
+fn scenario_file(path: PathBuf) -> LoadScenario {
+    LoadScenario::load(&ScenarioSource::File(path)).unwrap()
 }
 
 fn run(o: LoadOptions) -> LoadOutcome {
@@ -96,8 +100,8 @@ fn verify_against_nbdkit_memory_finds_no_mismatch() {
     drop(k);
     let k = Nbdkit::start(&["memory", "64M"]);
     let (_tmp, path) = write_temp("mixed.toml", MIXED_TOML);
-    let mut o = verifying(&k.uri(), "", 1.5, true);
-    o.scenario = ScenarioSource::File(path);
+    let mut o = verifying(&k.uri(), "bs=4k", 1.5, true);
+    o.scenario = scenario_file(path);
     o.connections = Some(2);
     let out = run(o);
     let v = out.verify.clone().unwrap();
@@ -339,7 +343,7 @@ count = 6
     let (_tmp, path) = write_temp("bursty.toml", toml);
     let mut o = LoadOptions::new(
         Target::parse_list(&format!("{},{}", a.uri(), b.uri())).unwrap(),
-        ScenarioSource::File(path),
+        scenario_file(path),
     );
     o.time_scale = 4.0;
     o.connections = Some(3);
@@ -529,8 +533,8 @@ model = "sql"
 count = 2
 "#;
     let (_tmp, path) = write_temp("oltp.toml", toml);
-    let mut o = verifying(&server.uri(), "", 1.5, true);
-    o.scenario = ScenarioSource::File(path);
+    let mut o = verifying(&server.uri(), "bs=4k", 1.5, true);
+    o.scenario = scenario_file(path);
     o.time_scale = 2.0;
     let out = run(o);
     assert!(out.passed(), "{:?}", out.failures());

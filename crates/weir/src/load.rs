@@ -6,7 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
-use weir_load::{LoadOptions, LoadOutcome, ScenarioSource, Target};
+use weir_load::{LoadOptions, LoadOutcome, LoadScenario, ScenarioSource, Target};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct LoadArgs {
@@ -94,10 +94,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 impl LoadArgs {
     pub fn options(&self) -> Result<LoadOptions> {
         let targets = Target::parse_list(&self.target.join(","))?;
-        let mut o = LoadOptions::new(
-            targets,
-            ScenarioSource::parse(&self.scenario, weir_sim::builtin_scenarios()),
-        );
+        let scenario = LoadScenario::load(&ScenarioSource::parse(
+            &self.scenario,
+            weir_sim::builtin_scenarios(),
+        ))?;
+        let mut o = LoadOptions::new(targets, scenario);
         o.duration = self.duration;
         o.time_scale = self.time_scale;
         o.connections = self.connections;
@@ -236,7 +237,7 @@ mod tests {
             ),
             (10.0, Some(8), true, true, Some(3))
         );
-        assert_eq!(o.scenario, ScenarioSource::Spec("bs=4k,randrw".into()));
+        assert_eq!(o.scenario, LoadScenario::from_spec("bs=4k,randrw").unwrap());
         assert_eq!(o.final_check_bytes, 1 << 20);
         let cli = Cli::try_parse_from([
             "weir-load",
