@@ -873,7 +873,7 @@ pub(crate) async fn run(
             streams.push((t as u32, stream, session));
         }
     }
-    let plan = layout(&scenario, &opts.targets, &sizes)?;
+    let plan = layout(scenario, &opts.targets, &sizes)?;
 
     // VMs and their generators.
     let mut conn_of_target: Vec<Vec<usize>> = vec![vec![]; n_targets];
@@ -1207,7 +1207,7 @@ pub(crate) async fn run(
         .into_inner();
     Ok(build_outcome(
         core,
-        &scenario,
+        scenario,
         &opts,
         seed,
         plan.notes,
