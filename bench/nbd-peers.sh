@@ -4,6 +4,7 @@
 #   REPS=2 RUNTIME=4 bench/nbd-peers.sh
 #   SERVERS_ONLY="weir-qos nbdkit" CELLS_MATCH=qd1 bench/nbd-peers.sh   # a subset
 #   PIN=split bench/nbd-peers.sh  # servers on CPU 1, fio on CPU 0 (PIN=same: all on CPU 0)
+#   BUSY_POLL_US=0 bench/nbd-peers.sh   # weir's busy_poll_us (default: the server's, 50)
 # On a small VM the QD1 cells mostly measure where the scheduler puts the two ends:
 # a request and its reply each wake the other side's vCPU when they run apart
 # (≈ 4× the round trip of running together, for every server). Unpinned, that
@@ -52,6 +53,7 @@ for p in qos raw direct; do ln -s "$FILE" "$WORK/data/pools/$p/bench-$p.img"; do
 
 P_WEIR=10909; P_ADMIN=10910; P_NBDKIT=10911; P_QEMU=10912; P_NBDSRV=10913
 cat > "$WORK/weir.toml" <<EOF
+${BUSY_POLL_US:+busy_poll_us = $BUSY_POLL_US}
 listen = "127.0.0.1:$P_WEIR"
 admin_listen = "127.0.0.1:$P_ADMIN"
 data_dir = "$WORK/data"

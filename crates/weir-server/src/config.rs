@@ -5,6 +5,8 @@
 //! listen = "127.0.0.1:10809"        # NBD (default)
 //! admin_listen = "127.0.0.1:10810"  # admin HTTP API (default)
 //! data_dir = "/var/lib/weir"        # default: $XDG_DATA_HOME/weir, ~/.local/share/weir, ./weir-data
+//! busy_poll_us = 50                 # poll a socket this long before sleeping while its
+//!                                   # client waits on its last reply (QD1); 0: off
 //!
 //! [[pools]]
 //! name = "default"                  # a directory data_dir/pools/<name> of sparse files
@@ -68,6 +70,11 @@ pub struct WeirConfig {
     pub access_groups: Vec<AccessGroupConfig>,
     #[serde(default)]
     pub volumes: Vec<VolumeConfig>,
+    /// Longest a connection polls its socket, in microseconds, before its thread
+    /// sleeps while the client waits on its last reply (0: never poll; see
+    /// `busy_poll`). Costs CPU only while a client is actively waiting on us.
+    #[serde(default = "default_busy_poll_us")]
+    pub busy_poll_us: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -200,6 +207,9 @@ fn default_admin_listen() -> SocketAddr {
 fn default_max_in_flight() -> u32 {
     DEFAULT_MAX_IN_FLIGHT
 }
+fn default_busy_poll_us() -> u32 {
+    crate::busy_poll::DEFAULT_BUSY_POLL_US
+}
 fn default_true() -> bool {
     true
 }
@@ -313,6 +323,16 @@ impl WeirConfig {
     /// Semantic checks; on error, a string to locate (a `name = "…"` line) and the message.
     fn validate(&self) -> Result<(), (Option<String>, String)> {
         let at = |name: &str| Some(format!("name = \"{name}\""));
+        let max_poll = crate::busy_poll::MAX_BUSY_POLL_US;
+        if self.busy_poll_us > max_poll {
+            return Err((
+                Some("busy_poll_us".into()),
+                format!(
+                    "busy_poll_us: must be 0-{max_poll}, got {}",
+                    self.busy_poll_us
+                ),
+            ));
+        }
         let mut catalog = PolicyCatalog::new();
         for (i, p) in self.policies.iter().enumerate() {
             catalog
@@ -392,8 +412,16 @@ impl WeirConfig {
     }
 }
 
+/// The line that is `needle` (a `name = "…"` line), or whose key is `needle`.
 fn find_line(text: &str, needle: &str) -> Option<usize> {
-    text.lines().position(|l| l.trim() == needle).map(|i| i + 1)
+    text.lines()
+        .position(|l| {
+            let l = l.trim();
+            l == needle
+                || l.split_once('=')
+                    .is_some_and(|(key, _)| key.trim() == needle)
+        })
+        .map(|i| i + 1)
 }
 
 const EMBEDDED_DEFAULT: &str = r#"
@@ -496,6 +524,18 @@ mod tests {
         let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
         assert_eq!(e.line, Some(3), "{e}");
         assert!(e.message.contains("a size"), "{e}");
+    }
+
+    #[test]
+    fn busy_poll_defaults_on_and_is_bounded() {
+        let c = WeirConfig::from_toml_str("", "w.toml").unwrap();
+        assert_eq!(c.busy_poll_us, crate::busy_poll::DEFAULT_BUSY_POLL_US);
+        let c = WeirConfig::from_toml_str("busy_poll_us = 0\n", "w.toml").unwrap();
+        assert_eq!(c.busy_poll_us, 0);
+        let text = "listen = \"127.0.0.1:1\"\nbusy_poll_us = 5000\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("busy_poll_us: must be 0-1000"), "{e}");
     }
 
     #[test]

@@ -23,6 +23,7 @@
 pub mod access;
 pub mod admin;
 pub mod backend;
+pub mod busy_poll;
 pub mod config;
 pub mod device;
 pub mod metrics;

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use tokio::net::TcpListener;
@@ -25,6 +25,8 @@ pub struct ServerState {
     pub metrics: Metrics,
     clients: Mutex<HashMap<IpAddr, ClientId>>,
     pub started: Instant,
+    /// Longest busy poll of a connection waiting on its client (`busy_poll_us`).
+    pub busy_poll: Duration,
 }
 
 impl ServerState {
@@ -67,6 +69,7 @@ impl ServerState {
             metrics: Metrics::default(),
             clients: Mutex::new(HashMap::new()),
             started: epoch,
+            busy_poll: Duration::from_micros(config.busy_poll_us.into()),
         })
     }
 

@@ -6,6 +6,7 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,7 @@ use weir_nbd::{
 use weir_qos::{ClientId, IoCost, IoKind};
 
 use crate::access::canonical;
+use crate::busy_poll::{BusyPoll, poll_until};
 use crate::metrics::{IoCounters, OpKind};
 use crate::server::ServerState;
 use crate::store::OpenVolume;
@@ -457,6 +459,9 @@ pub async fn run_session(
     let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
     let buffers = Arc::new(ReplyBuffers::default());
     let recycle = buffers.clone();
+    let unanswered = Arc::new(AtomicUsize::new(0));
+    let answered = unanswered.clone();
+    let mut busy_poll = BusyPoll::new(state.busy_poll);
     let writer = tokio::spawn(async move {
         // Small replies that are ready together go out in one write.
         let mut wr = tokio::io::BufWriter::with_capacity(64 * 1024, wr);
@@ -489,6 +494,7 @@ pub async fn run_session(
                         }
                     }
                 }
+                answered.fetch_sub(1, Ordering::Relaxed);
                 next = rx.try_recv().ok();
             }
             if wr.flush().await.is_err() {
@@ -531,13 +537,25 @@ pub async fn run_session(
                     _ => break,
                 }
             }
-            None => tokio::select! {
-                r = reader.read_exact(&mut h) => if r.is_err() { break },
-                _ = shutdown.changed() => {
-                    drain_until = Some(Instant::now() + SHUTDOWN_DRAIN);
-                    continue;
+            None => {
+                // A client waiting on its last reply: poll before sleeping (busy_poll).
+                let window = busy_poll.window(unanswered.load(Ordering::Relaxed));
+                let started = Instant::now();
+                let read = std::pin::pin!(reader.read_exact(&mut h));
+                let deadline = started + window.unwrap_or_default();
+                tokio::select! {
+                    (r, waited) = poll_until(read, deadline) => {
+                        if r.is_err() {
+                            break;
+                        }
+                        busy_poll.request_read(waited.then(|| started.elapsed()), window.is_some());
+                    }
+                    _ = shutdown.changed() => {
+                        drain_until = Some(Instant::now() + SHUTDOWN_DRAIN);
+                        continue;
+                    }
                 }
-            },
+            }
         }
         let header = match RequestHeader::decode(&h) {
             Ok(h) => h,
@@ -546,6 +564,8 @@ pub async fn run_session(
                 break;
             }
         };
+        // Every request but DISC gets exactly one reply (the writer counts them out).
+        unanswered.fetch_add(1, Ordering::Relaxed);
         let buffered =
             matches!(header.command, CMD_READ | CMD_WRITE) && header.length <= max_payload;
         let buffer = if buffered {
