@@ -37,6 +37,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         config.admin_listen = addr;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.worker_threads())
         .enable_all()
         .build()
         .context("starting the async runtime")?;
