@@ -3,6 +3,9 @@
 # callgrind: a deterministic A/B figure for changes to the server or to the build
 # profile (CPU time on this VM moves ±15 % between runs; this moves < 1 %).
 #   bench/server-instructions.sh [WEIR_BINARY]    # default: target/release/weir
+#   QOS=false bench/server-instructions.sh         # the pool bypasses the QoS scheduler
+#   BUSY_POLL_US=0 bench/server-instructions.sh    # busy polling off (its loops add
+#                                                  # timing-dependent instructions)
 # The job (fio, nbd engine, 4,000 I/Os each): 4 KiB randwrite QD32, 4 KiB randread
 # QD32, 4 KiB randwrite QD1, 1 MiB sequential write QD4, on a 256 MiB volume (QoS on,
 # best-effort policy). The count covers the whole process, start-up and shutdown
@@ -26,11 +29,13 @@ trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$W"' EXIT
 mkdir -p "$W/data/pools/qos"
 PORT=10959
 cat > "$W/weir.toml" <<T
+busy_poll_us = ${BUSY_POLL_US:-50}
 listen = "127.0.0.1:$PORT"
 admin_listen = "127.0.0.1:$((PORT + 1))"
 data_dir = "$W/data"
 [[pools]]
 name = "qos"
+qos = ${QOS:-true}
 [[policies]]
 name = "best-effort"
 [[volumes]]
@@ -52,3 +57,5 @@ kill -INT "$pid"; wait "$pid" || true; pid=""
 n=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$W/serve.err")
 [ -n "$n" ] || { echo "no callgrind total; server log:"; tail -20 "$W/serve.err"; exit 1; }
 echo "weir serve instructions for the fixed job: $n"
+# Keep the profile for callgrind_annotate: CALLGRIND_OUT=/path bench/server-instructions.sh
+[ -z "${CALLGRIND_OUT:-}" ] || cp "$W/callgrind.out" "$CALLGRIND_OUT"

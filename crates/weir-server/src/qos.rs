@@ -33,13 +33,34 @@ use weir_qos::{
 use crate::device::EmulatedDevice;
 use crate::session::Job;
 
+/// CLOCK_MONOTONIC (the clock `Instant` reads on Linux) in nanoseconds, without
+/// `Instant`'s `Duration` arithmetic: the pool reads it several times per I/O
+/// (that arithmetic was a quarter of the QoS path's instructions).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+thread_local! {
+    /// The requests a pump releases, collected under the scheduler lock and started
+    /// after it: one buffer per thread, reused (a nested pump finds it empty and
+    /// uses a fresh one).
+    static RELEASED: std::cell::Cell<Vec<Dispatched<Job>>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 pub struct QosPool {
     pub name: String,
     scheduler: Mutex<Scheduler<Job>>,
     wake: Notify,
     in_flight: AtomicUsize,
     max_in_flight: usize,
-    epoch: Instant,
+    /// CLOCK_MONOTONIC at the server's epoch, ns (the scheduler's time zero).
+    epoch_ns: u64,
     device: Option<Arc<EmulatedDevice>>,
     congestion: Option<Mutex<Congestion>>,
     /// `false`: requests bypass the scheduler (pool option `qos = false`).
@@ -89,7 +110,7 @@ impl QosPool {
             wake: Notify::new(),
             in_flight: AtomicUsize::new(0),
             max_in_flight: max_in_flight.max(1) as usize,
-            epoch,
+            epoch_ns: monotonic_ns().saturating_sub(epoch.elapsed().as_nanos() as u64),
             device,
             congestion: None,
             qos: true,
@@ -135,7 +156,7 @@ impl QosPool {
 
     /// Nanoseconds since the server's epoch (the scheduler's clock).
     pub fn now_ns(&self) -> Nanos {
-        self.epoch.elapsed().as_nanos() as Nanos
+        monotonic_ns().saturating_sub(self.epoch_ns)
     }
 
     fn lock(&self) -> MutexGuard<'_, Scheduler<Job>> {
@@ -408,12 +429,15 @@ impl QosPool {
     fn pump(self: &Arc<Self>) -> Option<Nanos> {
         loop {
             let mut wake_at: Option<Nanos> = None;
-            let mut released: Vec<Dispatched<Job>> = Vec::new();
+            // This thread's buffer (keeps its capacity: no allocation per I/O).
+            let mut released = RELEASED.take();
             {
                 let mut s = self.lock();
+                // One clock reading per batch: its decisions are taken at one instant.
+                let now = self.now_ns();
                 // `in_flight` only grows under the scheduler lock: the bound is exact.
                 while self.in_flight.load(Ordering::Acquire) < self.max_in_flight {
-                    match s.dispatch(self.now_ns()) {
+                    match s.dispatch(now) {
                         Dispatch::Io(d) => {
                             self.in_flight.fetch_add(1, Ordering::AcqRel);
                             released.push(d);
@@ -427,7 +451,7 @@ impl QosPool {
                 }
             }
             let mut finished_inline = false;
-            for d in released {
+            for d in released.drain(..) {
                 let Dispatched {
                     volume,
                     client,
@@ -440,6 +464,7 @@ impl QosPool {
                     .clone()
                     .start(Some((volume, client, cost, enqueued_at)), job);
             }
+            RELEASED.set(released);
             // Requests that completed inline made room: release more (a loop, not
             // recursion, so a deep queue cannot grow the stack).
             if !finished_inline {
