@@ -6,8 +6,8 @@
 //! server's thread has gone to sleep in the meantime, that request must wake it: on a
 //! virtual machine an idle vCPU has halted, and the wake-up (an inter-processor
 //! interrupt through the hypervisor) costs tens of microseconds — as much as the
-//! I/O itself. Measured on the 2-vCPU test VM: 4 KiB QD1 writes 14–16 k IOPS
-//! sleeping, 29–32 k polling for up to 50 µs (docs/PERFORMANCE.md).
+//! I/O itself. Measured on the 2-vCPU test VM (A/B, interleaved): 4 KiB QD1 writes
+//! 11.3–11.8 k IOPS sleeping, 21.2–23.8 k polling for up to 50 µs (docs/PERFORMANCE.md).
 //!
 //! So, as KVM's halt polling does for a vCPU, the reader keeps polling its socket for
 //! a short window before it sleeps, and adapts the window to what waiting has paid:
