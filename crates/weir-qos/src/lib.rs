@@ -16,15 +16,23 @@
 //! column count them).
 
 pub mod congestion;
+pub mod depth;
+mod fair;
+pub mod gate;
 mod heap;
 pub mod policy;
 pub mod scheduler;
 
 pub use congestion::{CongestionConfig, CongestionError, DatastoreLatency, HostWindow};
+pub use depth::{DepthConfig, DepthController};
+pub use fair::Piece;
+pub use gate::{
+    Finished, Gate, GateConfig, GateRequest, HostWindowStats, Rejected, Release, Ticket,
+};
 pub use policy::{Policy, PolicyCatalog, PolicyError, ServiceLevel, Shares};
 pub use scheduler::{
-    ClientStats, Dispatch, Dispatched, IoCost, IoKind, Phase, Scheduler, SchedulerConfig,
-    VolumeStats,
+    ClientStats, Dispatch, Dispatched, IoCost, IoKind, PACE_QUANTUM_NS, Phase, Scheduler,
+    SchedulerConfig, VolumeStats,
 };
 
 /// Nanoseconds on the driver's clock (virtual or real).

@@ -104,9 +104,10 @@
 //! `enqueue`, `dispatch` and `complete` are O(log n) in the number of backlogged
 //! volumes, with no allocation per request beyond the volume's FIFO.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::fair::{Piece, Queued, VolumeQueue};
 use crate::heap::IndexedHeap;
 use crate::{ClientId, Nanos, Policy, PolicyError, VolumeId};
 
@@ -153,13 +154,37 @@ fn secs_to_ticks(seconds: f64) -> u128 {
     }
 }
 
-/// What kind of request (only size and direction matter for cost).
+/// What kind of request (its kind and size decide its cost; see the module docs).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum IoKind {
     Read,
     Write,
-    /// Flush, trim, zero, cache…: costs one unit, moves no data.
+    /// Reads its range into a cache (NBD_CMD_CACHE): costs what a read of it costs.
+    Cache,
+    /// Discards its range: its bytes times `SchedulerConfig::trim_cost_factor`.
+    Trim,
+    /// Writes zeroes over its range: its bytes times `zero_cost_factor`.
+    WriteZeroes,
+    /// One operation, no bytes.
+    Flush,
+    /// Anything else (block status…): one operation, no bytes.
     Other,
+}
+
+impl IoKind {
+    /// Whether a request of this kind covers a range that can be released in pieces.
+    pub fn has_range(self) -> bool {
+        !matches!(self, IoKind::Flush | IoKind::Other)
+    }
+}
+
+/// What a request covers: its kind and byte range on the volume.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct IoRange {
+    pub kind: IoKind,
+    pub offset: u64,
+    /// Bytes (ignored for kinds without a range).
+    pub length: u32,
 }
 
 /// The cost-relevant shape of a request.
@@ -188,11 +213,12 @@ impl IoCost {
             size_bytes: 0,
         }
     }
-    /// Bytes moved (0 for `Other`).
+    /// Bytes the request covers (0 for `Flush` and `Other`).
     pub fn bytes(&self) -> u64 {
-        match self.kind {
-            IoKind::Other => 0,
-            IoKind::Read | IoKind::Write => self.size_bytes as u64,
+        if self.kind.has_range() {
+            self.size_bytes as u64
+        } else {
+            0
         }
     }
     /// I/Os charged against IOPS figures: `max(1, ceil(bytes / cost_unit_bytes))`;
@@ -213,13 +239,91 @@ pub struct SchedulerConfig {
     /// `u32::MAX` counts every request as one I/O whatever its size (what
     /// ESXi 5.0 did, see scenarios/sioc-shares.toml). 0 is treated like `u32::MAX`.
     pub cost_unit_bytes: u32,
+    /// A TRIM is charged its length times this (0–1, default 1: QEMU's throttling
+    /// counts a discard's bytes as written bytes).
+    pub trim_cost_factor: f64,
+    /// A WRITE_ZEROES is charged its length times this (0–1, default 1, as QEMU).
+    pub zero_cost_factor: f64,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
             cost_unit_bytes: 4096,
+            trim_cost_factor: 1.0,
+            zero_cost_factor: 1.0,
         }
+    }
+}
+
+/// How long a piece of a large request may take of its volume's limit: requests
+/// that would take longer are released in pieces this long, so a limit is never
+/// passed by more than one piece (and a small request behind a large one on the
+/// same volume waits at most one piece).
+pub const PACE_QUANTUM_NS: Nanos = 5_000_000;
+
+impl SchedulerConfig {
+    /// A config with only the cost unit set (factors at their defaults).
+    pub fn with_cost_unit(cost_unit_bytes: u32) -> SchedulerConfig {
+        SchedulerConfig {
+            cost_unit_bytes,
+            ..SchedulerConfig::default()
+        }
+    }
+
+    fn factor(&self, kind: IoKind) -> f64 {
+        let f = match kind {
+            IoKind::Trim => self.trim_cost_factor,
+            IoKind::WriteZeroes => self.zero_cost_factor,
+            _ => 1.0,
+        };
+        if f.is_finite() {
+            f.clamp(0.0, 1.0)
+        } else {
+            1.0
+        }
+    }
+
+    /// Bytes a request is charged against MB/s figures: reads, writes and CACHE their
+    /// length, TRIM and WRITE_ZEROES their length times the factor, others 0.
+    pub fn charged_bytes(&self, cost: IoCost) -> u64 {
+        match cost.kind {
+            IoKind::Trim | IoKind::WriteZeroes => {
+                (cost.bytes() as f64 * self.factor(cost.kind)).ceil() as u64
+            }
+            _ => cost.bytes(),
+        }
+    }
+
+    /// I/Os a request is charged against IOPS figures:
+    /// `max(1, ceil(charged_bytes / cost_unit_bytes))`.
+    pub fn units(&self, cost: IoCost) -> u64 {
+        let unit = self.cost_unit_bytes;
+        if unit == 0 || unit == u32::MAX {
+            return 1;
+        }
+        self.charged_bytes(cost).div_ceil(unit as u64).max(1)
+    }
+
+    /// Bytes every request costs at least against a MB/s *limit*: one cost unit
+    /// (4 KiB when requests are counted whole), so that a flood of flushes or
+    /// zero-length requests cannot pass a MB/s-only limit for free.
+    pub fn min_limit_bytes(&self) -> u64 {
+        match self.cost_unit_bytes {
+            0 | u32::MAX => 4096,
+            u => u as u64,
+        }
+    }
+
+    /// The longest piece (bytes of the request) of a `kind` request whose charged
+    /// bytes are at most `charged` (at least 4 KiB, a multiple of 4 KiB).
+    fn piece_length(&self, kind: IoKind, charged: u64) -> u32 {
+        let f = self.factor(kind);
+        if f <= 0.0 {
+            return 0;
+        }
+        let len = ((charged as f64 / f) as u64) & !4095;
+        len.clamp(4096, u32::MAX as u64 & !4095) as u32
     }
 }
 
@@ -237,7 +341,10 @@ pub enum Phase {
 pub struct Dispatched<T> {
     pub volume: VolumeId,
     pub client: ClientId,
+    /// What this release is charged for: the piece's kind and length.
     pub cost: IoCost,
+    /// The part of the request released (the whole of it unless it is paced).
+    pub piece: Piece,
     pub enqueued_at: Nanos,
     pub phase: Phase,
     pub payload: T,
@@ -293,6 +400,9 @@ struct Rates {
     burst_ticks: u128,
     limit_slack_ticks: u128,
     reservation_lag_ticks: u128,
+    /// The most a piece may be charged (bytes) so that it takes at most
+    /// `PACE_QUANTUM_NS` of the limit; `None` without a limit (never split).
+    piece_charged_bytes: Option<u64>,
 }
 
 fn per_unit(rate: Option<f64>) -> Option<f64> {
@@ -301,7 +411,7 @@ fn per_unit(rate: Option<f64>) -> Option<f64> {
 }
 
 impl Rates {
-    fn from_policy(policy: &Policy) -> Rates {
+    fn from_policy(policy: &Policy, config: &SchedulerConfig) -> Rates {
         let rank = policy
             .service_level
             .map_or(LEVELS - 1, |l| l.rank().min(LEVELS - 1));
@@ -311,13 +421,32 @@ impl Rates {
             .map(|t| t * 1e6);
         let protectable = rank < PROTECTABLE_LEVELS;
         let burst_ticks = secs_to_ticks(policy.burst_seconds);
+        let limit_per_unit = per_unit(policy.effective_limit_iops());
+        let limit_per_byte = per_unit(policy.limit_mbps.map(|m| m * crate::BYTES_PER_MB));
+        let quantum = ticks(PACE_QUANTUM_NS) as f64;
+        let unit_bytes = match config.cost_unit_bytes {
+            0 | u32::MAX => None,
+            u => Some(u as f64),
+        };
+        // Bytes that take one quantum of each limit (IOPS limits only when requests
+        // are counted by size).
+        let by_iops = limit_per_unit
+            .zip(unit_bytes)
+            .map(|(k, unit)| (quantum / k).floor().max(1.0) * unit);
+        let by_mbps = limit_per_byte.map(|k| (quantum / k).max(1.0));
+        let piece_charged_bytes = match (by_iops, by_mbps) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+        .map(|b| b as u64);
         Rates {
             reservation_per_unit: per_unit(policy.reservation_iops),
             reservation_per_byte: per_unit(
                 policy.reservation_mbps.map(|m| m * crate::BYTES_PER_MB),
             ),
-            limit_per_unit: per_unit(policy.effective_limit_iops()),
-            limit_per_byte: per_unit(policy.limit_mbps.map(|m| m * crate::BYTES_PER_MB)),
+            limit_per_unit,
+            limit_per_byte,
+            piece_charged_bytes,
             shares: policy.shares.get().max(1) as u128,
             rank,
             risk_age_ns: target_ns
@@ -329,6 +458,14 @@ impl Rates {
             burst_ticks,
             limit_slack_ticks: burst_ticks.max(ticks(LIMIT_SLACK_NS)),
             reservation_lag_ticks: burst_ticks.max(ticks(RESERVATION_LAG_NS)),
+        }
+    }
+
+    /// The longest piece of a `kind` request this volume releases at once (0: whole).
+    fn max_piece_length(&self, config: &SchedulerConfig, kind: IoKind) -> u32 {
+        match self.piece_charged_bytes {
+            Some(charged) if kind.has_range() => config.piece_length(kind, charged),
+            _ => 0,
         }
     }
 
@@ -378,14 +515,6 @@ impl Rates {
     }
 }
 
-#[derive(Debug)]
-struct Queued<T> {
-    client: ClientId,
-    cost: IoCost,
-    enqueued_at: Nanos,
-    payload: T,
-}
-
 /// The last release that moved a tag: its start tag and cost, so a policy change
 /// can retag the queued requests with the new rates.
 #[derive(Copy, Clone, Debug, Default)]
@@ -400,7 +529,7 @@ struct Volume<T> {
     id: VolumeId,
     policy: Policy,
     rates: Rates,
-    queue: VecDeque<Queued<T>>,
+    queue: VolumeQueue<T>,
     next_r: u128,
     next_l: u128,
     next_p: u128,
@@ -489,12 +618,12 @@ impl<T> Scheduler<T> {
             self.set_policy(now, volume, policy);
             return;
         }
-        let rates = Rates::from_policy(&policy);
+        let rates = Rates::from_policy(&policy, &self.config);
         let state = Volume {
             id: volume,
             policy,
             rates,
-            queue: VecDeque::new(),
+            queue: VolumeQueue::default(),
             next_r: ticks(now),
             next_l: 0,
             next_p: self.share_vtime,
@@ -560,10 +689,11 @@ impl<T> Scheduler<T> {
         }
         let now_t = ticks(now);
         let vtime = self.share_vtime;
+        let rates = Rates::from_policy(&policy, &self.config);
         let Some(v) = self.volume_mut(slot) else {
             return;
         };
-        v.rates = Rates::from_policy(&policy);
+        v.rates = rates;
         v.policy = policy;
         let floor_r = now_t.saturating_sub(v.rates.burst_ticks);
         v.next_r = match v.last_r {
@@ -600,7 +730,7 @@ impl<T> Scheduler<T> {
         };
         self.free_slots.push(slot);
         self.queued -= v.queue.len();
-        v.queue.into_iter().map(|q| q.payload).collect()
+        v.queue.drain().collect()
     }
 
     /// Queues a request. Unknown volumes are an error the driver reports.
@@ -619,17 +749,95 @@ impl<T> Scheduler<T> {
             return Err(PolicyError::UnknownVolume(volume.0));
         };
         let was_idle = v.queue.is_empty();
-        v.queue.push_back(Queued {
+        v.queue.push_back(
             client,
-            cost,
-            enqueued_at: now,
-            payload,
-        });
+            Queued {
+                kind: cost.kind,
+                offset: 0,
+                remaining: cost.size_bytes,
+                split: None,
+                enqueued_at: now,
+                payload,
+            },
+        );
         self.queued += 1;
         if was_idle {
             self.activate(slot, now);
         }
         Ok(())
+    }
+
+    /// Queues a request for `length` bytes at `offset` of the volume. Under a limit,
+    /// a request that would take more than [`PACE_QUANTUM_NS`] of it is released in
+    /// pieces ([`Dispatched::piece`]; each piece carries a clone of the payload, the
+    /// last one the payload itself), each charged before it is released.
+    pub fn enqueue_range(
+        &mut self,
+        now: Nanos,
+        volume: VolumeId,
+        client: ClientId,
+        range: IoRange,
+        payload: T,
+    ) -> Result<(), PolicyError>
+    where
+        T: Clone,
+    {
+        let IoRange {
+            kind,
+            offset,
+            length,
+        } = range;
+        let Some(&slot) = self.index.get(&volume) else {
+            return Err(PolicyError::UnknownVolume(volume.0));
+        };
+        let Some(v) = self.volume_mut(slot) else {
+            return Err(PolicyError::UnknownVolume(volume.0));
+        };
+        let was_idle = v.queue.is_empty();
+        v.queue.push_back(
+            client,
+            Queued {
+                kind,
+                offset,
+                remaining: if kind.has_range() { length } else { 0 },
+                split: Some(T::clone),
+                enqueued_at: now,
+                payload,
+            },
+        );
+        self.queued += 1;
+        if was_idle {
+            self.activate(slot, now);
+        }
+        Ok(())
+    }
+
+    /// Takes out the queued requests of `volume` for which `pred` holds (their
+    /// payloads, for the driver to fail or move); the rest stay queued.
+    pub fn extract(
+        &mut self,
+        now: Nanos,
+        volume: VolumeId,
+        pred: impl FnMut(&T) -> bool,
+    ) -> Vec<T> {
+        let Some(&slot) = self.index.get(&volume) else {
+            return Vec::new();
+        };
+        let backlogged = self.volume(slot).is_some_and(|v| !v.queue.is_empty());
+        if !backlogged {
+            return Vec::new();
+        }
+        self.unplace(slot);
+        let Some(v) = self.volume_mut(slot) else {
+            return Vec::new();
+        };
+        let out = v.queue.extract(pred);
+        let still = !v.queue.is_empty();
+        self.queued -= out.len();
+        if still {
+            self.refresh(slot, now);
+        }
+        out
     }
 
     pub fn dispatch(&mut self, now: Nanos) -> Dispatch<T> {
@@ -765,13 +973,13 @@ impl<T> Scheduler<T> {
         let Some(v) = self.index.get(&volume).and_then(|&s| self.volume(s)) else {
             return false;
         };
-        let Some(head) = v.queue.front() else {
+        let Some(oldest) = v.queue.oldest_enqueued_at() else {
             return false;
         };
         v.ewma_at_risk
             || v.rates
                 .risk_age_ns
-                .is_some_and(|age| now.saturating_sub(head.enqueued_at) >= age)
+                .is_some_and(|age| now.saturating_sub(oldest) >= age)
     }
 
     fn volume(&self, slot: u32) -> Option<&Volume<T>> {
@@ -825,7 +1033,7 @@ impl<T> Scheduler<T> {
         let Some(v) = self.volumes.get_mut(slot as usize).and_then(Option::as_mut) else {
             return;
         };
-        let Some(head) = v.queue.front() else {
+        let Some(oldest) = v.queue.oldest_enqueued_at() else {
             return;
         };
         let rank = v.rates.rank;
@@ -834,7 +1042,7 @@ impl<T> Scheduler<T> {
         // its own limit cannot be helped by reordering.
         match v.rates.risk_age_ns {
             Some(age) if !held => {
-                self.age_risk_heaps[rank].set(slot, head.enqueued_at as u128 + age as u128);
+                self.age_risk_heaps[rank].set(slot, oldest as u128 + age as u128);
                 if !v.risk_tracked && v.ewma_at_risk {
                     self.ewma_at_risk_backlogged[rank] += 1;
                 }
@@ -892,12 +1100,30 @@ impl<T> Scheduler<T> {
         protected: bool,
     ) -> Option<Dispatched<T>> {
         let now_t = ticks(now);
-        let unit_bytes = self.config.cost_unit_bytes;
+        let config = &self.config;
         let vtime = self.share_vtime;
         let v = self.volumes.get_mut(slot as usize)?.as_mut()?;
-        let req = v.queue.pop_front()?;
-        let units = req.cost.units(unit_bytes);
-        let bytes = req.cost.bytes();
+        let rates = &v.rates;
+        let (client, piece, kind, enqueued_at, payload) = v.queue.take(
+            |kind| rates.max_piece_length(config, kind),
+            |kind, length| {
+                config.units(IoCost {
+                    kind,
+                    size_bytes: length,
+                })
+            },
+        )?;
+        let cost = IoCost {
+            kind,
+            size_bytes: piece.length,
+        };
+        let units = config.units(cost);
+        let bytes = config.charged_bytes(cost);
+        let limit_bytes = if bytes == 0 {
+            config.min_limit_bytes()
+        } else {
+            bytes
+        };
         if phase == Phase::Reservation {
             v.next_r = v
                 .next_r
@@ -916,9 +1142,9 @@ impl<T> Scheduler<T> {
         v.last_l = Some(LastRelease {
             base: l_base,
             units,
-            bytes,
+            bytes: limit_bytes,
         });
-        v.next_l = l_base + v.rates.limit_increment(units, bytes);
+        v.next_l = l_base + v.rates.limit_increment(units, limit_bytes);
         let p_base = if protected {
             v.next_p.min(vtime)
         } else {
@@ -934,14 +1160,16 @@ impl<T> Scheduler<T> {
             v.stats.protected_dispatches += 1;
         }
         v.stats.dispatched_ios += 1;
-        v.stats.dispatched_bytes += bytes;
+        v.stats.dispatched_bytes += cost.bytes();
         v.stats.dispatched_units += units;
         let volume = v.id;
         let now_empty = v.queue.is_empty();
         if phase == Phase::Share && !protected {
             self.share_vtime = self.share_vtime.max(p_base);
         }
-        self.queued -= 1;
+        if piece.last {
+            self.queued -= 1;
+        }
         if now_empty {
             self.unplace(slot);
         } else {
@@ -949,11 +1177,12 @@ impl<T> Scheduler<T> {
         }
         Some(Dispatched {
             volume,
-            client: req.client,
-            cost: req.cost,
-            enqueued_at: req.enqueued_at,
+            client,
+            cost,
+            piece,
+            enqueued_at,
             phase,
-            payload: req.payload,
+            payload,
         })
     }
 }
@@ -1037,7 +1266,8 @@ mod tests {
             limit_mbps: Some(16.384),
             ..policy("both")
         };
-        let r = Rates::from_policy(&p);
+        let c = SchedulerConfig::default();
+        let r = Rates::from_policy(&p, &c);
         let ns = |t: u128| t as f64 / TICKS_PER_NS;
         // 4 KiB: reservation IOPS 1 ms, bandwidth 0.5 ms → the smaller, 0.5 ms;
         // limit: IOPS 0.5 ms, bandwidth 0.25 ms → the larger, 0.5 ms.
@@ -1048,20 +1278,31 @@ mod tests {
         assert!((ns(r.limit_increment(16, 65536)) - 8_000_000.0).abs() < 1.0);
         // No data moved: the MB/s figures do not apply.
         assert!((ns(r.reservation_increment(1, 0)) - 1_000_000.0).abs() < 1.0);
-        let bw_only = Rates::from_policy(&Policy {
-            limit_mbps: Some(10.0),
-            ..policy("bw")
-        });
+        let bw_only = Rates::from_policy(
+            &Policy {
+                limit_mbps: Some(10.0),
+                ..policy("bw")
+            },
+            &c,
+        );
+        // (The scheduler charges a request that moves no data one cost unit of bytes
+        // against a MB/s limit: see `min_limit_bytes`.)
         assert_eq!(bw_only.limit_increment(1, 0), 0);
         // Shares: units / shares.
-        let low = Rates::from_policy(&Policy {
-            shares: Shares::LOW,
-            ..policy("low")
-        });
-        let high = Rates::from_policy(&Policy {
-            shares: Shares::HIGH,
-            ..policy("high")
-        });
+        let low = Rates::from_policy(
+            &Policy {
+                shares: Shares::LOW,
+                ..policy("low")
+            },
+            &c,
+        );
+        let high = Rates::from_policy(
+            &Policy {
+                shares: Shares::HIGH,
+                ..policy("high")
+            },
+            &c,
+        );
         assert!(low.share_increment(1).abs_diff(4 * high.share_increment(1)) < 4);
         assert!(
             low.share_increment(256)

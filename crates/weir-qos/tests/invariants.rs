@@ -58,7 +58,14 @@ fn limited_volume() -> impl Strategy<Value = LimitedVolume> {
 
 /// Water-filling: the allocation (in IOs/s of equal size) that mClock's rules give
 /// to flooding volumes: `clamp(λ·shares, reservation, limit)` summing to `capacity`.
+/// Reservations that sum above capacity are infeasible: each then gets its
+/// reservation scaled by `capacity / Σ reservations` (in proportion, whatever the
+/// order the volumes were declared in), and nothing is left for shares.
 fn water_fill(capacity: f64, vols: &[(f64, f64, f64)]) -> Vec<f64> {
+    let reserved: f64 = vols.iter().map(|v| v.1).sum();
+    if reserved >= capacity {
+        return vols.iter().map(|v| v.1 * capacity / reserved).collect();
+    }
     let alloc = |lambda: f64| -> Vec<f64> {
         vols.iter()
             .map(|&(w, r, l)| (lambda * w).clamp(r, l))
@@ -200,7 +207,8 @@ proptest! {
         for (k, id) in ids.iter().enumerate() {
             let got = out.volume(*id).ios_in(0, 3 * SEC) as f64 / 3.0;
             let want = expected[k];
-            prop_assert!((got / want - 1.0).abs() <= 0.05, "volume {}: {:.1} IOPS, expected {:.1} ({:?})", id, got, want, spec[k]);
+            // 5 % of the expected rate (1 % of capacity for a volume expected to get ~0).
+            prop_assert!((got - want).abs() <= (0.05 * want).max(0.01 * c), "volume {}: {:.1} IOPS, expected {:.1} ({:?})", id, got, want, spec[k]);
         }
     }
 

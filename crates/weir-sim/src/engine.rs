@@ -396,9 +396,7 @@ impl<'p> Engine<'p> {
         }
         let mut hosts = Vec::new();
         for (hi, h) in plan.hosts.iter().enumerate() {
-            let mut sched = Scheduler::new(SchedulerConfig {
-                cost_unit_bytes: h.cost_unit_bytes,
-            });
+            let mut sched = Scheduler::new(SchedulerConfig::with_cost_unit(h.cost_unit_bytes));
             let mut host_shares = 0u64;
             for (vi, vm) in plan.vms.iter().enumerate() {
                 if vm.host == hi {
@@ -470,9 +468,7 @@ impl<'p> Engine<'p> {
         // release rule exactly the single back-end bound it was.
         let flash_tier = plan.file.array_cache.as_ref().filter(|c| c.enabled);
         let array_qos = plan.file.array_qos.as_ref().filter(|q| q.enabled).map(|q| {
-            let mut sched = Scheduler::new(SchedulerConfig {
-                cost_unit_bytes: q.cost_unit_bytes,
-            });
+            let mut sched = Scheduler::new(SchedulerConfig::with_cost_unit(q.cost_unit_bytes));
             for (i, v) in plan.volumes.iter().enumerate() {
                 sched.add_volume(0, VolumeId(i as u32), v.policy.clone());
             }

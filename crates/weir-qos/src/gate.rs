@@ -1,0 +1,846 @@
+//! The gate: the one sans-I/O QoS driver that both worlds run. It owns
+//! - **admission** per client host (optional PARDA windows: a host may have at most
+//!   its window of requests in the gate, the rest wait in the host's FIFO),
+//! - the **tag scheduler** (reservations, shares, limits, service levels; per-client
+//!   fair sub-queues within a volume; large requests paced in pieces under a limit),
+//! - the **device in-flight limit** (pieces outstanding at the device, adapted by
+//!   the [`DepthController`] while a latency target is at risk),
+//! - **completion accounting** (latency to the scheduler's risk tracking, device
+//!   time to the depth controller, period latency for PARDA).
+//!
+//! Events in, decisions out: [`Gate::submit`], [`Gate::complete`] and [`Gate::wake`]
+//! take `now` and append what they release to `out`; [`Gate::next_wakeup`] says when
+//! to call `wake` if nothing else happens first. No I/O, no clock, no threads: the
+//! server wraps it in a thin tokio driver and performs what it releases; the
+//! simulator's host tier and array tier are two instances of it.
+//!
+//! A released [`Release`] is one piece of a request (the whole request unless it
+//! is paced); the driver performs it and reports it with [`Gate::complete`] and its
+//! [`Ticket`]. When the last piece of a request completes, `complete` returns
+//! [`Finished`].
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::depth::{DepthConfig, DepthController};
+use crate::scheduler::{IoKind, IoRange};
+use crate::{
+    ClientId, CongestionConfig, DatastoreLatency, Dispatch, HostWindow, IoCost, Nanos, Phase,
+    Piece, Policy, PolicyError, Scheduler, SchedulerConfig, VolumeId, VolumeStats,
+};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GateConfig {
+    pub scheduler: SchedulerConfig,
+    /// Most pieces outstanding at the device: the adaptive depth's ceiling.
+    pub max_in_flight: u32,
+    pub depth: DepthConfig,
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        GateConfig {
+            scheduler: SchedulerConfig::default(),
+            max_in_flight: 64,
+            depth: DepthConfig::default(),
+        }
+    }
+}
+
+/// A validated request on its way in.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct GateRequest {
+    pub volume: VolumeId,
+    pub client: ClientId,
+    pub kind: IoKind,
+    pub offset: u64,
+    /// Bytes (ignored for kinds without a range: flush, other).
+    pub length: u32,
+}
+
+impl GateRequest {
+    pub fn range(&self) -> IoRange {
+        IoRange {
+            kind: self.kind,
+            offset: self.offset,
+            length: self.length,
+        }
+    }
+}
+
+/// Identifies one released piece; hand it back to [`Gate::complete`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket {
+    slot: u32,
+    generation: u32,
+    released_at: Nanos,
+}
+
+impl Ticket {
+    /// When the piece was released (its device time starts here).
+    pub fn released_at(&self) -> Nanos {
+        self.released_at
+    }
+}
+
+/// One piece released to the device.
+#[derive(Debug)]
+pub struct Release<T> {
+    pub ticket: Ticket,
+    pub volume: VolumeId,
+    pub client: ClientId,
+    pub kind: IoKind,
+    pub piece: Piece,
+    pub phase: Phase,
+    /// The request's payload (a clone for every piece but the last).
+    pub payload: T,
+}
+
+/// A request whose last piece completed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Finished {
+    pub volume: VolumeId,
+    pub client: ClientId,
+    pub kind: IoKind,
+    /// From submission to the completion of its last piece.
+    pub latency_ns: Nanos,
+}
+
+/// A request the gate refused (its payload comes back).
+#[derive(Debug)]
+pub struct Rejected<T> {
+    pub error: PolicyError,
+    pub payload: T,
+}
+
+/// One client host's admission window (datastore-wide congestion control).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostWindowStats {
+    pub client: ClientId,
+    pub window: u32,
+    pub host_shares: u64,
+    /// Requests of this host in the gate (queued or at the device).
+    pub in_gate: usize,
+    /// Requests waiting for room in the window.
+    pub waiting: usize,
+}
+
+struct Entry<T> {
+    generation: u32,
+    live: bool,
+    /// The gate's copy until the last piece is released.
+    payload: Option<T>,
+    request: GateRequest,
+    submitted_at: Nanos,
+    /// Pieces released and not completed.
+    outstanding: u32,
+    released_all: bool,
+    /// Taken out (volume removed, shutdown): pieces still out complete silently.
+    cancelled: bool,
+}
+
+struct HostGate {
+    window: HostWindow,
+    in_gate: usize,
+    waiting: VecDeque<u32>,
+}
+
+struct Admission {
+    config: CongestionConfig,
+    initial_window: u32,
+    hosts: HashMap<ClientId, HostGate>,
+}
+
+impl Admission {
+    fn host(&mut self, client: ClientId) -> &mut HostGate {
+        let (config, initial) = (&self.config, self.initial_window);
+        self.hosts.entry(client).or_insert_with(|| HostGate {
+            window: HostWindow::new(config.clone(), 1000, initial),
+            in_gate: 0,
+            waiting: VecDeque::new(),
+        })
+    }
+}
+
+/// The QoS gate of one device (see the module docs).
+pub struct Gate<T> {
+    sched: Scheduler<u32>,
+    entries: Vec<Entry<T>>,
+    free: Vec<u32>,
+    in_flight: u32,
+    /// A bound set by the driver (the simulator's host window), besides the depth.
+    cap: u32,
+    depth: DepthController,
+    admission: Option<Admission>,
+    /// Completion latencies since the last `take_period_latency` (for PARDA).
+    period_latency: DatastoreLatency,
+    wake_at: Option<Nanos>,
+    /// Latency target (ns) of protected volumes, for the depth controller.
+    targets: HashMap<VolumeId, Nanos>,
+}
+
+impl<T: Clone> Gate<T> {
+    pub fn new(config: GateConfig) -> Gate<T> {
+        let depth = DepthController::new(config.depth.clone(), config.max_in_flight);
+        Gate {
+            sched: Scheduler::new(config.scheduler),
+            entries: Vec::new(),
+            free: Vec::new(),
+            in_flight: 0,
+            cap: u32::MAX,
+            depth,
+            admission: None,
+            period_latency: DatastoreLatency::new(),
+            wake_at: None,
+            targets: HashMap::new(),
+        }
+    }
+
+    /// Turns on per-host admission windows (PARDA): each host starts with
+    /// `initial_window` requests in the gate.
+    pub fn enable_host_windows(&mut self, config: CongestionConfig, initial_window: u32) {
+        self.admission = Some(Admission {
+            config: config.sanitized(),
+            initial_window: initial_window.max(1),
+            hosts: HashMap::new(),
+        });
+    }
+
+    pub fn scheduler_config(&self) -> &SchedulerConfig {
+        self.sched.config()
+    }
+
+    /// Adds a volume, or changes its policy if it exists (queued requests follow).
+    pub fn add_volume(&mut self, now: Nanos, volume: VolumeId, policy: Policy) {
+        self.note_target(volume, &policy);
+        self.sched.add_volume(now, volume, policy);
+    }
+
+    pub fn set_policy(
+        &mut self,
+        now: Nanos,
+        volume: VolumeId,
+        policy: Policy,
+        out: &mut Vec<Release<T>>,
+    ) {
+        self.note_target(volume, &policy);
+        self.sched.set_policy(now, volume, policy);
+        self.pump(now, out);
+    }
+
+    fn note_target(&mut self, volume: VolumeId, policy: &Policy) {
+        let protected = policy
+            .service_level
+            .is_some_and(|l| l != crate::ServiceLevel::NonCritical);
+        match policy
+            .latency_target_ms
+            .filter(|t| protected && t.is_finite() && *t > 0.0)
+        {
+            Some(t) => self.targets.insert(volume, (t * 1e6) as Nanos),
+            None => self.targets.remove(&volume),
+        };
+    }
+
+    /// Removes a volume; returns the payloads of its requests not fully released
+    /// (the driver fails them). Pieces already at the device complete silently.
+    pub fn remove_volume(&mut self, volume: VolumeId) -> Vec<T> {
+        let slots = self.sched.remove_volume(volume);
+        let mut out = self.cancel(slots, true);
+        let waiting = self.take_waiting(|r| r.volume == volume);
+        out.extend(self.cancel(waiting, false));
+        self.targets.remove(&volume);
+        out
+    }
+
+    /// Takes every request not fully released yet (shutdown); volumes stay.
+    pub fn take_queued(&mut self, now: Nanos) -> Vec<T> {
+        let volumes: Vec<VolumeId> = self.sched.volumes().collect();
+        let mut slots = Vec::new();
+        for v in volumes {
+            slots.extend(self.sched.extract(now, v, |_| true));
+        }
+        let mut out = self.cancel(slots, true);
+        let waiting = self.take_waiting(|_| true);
+        out.extend(self.cancel(waiting, false));
+        out
+    }
+
+    fn take_waiting(&mut self, pred: impl Fn(&GateRequest) -> bool) -> Vec<u32> {
+        let Some(adm) = &mut self.admission else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for host in adm.hosts.values_mut() {
+            let entries = &self.entries;
+            let (gone, kept): (VecDeque<u32>, VecDeque<u32>) = host
+                .waiting
+                .drain(..)
+                .partition(|&s| pred(&entries[s as usize].request));
+            host.waiting = kept;
+            out.extend(gone);
+        }
+        out
+    }
+
+    /// Marks entries cancelled and returns their payloads. A piece that was not
+    /// the last may still be out: the entry lives until it completes. `in_gate`:
+    /// the entries had been admitted (they count in their host's window).
+    fn cancel(&mut self, slots: Vec<u32>, in_gate: bool) -> Vec<T> {
+        let mut out = Vec::new();
+        for slot in slots {
+            let e = &mut self.entries[slot as usize];
+            if !e.live || e.cancelled {
+                continue;
+            }
+            e.cancelled = true;
+            let client = e.request.client;
+            if let Some(p) = e.payload.take() {
+                out.push(p);
+            }
+            if self.entries[slot as usize].outstanding == 0 {
+                self.free_entry(slot);
+            }
+            if in_gate {
+                self.left_gate(client);
+            }
+        }
+        out
+    }
+
+    /// Queues a request and releases what may go now into `out`.
+    pub fn submit(
+        &mut self,
+        now: Nanos,
+        request: GateRequest,
+        payload: T,
+        out: &mut Vec<Release<T>>,
+    ) -> Result<(), Rejected<T>> {
+        if self.sched.policy(request.volume).is_none() {
+            return Err(Rejected {
+                error: PolicyError::UnknownVolume(request.volume.0),
+                payload,
+            });
+        }
+        let slot = self.alloc(now, request, payload);
+        let admit = match &mut self.admission {
+            None => true,
+            Some(adm) => {
+                let host = adm.host(request.client);
+                if host.in_gate >= host.window.window() as usize || !host.waiting.is_empty() {
+                    host.waiting.push_back(slot);
+                    false
+                } else {
+                    host.in_gate += 1;
+                    true
+                }
+            }
+        };
+        if admit {
+            self.enqueue(now, slot);
+        }
+        self.pump(now, out);
+        Ok(())
+    }
+
+    fn alloc(&mut self, now: Nanos, request: GateRequest, payload: T) -> u32 {
+        let entry = |generation| Entry {
+            generation,
+            live: true,
+            payload: Some(payload),
+            request,
+            submitted_at: now,
+            outstanding: 0,
+            released_all: false,
+            cancelled: false,
+        };
+        match self.free.pop() {
+            Some(slot) => {
+                let e = &mut self.entries[slot as usize];
+                *e = entry(e.generation.wrapping_add(1));
+                slot
+            }
+            None => {
+                self.entries.push(entry(0));
+                (self.entries.len() - 1) as u32
+            }
+        }
+    }
+
+    fn free_entry(&mut self, slot: u32) {
+        let e = &mut self.entries[slot as usize];
+        debug_assert!(e.live && e.outstanding == 0);
+        e.live = false;
+        e.payload = None;
+        self.free.push(slot);
+    }
+
+    fn enqueue(&mut self, now: Nanos, slot: u32) {
+        let r = self.entries[slot as usize].request;
+        // The volume exists (checked at submit, or admitted from a window: a removed
+        // volume's waiting requests were cancelled with it).
+        let queued = self
+            .sched
+            .enqueue_range(now, r.volume, r.client, r.range(), slot);
+        debug_assert!(queued.is_ok(), "admitted request for an unknown volume");
+    }
+
+    /// The current in-flight limit: the adaptive depth, under the driver's cap.
+    pub fn limit(&self) -> u32 {
+        self.depth.limit().min(self.cap).max(1)
+    }
+
+    /// A bound on outstanding pieces set by the driver (u32::MAX: none).
+    pub fn set_cap(&mut self, now: Nanos, cap: u32, out: &mut Vec<Release<T>>) {
+        self.cap = cap.max(1);
+        self.pump(now, out);
+    }
+
+    /// A new device depth ceiling (the pool's `max_in_flight`).
+    pub fn set_max_in_flight(&mut self, now: Nanos, max: u32, out: &mut Vec<Release<T>>) {
+        self.depth.set_max(max);
+        self.pump(now, out);
+    }
+
+    /// Releases what the scheduler allows while there is room at the device.
+    fn pump(&mut self, now: Nanos, out: &mut Vec<Release<T>>) {
+        self.wake_at = None;
+        let limit = self.limit();
+        while self.in_flight < limit {
+            match self.sched.dispatch(now) {
+                Dispatch::Io(d) => {
+                    let slot = d.payload;
+                    let e = &mut self.entries[slot as usize];
+                    debug_assert!(e.live && !e.cancelled && !e.released_all);
+                    let payload = if d.piece.last {
+                        e.released_all = true;
+                        e.payload.take()
+                    } else {
+                        e.payload.clone()
+                    };
+                    let Some(payload) = payload else {
+                        continue; // cannot happen: a queued entry holds its payload
+                    };
+                    e.outstanding += 1;
+                    self.in_flight += 1;
+                    out.push(Release {
+                        ticket: Ticket {
+                            slot,
+                            generation: e.generation,
+                            released_at: now,
+                        },
+                        volume: d.volume,
+                        client: d.client,
+                        kind: d.cost.kind,
+                        piece: d.piece,
+                        phase: d.phase,
+                        payload,
+                    });
+                }
+                Dispatch::WaitUntil(t) => {
+                    self.wake_at = Some(t);
+                    break;
+                }
+                Dispatch::Idle => break,
+            }
+        }
+    }
+
+    /// A timer set from [`Gate::next_wakeup`] fired (or the driver just wants to
+    /// re-evaluate): releases what may go now.
+    pub fn wake(&mut self, now: Nanos, out: &mut Vec<Release<T>>) {
+        self.pump(now, out);
+    }
+
+    /// When queued requests held back by a limit may go (`None`: nothing waits on
+    /// time; a completion or submission will release the rest).
+    pub fn next_wakeup(&self) -> Option<Nanos> {
+        self.wake_at
+    }
+
+    /// A released piece completed. Returns the request when this was its last
+    /// piece; releases what the freed slot allows into `out`. A ticket that is not
+    /// outstanding (completed twice, or forged) is ignored.
+    pub fn complete(
+        &mut self,
+        now: Nanos,
+        ticket: Ticket,
+        out: &mut Vec<Release<T>>,
+    ) -> Option<Finished> {
+        let e = self.entries.get_mut(ticket.slot as usize)?;
+        if !e.live || e.generation != ticket.generation || e.outstanding == 0 {
+            return None;
+        }
+        e.outstanding -= 1;
+        self.in_flight -= 1;
+        let r = e.request;
+        let device_ns = now.saturating_sub(ticket.released_at);
+        self.depth
+            .on_completion(now, device_ns, self.targets.get(&r.volume).copied());
+        let e = &self.entries[ticket.slot as usize];
+        let done = e.outstanding == 0 && (e.released_all || e.cancelled);
+        let mut finished = None;
+        if done {
+            let cancelled = e.cancelled;
+            let latency_ns = now.saturating_sub(e.submitted_at);
+            self.free_entry(ticket.slot);
+            if !cancelled {
+                let cost = IoCost {
+                    kind: r.kind,
+                    size_bytes: r.length,
+                };
+                self.sched
+                    .complete(now, r.volume, r.client, cost, latency_ns);
+                self.period_latency.record(latency_ns);
+                self.left_gate(r.client);
+                self.admit(now, r.client);
+                finished = Some(Finished {
+                    volume: r.volume,
+                    client: r.client,
+                    kind: r.kind,
+                    latency_ns,
+                });
+            }
+        }
+        self.pump(now, out);
+        finished
+    }
+
+    fn left_gate(&mut self, client: ClientId) {
+        if let Some(adm) = &mut self.admission
+            && let Some(h) = adm.hosts.get_mut(&client)
+        {
+            h.in_gate = h.in_gate.saturating_sub(1);
+        }
+    }
+
+    /// Moves waiting requests of `client` into the scheduler while its window has room.
+    fn admit(&mut self, now: Nanos, client: ClientId) {
+        let mut admitted = Vec::new();
+        if let Some(adm) = &mut self.admission
+            && let Some(h) = adm.hosts.get_mut(&client)
+        {
+            while h.in_gate < h.window.window() as usize {
+                let Some(slot) = h.waiting.pop_front() else {
+                    break;
+                };
+                h.in_gate += 1;
+                admitted.push(slot);
+            }
+        }
+        for slot in admitted {
+            self.enqueue(now, slot);
+        }
+    }
+
+    /// The host's shares for its window (the sum of the shares of the volumes it uses).
+    pub fn set_host_shares(&mut self, client: ClientId, shares: u64) {
+        if let Some(adm) = &mut self.admission {
+            adm.host(client).window.set_host_shares(shares.max(1));
+        }
+    }
+
+    /// One PARDA period: every host window steps towards `mean_ms` against the
+    /// threshold (skipped when `None`: nothing completed), then admits what fits.
+    pub fn update_host_windows(
+        &mut self,
+        now: Nanos,
+        mean_ms: Option<f64>,
+        out: &mut Vec<Release<T>>,
+    ) {
+        let clients: Vec<ClientId> = match &mut self.admission {
+            None => return,
+            Some(adm) => {
+                for h in adm.hosts.values_mut() {
+                    if let Some(m) = mean_ms {
+                        h.window.update(now, m);
+                    }
+                }
+                adm.hosts.keys().copied().collect()
+            }
+        };
+        for c in clients {
+            self.admit(now, c);
+        }
+        self.pump(now, out);
+    }
+
+    /// Completion latencies (submission to last piece) since the last call.
+    pub fn take_period_latency(&mut self) -> DatastoreLatency {
+        std::mem::take(&mut self.period_latency)
+    }
+
+    /// Every host's window (empty without admission windows), by client id.
+    pub fn host_windows(&self) -> Vec<HostWindowStats> {
+        let Some(adm) = &self.admission else {
+            return Vec::new();
+        };
+        let mut v: Vec<_> = adm
+            .hosts
+            .iter()
+            .map(|(c, h)| HostWindowStats {
+                client: *c,
+                window: h.window.window(),
+                host_shares: h.window.host_shares(),
+                in_gate: h.in_gate,
+                waiting: h.waiting.len(),
+            })
+            .collect();
+        v.sort_by_key(|h| h.client.0);
+        v
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// Requests queued in the scheduler (not fully released).
+    pub fn queued(&self) -> usize {
+        self.sched.queued()
+    }
+
+    pub fn depth(&self) -> &DepthController {
+        &self.depth
+    }
+
+    pub fn volume_stats(&self, volume: VolumeId) -> Option<VolumeStats> {
+        self.sched.stats(volume)
+    }
+
+    pub fn policy(&self, volume: VolumeId) -> Option<&Policy> {
+        self.sched.policy(volume)
+    }
+
+    pub fn volumes(&self) -> impl Iterator<Item = VolumeId> + '_ {
+        self.sched.volumes()
+    }
+
+    pub fn at_risk(&self, now: Nanos, volume: VolumeId) -> bool {
+        self.sched.at_risk(now, volume)
+    }
+
+    pub fn latency_ewma_ms(&self, volume: VolumeId) -> Option<f64> {
+        self.sched.latency_ewma_ms(volume)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{NANOS_PER_MS, NANOS_PER_SEC};
+
+    const MS: Nanos = NANOS_PER_MS;
+
+    fn gate(max_in_flight: u32) -> Gate<u32> {
+        Gate::new(GateConfig {
+            max_in_flight,
+            depth: DepthConfig {
+                adaptive: false,
+                ..DepthConfig::default()
+            },
+            ..GateConfig::default()
+        })
+    }
+
+    fn req(volume: u32, client: u32, kind: IoKind, offset: u64, length: u32) -> GateRequest {
+        GateRequest {
+            volume: VolumeId(volume),
+            client: ClientId(client),
+            kind,
+            offset,
+            length,
+        }
+    }
+
+    fn limited(iops: Option<f64>, mbps: Option<f64>) -> Policy {
+        Policy {
+            limit_iops: iops,
+            limit_mbps: mbps,
+            ..Policy::best_effort("lim")
+        }
+    }
+
+    #[test]
+    fn the_in_flight_limit_holds_and_completions_release_the_rest() {
+        let mut g = gate(2);
+        g.add_volume(0, VolumeId(1), Policy::best_effort("a"));
+        let mut out = Vec::new();
+        for i in 0..5 {
+            g.submit(
+                0,
+                req(1, 1, IoKind::Read, i * 4096, 4096),
+                i as u32,
+                &mut out,
+            )
+            .unwrap();
+        }
+        assert_eq!(out.len(), 2);
+        assert_eq!((g.in_flight(), g.queued()), (2, 3));
+        let first = out.remove(0);
+        let done = g.complete(3 * MS, first.ticket, &mut out).unwrap();
+        assert_eq!(done.latency_ns, 3 * MS);
+        assert_eq!(out.len(), 2, "the freed slot went to the next request");
+        // A ticket completed twice is ignored.
+        assert!(g.complete(4 * MS, first.ticket, &mut out).is_none());
+        assert_eq!(g.in_flight(), 2);
+        let unknown = g.submit(0, req(9, 1, IoKind::Read, 0, 4096), 99, &mut out);
+        assert_eq!(unknown.unwrap_err().payload, 99);
+    }
+
+    /// Drives the gate with an instant device: every release completes at once.
+    fn run_instant(
+        g: &mut Gate<u32>,
+        until: Nanos,
+        mut on_release: impl FnMut(Nanos, &Release<u32>),
+    ) {
+        let mut now = 0;
+        let mut out = Vec::new();
+        g.wake(now, &mut out);
+        while now < until {
+            while let Some(r) = out.pop() {
+                on_release(now, &r);
+                g.complete(now, r.ticket, &mut out);
+            }
+            match g.next_wakeup() {
+                Some(t) => now = t,
+                None => break,
+            }
+            g.wake(now, &mut out);
+        }
+    }
+
+    #[test]
+    fn a_large_read_is_paced_in_pieces_and_a_small_reader_keeps_its_share() {
+        let mut g = gate(64);
+        g.add_volume(0, VolumeId(1), limited(Some(1000.0), None));
+        let mut out = Vec::new();
+        // Host 1: two 32 MiB reads; host 2: 4 KiB reads (kept at QD1 below).
+        for i in 0..2u64 {
+            g.submit(0, req(1, 1, IoKind::Read, i << 25, 32 << 20), 1, &mut out)
+                .unwrap();
+        }
+        g.submit(0, req(1, 2, IoKind::Read, 0, 4096), 2, &mut out)
+            .unwrap();
+        let mut per_second = [0u64; 3];
+        let mut small = 0u32;
+        let mut pending_small: Option<Nanos> = None;
+        let mut now = 0;
+        loop {
+            while let Some(r) = out.pop() {
+                assert!(r.piece.length <= 20480, "piece of {} bytes", r.piece.length);
+                if now < 3 * NANOS_PER_SEC {
+                    per_second[(now / NANOS_PER_SEC) as usize] +=
+                        (r.piece.length as u64).div_ceil(4096);
+                }
+                if r.payload == 2 {
+                    small += 1;
+                    pending_small = Some(now + MS); // the reader's next request
+                }
+                g.complete(now, r.ticket, &mut out);
+            }
+            let next = [g.next_wakeup(), pending_small].into_iter().flatten().min();
+            let Some(t) = next else { break };
+            now = t;
+            if now >= 3 * NANOS_PER_SEC {
+                break;
+            }
+            if pending_small == Some(now) {
+                pending_small = None;
+                g.submit(now, req(1, 2, IoKind::Read, 0, 4096), 2, &mut out)
+                    .unwrap();
+            }
+            g.wake(now, &mut out);
+        }
+        for (s, units) in per_second.iter().enumerate() {
+            assert!(
+                *units <= 1020,
+                "second {s}: {units} units under a 1,000 IOPS limit"
+            );
+            assert!(
+                *units >= 950,
+                "second {s}: {units} units: the limit was not used"
+            );
+        }
+        // Fair sub-queues: the 4 KiB reader gets a piece's worth for each of its
+        // requests, i.e. ≥ 1/6 of the releases at 5 units per piece, and is
+        // never starved by the 32 MiB reads.
+        assert!(small >= 150, "small reader: {small} I/Os in 3 s");
+    }
+
+    #[test]
+    fn every_command_pays_under_a_bandwidth_only_limit() {
+        for kind in [
+            IoKind::WriteZeroes,
+            IoKind::Trim,
+            IoKind::Flush,
+            IoKind::Cache,
+            IoKind::Other,
+        ] {
+            let mut g = gate(64);
+            g.add_volume(0, VolumeId(1), limited(None, Some(10.0)));
+            let mut out = Vec::new();
+            for i in 0..20_000u64 {
+                g.submit(0, req(1, 1, kind, i << 20, 1 << 20), 0, &mut out)
+                    .unwrap();
+            }
+            let mut bytes = 0u64;
+            let cfg = g.scheduler_config().clone();
+            run_instant(&mut g, NANOS_PER_SEC, |now, r| {
+                if now < NANOS_PER_SEC {
+                    let cost = IoCost {
+                        kind: r.kind,
+                        size_bytes: r.piece.length,
+                    };
+                    bytes += cfg.charged_bytes(cost).max(cfg.min_limit_bytes());
+                }
+            });
+            assert!(
+                bytes <= 10_200_000,
+                "{kind:?}: {bytes} bytes charged in one second under 10 MB/s"
+            );
+            assert!(bytes >= 9_000_000, "{kind:?}: only {bytes} bytes in 1 s");
+        }
+    }
+
+    #[test]
+    fn host_windows_hold_requests_beyond_the_window() {
+        let mut g = gate(64);
+        g.enable_host_windows(
+            CongestionConfig {
+                min_window: 2,
+                max_window: 2,
+                ..CongestionConfig::default()
+            },
+            2,
+        );
+        g.add_volume(0, VolumeId(1), Policy::best_effort("a"));
+        let mut out = Vec::new();
+        for i in 0..4 {
+            g.submit(0, req(1, 7, IoKind::Write, 0, 4096), i, &mut out)
+                .unwrap();
+        }
+        assert_eq!(out.len(), 2);
+        let w = &g.host_windows()[0];
+        assert_eq!((w.window, w.in_gate, w.waiting), (2, 2, 2));
+        let r = out.remove(0);
+        g.complete(MS, r.ticket, &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[1].payload, 2, "the waiting request was admitted");
+    }
+
+    #[test]
+    fn removing_a_volume_returns_what_is_queued_and_lets_pieces_finish() {
+        let mut g = gate(1);
+        g.add_volume(0, VolumeId(1), limited(Some(100.0), None));
+        let mut out = Vec::new();
+        g.submit(0, req(1, 1, IoKind::Read, 0, 1 << 20), 5, &mut out)
+            .unwrap();
+        g.submit(0, req(1, 1, IoKind::Read, 0, 4096), 6, &mut out)
+            .unwrap();
+        assert_eq!(out.len(), 1);
+        assert!(!out[0].piece.last);
+        let gone = g.remove_volume(VolumeId(1));
+        assert_eq!(gone, vec![5, 6]);
+        let r = out.remove(0);
+        assert!(g.complete(MS, r.ticket, &mut out).is_none());
+        assert_eq!((g.in_flight(), g.queued()), (0, 0));
+    }
+}
