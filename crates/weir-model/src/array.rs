@@ -496,6 +496,8 @@ struct Op {
     waiters: Vec<u32>,
     /// Clone cache: ops whose drive reads this read waits for.
     deps: u32,
+    /// Submitted with `submit_urgent`: its drive commands are urgent too.
+    urgent: bool,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -786,6 +788,7 @@ impl Array {
             destage_bytes: 0,
             waiters,
             deps: 0,
+            urgent: false,
         };
         match self.free_ops.pop() {
             Some(slot) => {
@@ -843,15 +846,17 @@ impl Array {
             IoDir::Read => self.stats.drive_reads += 1,
             IoDir::Write => self.stats.drive_writes += 1,
         }
-        self.drives[d.drive as usize].as_component().submit(
-            t,
-            DeviceIo {
-                offset_bytes: d.offset_bytes,
-                size_bytes: d.size_bytes,
-                dir: d.dir,
-            },
-            slot as u64,
-        );
+        let io = DeviceIo {
+            offset_bytes: d.offset_bytes,
+            size_bytes: d.size_bytes,
+            dir: d.dir,
+        };
+        let drive = self.drives[d.drive as usize].as_component();
+        if self.ops[slot as usize].urgent {
+            drive.submit_urgent(t, io, slot as u64);
+        } else {
+            drive.submit(t, io, slot as u64);
+        }
         self.refresh_drive_next(d.drive as usize);
     }
 
@@ -1234,8 +1239,8 @@ impl Array {
     }
 }
 
-impl Component for Array {
-    fn submit(&mut self, now: Nanos, io: DeviceIo, token: u64) {
+impl Array {
+    fn host_submit(&mut self, now: Nanos, io: DeviceIo, token: u64, urgent: bool) {
         let kind = match io.dir {
             IoDir::Read => {
                 self.stats.host_reads += 1;
@@ -1264,6 +1269,7 @@ impl Component for Array {
             ..io
         };
         let slot = self.alloc_op(kind, token, io);
+        self.ops[slot as usize].urgent = urgent;
         self.host_in_flight += 1;
         let start = now.max(self.cpu_free_ns);
         self.cpu_free_ns = start + self.cpu_ns;
@@ -1275,7 +1281,18 @@ impl Component for Array {
         }
         self.schedule(ready, Event::CtrlReady, slot);
     }
+}
 
+impl Component for Array {
+    fn submit(&mut self, now: Nanos, io: DeviceIo, token: u64) {
+        self.host_submit(now, io, token, false);
+    }
+
+    /// An urgent host command's drive commands are urgent at the drives (phase-2
+    /// parity writes and misses alike); the controller's own queues stay FIFO.
+    fn submit_urgent(&mut self, now: Nanos, io: DeviceIo, token: u64) {
+        self.host_submit(now, io, token, true);
+    }
     fn next_event_ns(&self) -> Option<Nanos> {
         let e = self.events.peek().map(|r| r.0.0);
         let d = self.next_drive_event().map(|(t, _)| t);

@@ -296,6 +296,8 @@ struct Pending {
     angle: f64,
     /// False for media writes already acknowledged from the drive's write cache.
     report: bool,
+    /// Served before every non-urgent command in the queue (NCQ priority).
+    urgent: bool,
 }
 
 /// Fractional part of a non-negative finite value (cheaper than `f64::fract`, which
@@ -493,7 +495,9 @@ impl Hdd {
             self.busy_until = None;
             return;
         }
-        // Shortest positioning time first, with a starvation guard.
+        // Shortest positioning time first (among urgent commands, if any are
+        // queued: NCQ priority), with a starvation guard.
+        let urgent_only = self.queue.iter().any(|p| p.urgent);
         let mut best = 0;
         let mut best_cost = f64::INFINITY;
         let mut best_pos = (0.0, 0);
@@ -508,6 +512,9 @@ impl Hdd {
             if p.arrival_ns < oldest_arrival {
                 oldest_arrival = p.arrival_ns;
                 oldest = i;
+            }
+            if urgent_only && !p.urgent {
+                continue;
             }
             let (pos, in_buf) = self.positioning(p, (t, t_f), buffered);
             // Buffered bytes make a request cheaper still.
@@ -587,44 +594,11 @@ impl Hdd {
 
 impl Component for Hdd {
     fn submit(&mut self, now: Nanos, io: DeviceIo, token: u64) {
-        // Catch up on commands that finished before `now` (completions stay queued
-        // until `advance`), so a late driver cannot start this command in the past.
-        self.catch_up(now);
-        let offset = io.offset_bytes % self.spec.capacity_bytes;
-        let x = self.radial(offset);
-        let rate = self.rate_at(x);
-        let track_bytes = rate * self.rev_ns;
-        let mut p = Pending {
-            io,
-            offset,
-            offset_f: offset as f64,
-            token,
-            arrival_ns: now,
-            x,
-            rate,
-            track_bytes,
-            angle: frac(offset as f64 / track_bytes),
-            report: true,
-        };
-        // Cached writes stay queued in the drive, so the cache holds at most a queue's
-        // worth of commands (and `write_cache_bytes`).
-        if io.dir == IoDir::Write
-            && self.spec.write_cache
-            && self.cached_write_bytes + io.size_bytes as u64 <= self.spec.write_cache_bytes
-            && self.queue.len() + self.backlog.len() < self.spec.queue_depth as usize
-        {
-            // Acknowledged once the data is in the drive's DRAM; the media write stays
-            // queued (it is lost on power failure, which is why RAID tests disable it).
-            self.cached_write_bytes += io.size_bytes as u64;
-            let ack =
-                now as f64 + self.overhead_ns + io.size_bytes as f64 / self.interface_bytes_per_ns;
-            self.push_completion(round_ns(ack), token);
-            p.report = false;
-        }
-        self.backlog.push_back(p);
-        if self.busy_until.is_none() {
-            self.start_next(now);
-        }
+        self.enqueue(now, io, token, false);
+    }
+
+    fn submit_urgent(&mut self, now: Nanos, io: DeviceIo, token: u64) {
+        self.enqueue(now, io, token, true);
     }
 
     fn next_event_ns(&self) -> Option<Nanos> {
@@ -648,5 +622,55 @@ impl Component for Hdd {
 
     fn busy_ns(&self) -> Nanos {
         self.stats.busy_ns
+    }
+}
+
+impl Hdd {
+    fn enqueue(&mut self, now: Nanos, io: DeviceIo, token: u64, urgent: bool) {
+        // Catch up on commands that finished before `now` (completions stay queued
+        // until `advance`), so a late driver cannot start this command in the past.
+        self.catch_up(now);
+        let offset = io.offset_bytes % self.spec.capacity_bytes;
+        let x = self.radial(offset);
+        let rate = self.rate_at(x);
+        let track_bytes = rate * self.rev_ns;
+        let mut p = Pending {
+            io,
+            offset,
+            offset_f: offset as f64,
+            token,
+            arrival_ns: now,
+            x,
+            rate,
+            track_bytes,
+            angle: frac(offset as f64 / track_bytes),
+            report: true,
+            urgent: false,
+        };
+        // Cached writes stay queued in the drive, so the cache holds at most a queue's
+        // worth of commands (and `write_cache_bytes`).
+        if io.dir == IoDir::Write
+            && self.spec.write_cache
+            && self.cached_write_bytes + io.size_bytes as u64 <= self.spec.write_cache_bytes
+            && self.queue.len() + self.backlog.len() < self.spec.queue_depth as usize
+        {
+            // Acknowledged once the data is in the drive's DRAM; the media write stays
+            // queued (it is lost on power failure, which is why RAID tests disable it).
+            self.cached_write_bytes += io.size_bytes as u64;
+            let ack =
+                now as f64 + self.overhead_ns + io.size_bytes as f64 / self.interface_bytes_per_ns;
+            self.push_completion(round_ns(ack), token);
+            p.report = false;
+        }
+        p.urgent = urgent;
+        if urgent {
+            // Past the backlog too: the drive takes it into its queue first.
+            self.backlog.push_front(p);
+        } else {
+            self.backlog.push_back(p);
+        }
+        if self.busy_until.is_none() {
+            self.start_next(now);
+        }
     }
 }

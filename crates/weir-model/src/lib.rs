@@ -154,6 +154,13 @@ pub struct Completion {
 /// in completion order, with its exact completion time.
 pub trait Component {
     fn submit(&mut self, now: Nanos, io: DeviceIo, token: u64);
+    /// Submits a command the device should serve ahead of the ordinary ones queued
+    /// with it (SCSI's HEAD OF QUEUE task attribute, SATA NCQ priority; Linux passes
+    /// an I/O's real-time `ioprio` class down to them). A device without priority
+    /// queueing serves it like any other command (this default).
+    fn submit_urgent(&mut self, now: Nanos, io: DeviceIo, token: u64) {
+        self.submit(now, io, token);
+    }
     fn next_event_ns(&self) -> Option<Nanos>;
     fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>);
     /// Busy time so far (for utilisation = busy / elapsed), summed over parallel units

@@ -266,3 +266,41 @@ fn pcie_flash_is_an_order_of_magnitude_faster() {
         r.iops()
     );
 }
+
+/// NCQ priority: an urgent command queued behind 31 ordinary ones is served as soon
+/// as the command in service finishes, instead of waiting its SPTF turn; a device
+/// without priority queueing (the default `submit_urgent`) treats it as ordinary.
+#[test]
+fn hdd_serves_an_urgent_command_next() {
+    let spec = HddSpec::savvio_15k3();
+    let cap = spec.capacity_bytes;
+    let finish_of_urgent = |urgent: bool, seed: u64| {
+        let mut hdd = Hdd::new(&spec).unwrap();
+        let mut rng = SplitMix64(seed);
+        for t in 0..31 {
+            hdd.submit(0, random_io(&mut rng, cap, 8 * KIB, IoDir::Read), t);
+        }
+        let io = random_io(&mut rng, cap, 8 * KIB, IoDir::Read);
+        if urgent {
+            hdd.submit_urgent(0, io, 99);
+        } else {
+            hdd.submit(0, io, 99);
+        }
+        let mut done = Vec::new();
+        while let Some(t) = hdd.next_event_ns() {
+            hdd.advance(t, &mut done);
+        }
+        done.iter().position(|c| c.token == 99).unwrap()
+    };
+    for seed in 1..20 {
+        assert!(
+            finish_of_urgent(true, seed) <= 1,
+            "seed {seed}: urgent not served next"
+        );
+    }
+    let ordinary: usize = (1..20).map(|s| finish_of_urgent(false, s)).sum();
+    assert!(
+        ordinary / 19 > 5,
+        "without priority it waits its SPTF turn ({ordinary})"
+    );
+}

@@ -18,6 +18,17 @@
 //! Only device time counts (release to completion of each piece): queueing in the
 //! gate is the scheduler's business, and a protected volume that floods by itself
 //! must not shrink the device for everyone.
+//!
+//! **Shares need a queue.** A scheduler can only share what waits in it: with two
+//! volumes at QD32 each and 64 slots at the device, nothing ever waits and shares
+//! 2:1 come out 1:1 (ESX has the same rule: `Disk.SchedNumReqOutstanding` caps a
+//! LUN's depth while more than one VM uses it). So the gate also bounds the depth by
+//! the largest value at which every active volume's demand (its requests in the gate
+//! or at the device, averaged over the period) still covers its proportional part:
+//! `min over v of demand_v · W / shares_v`, `W` the active volumes' shares. Volumes
+//! whose bound falls under [`DepthConfig::share_floor`] of the maximum (a QD1 reader
+//! beside a flood) are left out: they could never use their proportional part, and
+//! the device is not given up for them. See docs/QOS.md for the trade-off curves.
 
 use crate::Nanos;
 
@@ -36,6 +47,15 @@ pub struct DepthConfig {
     pub over_twice_budget: f64,
     /// Multiplicative decrease per period while a budget is exceeded.
     pub decrease: f64,
+    /// Bound the depth so that shares can act (see the module docs).
+    pub share_aware: bool,
+    /// Volumes whose share bound is under this fraction of the maximum depth do not
+    /// bound it.
+    pub share_floor: f64,
+    /// While the share bound is in force, a slot freed by a volume that is under its
+    /// proportional part of the depth and has nothing queued is held this long for
+    /// its next request (anticipation, as BFQ idles for a sync queue), µs; 0: off.
+    pub anticipate_us: u32,
 }
 
 impl Default for DepthConfig {
@@ -47,6 +67,9 @@ impl Default for DepthConfig {
             over_target_budget: 0.25,
             over_twice_budget: 0.01,
             decrease: 0.85,
+            share_aware: true,
+            share_floor: 0.7,
+            anticipate_us: 500,
         }
     }
 }
@@ -67,6 +90,8 @@ pub struct DepthController {
     over_twice: u32,
     over_fraction: f64,
     over_twice_fraction: f64,
+    /// The share bound of the last period (`None`: no bound).
+    share_depth: Option<u32>,
     /// Changes of the limit since creation (observability).
     pub steps: u64,
 }
@@ -84,13 +109,53 @@ impl DepthController {
             over_twice: 0,
             over_fraction: 0.0,
             over_twice_fraction: 0.0,
+            share_depth: None,
             steps: 0,
         }
     }
 
-    /// The current limit (between `min_depth` and the maximum).
+    /// The current limit (between `min_depth` and the maximum): the latency
+    /// controller's, under the share bound.
     pub fn limit(&self) -> u32 {
+        let l = self.limit as u32;
+        self.share_depth.map_or(l, |s| s.min(l))
+    }
+
+    /// The latency controller's limit alone.
+    pub fn latency_limit(&self) -> u32 {
         self.limit as u32
+    }
+
+    /// The share bound in force (`None`: none).
+    pub fn share_depth(&self) -> Option<u32> {
+        self.share_depth
+    }
+
+    /// How long a freed slot may be held for its volume (0 without a share bound).
+    pub fn anticipate_ns(&self) -> Nanos {
+        match self.share_depth {
+            Some(_) => self.config.anticipate_us as Nanos * 1000,
+            None => 0,
+        }
+    }
+
+    /// Sets the share bound from each active volume's `(mean demand, shares)` of the
+    /// period just ended (see the module docs).
+    pub fn set_share_demand(&mut self, volumes: &[(f64, u32)]) {
+        self.share_depth = None;
+        if !(self.config.adaptive && self.config.share_aware) || volumes.len() < 2 {
+            return;
+        }
+        let total: f64 = volumes.iter().map(|v| v.1.max(1) as f64).sum();
+        let floor = self.config.share_floor.clamp(0.0, 1.0) * self.max as f64;
+        let bound = volumes
+            .iter()
+            .map(|&(demand, shares)| demand * total / shares.max(1) as f64)
+            .filter(|&b| b >= floor)
+            .fold(f64::INFINITY, f64::min);
+        if bound < self.max as f64 {
+            self.share_depth = Some((bound as u32).max(self.min() as u32));
+        }
     }
 
     pub fn max(&self) -> u32 {
@@ -117,10 +182,16 @@ impl DepthController {
 
     /// One piece completed after `device_ns` at the device; `target_ns` is its
     /// volume's latency target when the volume is protected. Runs the control step
-    /// when a period has passed.
-    pub fn on_completion(&mut self, now: Nanos, device_ns: Nanos, target_ns: Option<Nanos>) {
+    /// when a period has passed, and then returns true (the caller then sets the
+    /// share bound for the next period with [`DepthController::set_share_demand`]).
+    pub fn on_completion(
+        &mut self,
+        now: Nanos,
+        device_ns: Nanos,
+        target_ns: Option<Nanos>,
+    ) -> bool {
         if !self.config.adaptive {
-            return;
+            return false;
         }
         if let Some(target) = target_ns {
             self.samples += 1;
@@ -131,7 +202,9 @@ impl DepthController {
         if now >= self.period_start.saturating_add(period) {
             self.step();
             self.period_start = now;
+            return true;
         }
+        false
     }
 
     fn step(&mut self) {
@@ -205,6 +278,23 @@ mod tests {
             }
         }
         assert_eq!(c.limit(), before);
+    }
+
+    #[test]
+    fn the_share_bound_leaves_each_volume_its_proportional_part() {
+        let mut c = DepthController::new(DepthConfig::default(), 64);
+        // 2000 vs 1000 shares, both at QD32: 48 slots keep 32 : 16.
+        c.set_share_demand(&[(32.0, 2000), (32.0, 1000)]);
+        assert_eq!((c.share_depth(), c.limit()), (Some(48), 48));
+        // Equal shares and equal demand: no bound.
+        c.set_share_demand(&[(32.0, 1000), (32.0, 1000)]);
+        assert_eq!(c.limit(), 64);
+        // A QD1 reader beside a flood does not shrink the device.
+        c.set_share_demand(&[(1.0, 2000), (64.0, 1000)]);
+        assert_eq!(c.limit(), 64);
+        // One volume alone: no bound.
+        c.set_share_demand(&[(3.0, 2000)]);
+        assert_eq!(c.share_depth(), None);
     }
 
     #[test]

@@ -68,7 +68,7 @@ impl GateRequest {
 }
 
 /// Identifies one released piece; hand it back to [`Gate::complete`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Ticket {
     slot: u32,
     generation: u32,
@@ -91,6 +91,10 @@ pub struct Release<T> {
     pub kind: IoKind,
     pub piece: Piece,
     pub phase: Phase,
+    /// The volume is protected (mission- or business-critical with a latency
+    /// target): a device with priority queueing should serve it ahead of the rest
+    /// (`weir_model::Component::submit_urgent`; SCSI HEAD OF QUEUE, NCQ priority).
+    pub urgent: bool,
     /// The request's payload (a clone for every piece but the last).
     pub payload: T,
 }
@@ -176,6 +180,20 @@ pub struct Gate<T> {
     wake_at: Option<Nanos>,
     /// Latency target (ns) of protected volumes, for the depth controller.
     targets: HashMap<VolumeId, Nanos>,
+    /// Per volume: requests submitted and not finished, and the sum and count of
+    /// that figure sampled at its completions this period (the share bound).
+    demand: HashMap<VolumeId, Demand>,
+    /// Slots held for a volume's next request (anticipation), until a deadline.
+    held: VecDeque<(VolumeId, Nanos)>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Demand {
+    outstanding: u32,
+    sum: u64,
+    samples: u32,
+    /// Its proportional part of the depth while the share bound is in force.
+    part: f64,
 }
 
 impl<T: Clone> Gate<T> {
@@ -192,6 +210,8 @@ impl<T: Clone> Gate<T> {
             period_latency: DatastoreLatency::new(),
             wake_at: None,
             targets: HashMap::new(),
+            demand: HashMap::new(),
+            held: VecDeque::new(),
         }
     }
 
@@ -248,6 +268,7 @@ impl<T: Clone> Gate<T> {
         let waiting = self.take_waiting(|r| r.volume == volume);
         out.extend(self.cancel(waiting, false));
         self.targets.remove(&volume);
+        self.demand.remove(&volume);
         out
     }
 
@@ -292,7 +313,10 @@ impl<T: Clone> Gate<T> {
                 continue;
             }
             e.cancelled = true;
-            let client = e.request.client;
+            let (client, volume) = (e.request.client, e.request.volume);
+            if let Some(d) = self.demand.get_mut(&volume) {
+                d.outstanding = d.outstanding.saturating_sub(1);
+            }
             if let Some(p) = e.payload.take() {
                 out.push(p);
             }
@@ -321,6 +345,11 @@ impl<T: Clone> Gate<T> {
             });
         }
         let slot = self.alloc(now, request, payload);
+        self.demand.entry(request.volume).or_default().outstanding += 1;
+        // The slot held for this volume's next request is its to use now.
+        if let Some(i) = self.held.iter().position(|h| h.0 == request.volume) {
+            self.held.remove(i);
+        }
         let admit = match &mut self.admission {
             None => true,
             Some(adm) => {
@@ -388,6 +417,11 @@ impl<T: Clone> Gate<T> {
         self.depth.limit().min(self.cap).max(1)
     }
 
+    /// Pieces the device may take now: the limit less the slots held for a volume.
+    fn room(&self) -> u32 {
+        self.limit().saturating_sub(self.held.len() as u32)
+    }
+
     /// A bound on outstanding pieces set by the driver (u32::MAX: none).
     pub fn set_cap(&mut self, now: Nanos, cap: u32, out: &mut Vec<Release<T>>) {
         self.cap = cap.max(1);
@@ -403,7 +437,10 @@ impl<T: Clone> Gate<T> {
     /// Releases what the scheduler allows while there is room at the device.
     fn pump(&mut self, now: Nanos, out: &mut Vec<Release<T>>) {
         self.wake_at = None;
-        let limit = self.limit();
+        while self.held.front().is_some_and(|h| h.1 <= now) {
+            self.held.pop_front();
+        }
+        let limit = self.room();
         while self.in_flight < limit {
             match self.sched.dispatch(now) {
                 Dispatch::Io(d) => {
@@ -432,6 +469,7 @@ impl<T: Clone> Gate<T> {
                         kind: d.cost.kind,
                         piece: d.piece,
                         phase: d.phase,
+                        urgent: self.targets.contains_key(&d.volume),
                         payload,
                     });
                 }
@@ -441,6 +479,9 @@ impl<T: Clone> Gate<T> {
                 }
                 Dispatch::Idle => break,
             }
+        }
+        if let Some(&(_, until)) = self.held.front() {
+            self.wake_at = Some(self.wake_at.map_or(until, |t| t.min(until)));
         }
     }
 
@@ -473,8 +514,10 @@ impl<T: Clone> Gate<T> {
         self.in_flight -= 1;
         let r = e.request;
         let device_ns = now.saturating_sub(ticket.released_at);
-        self.depth
-            .on_completion(now, device_ns, self.targets.get(&r.volume).copied());
+        let target = self.targets.get(&r.volume).copied();
+        if self.depth.on_completion(now, device_ns, target) {
+            self.end_period();
+        }
         let e = &self.entries[ticket.slot as usize];
         let done = e.outstanding == 0 && (e.released_all || e.cancelled);
         let mut finished = None;
@@ -489,6 +532,7 @@ impl<T: Clone> Gate<T> {
                 };
                 self.sched
                     .complete(now, r.volume, r.client, cost, latency_ns);
+                self.note_finished(now, r.volume);
                 self.period_latency.record(latency_ns);
                 self.left_gate(r.client);
                 self.admit(now, r.client);
@@ -502,6 +546,53 @@ impl<T: Clone> Gate<T> {
         }
         self.pump(now, out);
         finished
+    }
+
+    /// A request of `volume` finished: its demand sample, and anticipation — while
+    /// the share bound is in force, a volume under its proportional part of the
+    /// depth with nothing queued gets the freed slot held for its next request.
+    fn note_finished(&mut self, now: Nanos, volume: VolumeId) {
+        let Some(d) = self.demand.get_mut(&volume) else {
+            return;
+        };
+        d.sum += d.outstanding as u64;
+        d.samples += 1;
+        d.outstanding = d.outstanding.saturating_sub(1);
+        let (outstanding, part) = (d.outstanding, d.part);
+        let hold = self.depth.anticipate_ns();
+        if hold > 0
+            && (outstanding as f64) < part
+            && self.held.len() < self.limit() as usize / 2
+            && self.sched.stats(volume).is_some_and(|s| s.queued == 0)
+        {
+            self.held.push_back((volume, now + hold));
+        }
+    }
+
+    /// A depth-control period ended: the share bound for the next one.
+    fn end_period(&mut self) {
+        let mut active = Vec::new();
+        for (volume, d) in self.demand.iter_mut() {
+            if d.samples > 0 {
+                let shares = self.sched.policy(*volume).map_or(1000, |p| p.shares.get());
+                active.push((*volume, d.sum as f64 / d.samples as f64, shares));
+            }
+            d.sum = 0;
+            d.samples = 0;
+            d.part = 0.0;
+        }
+        let demand: Vec<(f64, u32)> = active.iter().map(|a| (a.1, a.2)).collect();
+        self.depth.set_share_demand(&demand);
+        if let Some(depth) = self.depth.share_depth() {
+            let total: f64 = active.iter().map(|a| a.2.max(1) as f64).sum();
+            for (volume, _, shares) in active {
+                if let Some(d) = self.demand.get_mut(&volume) {
+                    d.part = depth as f64 * shares.max(1) as f64 / total;
+                }
+            }
+        } else {
+            self.held.clear();
+        }
     }
 
     fn left_gate(&mut self, client: ClientId) {

@@ -121,11 +121,13 @@ pub const LATENCY_EWMA_WEIGHT: f64 = 1.0 / 8.0;
 /// How far a limit tag may lag `now` when the policy sets no larger burst.
 pub const LIMIT_SLACK_NS: Nanos = 10_000_000;
 
-/// How far a backlogged volume's reservation tag may fall behind `now` (or its
-/// `burst_seconds`, if larger). A reservation the device cannot meet (the sum of
-/// reservations above capacity) would otherwise bank an ever-growing debt, and the
-/// volume would then monopolise the reservation phase — ahead of every other volume
-/// and of service-level protection — until it had caught up.
+/// How far the most-behind backlogged reservation tag may fall behind `now`.
+/// Reservations the device cannot meet (their sum above capacity) would otherwise
+/// bank an ever-growing debt and later monopolise the reservation phase until
+/// caught up. Beyond this lag every reservation tag moves forward *together* (one
+/// offset added to all of them), so the volumes keep their relative order: an
+/// infeasible set of reservations is cut in proportion to the rates, whatever the
+/// order the volumes were declared in, and none banks more than this much debt.
 pub const RESERVATION_LAG_NS: Nanos = 100_000_000;
 
 /// Time tags are nanoseconds shifted left by this many bits.
@@ -399,7 +401,6 @@ struct Rates {
     risk_latency_ns: Option<f64>,
     burst_ticks: u128,
     limit_slack_ticks: u128,
-    reservation_lag_ticks: u128,
     /// The most a piece may be charged (bytes) so that it takes at most
     /// `PACE_QUANTUM_NS` of the limit; `None` without a limit (never split).
     piece_charged_bytes: Option<u64>,
@@ -457,7 +458,6 @@ impl Rates {
                 .map(|t| t * RISK_LATENCY_FRACTION),
             burst_ticks,
             limit_slack_ticks: burst_ticks.max(ticks(LIMIT_SLACK_NS)),
-            reservation_lag_ticks: burst_ticks.max(ticks(RESERVATION_LAG_NS)),
         }
     }
 
@@ -540,6 +540,9 @@ struct Volume<T> {
     risk_tracked: bool,
     latency_ewma_ns: Option<f64>,
     ewma_at_risk: bool,
+    /// Requests released whole and not completed yet (a volume with requests in
+    /// flight is not idle, even while its queue is empty).
+    in_flight: u32,
     stats: VolumeStats,
 }
 
@@ -585,6 +588,8 @@ pub struct Scheduler<T> {
     ewma_at_risk_backlogged: [usize; PROTECTABLE_LEVELS],
     /// Virtual time for shares: P of the last request released by the share rule.
     share_vtime: u128,
+    /// Added to every stored R tag (see [`RESERVATION_LAG_NS`]).
+    r_shift: u128,
     queued: usize,
 }
 
@@ -602,6 +607,7 @@ impl<T> Scheduler<T> {
             age_risk_heaps: Default::default(),
             ewma_at_risk_backlogged: [0; PROTECTABLE_LEVELS],
             share_vtime: 0,
+            r_shift: 0,
             queued: 0,
         }
     }
@@ -624,7 +630,7 @@ impl<T> Scheduler<T> {
             policy,
             rates,
             queue: VolumeQueue::default(),
-            next_r: ticks(now),
+            next_r: ticks(now).saturating_sub(self.r_shift),
             next_l: 0,
             next_p: self.share_vtime,
             last_r: None,
@@ -633,6 +639,7 @@ impl<T> Scheduler<T> {
             risk_tracked: false,
             latency_ewma_ns: None,
             ewma_at_risk: false,
+            in_flight: 0,
             stats: VolumeStats::default(),
         };
         let slot = match self.free_slots.pop() {
@@ -689,13 +696,16 @@ impl<T> Scheduler<T> {
         }
         let now_t = ticks(now);
         let vtime = self.share_vtime;
+        let shift = self.r_shift;
         let rates = Rates::from_policy(&policy, &self.config);
         let Some(v) = self.volume_mut(slot) else {
             return;
         };
         v.rates = rates;
         v.policy = policy;
-        let floor_r = now_t.saturating_sub(v.rates.burst_ticks);
+        let floor_r = now_t
+            .saturating_sub(v.rates.burst_ticks)
+            .saturating_sub(shift);
         v.next_r = match v.last_r {
             Some(last) => {
                 (last.base + v.rates.reservation_increment(last.units, last.bytes)).max(floor_r)
@@ -863,8 +873,14 @@ impl<T> Scheduler<T> {
         // holds before a lower level is served, reservations included (the at-risk
         // level is then served by the weight phase's protection below).
         let protected_rank = self.protected_rank(now);
-        if let Some((r, slot)) = self.reservation_heap.peek()
-            && r <= now_t
+        let head = self.reservation_heap.peek();
+        if let Some((r, _)) = head {
+            // The most-behind reservation lags too far: every R tag moves up together.
+            let floor = now_t.saturating_sub(ticks(RESERVATION_LAG_NS));
+            self.r_shift += floor.saturating_sub(r + self.r_shift);
+        }
+        if let Some((r, slot)) = head
+            && r + self.r_shift <= now_t
             && protected_rank.is_none_or(|p| self.volume_rank(slot) <= p)
             && let Some(d) = self.release(slot, now, Phase::Reservation, false)
         {
@@ -911,6 +927,7 @@ impl<T> Scheduler<T> {
         let Some(v) = self.volume_mut(slot) else {
             return;
         };
+        v.in_flight = v.in_flight.saturating_sub(1);
         v.stats.completed_ios += 1;
         v.stats.completed_bytes += cost.bytes();
         v.stats.latency_sum_ns += latency_ns as u128;
@@ -1012,13 +1029,19 @@ impl<T> Scheduler<T> {
     fn activate(&mut self, slot: u32, now: Nanos) {
         let vtime = self.share_vtime;
         let now_t = ticks(now);
+        let shift = self.r_shift;
         if let Some(v) = self.volume_mut(slot) {
             let floor = now_t.saturating_sub(v.rates.burst_ticks);
-            v.next_r = v.next_r.max(floor);
+            v.next_r = v.next_r.max(floor.saturating_sub(shift));
             // The 10 ms limit slack covers late dispatch calls while backlogged, not
             // idle time: after idling only `burst_seconds` of credit remain.
             v.next_l = v.next_l.max(floor);
-            v.next_p = v.next_p.max(vtime);
+            // Share credit is lost only by a volume that was idle: nothing queued
+            // and nothing in flight (SFQ(D)). A closed-loop client whose queue
+            // empties between a completion and its next request keeps its place.
+            if v.in_flight == 0 {
+                v.next_p = v.next_p.max(vtime);
+            }
         }
         self.place(slot, now);
     }
@@ -1125,9 +1148,6 @@ impl<T> Scheduler<T> {
             bytes
         };
         if phase == Phase::Reservation {
-            v.next_r = v
-                .next_r
-                .max(now_t.saturating_sub(v.rates.reservation_lag_ticks));
             v.last_r = Some(LastRelease {
                 base: v.next_r,
                 units,
@@ -1169,6 +1189,7 @@ impl<T> Scheduler<T> {
         }
         if piece.last {
             self.queued -= 1;
+            v.in_flight += 1;
         }
         if now_empty {
             self.unplace(slot);
