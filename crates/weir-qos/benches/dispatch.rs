@@ -1,6 +1,7 @@
-//! One scheduling decision (enqueue + dispatch + complete) with 1,000 backlogged
-//! volumes under mixed policies: reservations, limits, shares, service levels with
-//! latency targets, request sizes from 4 KiB to 1 MiB.
+//! One gate decision (a piece completes, the gate releases what that allows, a
+//! finished request's client submits its next) with 1,000 backlogged volumes under
+//! mixed policies: reservations, limits, shares, service levels with latency
+//! targets, request sizes from 4 KiB to 1 MiB (paced in pieces under limits).
 //!
 //! Two cases: `healthy` (a 10M-IOPS virtual device and latency targets of 100/200 ms,
 //! so protection rarely kicks in and the full share path runs) and `overload` (a
@@ -14,10 +15,12 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use std::collections::VecDeque;
+
 use criterion::{Criterion, criterion_group};
 use weir_qos::{
-    ClientId, Dispatch, IoCost, Nanos, Policy, Scheduler, SchedulerConfig, ServiceLevel, Shares,
-    VolumeId,
+    ClientId, Gate, GateConfig, GateRequest, IoKind, Nanos, Policy, Release, ServiceLevel, Shares,
+    Ticket, VolumeId,
 };
 
 const VOLUMES: u32 = 1000;
@@ -73,34 +76,42 @@ fn size_for(i: u32) -> u32 {
     [4096, 8192, 65536, 4096, 1 << 20][(i % 5) as usize]
 }
 
+/// Outstanding pieces at the bench's "device" (the gate's in-flight limit).
+const DEVICE_DEPTH: u32 = 64;
+
 struct Bench {
-    sched: Scheduler<u32>,
+    gate: Gate<u32>,
+    /// Released pieces, completed oldest first (a FIFO device).
+    device: VecDeque<Ticket>,
+    out: Vec<Release<u32>>,
     now: Nanos,
     step_ns: Nanos,
+    seq: u32,
 }
 
 impl Bench {
     fn new(case: Case) -> Bench {
-        let mut sched = Scheduler::new(SchedulerConfig::default());
+        let mut gate = Gate::new(GateConfig {
+            max_in_flight: DEVICE_DEPTH,
+            ..GateConfig::default()
+        });
         for v in 0..VOLUMES {
-            sched.add_volume(0, VolumeId(v), policy_for(v, case));
-            for q in 0..QUEUED_PER_VOLUME {
-                sched
-                    .enqueue(
-                        0,
-                        VolumeId(v),
-                        ClientId(v % 64),
-                        IoCost::read(size_for(v + q)),
-                        q,
-                    )
-                    .expect("volume exists");
-            }
+            gate.add_volume(0, VolumeId(v), policy_for(v, case));
         }
         let mut b = Bench {
-            sched,
+            gate,
+            device: VecDeque::new(),
+            out: Vec::new(),
             now: 0,
             step_ns: case.step_ns,
+            seq: 0,
         };
+        for v in 0..VOLUMES {
+            for _ in 0..QUEUED_PER_VOLUME {
+                b.submit(VolumeId(v), ClientId(v % 64));
+            }
+        }
+        b.collect();
         // Reach a steady state (tags spread, some volumes limit-held).
         for _ in 0..200_000 {
             b.cycle();
@@ -108,31 +119,47 @@ impl Bench {
         b
     }
 
-    /// One decision: release a request, complete it, and have its client issue the
-    /// next one on the same volume (so every volume stays backlogged).
+    fn submit(&mut self, volume: VolumeId, client: ClientId) {
+        self.seq = self.seq.wrapping_add(1);
+        let request = GateRequest {
+            volume,
+            client,
+            kind: IoKind::Read,
+            offset: self.seq as u64 * 4096,
+            length: size_for(volume.0 + self.seq),
+        };
+        self.gate
+            .submit(self.now, request, self.seq, &mut self.out)
+            .expect("volume exists");
+    }
+
+    fn collect(&mut self) {
+        for r in self.out.drain(..) {
+            black_box(r.phase);
+            self.device.push_back(r.ticket);
+        }
+    }
+
+    /// One decision: the device completes its oldest piece, the gate releases what
+    /// that allows, and a finished request's client issues its next one on the same
+    /// volume (so every volume stays backlogged).
     fn cycle(&mut self) {
         self.now += self.step_ns;
-        loop {
-            match self.sched.dispatch(self.now) {
-                Dispatch::Io(d) => {
-                    self.sched.complete(
-                        self.now,
-                        d.volume,
-                        d.client,
-                        d.cost,
-                        self.now - d.enqueued_at,
-                    );
-                    let next = IoCost::read(size_for(d.volume.0 + d.payload + 1));
-                    self.sched
-                        .enqueue(self.now, d.volume, d.client, next, d.payload + 1)
-                        .expect("volume exists");
-                    black_box(d.phase);
-                    return;
+        match self.device.pop_front() {
+            Some(ticket) => {
+                if let Some(f) = self.gate.complete(self.now, ticket, &mut self.out) {
+                    self.submit(f.volume, f.client);
                 }
-                Dispatch::WaitUntil(t) => self.now = t,
-                Dispatch::Idle => unreachable!("every volume is backlogged"),
+            }
+            None => {
+                // Everything is held by limits: jump to when the gate says.
+                if let Some(t) = self.gate.next_wakeup() {
+                    self.now = self.now.max(t);
+                }
+                self.gate.wake(self.now, &mut self.out);
             }
         }
+        self.collect();
     }
 }
 
@@ -140,7 +167,7 @@ fn bench_dispatch(c: &mut Criterion) {
     for case in [HEALTHY, OVERLOAD] {
         let mut b = Bench::new(case);
         let name = format!(
-            "enqueue+dispatch+complete, {VOLUMES} backlogged volumes, {}",
+            "gate complete+release+submit, {VOLUMES} backlogged volumes, {}",
             case.name
         );
         c.bench_function(&name, |bencher| bencher.iter(|| b.cycle()));
@@ -162,7 +189,7 @@ fn median_report(case: Case) {
     per_cycle_ns.sort_by(f64::total_cmp);
     let q = |f: f64| per_cycle_ns[((per_cycle_ns.len() - 1) as f64 * f) as usize];
     let s = (0..VOLUMES)
-        .filter_map(|v| b.sched.stats(VolumeId(v)))
+        .filter_map(|v| b.gate.volume_stats(VolumeId(v)))
         .fold((0u64, 0u64, 0u64), |acc, s| {
             (
                 acc.0 + s.dispatched_ios,
@@ -171,9 +198,11 @@ fn median_report(case: Case) {
             )
         });
     println!(
-        "{}: decision with {VOLUMES} backlogged volumes: median {:.0} ns (p10 {:.0}, p90 {:.0}) over {} batches of {BATCH}; \
+        "{}: gate decision (complete + release + submit) with {VOLUMES} backlogged volumes, depth {}: \
+         median {:.0} ns (p10 {:.0}, p90 {:.0}) over {} batches of {BATCH}; \
          releases {} (reservation phase {:.1} %, protected {:.1} %)",
         case.name,
+        b.gate.limit(),
         q(0.5),
         q(0.1),
         q(0.9),
