@@ -45,7 +45,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use weir_qos::{CongestionConfig, Policy, PolicyCatalog};
+use weir_qos::{CongestionConfig, DepthConfig, Policy, PolicyCatalog};
 
 use crate::access::HostPattern;
 
@@ -92,6 +92,17 @@ pub struct PoolConfig {
     /// Cost unit of the pool's scheduler (bytes per I/O against IOPS figures).
     #[serde(default)]
     pub cost_unit_bytes: Option<u32>,
+    /// A TRIM is charged its length times this (0-1, default 1: as a write).
+    #[serde(default = "default_cost_factor")]
+    pub trim_cost_factor: f64,
+    /// A WRITE_ZEROES is charged its length times this (0-1, default 1).
+    #[serde(default = "default_cost_factor")]
+    pub zero_cost_factor: f64,
+    /// The adaptive device depth (`[pools.depth]`): how many pieces the pool keeps
+    /// at the backend, between `min_depth` and `max_in_flight`, shrinking while a
+    /// protected volume misses its latency target at the device.
+    #[serde(default)]
+    pub depth: DepthConfig,
     /// Emulated device (a `weir_model::ARRAY_PRESETS` name): READ/WRITE replies wait
     /// until the model completes them; data still goes to the pool's files.
     #[serde(default)]
@@ -216,6 +227,9 @@ fn default_max_in_flight() -> u32 {
 fn default_busy_poll_us() -> u32 {
     crate::busy_poll::DEFAULT_BUSY_POLL_US
 }
+fn default_cost_factor() -> f64 {
+    1.0
+}
 fn default_true() -> bool {
     true
 }
@@ -227,6 +241,9 @@ fn default_pools() -> Vec<PoolConfig> {
         name: DEFAULT_POOL.into(),
         max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         cost_unit_bytes: None,
+        trim_cost_factor: 1.0,
+        zero_cost_factor: 1.0,
+        depth: DepthConfig::default(),
         device: None,
         congestion: None,
         qos: true,
@@ -386,6 +403,22 @@ impl WeirConfig {
                     ),
                 ));
             }
+            for (field, f) in [
+                ("trim_cost_factor", p.trim_cost_factor),
+                ("zero_cost_factor", p.zero_cost_factor),
+            ] {
+                if !(0.0..=1.0).contains(&f) {
+                    return Err((
+                        Some(field.into()),
+                        format!(
+                            "pools[{i}].{field}: must be 0-1 (the fraction of its length a request is charged), got {f}"
+                        ),
+                    ));
+                }
+            }
+            validate_depth(&p.depth, p.max_in_flight).map_err(|(field, e)| {
+                (Some(field.into()), format!("pools[{i}].depth.{field}: {e}"))
+            })?;
             if let Some(c) = &p.congestion {
                 c.validate()
                     .map_err(|e| (at(&p.name), format!("pools[{i}].congestion: {e}")))?;
@@ -438,6 +471,43 @@ impl WeirConfig {
         }
         Ok(())
     }
+}
+
+/// Checks a pool's `[pools.depth]` table; an error names the field.
+fn validate_depth(d: &DepthConfig, max_in_flight: u32) -> Result<(), (&'static str, String)> {
+    if d.min_depth == 0 || d.min_depth > max_in_flight {
+        return Err((
+            "min_depth",
+            format!(
+                "must be 1-{max_in_flight} (the pool's max_in_flight), got {}",
+                d.min_depth
+            ),
+        ));
+    }
+    if !(d.period_ms.is_finite() && (1.0..=60_000.0).contains(&d.period_ms)) {
+        return Err(("period_ms", format!("must be 1-60000, got {}", d.period_ms)));
+    }
+    for (field, f) in [
+        ("over_target_budget", d.over_target_budget),
+        ("over_twice_budget", d.over_twice_budget),
+    ] {
+        if !(f.is_finite() && f > 0.0 && f <= 1.0) {
+            return Err((
+                field,
+                format!("must be a fraction above 0 and at most 1, got {f}"),
+            ));
+        }
+    }
+    if !(d.decrease.is_finite() && (0.1..=0.99).contains(&d.decrease)) {
+        return Err((
+            "decrease",
+            format!(
+                "must be 0.1-0.99 (the factor the depth shrinks by per period), got {}",
+                d.decrease
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The line that is `needle` (a `name = "…"` line), or whose key is `needle`.
