@@ -12,7 +12,8 @@
 //! inline what the gate allows, and READ/plain WRITE that the page cache can
 //! serve without blocking (`RWF_NOWAIT`, or small buffered writes where the file
 //! system lacks it) run on the calling thread; the rest goes to tokio's blocking
-//! pool. A dispatcher task per pool only handles limit timers. Pool options:
+//! pool. A dispatcher thread per pool only handles limit timers (finer than the
+//! runtime's 1 ms timer). Pool options:
 //! `qos = false` bypasses the gate, `direct_io = true` opens volumes
 //! `O_DIRECT` (slower on loopback, so off by default), `congestion = { … }`
 //! enables datastore-wide congestion control (a `HostWindow` per client host),

@@ -234,19 +234,21 @@ async fn run(
     admin: TcpListener,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let mut dispatchers: Vec<JoinHandle<()>> = state
+    // Timed wake-ups (limits): one thread per pool, for a timer finer than the
+    // runtime's 1 ms (see `qos`).
+    let runtime = tokio::runtime::Handle::current();
+    let dispatchers: Vec<_> = state
         .pools
         .values()
-        .map(|p| tokio::spawn(p.clone().run()))
+        .map(|p| p.start_dispatcher(runtime.clone()))
         .collect();
-    dispatchers.extend(
-        state
-            .pools
-            .values()
-            .filter(|p| p.congestion_period().is_some())
-            .map(|p| tokio::spawn(p.clone().run_congestion_control())),
-    );
-    dispatchers.extend(
+    let mut tasks: Vec<JoinHandle<()>> = state
+        .pools
+        .values()
+        .filter(|p| p.congestion_period().is_some())
+        .map(|p| tokio::spawn(p.clone().run_congestion_control()))
+        .collect();
+    tasks.extend(
         state
             .pools
             .values()
@@ -283,8 +285,9 @@ async fn run(
         }
     }
     let _ = admin_task.await;
-    for d in dispatchers {
-        d.abort();
+    drop(dispatchers);
+    for t in tasks {
+        t.abort();
     }
     let store = state.store();
     store.sync_all().map_err(|e| anyhow::anyhow!("{e}"))?;
