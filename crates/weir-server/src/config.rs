@@ -11,7 +11,10 @@
 //!
 //! [[pools]]
 //! name = "default"                  # a directory data_dir/pools/<name> of sparse files
-//! max_in_flight = 64                # I/Os the pool's QoS dispatcher keeps outstanding
+//! max_in_flight = 64                # most I/Os (pieces) the pool's QoS gate keeps at the
+//!                                   # backend: the ceiling of the adaptive depth below
+//! # trim_cost_factor = 1.0          # a TRIM is charged its length times this (0-1)
+//! # zero_cost_factor = 1.0          # a WRITE_ZEROES is charged its length times this (0-1)
 //! # device = "15k-sas-raid5x24"     # emulated device: I/Os complete no earlier than this
 //!                                   # weir-model array says (any of weir_model::ARRAY_PRESETS)
 //! # congestion = { enabled = true, threshold_ms = 30 }
@@ -20,6 +23,14 @@
 //!                                   # gamma, min_window, max_window, period_ms
 //! # qos = false                     # bypass the QoS scheduler (default true)
 //! # direct_io = true                # O_DIRECT for aligned requests (default false)
+//!
+//! # [pools.depth]                   # adaptive device depth (these are the defaults): the
+//! # adaptive = true                 # in-flight limit shrinks (x decrease per period) while
+//! # min_depth = 4                   # more than over_target_budget of a protected volume's
+//! # period_ms = 100                 # requests (mission-/business-critical with a latency
+//! # over_target_budget = 0.25       # target) take longer than the target at the backend,
+//! # over_twice_budget = 0.01        # or over_twice_budget longer than twice it, and grows
+//! # decrease = 0.85                 # back to max_in_flight when they do not
 //!
 //! [[policies]]                      # user-defined, beside the five built-ins
 //! name = "gold"
@@ -644,6 +655,59 @@ mod tests {
                 .worker_threads()
                 >= 1
         );
+    }
+
+    #[test]
+    fn cost_factors_and_depth_are_read_and_checked() {
+        let c = WeirConfig::from_toml_str("", "w.toml").unwrap();
+        assert_eq!(c.pools[0].trim_cost_factor, 1.0);
+        assert_eq!(c.pools[0].zero_cost_factor, 1.0);
+        assert_eq!(c.pools[0].depth, DepthConfig::default());
+        let text = "[[pools]]\nname = \"p\"\nmax_in_flight = 32\ntrim_cost_factor = 0.25\nzero_cost_factor = 0\n\n[pools.depth]\nadaptive = false\nmin_depth = 8\n";
+        let c = WeirConfig::from_toml_str(text, "w.toml").unwrap();
+        let p = &c.pools[0];
+        assert_eq!((p.trim_cost_factor, p.zero_cost_factor), (0.25, 0.0));
+        assert!(!p.depth.adaptive);
+        assert_eq!(p.depth.min_depth, 8);
+        assert_eq!(p.depth.decrease, DepthConfig::default().decrease);
+
+        let text = "[[pools]]\nname = \"p\"\ntrim_cost_factor = 1.5\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(
+            e.message.contains("pools[0].trim_cost_factor: must be 0-1"),
+            "{e}"
+        );
+        let text = "[[pools]]\nname = \"p\"\nzero_cost_factor = -1\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert!(e.message.contains("pools[0].zero_cost_factor"), "{e}");
+        let text = "[[pools]]\nname = \"p\"\nmax_in_flight = 16\n[pools.depth]\nmin_depth = 32\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(
+            e.message.contains("pools[0].depth.min_depth: must be 1-16"),
+            "{e}"
+        );
+        let text = "[[pools]]\nname = \"p\"\ndepth = { decrease = 1.5 }\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert!(e.message.contains("pools[0].depth.decrease"), "{e}");
+        let text = "[[pools]]\nname = \"p\"\ndepth = { period_ms = 0 }\n";
+        assert!(
+            WeirConfig::from_toml_str(text, "w.toml")
+                .unwrap_err()
+                .message
+                .contains("depth.period_ms")
+        );
+        let text = "[[pools]]\nname = \"p\"\ndepth = { over_twice_budget = 0 }\n";
+        assert!(
+            WeirConfig::from_toml_str(text, "w.toml")
+                .unwrap_err()
+                .message
+                .contains("depth.over_twice_budget")
+        );
+        let text = "[[pools]]\nname = \"p\"\ndepth = { adaptve = false }\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert!(e.message.contains("adaptve"), "{e}");
     }
 
     #[test]
