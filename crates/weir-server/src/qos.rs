@@ -514,7 +514,8 @@ impl<P: Perform> Drop for Dispatcher<P> {
 /// A pool's gate at one moment.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolGauges {
-    /// Pieces at the backend now.
+    /// Pieces at the backend now (0 on a `qos = false` pool: its requests bypass
+    /// the gate).
     pub in_flight: u32,
     /// The device in-flight limit now (adaptive depth; `max_in_flight` when fixed).
     pub depth_limit: u32,

@@ -240,6 +240,7 @@ async fn run(
     let dispatchers: Vec<_> = state
         .pools
         .values()
+        .filter(|p| p.qos_enabled())
         .map(|p| p.start_dispatcher(runtime.clone()))
         .collect();
     let mut tasks: Vec<JoinHandle<()>> = state
