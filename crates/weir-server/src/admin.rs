@@ -11,6 +11,7 @@
 //! | POST | `/v1/volumes/{name}/resize` | `{"size_bytes": n}` | `VolumeRecord` |
 //! | POST | `/v1/volumes/{name}/policy` | `{"policy": "name"}` | `VolumeRecord` |
 //! | GET | `/v1/volumes/{name}/stats` | | `VolumeStatsReport` |
+//! | GET | `/v1/pools` | | `[PoolStatsReport]` |
 //! | GET | `/v1/policies` | | `[Policy]` |
 //! | POST | `/v1/policies` | `Policy` | `Policy` (201) |
 //! | GET | `/v1/policies/{name}` | | `Policy` |
@@ -43,6 +44,7 @@ use weir_qos::{Policy, VolumeId};
 
 use crate::config::AccessGroupConfig;
 use crate::metrics::CounterSnapshot;
+use crate::qos::PoolGauges;
 use crate::server::ServerState;
 use crate::store::{StoreError, VolumeCreate, VolumeRecord, VolumeUpdate};
 
@@ -69,6 +71,33 @@ pub struct VolumeStatsReport {
     /// Requests the scheduler released to meet the reservation / by shares.
     pub reservation_dispatches: u64,
     pub dispatched_ios: u64,
+    /// The volume's pool's QoS gate now (device depth limit, pieces in flight).
+    #[serde(default)]
+    pub pool: PoolGauges,
+}
+
+/// One pool's QoS gate now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolStatsReport {
+    pub name: String,
+    /// `false`: requests bypass the gate (`qos = false`).
+    pub qos: bool,
+    /// The emulated device's preset, if any.
+    pub device: Option<String>,
+    #[serde(flatten)]
+    pub gauges: PoolGauges,
+    /// Per-host admission windows (empty unless congestion control is on).
+    pub host_windows: Vec<HostWindowReport>,
+}
+
+/// One client host's admission window on a pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostWindowReport {
+    pub client: u32,
+    pub window: u32,
+    pub host_shares: u64,
+    pub in_gate: usize,
+    pub waiting: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,6 +186,7 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             ok(&s.set_volume_policy(name, &req.policy)?)
         }
         ("GET", ["v1", "volumes", name, "stats"]) => ok(&volume_stats(s, name)?),
+        ("GET", ["v1", "pools"]) => ok(&s.pool_reports()),
         ("GET", ["v1", "policies"]) => ok(&store().policies()),
         ("POST", ["v1", "policies"]) => {
             let p: Policy = parse(body)?;
@@ -182,10 +212,11 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
         ("DELETE", ["v1", "access-groups", name]) => ok(&store().delete_access_group(name)?),
         ("GET", ["metrics"]) => {
             let queued = s.queued_by_volume();
+            let pools = s.pool_gauges();
             Ok(Response {
                 status: 200,
                 content_type: "text/plain; version=0.0.4",
-                body: s.metrics.render_prometheus(&queued).into_bytes(),
+                body: s.metrics.render_prometheus(&queued, &pools).into_bytes(),
             })
         }
         (_, path) if is_route(path) => Err(ApiError(
@@ -203,7 +234,7 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
 fn is_route(path: &[&str]) -> bool {
     matches!(
         path,
-        ["v1", "volumes" | "policies" | "access-groups"]
+        ["v1", "volumes" | "policies" | "access-groups" | "pools"]
             | ["v1", "volumes" | "policies" | "access-groups", _]
             | ["v1", "volumes", _, "resize" | "policy" | "stats"]
             | ["metrics"]
@@ -213,10 +244,12 @@ fn is_route(path: &[&str]) -> bool {
 fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiError> {
     let volume = s.store().get(name)?;
     let counters = s.metrics.volume(name).snapshot();
-    let sched = s
-        .pool(&volume.pool)
+    let pool = s.pool(&volume.pool);
+    let sched = pool
+        .as_ref()
         .and_then(|p| p.volume_stats(VolumeId(volume.id)))
         .unwrap_or_default();
+    let gauges = pool.map(|p| p.gauges()).unwrap_or_default();
     Ok(VolumeStatsReport {
         uptime_seconds: s.started.elapsed().as_secs_f64(),
         mean_latency_ms: counters.mean_latency_ms(),
@@ -224,6 +257,7 @@ fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiErr
         queued: sched.queued,
         reservation_dispatches: sched.reservation_dispatches,
         dispatched_ios: sched.dispatched_ios,
+        pool: gauges,
         volume,
     })
 }
@@ -367,6 +401,10 @@ impl Client {
             None::<&()>,
         )
         .await
+    }
+    /// Every pool's QoS gate now (`/v1/pools`).
+    pub async fn list_pools(&self) -> Result<Vec<PoolStatsReport>, ClientError> {
+        self.call("GET", "/v1/pools", None::<&()>).await
     }
     pub async fn list_policies(&self) -> Result<Vec<Policy>, ClientError> {
         self.call("GET", "/v1/policies", None::<&()>).await

@@ -11,7 +11,10 @@
 //!
 //! [[pools]]
 //! name = "default"                  # a directory data_dir/pools/<name> of sparse files
-//! max_in_flight = 64                # I/Os the pool's QoS dispatcher keeps outstanding
+//! max_in_flight = 64                # most I/Os (pieces) the pool's QoS gate keeps at the
+//!                                   # backend: the ceiling of the adaptive depth below
+//! # trim_cost_factor = 1.0          # a TRIM is charged its length times this (0-1)
+//! # zero_cost_factor = 1.0          # a WRITE_ZEROES is charged its length times this (0-1)
 //! # device = "15k-sas-raid5x24"     # emulated device: I/Os complete no earlier than this
 //!                                   # weir-model array says (any of weir_model::ARRAY_PRESETS)
 //! # congestion = { enabled = true, threshold_ms = 30 }
@@ -20,6 +23,14 @@
 //!                                   # gamma, min_window, max_window, period_ms
 //! # qos = false                     # bypass the QoS scheduler (default true)
 //! # direct_io = true                # O_DIRECT for aligned requests (default false)
+//!
+//! # [pools.depth]                   # adaptive device depth (these are the defaults): the
+//! # adaptive = true                 # in-flight limit shrinks (x decrease per period) while
+//! # min_depth = 4                   # more than over_target_budget of a protected volume's
+//! # period_ms = 100                 # requests (mission-/business-critical with a latency
+//! # over_target_budget = 0.25       # target) take longer than the target at the backend,
+//! # over_twice_budget = 0.01        # or over_twice_budget longer than twice it, and grows
+//! # decrease = 0.85                 # back to max_in_flight when they do not
 //!
 //! [[policies]]                      # user-defined, beside the five built-ins
 //! name = "gold"
@@ -45,7 +56,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use weir_qos::{CongestionConfig, Policy, PolicyCatalog};
+use weir_qos::{CongestionConfig, DepthConfig, Policy, PolicyCatalog};
 
 use crate::access::HostPattern;
 
@@ -92,6 +103,17 @@ pub struct PoolConfig {
     /// Cost unit of the pool's scheduler (bytes per I/O against IOPS figures).
     #[serde(default)]
     pub cost_unit_bytes: Option<u32>,
+    /// A TRIM is charged its length times this (0-1, default 1: as a write).
+    #[serde(default = "default_cost_factor")]
+    pub trim_cost_factor: f64,
+    /// A WRITE_ZEROES is charged its length times this (0-1, default 1).
+    #[serde(default = "default_cost_factor")]
+    pub zero_cost_factor: f64,
+    /// The adaptive device depth (`[pools.depth]`): how many pieces the pool keeps
+    /// at the backend, between `min_depth` and `max_in_flight`, shrinking while a
+    /// protected volume misses its latency target at the device.
+    #[serde(default)]
+    pub depth: DepthConfig,
     /// Emulated device (a `weir_model::ARRAY_PRESETS` name): READ/WRITE replies wait
     /// until the model completes them; data still goes to the pool's files.
     #[serde(default)]
@@ -216,6 +238,9 @@ fn default_max_in_flight() -> u32 {
 fn default_busy_poll_us() -> u32 {
     crate::busy_poll::DEFAULT_BUSY_POLL_US
 }
+fn default_cost_factor() -> f64 {
+    1.0
+}
 fn default_true() -> bool {
     true
 }
@@ -227,6 +252,9 @@ fn default_pools() -> Vec<PoolConfig> {
         name: DEFAULT_POOL.into(),
         max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         cost_unit_bytes: None,
+        trim_cost_factor: 1.0,
+        zero_cost_factor: 1.0,
+        depth: DepthConfig::default(),
         device: None,
         congestion: None,
         qos: true,
@@ -386,6 +414,22 @@ impl WeirConfig {
                     ),
                 ));
             }
+            for (field, f) in [
+                ("trim_cost_factor", p.trim_cost_factor),
+                ("zero_cost_factor", p.zero_cost_factor),
+            ] {
+                if !(0.0..=1.0).contains(&f) {
+                    return Err((
+                        Some(field.into()),
+                        format!(
+                            "pools[{i}].{field}: must be 0-1 (the fraction of its length a request is charged), got {f}"
+                        ),
+                    ));
+                }
+            }
+            validate_depth(&p.depth, p.max_in_flight).map_err(|(field, e)| {
+                (Some(field.into()), format!("pools[{i}].depth.{field}: {e}"))
+            })?;
             if let Some(c) = &p.congestion {
                 c.validate()
                     .map_err(|e| (at(&p.name), format!("pools[{i}].congestion: {e}")))?;
@@ -438,6 +482,43 @@ impl WeirConfig {
         }
         Ok(())
     }
+}
+
+/// Checks a pool's `[pools.depth]` table; an error names the field.
+fn validate_depth(d: &DepthConfig, max_in_flight: u32) -> Result<(), (&'static str, String)> {
+    if d.min_depth == 0 || d.min_depth > max_in_flight {
+        return Err((
+            "min_depth",
+            format!(
+                "must be 1-{max_in_flight} (the pool's max_in_flight), got {}",
+                d.min_depth
+            ),
+        ));
+    }
+    if !(d.period_ms.is_finite() && (1.0..=60_000.0).contains(&d.period_ms)) {
+        return Err(("period_ms", format!("must be 1-60000, got {}", d.period_ms)));
+    }
+    for (field, f) in [
+        ("over_target_budget", d.over_target_budget),
+        ("over_twice_budget", d.over_twice_budget),
+    ] {
+        if !(f.is_finite() && f > 0.0 && f <= 1.0) {
+            return Err((
+                field,
+                format!("must be a fraction above 0 and at most 1, got {f}"),
+            ));
+        }
+    }
+    if !(d.decrease.is_finite() && (0.1..=0.99).contains(&d.decrease)) {
+        return Err((
+            "decrease",
+            format!(
+                "must be 0.1-0.99 (the factor the depth shrinks by per period), got {}",
+                d.decrease
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The line that is `needle` (a `name = "…"` line), or whose key is `needle`.
@@ -574,6 +655,59 @@ mod tests {
                 .worker_threads()
                 >= 1
         );
+    }
+
+    #[test]
+    fn cost_factors_and_depth_are_read_and_checked() {
+        let c = WeirConfig::from_toml_str("", "w.toml").unwrap();
+        assert_eq!(c.pools[0].trim_cost_factor, 1.0);
+        assert_eq!(c.pools[0].zero_cost_factor, 1.0);
+        assert_eq!(c.pools[0].depth, DepthConfig::default());
+        let text = "[[pools]]\nname = \"p\"\nmax_in_flight = 32\ntrim_cost_factor = 0.25\nzero_cost_factor = 0\n\n[pools.depth]\nadaptive = false\nmin_depth = 8\n";
+        let c = WeirConfig::from_toml_str(text, "w.toml").unwrap();
+        let p = &c.pools[0];
+        assert_eq!((p.trim_cost_factor, p.zero_cost_factor), (0.25, 0.0));
+        assert!(!p.depth.adaptive);
+        assert_eq!(p.depth.min_depth, 8);
+        assert_eq!(p.depth.decrease, DepthConfig::default().decrease);
+
+        let text = "[[pools]]\nname = \"p\"\ntrim_cost_factor = 1.5\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(
+            e.message.contains("pools[0].trim_cost_factor: must be 0-1"),
+            "{e}"
+        );
+        let text = "[[pools]]\nname = \"p\"\nzero_cost_factor = -1\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert!(e.message.contains("pools[0].zero_cost_factor"), "{e}");
+        let text = "[[pools]]\nname = \"p\"\nmax_in_flight = 16\n[pools.depth]\nmin_depth = 32\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(
+            e.message.contains("pools[0].depth.min_depth: must be 1-16"),
+            "{e}"
+        );
+        let text = "[[pools]]\nname = \"p\"\ndepth = { decrease = 1.5 }\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert!(e.message.contains("pools[0].depth.decrease"), "{e}");
+        let text = "[[pools]]\nname = \"p\"\ndepth = { period_ms = 0 }\n";
+        assert!(
+            WeirConfig::from_toml_str(text, "w.toml")
+                .unwrap_err()
+                .message
+                .contains("depth.period_ms")
+        );
+        let text = "[[pools]]\nname = \"p\"\ndepth = { over_twice_budget = 0 }\n";
+        assert!(
+            WeirConfig::from_toml_str(text, "w.toml")
+                .unwrap_err()
+                .message
+                .contains("depth.over_twice_budget")
+        );
+        let text = "[[pools]]\nname = \"p\"\ndepth = { adaptve = false }\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert!(e.message.contains("adaptve"), "{e}");
     }
 
     #[test]

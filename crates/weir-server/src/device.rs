@@ -7,6 +7,12 @@
 //!
 //! Every volume of the pool shares one model instance (one array), each at its
 //! own base offset, so volumes compete for the same drives as they would.
+//!
+//! What reaches the model is what the QoS gate releases: each piece of a request
+//! paced under a limit is submitted separately (so the array sees paced traffic).
+//! READ and CACHE pieces are served as reads, WRITE and WRITE_ZEROES as writes;
+//! TRIM, FLUSH and BLOCK_STATUS cost the gate an operation but take no device time
+//! (the `weir-model` arrays have no flush or discard cost).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,20 +1,25 @@
 //! # weir-server — NBD storage server with the QoS engine in the I/O path
 //!
 //! One request: socket → `weir-nbd` decode + [`weir_nbd::validate`] → session
-//! (export, client host) → [`qos::QosPool::submit`] (a `weir_qos::Scheduler`
-//! per pool) → dispatch (tags, concurrency bound, limit timers) → backend layer
-//! chain ([`backend::Backend`]: file today, emulated device later) → completion
-//! reported to the scheduler → reply encoded → writer task → socket.
+//! (export, client host, cost of the command) → [`qos::QosPool::submit`] (a
+//! `weir_qos::Gate` per pool: host windows, tags, paced pieces, device depth
+//! limit, limit timers) → the session performs each released piece on the
+//! backend layer chain ([`backend::Backend`]: file, optionally beside an emulated
+//! device) → piece completed at the gate → reply encoded once the request's last
+//! piece is done → writer task → socket.
 //!
 //! The request path avoids hand-offs: the session submits, the pool releases
-//! inline what the scheduler allows, and READ/plain WRITE that the page cache can
+//! inline what the gate allows, and READ/plain WRITE that the page cache can
 //! serve without blocking (`RWF_NOWAIT`, or small buffered writes where the file
 //! system lacks it) run on the calling thread; the rest goes to tokio's blocking
-//! pool. A dispatcher task per pool only handles limit timers. Pool options:
-//! `qos = false` bypasses the scheduler, `direct_io = true` opens volumes
+//! pool. A dispatcher thread per pool only handles limit timers (finer than the
+//! runtime's 1 ms timer). Pool options:
+//! `qos = false` bypasses the gate, `direct_io = true` opens volumes
 //! `O_DIRECT` (slower on loopback, so off by default), `congestion = { … }`
 //! enables datastore-wide congestion control (a `HostWindow` per client host),
-//! `device = "…"` emulates a device model.
+//! `device = "…"` emulates a device model, `trim_cost_factor` and
+//! `zero_cost_factor` scale what TRIM and WRITE_ZEROES are charged, `[pools.depth]`
+//! tunes the adaptive device depth under `max_in_flight`.
 //!
 //! Entry points: [`serve`] (`weir serve`: runs until SIGINT/SIGTERM),
 //! [`RunningServer::start`] (tests, embedding), [`WeirConfig`],

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use crate::qos::PoolGauges;
+
 /// Upper bounds of the latency histogram buckets, microseconds (then +Inf).
 pub const LATENCY_BUCKETS_US: [u64; 15] = [
     50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
@@ -126,9 +128,14 @@ impl Metrics {
         h.entry(host).or_default().clone()
     }
 
-    /// Prometheus text exposition format (version 0.0.4). `gauges` adds
-    /// per-volume gauges (e.g. queued requests).
-    pub fn render_prometheus(&self, queued: &BTreeMap<String, usize>) -> String {
+    /// Prometheus text exposition format (version 0.0.4), with the gauges of
+    /// each volume (`queued`: requests waiting in its pool's gate) and each pool's
+    /// gate (`pools`: in flight, device depth limit, its ceiling, queued).
+    pub fn render_prometheus(
+        &self,
+        queued: &BTreeMap<String, usize>,
+        pools: &BTreeMap<String, PoolGauges>,
+    ) -> String {
         let volumes: Vec<(String, CounterSnapshot)> = self
             .volumes
             .lock()
@@ -226,6 +233,39 @@ impl Metrics {
         for (name, q) in queued {
             let _ = writeln!(out, "weir_volume_queued{{volume=\"{}\"}} {q}", escape(name));
         }
+        type Gauge = fn(&PoolGauges) -> u64;
+        let gauges: [(&str, &str, Gauge); 4] = [
+            (
+                "in_flight",
+                "Pieces the pool's QoS gate has at the backend now.",
+                |g| g.in_flight.into(),
+            ),
+            (
+                "depth_limit",
+                "The pool's device in-flight limit now (adaptive depth).",
+                |g| g.depth_limit.into(),
+            ),
+            (
+                "max_in_flight",
+                "The pool's max_in_flight (the depth limit's ceiling).",
+                |g| g.max_in_flight.into(),
+            ),
+            ("queued", "Requests waiting in the pool's QoS gate.", |g| {
+                g.queued as u64
+            }),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(out, "# HELP weir_pool_{name} {help}");
+            let _ = writeln!(out, "# TYPE weir_pool_{name} gauge");
+            for (pool, g) in pools {
+                let _ = writeln!(
+                    out,
+                    "weir_pool_{name}{{pool=\"{}\"}} {}",
+                    escape(pool),
+                    value(g)
+                );
+            }
+        }
         out
     }
 }
@@ -261,7 +301,20 @@ mod tests {
         );
         assert_eq!(s.latency_buckets[1], 1);
         assert_eq!(s.latency_buckets[6], 1);
-        let text = m.render_prometheus(&BTreeMap::from([("sql".to_string(), 3)]));
+        let pools = BTreeMap::from([(
+            "default".to_string(),
+            PoolGauges {
+                in_flight: 5,
+                depth_limit: 48,
+                max_in_flight: 64,
+                queued: 7,
+            },
+        )]);
+        let text = m.render_prometheus(&BTreeMap::from([("sql".to_string(), 3)]), &pools);
+        assert!(text.contains("weir_pool_in_flight{pool=\"default\"} 5"));
+        assert!(text.contains("weir_pool_depth_limit{pool=\"default\"} 48"));
+        assert!(text.contains("weir_pool_max_in_flight{pool=\"default\"} 64"));
+        assert!(text.contains("# TYPE weir_pool_queued gauge"));
         assert!(text.contains("weir_volume_ios_total{volume=\"sql\",op=\"read\"} 1"));
         assert!(
             text.contains("weir_volume_latency_seconds_bucket{volume=\"sql\",le=\"0.0001\"} 1")

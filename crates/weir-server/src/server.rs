@@ -10,18 +10,19 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use weir_nbd::{ErrorCode, NbdError};
-use weir_qos::{ClientId, CongestionConfig, Policy, SchedulerConfig, VolumeId};
+use weir_qos::{ClientId, CongestionConfig, GateConfig, Policy, SchedulerConfig, VolumeId};
 
 use crate::config::WeirConfig;
 use crate::device::EmulatedDevice;
 use crate::metrics::Metrics;
-use crate::qos::QosPool;
+use crate::qos::{PoolGauges, QosPool};
+use crate::session::Pool;
 use crate::store::{StoreError, VolumeCreate, VolumeRecord, VolumeStore};
 
 /// Everything sessions and the admin API share.
 pub struct ServerState {
     store: Mutex<VolumeStore>,
-    pools: HashMap<String, Arc<QosPool>>,
+    pools: HashMap<String, Arc<Pool>>,
     pub metrics: Metrics,
     clients: Mutex<HashMap<IpAddr, ClientId>>,
     pub started: Instant,
@@ -36,10 +37,19 @@ impl ServerState {
         let epoch = Instant::now();
         let mut pools = HashMap::new();
         for p in store.pools() {
-            let mut sc = SchedulerConfig::default();
+            let mut scheduler = SchedulerConfig {
+                trim_cost_factor: p.trim_cost_factor,
+                zero_cost_factor: p.zero_cost_factor,
+                ..SchedulerConfig::default()
+            };
             if let Some(c) = p.cost_unit_bytes {
-                sc.cost_unit_bytes = c;
+                scheduler.cost_unit_bytes = c;
             }
+            let gate = GateConfig {
+                scheduler,
+                max_in_flight: p.max_in_flight,
+                depth: p.depth.clone(),
+            };
             let device = match &p.device {
                 None => None,
                 Some(name) => Some(Arc::new(EmulatedDevice::new(name, epoch).map_err(|e| {
@@ -49,7 +59,7 @@ impl ServerState {
             pools.insert(
                 p.name.clone(),
                 Arc::new(
-                    QosPool::new(&p.name, p.max_in_flight, sc, epoch, device)
+                    QosPool::new(&p.name, gate, epoch, device)
                         .with_congestion(p.congestion.clone().unwrap_or(CongestionConfig {
                             enabled: false,
                             ..CongestionConfig::default()
@@ -77,8 +87,16 @@ impl ServerState {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn pool(&self, name: &str) -> Option<Arc<QosPool>> {
+    pub fn pool(&self, name: &str) -> Option<Arc<Pool>> {
         self.pools.get(name).cloned()
+    }
+
+    /// Every pool's gate now (depth limit, in flight, queued), by pool name.
+    pub fn pool_gauges(&self) -> BTreeMap<String, PoolGauges> {
+        self.pools
+            .iter()
+            .map(|(name, p)| (name.clone(), p.gauges()))
+            .collect()
     }
 
     /// The QoS client id of a host (stable for the server's lifetime).
@@ -101,9 +119,8 @@ impl ServerState {
     pub fn delete_volume(&self, name: &str) -> Result<VolumeRecord, StoreError> {
         let (r, _open) = self.store().delete(name)?;
         if let Some(pool) = self.pools.get(&r.pool) {
-            for job in pool.remove_volume(VolumeId(r.id)) {
-                crate::session::fail(job, NbdError::new(ErrorCode::Io, "volume was deleted"))
-                    .deliver();
+            for task in pool.remove_volume(VolumeId(r.id)) {
+                crate::session::fail(&task, NbdError::new(ErrorCode::Io, "volume was deleted"));
             }
         }
         self.metrics.forget_volume(name);
@@ -117,6 +134,33 @@ impl ServerState {
             pool.set_policy(VolumeId(r.id), p);
         }
         Ok(r)
+    }
+
+    /// Every pool's gate and host windows (the admin API's `/v1/pools`).
+    pub fn pool_reports(&self) -> Vec<crate::admin::PoolStatsReport> {
+        let mut v: Vec<_> = self
+            .pools
+            .iter()
+            .map(|(name, p)| crate::admin::PoolStatsReport {
+                name: name.clone(),
+                qos: p.qos_enabled(),
+                device: p.device().map(|d| d.preset.clone()),
+                gauges: p.gauges(),
+                host_windows: p
+                    .host_windows()
+                    .into_iter()
+                    .map(|h| crate::admin::HostWindowReport {
+                        client: h.client.0,
+                        window: h.window,
+                        host_shares: h.host_shares,
+                        in_gate: h.in_gate,
+                        waiting: h.waiting,
+                    })
+                    .collect(),
+            })
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
     }
 
     /// Requests queued in the schedulers, per volume name.
@@ -190,19 +234,22 @@ async fn run(
     admin: TcpListener,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let mut dispatchers: Vec<JoinHandle<()>> = state
+    // Timed wake-ups (limits): one thread per pool, for a timer finer than the
+    // runtime's 1 ms (see `qos`).
+    let runtime = tokio::runtime::Handle::current();
+    let dispatchers: Vec<_> = state
         .pools
         .values()
-        .map(|p| tokio::spawn(p.clone().run()))
+        .filter(|p| p.qos_enabled())
+        .map(|p| p.start_dispatcher(runtime.clone()))
         .collect();
-    dispatchers.extend(
-        state
-            .pools
-            .values()
-            .filter(|p| p.congestion_period().is_some())
-            .map(|p| tokio::spawn(p.clone().run_congestion_control())),
-    );
-    dispatchers.extend(
+    let mut tasks: Vec<JoinHandle<()>> = state
+        .pools
+        .values()
+        .filter(|p| p.congestion_period().is_some())
+        .map(|p| tokio::spawn(p.clone().run_congestion_control()))
+        .collect();
+    tasks.extend(
         state
             .pools
             .values()
@@ -226,11 +273,11 @@ async fn run(
     }
     drop(nbd);
     // Requests held back by QoS (limits) could delay the exit indefinitely: run
-    // them now, past the scheduler, until every session is done.
+    // them now, past the gate, until every session is done.
     loop {
         for pool in state.pools.values() {
-            for job in pool.take_queued() {
-                pool.execute_now(job);
+            for task in pool.take_queued() {
+                crate::session::execute_now(pool, task);
             }
         }
         tokio::select! {
@@ -239,8 +286,9 @@ async fn run(
         }
     }
     let _ = admin_task.await;
-    for d in dispatchers {
-        d.abort();
+    drop(dispatchers);
+    for t in tasks {
+        t.abort();
     }
     let store = state.store();
     store.sync_all().map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -1,28 +1,36 @@
 //! One NBD connection: handshake with weir-nbd (exports filtered by the client's
 //! host access), then transmission with many requests in flight. A reader loop
-//! decodes and validates requests and submits them to the pool's QoS
-//! scheduler; completions are encoded on the blocking pool and handed to a
-//! writer task, so replies go out in completion order.
+//! decodes and validates requests and submits them to the pool's QoS gate, each
+//! charged what it costs ([`charge`]); this module also performs what the gate
+//! releases ([`Io`], the pool's [`Perform`]): a whole request inline when the page
+//! cache allows, else on the blocking pool (or beside the emulated device), and a
+//! request paced in pieces piece by piece, replying once its last piece is done.
+//! Replies go to a writer task, so they go out in completion order.
 
+use std::cell::Cell;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::LocalKey;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use weir_model::IoDir;
 use weir_nbd::consts::{CMD_READ, CMD_WRITE, REQUEST_HEADER_LEN};
 use weir_nbd::{
     Command, ErrorCode, ExportCatalog, ExportDescription, ExportInfo, ExportListing,
     HandshakeEvent, NbdError, Request, RequestHeader, ServerHandshake, reply, validate,
 };
-use weir_qos::{ClientId, IoCost, IoKind};
+use weir_qos::{ClientId, Finished, GateRequest, IoKind, Piece, Release, Ticket};
 
 use crate::access::canonical;
 use crate::busy_poll::{BusyPoll, poll_until};
+use crate::device::EmulatedDevice;
 use crate::metrics::{IoCounters, OpKind};
+use crate::qos::{Buffers, Perform, Performed, QosPool};
 use crate::server::ServerState;
 use crate::store::OpenVolume;
 
@@ -141,22 +149,6 @@ impl From<Vec<u8>> for Reply {
     }
 }
 
-/// A performed job with its encoded reply.
-pub struct Done {
-    job: Job,
-    reply: Reply,
-    ok: bool,
-}
-
-impl Done {
-    /// Records metrics and hands the reply to the connection's writer.
-    pub fn deliver(self) {
-        let Done { job, reply, ok } = self;
-        record(&job, ok);
-        let _ = job.reply.send(reply);
-    }
-}
-
 fn op_kind(c: &Command) -> (OpKind, u64) {
     match *c {
         Command::Read { length, .. } => (OpKind::Read, length as u64),
@@ -165,11 +157,13 @@ fn op_kind(c: &Command) -> (OpKind, u64) {
     }
 }
 
-fn record(job: &Job, ok: bool) {
+/// Records metrics and hands the reply to the connection's writer.
+pub fn deliver(job: &Job, reply: Reply, ok: bool) {
     let (kind, bytes) = op_kind(&job.command);
     let latency = job.received_at.elapsed().as_nanos() as u64;
     job.volume_counters.record(kind, bytes, latency, ok);
     job.host_counters.record(kind, bytes, latency, ok);
+    let _ = job.reply.send(reply);
 }
 
 fn io_error(e: &io::Error, what: &str) -> NbdError {
@@ -180,6 +174,40 @@ fn io_error(e: &io::Error, what: &str) -> NbdError {
             .map_or(ErrorCode::Io, ErrorCode::from_errno)
     };
     NbdError::new(code, format!("{what}: {e}"))
+}
+
+fn deleted() -> NbdError {
+    NbdError::new(ErrorCode::Io, "volume was deleted")
+}
+
+/// The reply to a request that failed with `error`.
+fn error_reply(job: &Job, error: &NbdError) -> Reply {
+    let mut out = Vec::new();
+    reply::error_reply(&mut out, &job.export, job.handle, error);
+    out.into()
+}
+
+fn ok_reply(job: &Job) -> Reply {
+    let mut out = Vec::with_capacity(16);
+    reply::ok_reply(&mut out, job.handle);
+    out.into()
+}
+
+/// What the gate charges for a command, and the range it may pace it over:
+/// READ, WRITE, CACHE, TRIM and WRITE_ZEROES their range (TRIM and WRITE_ZEROES
+/// at the pool's cost factors), FLUSH one operation, BLOCK_STATUS one other
+/// operation.
+pub fn charge(command: &Command) -> (IoKind, u64, u32) {
+    match *command {
+        Command::Read { offset, length, .. } => (IoKind::Read, offset, length),
+        Command::Write { offset, length, .. } => (IoKind::Write, offset, length),
+        Command::Cache { offset, length } => (IoKind::Cache, offset, length),
+        Command::Trim { offset, length, .. } => (IoKind::Trim, offset, length),
+        Command::WriteZeroes { offset, length, .. } => (IoKind::WriteZeroes, offset, length),
+        Command::Flush => (IoKind::Flush, 0, 0),
+        Command::BlockStatus { offset, length, .. } => (IoKind::Other, offset, length),
+        Command::Disconnect => (IoKind::Other, 0, 0),
+    }
 }
 
 /// Largest READ tried inline without blocking ([`try_perform_inline`]); larger
@@ -194,35 +222,26 @@ pub const INLINE_MAX_WRITE_BYTES: u32 = 1 << 20;
 
 /// Runs a READ or a plain WRITE (no FUA) on the calling thread if the backend can
 /// do it without blocking (page cache: small reads are copied, large ones sent
-/// with `sendfile(2)` by the writer); otherwise gives the job back for
-/// [`perform`] on a blocking thread. Saves the hand-off on the common path.
-#[allow(clippy::result_large_err)] // gives the job back by value, no allocation
-pub fn try_perform_inline(job: Job) -> Result<Done, Job> {
+/// with `sendfile(2)` by the writer); `None`: run [`perform`] on a blocking
+/// thread. Saves the hand-off on the common path.
+pub fn try_perform_inline(job: &Job) -> Option<(Reply, bool)> {
     if job.volume.is_deleted() {
-        return Err(job);
+        return None;
     }
     match job.command {
         Command::Read { offset, length, .. }
             if length >= ZERO_COPY_MIN_READ_BYTES
-                && let Some(reply) = zero_copy_reply(&job, offset, length) =>
+                && let Some(reply) = zero_copy_reply(job, offset, length) =>
         {
-            Ok(Done {
-                job,
-                reply,
-                ok: true,
-            })
+            Some((reply, true))
         }
         // Not sent from the page cache (partly cached, or no cachestat(2) before
         // Linux 6.5): small enough reads are still tried without blocking.
         Command::Read { offset, length, .. } if length <= INLINE_MAX_READ_BYTES => {
-            let (mut out, start) = read_reply_buffer(&job, offset, length);
+            let (mut out, start) = read_reply_buffer(job, offset, length);
             match job.volume.backend.read_nowait(offset, &mut out[start..]) {
-                Ok(true) => Ok(Done {
-                    job,
-                    reply: out.into(),
-                    ok: true,
-                }),
-                _ => Err(job),
+                Ok(true) => Some((out.into(), true)),
+                _ => None,
             }
         }
         Command::Write {
@@ -232,19 +251,11 @@ pub fn try_perform_inline(job: Job) -> Result<Done, Job> {
         } if length <= INLINE_MAX_WRITE_BYTES => {
             let data = job.payload.as_deref().unwrap_or_default();
             match job.volume.backend.write_nowait(offset, data) {
-                Ok(true) => {
-                    let mut out = Vec::with_capacity(16);
-                    reply::ok_reply(&mut out, job.handle);
-                    Ok(Done {
-                        job,
-                        reply: out.into(),
-                        ok: true,
-                    })
-                }
-                _ => Err(job),
+                Ok(true) => Some((ok_reply(job), true)),
+                _ => None,
             }
         }
-        _ => Err(job),
+        _ => None,
     }
 }
 
@@ -263,102 +274,408 @@ fn zero_copy_reply(job: &Job, offset: u64, length: u32) -> Option<Reply> {
     })
 }
 
-/// Runs a job against its volume's backend (blocking) and encodes the reply.
-pub fn perform(job: Job) -> Done {
+/// Runs a whole request against its volume's backend (blocking) and encodes the
+/// reply; `true`: it succeeded.
+pub fn perform(job: &Job) -> (Reply, bool) {
     let b = &job.volume.backend;
-    let export = &job.export;
     let handle = job.handle;
-    let mut out = Vec::new();
-    let result: Result<(), NbdError> = if job.volume.is_deleted() {
-        Err(NbdError::new(ErrorCode::Io, "volume was deleted"))
-    } else {
-        match job.command {
-            Command::Read { offset, length, .. } => {
-                // Checked here too: the emulated-device path comes straight here.
-                if length >= ZERO_COPY_MIN_READ_BYTES
-                    && let Some(reply) = zero_copy_reply(&job, offset, length)
-                {
-                    return Done {
-                        job,
-                        reply,
-                        ok: true,
-                    };
-                }
-                let start;
-                (out, start) = read_reply_buffer(&job, offset, length);
-                match b.read(offset, &mut out[start..]) {
-                    Ok(()) => {
-                        return Done {
-                            job,
-                            reply: out.into(),
-                            ok: true,
-                        };
-                    }
-                    Err(e) => {
-                        out.clear();
-                        Err(io_error(&e, "read"))
-                    }
-                }
+    if job.volume.is_deleted() {
+        return (error_reply(job, &deleted()), false);
+    }
+    let result: Result<(), NbdError> = match job.command {
+        Command::Read { offset, length, .. } => {
+            // Checked here too: the emulated-device path comes straight here.
+            if length >= ZERO_COPY_MIN_READ_BYTES
+                && let Some(reply) = zero_copy_reply(job, offset, length)
+            {
+                return (reply, true);
             }
-            Command::Write { offset, fua, .. } => {
-                let data = job.payload.as_deref().unwrap_or_default();
-                b.write(offset, data)
-                    .and_then(|()| if fua { b.flush() } else { Ok(()) })
-                    .map_err(|e| io_error(&e, "write"))
+            let (mut out, start) = read_reply_buffer(job, offset, length);
+            match b.read(offset, &mut out[start..]) {
+                Ok(()) => return (out.into(), true),
+                Err(e) => Err(io_error(&e, "read")),
             }
-            Command::Flush => b.flush().map_err(|e| io_error(&e, "flush")),
-            Command::Trim {
-                offset,
-                length,
-                fua,
-            } => b
-                .trim(offset, length as u64)
-                .and_then(|()| if fua { b.flush() } else { Ok(()) })
-                .map_err(|e| io_error(&e, "trim")),
-            Command::WriteZeroes {
-                offset,
-                length,
-                fua,
-                no_hole,
-                fast_zero,
-            } => b
-                .write_zeroes(offset, length as u64, !no_hole, fast_zero)
-                .and_then(|()| if fua { b.flush() } else { Ok(()) })
-                .map_err(|e| io_error(&e, "write zeroes")),
-            Command::Cache { offset, length } => b
-                .cache(offset, length as u64)
-                .map_err(|e| io_error(&e, "cache")),
-            Command::BlockStatus {
-                offset,
-                length,
-                req_one,
-                context_id,
-            } => match b.block_status(offset, length as u64) {
-                Ok(extents) => {
-                    reply::block_status_chunk(
-                        &mut out, handle, context_id, &extents, req_one, length, true,
-                    );
-                    return Done {
-                        job,
-                        reply: out.into(),
-                        ok: true,
-                    };
-                }
-                Err(e) => Err(io_error(&e, "block status")),
-            },
-            Command::Disconnect => Ok(()),
         }
+        Command::Write { offset, fua, .. } => {
+            let data = job.payload.as_deref().unwrap_or_default();
+            b.write(offset, data)
+                .and_then(|()| if fua { b.flush() } else { Ok(()) })
+                .map_err(|e| io_error(&e, "write"))
+        }
+        Command::Flush => b.flush().map_err(|e| io_error(&e, "flush")),
+        Command::Trim {
+            offset,
+            length,
+            fua,
+        } => b
+            .trim(offset, length as u64)
+            .and_then(|()| if fua { b.flush() } else { Ok(()) })
+            .map_err(|e| io_error(&e, "trim")),
+        Command::WriteZeroes {
+            offset,
+            length,
+            fua,
+            no_hole,
+            fast_zero,
+        } => b
+            .write_zeroes(offset, length as u64, !no_hole, fast_zero)
+            .and_then(|()| if fua { b.flush() } else { Ok(()) })
+            .map_err(|e| io_error(&e, "write zeroes")),
+        Command::Cache { offset, length } => b
+            .cache(offset, length as u64)
+            .map_err(|e| io_error(&e, "cache")),
+        Command::BlockStatus {
+            offset,
+            length,
+            req_one,
+            context_id,
+        } => match b.block_status(offset, length as u64) {
+            Ok(extents) => {
+                let mut out = Vec::new();
+                reply::block_status_chunk(
+                    &mut out, handle, context_id, &extents, req_one, length, true,
+                );
+                return (out.into(), true);
+            }
+            Err(e) => Err(io_error(&e, "block status")),
+        },
+        Command::Disconnect => Ok(()),
     };
-    let ok = result.is_ok();
     match result {
-        Ok(()) => reply::ok_reply(&mut out, handle),
-        Err(e) => reply::error_reply(&mut out, export, handle, &e),
+        Ok(()) => (ok_reply(job), true),
+        Err(e) => (error_reply(job, &e), false),
     }
-    Done {
-        job,
-        reply: out.into(),
-        ok,
+}
+
+/// A request on its way through the gate: the job, and what its pieces produced
+/// when the gate releases it in pieces (a large request under a limit).
+pub struct Task {
+    pub job: Job,
+    pieces: Mutex<Pieces>,
+}
+
+#[derive(Default)]
+struct Pieces {
+    /// READ: the reply (header, then the data, filled piece by piece) and where
+    /// the data starts.
+    reply: Option<(Vec<u8>, usize)>,
+    /// The first error of any piece: the request fails with it.
+    error: Option<NbdError>,
+}
+
+impl Task {
+    pub fn new(job: Job) -> Arc<Task> {
+        Arc::new(Task {
+            job,
+            pieces: Mutex::new(Pieces::default()),
+        })
     }
+
+    fn pieces(&self) -> std::sync::MutexGuard<'_, Pieces> {
+        self.pieces.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The request as the gate sees it.
+    pub fn gate_request(&self) -> GateRequest {
+        let (kind, offset, length) = charge(&self.job.command);
+        GateRequest {
+            volume: self.job.volume.id,
+            client: self.job.client,
+            kind,
+            offset,
+            length,
+        }
+    }
+
+    /// Whether `piece` is the whole request (released in one go).
+    fn is_whole(&self, piece: &Piece) -> bool {
+        piece.last && piece.offset == charge(&self.job.command).1
+    }
+
+    fn fail_piece(&self, error: NbdError) {
+        let mut p = self.pieces();
+        if p.error.is_none() {
+            p.error = Some(error);
+        }
+    }
+}
+
+/// Performs one piece of a request released in pieces (blocking): a READ reads
+/// its part of the reply, a WRITE writes its slice of the payload, TRIM,
+/// WRITE_ZEROES and CACHE act on its sub-range. FUA is honoured once, after the
+/// last piece ([`finish_pieces`]). Errors are kept for the one reply.
+fn perform_piece(task: &Task, piece: Piece) {
+    let job = &task.job;
+    if job.volume.is_deleted() {
+        task.fail_piece(deleted());
+        return;
+    }
+    let b = &job.volume.backend;
+    let (_, start, _) = charge(&job.command);
+    let at = (piece.offset - start) as usize;
+    let len = piece.length as usize;
+    let result = match job.command {
+        Command::Read { length, .. } => {
+            let mut data = vec![0u8; len];
+            match b.read(piece.offset, &mut data) {
+                Ok(()) => {
+                    let mut p = task.pieces();
+                    let (out, head) = p
+                        .reply
+                        .get_or_insert_with(|| read_reply_buffer(job, start, length));
+                    let from = *head + at;
+                    out[from..from + len].copy_from_slice(&data);
+                    Ok(())
+                }
+                Err(e) => Err(io_error(&e, "read")),
+            }
+        }
+        Command::Write { .. } => {
+            let data = job.payload.as_deref().unwrap_or_default();
+            match data.get(at..at + len) {
+                Some(slice) => b
+                    .write(piece.offset, slice)
+                    .map_err(|e| io_error(&e, "write")),
+                None => Err(NbdError::new(
+                    ErrorCode::Io,
+                    "write piece outside its payload",
+                )),
+            }
+        }
+        Command::Trim { .. } => b
+            .trim(piece.offset, len as u64)
+            .map_err(|e| io_error(&e, "trim")),
+        Command::WriteZeroes {
+            no_hole, fast_zero, ..
+        } => b
+            .write_zeroes(piece.offset, len as u64, !no_hole, fast_zero)
+            .map_err(|e| io_error(&e, "write zeroes")),
+        Command::Cache { .. } => b
+            .cache(piece.offset, len as u64)
+            .map_err(|e| io_error(&e, "cache")),
+        // Never released in pieces (no range); whole requests take `perform`.
+        Command::Flush | Command::BlockStatus { .. } | Command::Disconnect => Ok(()),
+    };
+    if let Err(e) = result {
+        task.fail_piece(e);
+    }
+}
+
+/// Every piece of a request released in pieces is done: one reply (after one
+/// flush if the request asked for FUA).
+fn finish_pieces(task: Arc<Task>) {
+    let fua = matches!(
+        task.job.command,
+        Command::Write { fua: true, .. }
+            | Command::Trim { fua: true, .. }
+            | Command::WriteZeroes { fua: true, .. }
+    );
+    if fua && task.pieces().error.is_none() {
+        // `done` may run on a runtime thread: flush on the blocking pool.
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = task.job.volume.backend.flush() {
+                task.fail_piece(io_error(&e, "flush"));
+            }
+            reply_pieces(&task);
+        });
+    } else {
+        reply_pieces(&task);
+    }
+}
+
+fn reply_pieces(task: &Task) {
+    let job = &task.job;
+    let (reply, error) = {
+        let mut p = task.pieces();
+        (p.reply.take(), p.error.take())
+    };
+    match (error, &job.command, reply) {
+        (Some(e), _, _) => deliver(job, error_reply(job, &e), false),
+        (None, Command::Read { .. }, Some((out, _))) => deliver(job, out.into(), true),
+        (None, Command::Read { .. }, None) => {
+            let e = NbdError::new(ErrorCode::Io, "read produced no data");
+            deliver(job, error_reply(job, &e), false)
+        }
+        (None, _, _) => deliver(job, ok_reply(job), true),
+    }
+}
+
+/// What a performed piece reports back through the gate.
+pub enum Outcome {
+    /// A whole request: its reply.
+    Whole(Reply, bool),
+    /// A piece: its result is in the task.
+    Piece,
+}
+
+/// The session's side of the QoS pool: performs what the gate releases.
+pub struct Io;
+
+/// A pool whose released pieces the session performs.
+pub type Pool = QosPool<Io>;
+
+thread_local! {
+    /// The pool's per-thread buffers (released pieces, inline completions).
+    static BUFFERS: Cell<Buffers<Io>> = const { Cell::new(Buffers::new()) };
+}
+
+/// The device direction a piece of `command` costs on an emulated device: READ and
+/// CACHE read, WRITE and WRITE_ZEROES write; TRIM, FLUSH and BLOCK_STATUS cost the
+/// gate an operation but the device nothing (the `weir-model` arrays have no
+/// flush or discard cost).
+fn device_dir(command: &Command) -> Option<IoDir> {
+    match command {
+        Command::Read { .. } | Command::Cache { .. } => Some(IoDir::Read),
+        Command::Write { .. } | Command::WriteZeroes { .. } => Some(IoDir::Write),
+        _ => None,
+    }
+}
+
+/// Performs a piece on an emulated-device pool: the model serves the piece from
+/// now, in parallel with the real file I/O; the completion waits for both. Each
+/// piece of a paced request reaches the model separately. `ticket`: `None` when
+/// the gate is bypassed (the reply goes straight out).
+fn start_on_device(
+    pool: &Arc<Pool>,
+    device: &Arc<EmulatedDevice>,
+    task: Arc<Task>,
+    ticket: Option<Ticket>,
+    piece: Piece,
+) {
+    let whole = task.is_whole(&piece);
+    let device_done = device_dir(&task.job.command).map(|dir| {
+        device.submit(
+            device
+                .volume_base(task.job.volume.id.0)
+                .wrapping_add(piece.offset),
+            piece.length,
+            dir,
+        )
+    });
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        let t = task.clone();
+        let performed = tokio::task::spawn_blocking(move || {
+            if whole {
+                let (reply, ok) = perform(&t.job);
+                Outcome::Whole(reply, ok)
+            } else {
+                perform_piece(&t, piece);
+                Outcome::Piece
+            }
+        })
+        .await;
+        if let Some(done) = device_done {
+            let _ = done.await;
+        }
+        let outcome = performed.unwrap_or_else(|_| {
+            let e = NbdError::new(ErrorCode::Io, "internal error performing the request");
+            if whole {
+                Outcome::Whole(error_reply(&task.job, &e), false)
+            } else {
+                task.fail_piece(e);
+                Outcome::Piece
+            }
+        });
+        match (ticket, outcome) {
+            (Some(ticket), outcome) => pool.complete(Performed {
+                ticket,
+                payload: task,
+                outcome,
+            }),
+            (None, Outcome::Whole(reply, ok)) => deliver(&task.job, reply, ok),
+            (None, Outcome::Piece) => {}
+        }
+    });
+}
+
+impl Perform for Io {
+    type Payload = Arc<Task>;
+    type Outcome = Outcome;
+
+    /// Inline when the backend can serve a whole request without blocking, else
+    /// on the blocking pool (one hand-off), or in a task that also waits for the
+    /// emulated device. Pieces of a paced request go to the blocking pool.
+    fn start(pool: &Arc<Pool>, release: Release<Arc<Task>>) -> Option<Performed<Io>> {
+        let Release {
+            ticket,
+            piece,
+            payload: task,
+            ..
+        } = release;
+        if let Some(device) = pool.device() {
+            start_on_device(pool, device, task, Some(ticket), piece);
+            return None;
+        }
+        let pool = pool.clone();
+        if task.is_whole(&piece) {
+            if let Some((reply, ok)) = try_perform_inline(&task.job) {
+                return Some(Performed {
+                    ticket,
+                    payload: task,
+                    outcome: Outcome::Whole(reply, ok),
+                });
+            }
+            tokio::task::spawn_blocking(move || {
+                let (reply, ok) = perform(&task.job);
+                pool.complete(Performed {
+                    ticket,
+                    payload: task,
+                    outcome: Outcome::Whole(reply, ok),
+                });
+            });
+        } else {
+            tokio::task::spawn_blocking(move || {
+                perform_piece(&task, piece);
+                pool.complete(Performed {
+                    ticket,
+                    payload: task,
+                    outcome: Outcome::Piece,
+                });
+            });
+        }
+        None
+    }
+
+    fn done(performed: Performed<Io>, finished: Option<Finished>) {
+        match performed.outcome {
+            // A whole request is never given back by the gate: always reply.
+            Outcome::Whole(reply, ok) => deliver(&performed.payload.job, reply, ok),
+            Outcome::Piece => {
+                if finished.is_some() {
+                    finish_pieces(performed.payload);
+                }
+            }
+        }
+    }
+
+    fn buffers() -> &'static LocalKey<Cell<Buffers<Io>>> {
+        &BUFFERS
+    }
+}
+
+/// Runs a request at once, past the gate (a pool with `qos = false`, or
+/// shutdown), and replies.
+pub fn execute_now(pool: &Arc<Pool>, task: Arc<Task>) {
+    let (_, offset, length) = charge(&task.job.command);
+    if let Some(device) = pool.device() {
+        start_on_device(pool, device, task, None, Piece::whole(offset, length));
+        return;
+    }
+    if let Some((reply, ok)) = try_perform_inline(&task.job) {
+        deliver(&task.job, reply, ok);
+        return;
+    }
+    tokio::task::spawn_blocking(move || {
+        let (reply, ok) = perform(&task.job);
+        deliver(&task.job, reply, ok);
+    });
+}
+
+/// Answers a request that will not run (its volume was deleted while it was
+/// queued).
+pub fn fail(task: &Task, error: NbdError) {
+    deliver(&task.job, error_reply(&task.job, &error), false);
 }
 
 /// The exports one client host may see.
@@ -632,20 +949,6 @@ pub async fn run_session(
             let _ = tx.send(out.into());
             continue;
         }
-        let cost = match valid.command {
-            Command::Read { length, .. } => IoCost {
-                kind: IoKind::Read,
-                size_bytes: length,
-            },
-            Command::Write { length, .. } => IoCost {
-                kind: IoKind::Write,
-                size_bytes: length,
-            },
-            _ => IoCost {
-                kind: IoKind::Other,
-                size_bytes: 0,
-            },
-        };
         let job = Job {
             handle: valid.handle,
             command: valid.command,
@@ -661,15 +964,18 @@ pub async fn run_session(
             _permit: permit,
             _buffer: buffer,
         };
-        if let Err(e) = pool.submit(volume.id, client, cost, job) {
-            let mut out = Vec::new();
-            reply::error_reply(
-                &mut out,
-                &export,
-                valid.handle,
-                &NbdError::new(ErrorCode::Io, e),
+        let task = Task::new(job);
+        if !pool.qos_enabled() {
+            // QoS off on this pool: straight to the backend.
+            execute_now(&pool, task);
+            continue;
+        }
+        let request = task.gate_request();
+        if let Err(rejected) = pool.submit(request, task) {
+            fail(
+                &rejected.payload,
+                NbdError::new(ErrorCode::Io, rejected.error.to_string()),
             );
-            let _ = tx.send(out.into());
         }
     }
     // Stop reading; the writer finishes once every in-flight job has replied.
@@ -731,17 +1037,6 @@ async fn send_file(
         }
     }
     Ok(())
-}
-
-/// Answers a job that will not run (its volume was deleted while it was queued).
-pub fn fail(job: Job, error: NbdError) -> Done {
-    let mut out = Vec::new();
-    reply::error_reply(&mut out, &job.export, job.handle, &error);
-    Done {
-        job,
-        reply: out.into(),
-        ok: false,
-    }
 }
 
 #[cfg(test)]

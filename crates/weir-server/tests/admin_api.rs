@@ -155,8 +155,29 @@ async fn volumes_and_policies_through_the_admin_client() {
     assert_eq!(stats.counters.write_bytes, 8192);
     assert_eq!(stats.dispatched_ios, 2);
     assert!(stats.mean_latency_ms > 0.0);
+    // The pool's gate: idle now, its depth limit at max_in_flight (16).
+    assert_eq!(stats.pool.in_flight, 0);
+    assert_eq!(stats.pool.max_in_flight, 16);
+    assert!(
+        (1..=16).contains(&stats.pool.depth_limit),
+        "{:?}",
+        stats.pool
+    );
+    let pools = admin.list_pools().await.unwrap();
+    assert_eq!(pools.len(), 1);
+    assert_eq!(pools[0].name, "default");
+    assert!(pools[0].qos && pools[0].device.is_none() && pools[0].host_windows.is_empty());
+    assert_eq!(pools[0].gauges.max_in_flight, 16);
 
     let metrics = admin.metrics().await.unwrap();
+    assert!(
+        metrics.contains("weir_pool_in_flight{pool=\"default\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("weir_pool_depth_limit{pool=\"default\"} 16"),
+        "{metrics}"
+    );
     assert!(
         metrics.contains("weir_volume_ios_total{volume=\"db\",op=\"write\"} 1"),
         "{metrics}"

@@ -65,7 +65,7 @@ async fn host_windows_shrink_under_congestion_and_follow_shares() {
     tokio::time::sleep(Duration::from_millis(1000)).await;
     while Instant::now() + Duration::from_millis(100) < end {
         for h in pool.host_windows() {
-            peak_over = peak_over.max(h.in_pool as i64 - 32);
+            peak_over = peak_over.max(h.in_gate as i64 - 32);
             saw_waiting |= h.waiting > 0;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -340,6 +340,13 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 ]);
                 table.add_row(["errors".to_string(), counters.errors.to_string()]);
                 table.add_row(["queued now".to_string(), stats.queued.to_string()]);
+                table.add_row([
+                    "pool in flight / depth".to_string(),
+                    format!(
+                        "{} / {} (max {})",
+                        stats.pool.in_flight, stats.pool.depth_limit, stats.pool.max_in_flight
+                    ),
+                ]);
                 print!("{table}");
                 Ok(())
             }
