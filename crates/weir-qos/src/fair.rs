@@ -53,7 +53,10 @@ pub(crate) struct Queued<T> {
 struct SubQueue<T> {
     client: ClientId,
     items: VecDeque<Queued<T>>,
-    /// SFQ finish tag of the client's last release (cost units × `UNIT`).
+    /// SFQ finish tag of the client's last release (cost units). Kept while the
+    /// client's FIFO is empty until the virtual time passes it: a client that
+    /// empties its queue between requests (QD1) pays for what it got when it
+    /// comes back (`start = max(finish, vtime)`), instead of starting afresh.
     finish: u128,
 }
 
@@ -92,12 +95,18 @@ impl<T> VolumeQueue<T> {
     pub fn push_back(&mut self, client: ClientId, item: Queued<T>) {
         match self.subs.iter_mut().find(|s| s.client == client) {
             Some(s) => s.items.push_back(item),
-            None => self.subs.push(SubQueue {
-                client,
-                items: VecDeque::from([item]),
-                // A client that was idle starts at the virtual time (no banked credit).
-                finish: self.vtime,
-            }),
+            None => {
+                // Forget idle clients whose finish tag the virtual time has passed
+                // (they would start at the virtual time anyway).
+                let vtime = self.vtime;
+                self.subs
+                    .retain(|s| !s.items.is_empty() || s.finish > vtime);
+                self.subs.push(SubQueue {
+                    client,
+                    items: VecDeque::from([item]),
+                    finish: vtime,
+                })
+            }
         }
         self.len += 1;
         self.pick_head();
@@ -150,24 +159,19 @@ impl<T> VolumeQueue<T> {
         let s = &mut self.subs[self.head];
         s.finish = start + units_of(out.2, out.1.length).max(1) as u128;
         self.vtime = start;
-        if s.items.is_empty() {
-            self.subs.swap_remove(self.head);
-        }
         self.pick_head();
         Some(out)
     }
 
-    /// Chooses the client with the smallest start tag (ties: the earlier client).
+    /// Chooses the backlogged client with the smallest start tag (ties: the
+    /// earlier client).
     fn pick_head(&mut self) {
-        if self.subs.len() <= 1 {
-            self.head = 0;
-            return;
-        }
         let vtime = self.vtime;
         self.head = self
             .subs
             .iter()
             .enumerate()
+            .filter(|(_, s)| !s.items.is_empty())
             .min_by_key(|(i, s)| (s.finish.max(vtime), *i))
             .map_or(0, |(i, _)| i);
     }
@@ -188,7 +192,6 @@ impl<T> VolumeQueue<T> {
             s.items = kept;
             out.extend(gone.into_iter().map(|q| q.payload));
         }
-        self.subs.retain(|s| !s.items.is_empty());
         self.len -= out.len();
         self.pick_head();
         out
@@ -265,6 +268,25 @@ mod tests {
         }
         assert_eq!(total, 32 << 20);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_client_that_empties_its_queue_pays_for_what_it_got() {
+        // Client 1: one 32 MiB request in 5-unit pieces; client 2: QD1 4 KiB reads,
+        // each issued after the previous one left (its FIFO empties every time).
+        let mut q = VolumeQueue::default();
+        q.push_back(ClientId(1), item(0, 32 << 20, 0, 1));
+        let mut got = [0u64; 3];
+        for _ in 0..1000 {
+            if q.len() == 1 {
+                q.push_back(ClientId(2), item(0, 4096, 0, 2));
+            }
+            let (c, p, ..) = q.take(|_| 20480, units).unwrap();
+            got[c.0 as usize] += (p.length as u64).div_ceil(4096);
+        }
+        // Equal units while both are backlogged: not 1 piece per small read.
+        let ratio = got[1] as f64 / got[2] as f64;
+        assert!((0.9..1.1).contains(&ratio), "units {got:?}");
     }
 
     #[test]
