@@ -90,7 +90,15 @@ impl EmulatedDevice {
     }
 
     /// Submits one I/O to the model now and resolves when the model completes it.
-    pub fn submit(&self, offset_bytes: u64, size_bytes: u32, dir: IoDir) -> oneshot::Receiver<()> {
+    /// `urgent`: the model's drives serve it ahead of ordinary commands (NCQ
+    /// priority; the gate marks the pieces of protected volumes so).
+    pub fn submit(
+        &self,
+        offset_bytes: u64,
+        size_bytes: u32,
+        dir: IoDir,
+        urgent: bool,
+    ) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
         {
             let mut st = self.lock();
@@ -99,15 +107,16 @@ impl EmulatedDevice {
             let token = st.next_token;
             st.next_token += 1;
             st.waiters.insert(token, tx);
-            st.array.submit(
-                now,
-                DeviceIo {
-                    offset_bytes,
-                    size_bytes: size_bytes.max(1),
-                    dir,
-                },
-                token,
-            );
+            let io = DeviceIo {
+                offset_bytes,
+                size_bytes: size_bytes.max(1),
+                dir,
+            };
+            if urgent {
+                st.array.submit_urgent(now, io, token);
+            } else {
+                st.array.submit(now, io, token);
+            }
         }
         self.wake.notify_one();
         rx
@@ -149,9 +158,14 @@ mod tests {
         let start = Instant::now();
         // Random 8 KiB reads far apart: each is a seek plus rotation on a 15K drive.
         for i in 0..5u64 {
-            dev.submit(i * 7_777_777_777 % dev.capacity_bytes(), 8192, IoDir::Read)
-                .await
-                .unwrap();
+            dev.submit(
+                i * 7_777_777_777 % dev.capacity_bytes(),
+                8192,
+                IoDir::Read,
+                false,
+            )
+            .await
+            .unwrap();
         }
         let per_io = start.elapsed() / 5;
         assert!(

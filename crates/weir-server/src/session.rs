@@ -541,6 +541,7 @@ fn start_on_device(
     task: Arc<Task>,
     ticket: Option<Ticket>,
     piece: Piece,
+    urgent: bool,
 ) {
     let whole = task.is_whole(&piece);
     let device_done = device_dir(&task.job.command).map(|dir| {
@@ -550,6 +551,7 @@ fn start_on_device(
                 .wrapping_add(piece.offset),
             piece.length,
             dir,
+            urgent,
         )
     });
     let pool = pool.clone();
@@ -600,11 +602,12 @@ impl Perform for Io {
         let Release {
             ticket,
             piece,
+            urgent,
             payload: task,
             ..
         } = release;
         if let Some(device) = pool.device() {
-            start_on_device(pool, device, task, Some(ticket), piece);
+            start_on_device(pool, device, task, Some(ticket), piece, urgent);
             return None;
         }
         let pool = pool.clone();
@@ -659,7 +662,14 @@ impl Perform for Io {
 pub fn execute_now(pool: &Arc<Pool>, task: Arc<Task>) {
     let (_, offset, length) = charge(&task.job.command);
     if let Some(device) = pool.device() {
-        start_on_device(pool, device, task, None, Piece::whole(offset, length));
+        start_on_device(
+            pool,
+            device,
+            task,
+            None,
+            Piece::whole(offset, length),
+            false,
+        );
         return;
     }
     if let Some((reply, ok)) = try_perform_inline(&task.job) {
