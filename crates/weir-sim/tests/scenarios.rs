@@ -33,7 +33,7 @@ fn ratio(case: &CaseReport, a: &str, b: &str) -> f64 {
 
 #[test]
 fn every_shipped_scenario_loads_and_runs_shortened() {
-    assert_eq!(builtin_scenarios().len(), 8);
+    assert_eq!(builtin_scenarios().len(), 9);
     for (name, _) in builtin_scenarios() {
         if matches!(
             *name,
@@ -653,4 +653,30 @@ fn pieces_travel_on_their_own_and_requests_complete_with_their_last() {
         .and_then(|t| t.values.last().copied())
         .unwrap();
     assert!(last_f > 0.0, "the faulty run stalled");
+}
+
+/// The simulator half of the live-vs-sim twin (scenarios/qos-gate.toml): on the
+/// server's emulated pool, 2:1 shares split a pool that requests queue for 2:1, and
+/// the mission-critical target holds beside a QD64 flood with adaptive depth.
+#[test]
+fn qos_gate_twin_shares_and_latency_target_hold() {
+    let mut s = shipped("qos-gate");
+    s.retain_cases("depth16");
+    let r = s.run(Some(2), &mut |_| {});
+    let shares = case(&r, "shares-depth16");
+    let ratio = workload(shares, "high").iops / workload(shares, "normal").iops;
+    assert!((1.9..=2.1).contains(&ratio), "shares ratio {ratio}");
+    let mut s = shipped("qos-gate");
+    s.retain_cases("latency-target");
+    let r = s.run(Some(2), &mut |_| {});
+    let held = workload(case(&r, "latency-target"), "critical")
+        .latency_ms
+        .mean;
+    let none = workload(case(&r, "latency-target-none"), "critical")
+        .latency_ms
+        .mean;
+    assert!(
+        held <= 10.0 && held < none,
+        "with target {held} ms, without {none} ms"
+    );
 }
