@@ -18,14 +18,25 @@
 //! is paced); the driver performs it and reports it with [`Gate::complete`] and its
 //! [`Ticket`]. When the last piece of a request completes, `complete` returns
 //! [`Finished`].
+//!
+//! **Classes.** A device may be several devices behind one queue (a hybrid array's
+//! disks and its flash tier). A request is submitted in a class
+//! ([`Gate::submit_in_class`]); class 0 is the device the in-flight limit (depth,
+//! cap) bounds, and every other class has its own fixed bound
+//! ([`Gate::set_class_limit`]), so requests of a fast class do not wait for slots
+//! held by a slow one. The scheduler still decides the order across classes: a
+//! released piece whose class is full is *parked* until its class frees a slot, and
+//! nothing else is released meanwhile. Only class 0's device times feed the depth
+//! controller. Without `set_class_limit` every request is class 0 and nothing of
+//! this applies.
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::depth::{DepthConfig, DepthController};
 use crate::scheduler::{IoKind, IoRange};
 use crate::{
-    ClientId, CongestionConfig, DatastoreLatency, Dispatch, HostWindow, IoCost, Nanos, Phase,
-    Piece, Policy, PolicyError, Scheduler, SchedulerConfig, VolumeId, VolumeStats,
+    ClientId, CongestionConfig, DatastoreLatency, Dispatch, Dispatched, HostWindow, IoCost, Nanos,
+    Phase, Piece, Policy, PolicyError, Scheduler, SchedulerConfig, VolumeId, VolumeStats,
 };
 
 #[derive(Clone, Debug, PartialEq)]
@@ -140,6 +151,15 @@ struct Entry<T> {
     released_all: bool,
     /// Taken out (volume removed, shutdown): pieces still out complete silently.
     cancelled: bool,
+    /// Its class (0: the device the depth limit applies to).
+    class: u32,
+}
+
+/// The bound of a class other than 0 and its pieces outstanding.
+#[derive(Clone, Copy, Debug, Default)]
+struct ClassBound {
+    limit: u32,
+    in_flight: u32,
 }
 
 struct HostGate {
@@ -170,7 +190,14 @@ pub struct Gate<T> {
     sched: Scheduler<u32>,
     entries: Vec<Entry<T>>,
     free: Vec<u32>,
+    /// Pieces outstanding, every class.
     in_flight: u32,
+    /// Pieces of class 0 outstanding (what the depth limit bounds).
+    device_in_flight: u32,
+    /// Classes 1.. (index `class - 1`); empty unless `set_class_limit` was called.
+    classes: Vec<ClassBound>,
+    /// A piece the scheduler released whose class was full: it goes first.
+    parked: Option<Dispatched<u32>>,
     /// A bound set by the driver (the simulator's host window), besides the depth.
     cap: u32,
     depth: DepthController,
@@ -204,6 +231,9 @@ impl<T: Clone> Gate<T> {
             entries: Vec::new(),
             free: Vec::new(),
             in_flight: 0,
+            device_in_flight: 0,
+            classes: Vec::new(),
+            parked: None,
             cap: u32::MAX,
             depth,
             admission: None,
@@ -263,7 +293,8 @@ impl<T: Clone> Gate<T> {
     /// Removes a volume; returns the payloads of its requests not fully released
     /// (the driver fails them). Pieces already at the device complete silently.
     pub fn remove_volume(&mut self, volume: VolumeId) -> Vec<T> {
-        let slots = self.sched.remove_volume(volume);
+        let mut slots = self.unpark(|d| d.volume == volume);
+        slots.extend(self.sched.remove_volume(volume));
         let mut out = self.cancel(slots, true);
         let waiting = self.take_waiting(|r| r.volume == volume);
         out.extend(self.cancel(waiting, false));
@@ -275,7 +306,7 @@ impl<T: Clone> Gate<T> {
     /// Takes every request not fully released yet (shutdown); volumes stay.
     pub fn take_queued(&mut self, now: Nanos) -> Vec<T> {
         let volumes: Vec<VolumeId> = self.sched.volumes().collect();
-        let mut slots = Vec::new();
+        let mut slots = self.unpark(|_| true);
         for v in volumes {
             slots.extend(self.sched.extract(now, v, |_| true));
         }
@@ -283,6 +314,17 @@ impl<T: Clone> Gate<T> {
         let waiting = self.take_waiting(|_| true);
         out.extend(self.cancel(waiting, false));
         out
+    }
+
+    /// The parked piece's slot, taken out if `pred` holds for it.
+    fn unpark(&mut self, pred: impl Fn(&Dispatched<u32>) -> bool) -> Vec<u32> {
+        match self.parked.take() {
+            Some(d) if pred(&d) => vec![d.payload],
+            other => {
+                self.parked = other;
+                Vec::new()
+            }
+        }
     }
 
     fn take_waiting(&mut self, pred: impl Fn(&GateRequest) -> bool) -> Vec<u32> {
@@ -338,13 +380,31 @@ impl<T: Clone> Gate<T> {
         payload: T,
         out: &mut Vec<Release<T>>,
     ) -> Result<(), Rejected<T>> {
+        self.submit_in_class(now, request, 0, payload, out)
+    }
+
+    /// [`Gate::submit`] for a request of `class` (see the module docs; a class
+    /// without a bound set by [`Gate::set_class_limit`] is class 0).
+    pub fn submit_in_class(
+        &mut self,
+        now: Nanos,
+        request: GateRequest,
+        class: u32,
+        payload: T,
+        out: &mut Vec<Release<T>>,
+    ) -> Result<(), Rejected<T>> {
         if self.sched.policy(request.volume).is_none() {
             return Err(Rejected {
                 error: PolicyError::UnknownVolume(request.volume.0),
                 payload,
             });
         }
-        let slot = self.alloc(now, request, payload);
+        let class = if class as usize <= self.classes.len() {
+            class
+        } else {
+            0
+        };
+        let slot = self.alloc(now, request, class, payload);
         self.demand.entry(request.volume).or_default().outstanding += 1;
         // The slot held for this volume's next request is its to use now.
         if let Some(i) = self.held.iter().position(|h| h.0 == request.volume) {
@@ -370,7 +430,7 @@ impl<T: Clone> Gate<T> {
         Ok(())
     }
 
-    fn alloc(&mut self, now: Nanos, request: GateRequest, payload: T) -> u32 {
+    fn alloc(&mut self, now: Nanos, request: GateRequest, class: u32, payload: T) -> u32 {
         let entry = |generation| Entry {
             generation,
             live: true,
@@ -380,6 +440,7 @@ impl<T: Clone> Gate<T> {
             outstanding: 0,
             released_all: false,
             cancelled: false,
+            class,
         };
         match self.free.pop() {
             Some(slot) => {
@@ -428,50 +489,85 @@ impl<T: Clone> Gate<T> {
         self.pump(now, out);
     }
 
+    /// Bounds class `class` (≥ 1) at `limit` outstanding pieces (at least 1),
+    /// creating it and any lower class not created yet (bound 1 until set).
+    /// Class 0 is the device, bounded by [`Gate::limit`]; a `class` of 0 is ignored.
+    pub fn set_class_limit(
+        &mut self,
+        now: Nanos,
+        class: u32,
+        limit: u32,
+        out: &mut Vec<Release<T>>,
+    ) {
+        let Some(i) = (class as usize).checked_sub(1) else {
+            return;
+        };
+        if self.classes.len() <= i {
+            self.classes.resize(
+                i + 1,
+                ClassBound {
+                    limit: 1,
+                    in_flight: 0,
+                },
+            );
+        }
+        self.classes[i].limit = limit.max(1);
+        self.pump(now, out);
+    }
+
+    /// Pieces of `class` outstanding (class 0: the device).
+    pub fn class_in_flight(&self, class: u32) -> u32 {
+        match class {
+            0 => self.device_in_flight,
+            c => self.classes.get(c as usize - 1).map_or(0, |b| b.in_flight),
+        }
+    }
+
+    fn has_room(&self, class: u32) -> bool {
+        match class {
+            0 => self.device_in_flight < self.room(),
+            c => self
+                .classes
+                .get(c as usize - 1)
+                .is_some_and(|b| b.in_flight < b.limit),
+        }
+    }
+
     /// A new device depth ceiling (the pool's `max_in_flight`).
     pub fn set_max_in_flight(&mut self, now: Nanos, max: u32, out: &mut Vec<Release<T>>) {
         self.depth.set_max(max);
         self.pump(now, out);
     }
 
-    /// Releases what the scheduler allows while there is room at the device.
+    /// Releases what the scheduler allows while there is room at the device (in
+    /// some class; a piece whose class is full is parked and stops the releases).
     fn pump(&mut self, now: Nanos, out: &mut Vec<Release<T>>) {
         self.wake_at = None;
         while self.held.front().is_some_and(|h| h.1 <= now) {
             self.held.pop_front();
         }
-        let limit = self.room();
-        while self.in_flight < limit {
+        loop {
+            if let Some(d) = self.parked.take() {
+                if !self.has_room(self.entries[d.payload as usize].class) {
+                    self.parked = Some(d);
+                    break;
+                }
+                self.release(now, d, out);
+                continue;
+            }
+            let room =
+                self.has_room(0) || (1..=self.classes.len() as u32).any(|c| self.has_room(c));
+            if !room {
+                break;
+            }
             match self.sched.dispatch(now) {
                 Dispatch::Io(d) => {
-                    let slot = d.payload;
-                    let e = &mut self.entries[slot as usize];
-                    debug_assert!(e.live && !e.cancelled && !e.released_all);
-                    let payload = if d.piece.last {
-                        e.released_all = true;
-                        e.payload.take()
+                    if self.has_room(self.entries[d.payload as usize].class) {
+                        self.release(now, d, out);
                     } else {
-                        e.payload.clone()
-                    };
-                    let Some(payload) = payload else {
-                        continue; // cannot happen: a queued entry holds its payload
-                    };
-                    e.outstanding += 1;
-                    self.in_flight += 1;
-                    out.push(Release {
-                        ticket: Ticket {
-                            slot,
-                            generation: e.generation,
-                            released_at: now,
-                        },
-                        volume: d.volume,
-                        client: d.client,
-                        kind: d.cost.kind,
-                        piece: d.piece,
-                        phase: d.phase,
-                        urgent: self.targets.contains_key(&d.volume),
-                        payload,
-                    });
+                        self.parked = Some(d);
+                        break;
+                    }
                 }
                 Dispatch::WaitUntil(t) => {
                     self.wake_at = Some(t);
@@ -483,6 +579,42 @@ impl<T: Clone> Gate<T> {
         if let Some(&(_, until)) = self.held.front() {
             self.wake_at = Some(self.wake_at.map_or(until, |t| t.min(until)));
         }
+    }
+
+    fn release(&mut self, now: Nanos, d: Dispatched<u32>, out: &mut Vec<Release<T>>) {
+        let slot = d.payload;
+        let e = &mut self.entries[slot as usize];
+        debug_assert!(e.live && !e.cancelled && !e.released_all);
+        let payload = if d.piece.last {
+            e.released_all = true;
+            e.payload.take()
+        } else {
+            e.payload.clone()
+        };
+        let Some(payload) = payload else {
+            return; // cannot happen: a queued entry holds its payload
+        };
+        e.outstanding += 1;
+        let (generation, class) = (e.generation, e.class);
+        self.in_flight += 1;
+        match class {
+            0 => self.device_in_flight += 1,
+            c => self.classes[c as usize - 1].in_flight += 1,
+        }
+        out.push(Release {
+            ticket: Ticket {
+                slot,
+                generation,
+                released_at: now,
+            },
+            volume: d.volume,
+            client: d.client,
+            kind: d.cost.kind,
+            piece: d.piece,
+            phase: d.phase,
+            urgent: self.targets.contains_key(&d.volume),
+            payload,
+        });
     }
 
     /// A timer set from [`Gate::next_wakeup`] fired (or the driver just wants to
@@ -514,9 +646,15 @@ impl<T: Clone> Gate<T> {
         self.in_flight -= 1;
         let r = e.request;
         let device_ns = now.saturating_sub(ticket.released_at);
-        let target = self.targets.get(&r.volume).copied();
-        if self.depth.on_completion(now, device_ns, target) {
-            self.end_period();
+        match e.class {
+            0 => {
+                self.device_in_flight -= 1;
+                let target = self.targets.get(&r.volume).copied();
+                if self.depth.on_completion(now, device_ns, target) {
+                    self.end_period();
+                }
+            }
+            c => self.classes[c as usize - 1].in_flight -= 1,
         }
         let e = &self.entries[ticket.slot as usize];
         let done = e.outstanding == 0 && (e.released_all || e.cancelled);
@@ -683,9 +821,10 @@ impl<T: Clone> Gate<T> {
         self.in_flight
     }
 
-    /// Requests queued in the scheduler (not fully released).
+    /// Requests queued in the scheduler (not fully released; a parked last piece
+    /// counts).
     pub fn queued(&self) -> usize {
-        self.sched.queued()
+        self.sched.queued() + self.parked.as_ref().is_some_and(|d| d.piece.last) as usize
     }
 
     pub fn depth(&self) -> &DepthController {
@@ -915,6 +1054,43 @@ mod tests {
         g.complete(MS, r.ticket, &mut out);
         assert_eq!(out.len(), 2);
         assert_eq!(out[1].payload, 2, "the waiting request was admitted");
+    }
+
+    #[test]
+    fn a_full_class_parks_its_piece_and_holds_the_schedulers_order() {
+        // Class 0 (disks) bound 2, class 1 (flash) bound 1.
+        let mut g = gate(2);
+        let mut out = Vec::new();
+        g.set_class_limit(0, 1, 1, &mut out);
+        g.add_volume(0, VolumeId(1), Policy::best_effort("a"));
+        for (i, class) in [(0u32, 1u32), (1, 1), (2, 0), (3, 0)] {
+            g.submit_in_class(0, req(1, 1, IoKind::Read, 0, 4096), class, i, &mut out)
+                .unwrap();
+        }
+        // 0 goes to flash; 1 is flash too and parks; 2 and 3 wait behind it although
+        // the disks have room (the scheduler's order holds).
+        let released: Vec<u32> = out.iter().map(|r| r.payload).collect();
+        assert_eq!(released, vec![0]);
+        assert_eq!((g.class_in_flight(1), g.class_in_flight(0)), (1, 0));
+        assert_eq!(g.queued(), 3);
+        let first = out.remove(0);
+        g.complete(MS, first.ticket, &mut out).unwrap();
+        let released: Vec<u32> = out.iter().map(|r| r.payload).collect();
+        assert_eq!(released, vec![1, 2, 3]);
+        assert_eq!((g.class_in_flight(1), g.class_in_flight(0)), (1, 2));
+        assert_eq!(g.in_flight(), 3);
+        // An unknown class is class 0; removing the volume unparks and cancels.
+        g.submit_in_class(MS, req(1, 1, IoKind::Read, 0, 4096), 7, 4, &mut out)
+            .unwrap();
+        g.submit_in_class(MS, req(1, 1, IoKind::Read, 0, 4096), 1, 5, &mut out)
+            .unwrap();
+        assert_eq!(out.len(), 3, "4 waits for a disk slot: parked");
+        assert_eq!(g.remove_volume(VolumeId(1)), vec![4, 5]);
+        // What was released before the removal completes as usual.
+        for r in std::mem::take(&mut out) {
+            assert!(g.complete(2 * MS, r.ticket, &mut out).is_some());
+        }
+        assert_eq!((g.in_flight(), g.queued()), (0, 0));
     }
 
     #[test]

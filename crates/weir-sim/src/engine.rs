@@ -18,8 +18,8 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 use weir_model::{Component, DeviceIo};
 use weir_qos::{
-    ClientId, DatastoreLatency, Dispatch, HostWindow, IoCost, IoKind, Nanos, Scheduler,
-    SchedulerConfig, VolumeId,
+    ClientId, DatastoreLatency, DepthConfig, Gate, GateConfig, GateRequest, HostWindow, IoKind,
+    Nanos, Piece, Release, SchedulerConfig, Ticket, VolumeId,
 };
 use weir_report::{
     CaseReport, Comparison, ComponentResult, IoSizeHistogram, LatencySummary, ModelMetricResult,
@@ -81,7 +81,20 @@ enum Stage {
     HostFlash,
     /// A read served by the array's flash cache.
     ArrayFlash,
+    /// Released in pieces: waits for them (each piece is a request of its own).
+    Split,
     Free,
+}
+
+/// Which request a request slot is part of.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum PartOf {
+    /// A whole request (as the VM issued it, or a host piece as the array got it).
+    Itself,
+    /// A piece the host's gate released of the request in that slot.
+    HostPiece(u32),
+    /// A piece the array's gate released of the request in that slot.
+    ArrayPiece(u32),
 }
 
 #[derive(Copy, Clone, Debug)]
@@ -93,6 +106,14 @@ struct Req {
     issued_at: Nanos,
     host_dispatched_at: Nanos,
     array_arrived_at: Nanos,
+    /// Hand back to the host's / the array's gate when this piece completes there.
+    host_ticket: Option<Ticket>,
+    array_ticket: Option<Ticket>,
+    /// The array tier that serves it (`Array` or `ArrayFlash`), chosen on arrival.
+    tier: Stage,
+    part_of: PartOf,
+    /// One of its pieces failed (reported when the last one completes).
+    error: bool,
 }
 
 const FREE_REQ: Req = Req {
@@ -107,6 +128,11 @@ const FREE_REQ: Req = Req {
     issued_at: 0,
     host_dispatched_at: 0,
     array_arrived_at: 0,
+    host_ticket: None,
+    array_ticket: None,
+    tier: Stage::Array,
+    part_of: PartOf::Itself,
+    error: false,
 };
 
 /// A flash cache: its device as a new component, and the block index in front of it
@@ -144,14 +170,45 @@ struct Comp {
     bytes: u64,
 }
 
+/// A QoS tier: the gate (weir-qos's one QoS driver) and its pending timer.
+struct Tier {
+    gate: Gate<u32>,
+    /// When the `HostWake` / `ArrayQosWake` armed for the gate fires.
+    wake_at: Option<Nanos>,
+}
+
+impl Tier {
+    fn new(cost_unit_bytes: u32, max_in_flight: u32, depth: DepthConfig) -> Tier {
+        Tier {
+            gate: Gate::new(GateConfig {
+                scheduler: SchedulerConfig::with_cost_unit(cost_unit_bytes),
+                max_in_flight,
+                depth,
+            }),
+            wake_at: None,
+        }
+    }
+
+    /// The time to arm a wake-up at, if the gate wants one that is not armed yet.
+    fn timer(&mut self, now: Nanos) -> Option<Nanos> {
+        let t = self.gate.next_wakeup()?.max(now + 1);
+        (self.wake_at != Some(t)).then(|| {
+            self.wake_at = Some(t);
+            t
+        })
+    }
+}
+
+/// Host-side QoS (ESX's per-host scheduler): a gate whose clients are the VMs and
+/// volumes their disks, bounded by the host's device queue depth (fixed: the depth
+/// controller is off) and, with datastore-wide congestion control, by the host's
+/// PARDA window (the gate's cap).
 struct HostState {
     /// Host flash read cache and the flash component serving its hits.
     cache: Option<(BlockCache, u32)>,
-    sched: Scheduler<u32>,
-    outstanding: u32,
+    qos: Tier,
     queue_depth: u32,
     window: Option<HostWindow>,
-    wake_at: Option<Nanos>,
     link: Option<u32>,
     area: u128,
     last_change: Nanos,
@@ -160,30 +217,22 @@ struct HostState {
     window_series: Vec<f64>,
 }
 
-/// Appliance-side QoS. Each tier has its own bound on outstanding requests (a hybrid
-/// array's flash and disks are separate devices): `concurrency` for the disk tier,
-/// `flash_concurrency` for the flash tier, so flash hits do not wait for slots held
-/// by 10 ms disk misses, and the flash device's own FIFO stays short — the
-/// scheduler, not a device queue, decides who goes first.
+/// Appliance-side QoS: a gate whose clients are the hosts and volumes the
+/// datastore's volumes, bounded by `backend_concurrency` on the disks (class 0, with
+/// the depth controller of `[array_qos] depth`) and by `flash_concurrency` on the
+/// flash tier (class 1): a hybrid array's flash and disks are separate devices, so
+/// flash hits do not wait for slots held by 10 ms disk misses, and the flash device's
+/// own FIFO stays short — the scheduler, not a device queue, decides who goes first.
 ///
-/// The tier of a request is known only once the scheduler has released it (flash
-/// tier lookup); a released request whose tier is full is parked until that tier
-/// frees a slot, and nothing else is released meanwhile, so the scheduler's order
-/// holds. The cost: while the disks are saturated, a parked disk request holds back
-/// flash releases for up to one disk service time. (A scheduler per tier, with the
-/// tier chosen on arrival, avoids that but splits each volume's reservation, risk
-/// tracking and shares across tiers; tried on `mixed-workload.toml`, it let the
-/// business-critical Exchange volume's RPC latency pass 50 ms during the storm.)
-struct ArrayQos {
-    sched: Scheduler<u32>,
-    outstanding: u32,
-    concurrency: u32,
-    flash_outstanding: u32,
-    flash_concurrency: u32,
-    /// A released request waiting for a slot of its tier (at most one).
-    parked: Option<(u32, Stage)>,
-    wake_at: Option<Nanos>,
-}
+/// A request's tier is looked up when it arrives (flash tier lookup). A released
+/// request whose tier is full is parked in the gate until that tier frees a slot,
+/// and nothing else is released meanwhile, so the scheduler's order holds. The
+/// cost: while the disks are saturated, a parked disk request holds back flash
+/// releases for up to one disk service time. (A scheduler per tier avoids that but
+/// splits each volume's reservation, risk tracking and shares across tiers; tried on
+/// `mixed-workload.toml`, it let the business-critical Exchange volume's RPC latency
+/// pass 50 ms during the storm.)
+const FLASH_CLASS: u32 = 1;
 
 struct Stats {
     hist: Histogram<u64>,
@@ -286,7 +335,9 @@ pub(crate) struct Engine<'p> {
     hosts: Vec<HostState>,
     comps: Vec<Comp>,
     target_link: Option<u32>,
-    array_qos: Option<ArrayQos>,
+    array_qos: Option<Tier>,
+    /// Reused buffers for what the gates release.
+    release_bufs: Vec<Vec<Release<u32>>>,
     faults: Box<dyn FaultInjector>,
     done: Vec<weir_model::Completion>,
     measuring: bool,
@@ -396,17 +447,26 @@ impl<'p> Engine<'p> {
         }
         let mut hosts = Vec::new();
         for (hi, h) in plan.hosts.iter().enumerate() {
-            let mut sched = Scheduler::new(SchedulerConfig::with_cost_unit(h.cost_unit_bytes));
+            // ESX keeps a fixed device queue depth: no depth controller at the host.
+            let fixed = DepthConfig {
+                adaptive: false,
+                ..DepthConfig::default()
+            };
+            let mut qos = Tier::new(h.cost_unit_bytes, h.queue_depth, fixed);
             let mut host_shares = 0u64;
             for (vi, vm) in plan.vms.iter().enumerate() {
                 if vm.host == hi {
-                    sched.add_volume(0, VolumeId(vi as u32), vm.policy.clone());
+                    qos.gate
+                        .add_volume(0, VolumeId(vi as u32), vm.policy.clone());
                     host_shares += vm.policy.shares.get() as u64;
                 }
             }
             let window = plan.congestion.enabled.then(|| {
                 HostWindow::new(plan.congestion.clone(), host_shares.max(1), h.queue_depth)
             });
+            if let Some(w) = &window {
+                qos.gate.set_cap(0, w.window(), &mut Vec::new());
+            }
             let link = match hw::build_link(&h.link)? {
                 Some(c) => {
                     comps.push(Comp {
@@ -438,11 +498,9 @@ impl<'p> Engine<'p> {
             };
             hosts.push(HostState {
                 cache,
-                sched,
-                outstanding: 0,
+                qos,
                 queue_depth: h.queue_depth,
                 window,
-                wake_at: None,
                 link,
                 area: 0,
                 last_change: 0,
@@ -464,24 +522,19 @@ impl<'p> Engine<'p> {
             }
             None => None,
         };
-        // Without a flash tier nothing is ever sent there: a bound of 0 keeps the
-        // release rule exactly the single back-end bound it was.
+        // Without a flash tier nothing is ever sent there, and the gate has one class.
         let flash_tier = plan.file.array_cache.as_ref().filter(|c| c.enabled);
         let array_qos = plan.file.array_qos.as_ref().filter(|q| q.enabled).map(|q| {
-            let mut sched = Scheduler::new(SchedulerConfig::with_cost_unit(q.cost_unit_bytes));
+            let mut qos = Tier::new(q.cost_unit_bytes, q.backend_concurrency, q.depth.clone());
             for (i, v) in plan.volumes.iter().enumerate() {
-                sched.add_volume(0, VolumeId(i as u32), v.policy.clone());
+                qos.gate.add_volume(0, VolumeId(i as u32), v.policy.clone());
             }
-            ArrayQos {
-                sched,
-                outstanding: 0,
-                concurrency: q.backend_concurrency,
-                flash_outstanding: 0,
-                flash_concurrency: flash_tier
-                    .map_or(0, |c| q.flash_concurrency.unwrap_or(c.flash.servers.max(1))),
-                parked: None,
-                wake_at: None,
+            if let Some(c) = flash_tier {
+                let bound = q.flash_concurrency.unwrap_or(c.flash.servers.max(1));
+                qos.gate
+                    .set_class_limit(0, FLASH_CLASS, bound, &mut Vec::new());
             }
+            qos
         });
         prewarm(plan, &mut hosts, array_cache.as_mut().map(|c| &mut c.0));
         let buckets = ((plan.warmup_ns + plan.duration_ns) / plan.interval_ns + 1) as usize;
@@ -535,6 +588,7 @@ impl<'p> Engine<'p> {
             comps,
             target_link,
             array_qos,
+            release_bufs: Vec::new(),
             faults,
             done: Vec::with_capacity(64),
             measuring: plan.warmup_ns == 0,
@@ -629,32 +683,40 @@ impl<'p> Engine<'p> {
                     }
                 }
                 Ev::HostWake(h) => {
-                    if self.hosts[h as usize].wake_at == Some(e.at) {
-                        self.hosts[h as usize].wake_at = None;
-                        self.pump_host(h as usize);
+                    let qos = &mut self.hosts[h as usize].qos;
+                    if qos.wake_at == Some(e.at) {
+                        qos.wake_at = None;
+                        let out = self.host_gate(h as usize, |g, now, out| g.wake(now, out));
+                        self.host_releases(h as usize, out.1);
                     }
                 }
                 Ev::ArrayQosWake => {
-                    if let Some(aq) = &mut self.array_qos
-                        && aq.wake_at == Some(e.at)
+                    if let Some(qos) = &mut self.array_qos
+                        && qos.wake_at == Some(e.at)
                     {
-                        aq.wake_at = None;
-                        self.pump_array_qos();
+                        qos.wake_at = None;
+                        let out = self.array_gate(|g, now, out| g.wake(now, out));
+                        self.array_releases(out.1);
                     }
                 }
                 Ev::Component(i) => self.service_component(i),
                 Ev::FaultRelease(slot) => self.enter_array(slot),
                 Ev::CongestionTick => {
-                    if let Some(mean_ms) = self.datastore_latency.take_mean_ms() {
-                        for h in &mut self.hosts {
-                            if let Some(w) = &mut h.window {
-                                w.update(self.now, mean_ms);
-                            }
-                        }
-                    }
+                    // The datastore-wide latency is averaged across hosts (as SIOC
+                    // does); each host's window bounds its gate (its cap).
+                    let mean_ms = self.datastore_latency.take_mean_ms();
                     self.push(self.now + period_ns.max(1), Ev::CongestionTick);
                     for h in 0..self.hosts.len() {
-                        self.pump_host(h);
+                        let now = self.now;
+                        let Some(w) = &mut self.hosts[h].window else {
+                            continue;
+                        };
+                        if let Some(m) = mean_ms {
+                            w.update(now, m);
+                        }
+                        let cap = w.window();
+                        let out = self.host_gate(h, |g, now, out| g.set_cap(now, cap, out));
+                        self.host_releases(h, out.1);
                     }
                 }
                 Ev::Sample => {
@@ -728,15 +790,30 @@ impl<'p> Engine<'p> {
         }
     }
 
-    fn cost(io: &IoRequest) -> IoCost {
-        IoCost {
-            kind: if io.dir == Direction::Read {
-                IoKind::Read
-            } else {
-                IoKind::Write
-            },
-            size_bytes: io.size_bytes,
+    fn kind(io: &IoRequest) -> IoKind {
+        if io.dir == Direction::Read {
+            IoKind::Read
+        } else {
+            IoKind::Write
         }
+    }
+
+    fn alloc_req(&mut self, req: Req) -> u32 {
+        match self.free.pop() {
+            Some(s) => {
+                self.reqs[s as usize] = req;
+                s
+            }
+            None => {
+                self.reqs.push(req);
+                self.reqs.len() as u32 - 1
+            }
+        }
+    }
+
+    fn free_req(&mut self, slot: u32) {
+        self.reqs[slot as usize] = FREE_REQ;
+        self.free.push(slot);
     }
 
     fn issue(&mut self, vm: u32, worker: u32, io: IoRequest) {
@@ -750,27 +827,14 @@ impl<'p> Engine<'p> {
                     .record(io.size_bytes as u64, io.dir == Direction::Read, sequential);
             }
         }
-        let req = Req {
+        let slot = self.alloc_req(Req {
             vm,
             worker,
             io,
-            stage: Stage::Free,
             issued_at: self.now,
-            host_dispatched_at: 0,
-            array_arrived_at: 0,
-        };
-        let slot = match self.free.pop() {
-            Some(s) => {
-                self.reqs[s as usize] = req;
-                s
-            }
-            None => {
-                self.reqs.push(req);
-                self.reqs.len() as u32 - 1
-            }
-        };
+            ..FREE_REQ
+        });
         let h = self.vms[vm as usize].plan.host;
-        let now = self.now;
         if self.vms[vm as usize].plan.host_cache
             && self.hosts[h].cache.is_some()
             && self.vms[vm as usize]
@@ -797,66 +861,126 @@ impl<'p> Engine<'p> {
             }
             self.keys = keys;
         }
-        if self.hosts[h]
-            .sched
-            .enqueue(now, VolumeId(vm), ClientId(vm), Self::cost(&io), slot)
-            .is_err()
-        {
+        let request = GateRequest {
+            volume: VolumeId(vm),
+            client: ClientId(vm),
+            kind: Self::kind(&io),
+            offset: io.offset_bytes,
+            length: io.size_bytes,
+        };
+        let (submitted, out) = self.host_gate(h, |g, now, out| g.submit(now, request, slot, out));
+        if submitted.is_err() {
+            self.release_bufs.push(out);
             self.fail(slot);
             return;
         }
-        self.pump_host(h);
-    }
-
-    fn host_limit(h: &HostState) -> u32 {
-        match &h.window {
-            Some(w) => h.queue_depth.min(w.window().max(1)),
-            None => h.queue_depth,
-        }
+        self.host_releases(h, out);
     }
 
     fn note_outstanding(h: &mut HostState, now: Nanos) {
-        h.area += h.outstanding as u128 * (now - h.last_change) as u128;
+        h.area += h.qos.gate.in_flight() as u128 * (now - h.last_change) as u128;
         h.last_change = now;
     }
 
-    fn pump_host(&mut self, hi: usize) {
-        loop {
+    fn take_buf(&mut self) -> Vec<Release<u32>> {
+        self.release_bufs.pop().unwrap_or_default()
+    }
+
+    /// Calls host `hi`'s gate; returns the call's result and what it released (to
+    /// hand to `host_releases` once the caller is done with its own bookkeeping).
+    fn host_gate<R>(
+        &mut self,
+        hi: usize,
+        call: impl FnOnce(&mut Gate<u32>, Nanos, &mut Vec<Release<u32>>) -> R,
+    ) -> (R, Vec<Release<u32>>) {
+        let (now, mut out) = (self.now, self.take_buf());
+        let h = &mut self.hosts[hi];
+        Self::note_outstanding(h, now);
+        let r = call(&mut h.qos.gate, now, &mut out);
+        if let Some(t) = h.qos.timer(now) {
+            self.push(t, Ev::HostWake(hi as u32));
+        }
+        (r, out)
+    }
+
+    /// The array's gate, like `host_gate` (the array QoS is on).
+    fn array_gate<R: Default>(
+        &mut self,
+        call: impl FnOnce(&mut Gate<u32>, Nanos, &mut Vec<Release<u32>>) -> R,
+    ) -> (R, Vec<Release<u32>>) {
+        let (now, mut out) = (self.now, self.take_buf());
+        let Some(qos) = &mut self.array_qos else {
+            return (R::default(), out);
+        };
+        let r = call(&mut qos.gate, now, &mut out);
+        if let Some(t) = qos.timer(now) {
+            self.push(t, Ev::ArrayQosWake);
+        }
+        (r, out)
+    }
+
+    /// The slot that travels for a released piece: the request's own when the piece
+    /// is all of it, else a new slot for the piece (`part_of` says whose).
+    fn piece_slot(&mut self, slot: u32, piece: Piece, part_of: PartOf) -> u32 {
+        let r = self.reqs[slot as usize];
+        if piece.last && piece.offset == r.io.offset_bytes && piece.length == r.io.size_bytes {
+            return slot;
+        }
+        self.reqs[slot as usize].stage = Stage::Split;
+        self.alloc_req(Req {
+            io: IoRequest {
+                offset_bytes: piece.offset,
+                size_bytes: piece.length,
+                dir: r.io.dir,
+            },
+            stage: Stage::Free,
+            host_ticket: None,
+            array_ticket: None,
+            part_of,
+            error: false,
+            ..r
+        })
+    }
+
+    /// Sends what host `hi`'s gate released towards the array.
+    fn host_releases(&mut self, hi: usize, mut out: Vec<Release<u32>>) {
+        for rel in out.drain(..) {
             let now = self.now;
-            let h = &mut self.hosts[hi];
-            if h.outstanding >= Self::host_limit(h) {
-                return;
+            let slot = rel.payload;
+            if self.reqs[slot as usize].stage != Stage::Split {
+                // Its first piece (or all of it) leaves the host now.
+                self.reqs[slot as usize].host_dispatched_at = now;
             }
-            match h.sched.dispatch(now) {
-                Dispatch::Io(d) => {
-                    Self::note_outstanding(h, now);
-                    h.outstanding += 1;
-                    h.dispatched += 1;
-                    h.dispatched_bytes += d.cost.size_bytes as u64;
-                    let slot = d.payload;
-                    let link = h.link;
-                    let r = &mut self.reqs[slot as usize];
-                    r.host_dispatched_at = now;
-                    if r.io.dir == Direction::Write
-                        && let Some(l) = link
-                    {
-                        r.stage = Stage::HostLinkOut;
-                        self.submit(l, slot);
-                    } else {
-                        self.after_host_link(slot);
-                    }
-                }
-                Dispatch::WaitUntil(t) => {
-                    let t = t.max(now + 1);
-                    if h.wake_at != Some(t) {
-                        h.wake_at = Some(t);
-                        self.push(t, Ev::HostWake(hi as u32));
-                    }
-                    return;
-                }
-                Dispatch::Idle => return,
+            let p = self.piece_slot(slot, rel.piece, PartOf::HostPiece(slot));
+            let h = &mut self.hosts[hi];
+            h.dispatched += 1;
+            h.dispatched_bytes += rel.piece.length as u64;
+            let link = h.link;
+            let r = &mut self.reqs[p as usize];
+            r.host_ticket = Some(rel.ticket);
+            r.host_dispatched_at = now;
+            if r.io.dir == Direction::Write
+                && let Some(l) = link
+            {
+                r.stage = Stage::HostLinkOut;
+                self.submit(l, p);
+            } else {
+                self.after_host_link(p);
             }
         }
+        self.release_bufs.push(out);
+    }
+
+    /// Sends what the array's gate released to the tier each request was given.
+    fn array_releases(&mut self, mut out: Vec<Release<u32>>) {
+        for rel in out.drain(..) {
+            let slot = rel.payload;
+            let q = self.piece_slot(slot, rel.piece, PartOf::ArrayPiece(slot));
+            self.reqs[q as usize].array_ticket = Some(rel.ticket);
+            let tier = self.reqs[q as usize].tier;
+            self.send_to_tier(q, tier, rel.urgent);
+        }
+        self.release_bufs.push(out);
     }
 
     fn device_io(&self, slot: u32) -> DeviceIo {
@@ -913,7 +1037,7 @@ impl<'p> Engine<'p> {
                 Stage::HostFlash => self.cache_hit_complete(slot),
                 Stage::TargetLinkBack => self.after_target_back(slot),
                 Stage::HostLinkBack => self.host_complete(slot, false),
-                Stage::Free => {}
+                Stage::Split | Stage::Free => {}
             }
         }
         self.done = done;
@@ -943,19 +1067,31 @@ impl<'p> Engine<'p> {
     }
 
     fn enter_array(&mut self, slot: u32) {
-        if let Some(aq) = &mut self.array_qos {
-            let r = &self.reqs[slot as usize];
+        if self.array_qos.is_some() {
+            // The tier is looked up on arrival: the gate bounds each tier (class).
+            let tier = self.backend_tier(slot);
+            let r = &mut self.reqs[slot as usize];
+            r.tier = tier;
             let vm = &self.vms[r.vm as usize].plan;
-            let (vol, client) = (VolumeId(vm.volume as u32), ClientId(vm.host as u32));
-            if aq
-                .sched
-                .enqueue(self.now, vol, client, Self::cost(&r.io), slot)
-                .is_err()
-            {
+            let request = GateRequest {
+                volume: VolumeId(vm.volume as u32),
+                client: ClientId(vm.host as u32),
+                kind: Self::kind(&r.io),
+                offset: r.io.offset_bytes,
+                length: r.io.size_bytes,
+            };
+            let class = if tier == Stage::ArrayFlash {
+                FLASH_CLASS
+            } else {
+                0
+            };
+            let (submitted, out) = self.array_gate(|g, now, out| {
+                g.submit_in_class(now, request, class, slot, out).is_ok()
+            });
+            self.array_releases(out);
+            if !submitted {
                 self.host_complete(slot, true);
-                return;
             }
-            self.pump_array_qos();
         } else {
             self.enter_backend(slot);
         }
@@ -964,7 +1100,7 @@ impl<'p> Engine<'p> {
     /// Into the array: its flash cache when the read hits, else the array itself.
     fn enter_backend(&mut self, slot: u32) {
         let tier = self.backend_tier(slot);
-        self.send_to_tier(slot, tier);
+        self.send_to_tier(slot, tier, false);
     }
 
     /// The tier that serves a request: `Stage::ArrayFlash` (a read whose blocks are
@@ -1024,97 +1160,38 @@ impl<'p> Engine<'p> {
         Stage::Array
     }
 
-    fn send_to_tier(&mut self, slot: u32, tier: Stage) {
+    /// `urgent`: the array gate marked it (a protected volume): the device serves
+    /// it ahead of ordinary commands where it has priority queueing.
+    fn send_to_tier(&mut self, slot: u32, tier: Stage, urgent: bool) {
         self.reqs[slot as usize].stage = tier;
         let comp = match (tier, &self.array_cache) {
             (Stage::ArrayFlash, Some((_, flash, _, _))) => *flash,
             _ => 0,
         };
-        self.submit(comp, slot);
-    }
-
-    fn pump_array_qos(&mut self) {
-        loop {
-            let now = self.now;
-            let Some(aq) = &mut self.array_qos else {
-                return;
-            };
-            // One released request may wait for a slot of its tier; while it does,
-            // nothing else is released (the scheduler keeps deciding the order).
-            if aq.parked.is_some()
-                || (aq.outstanding >= aq.concurrency
-                    && aq.flash_outstanding >= aq.flash_concurrency)
-            {
-                return;
-            }
-            match aq.sched.dispatch(now) {
-                Dispatch::Io(d) => {
-                    let slot = d.payload;
-                    let tier = self.backend_tier(slot);
-                    let Some(aq) = &mut self.array_qos else {
-                        return;
-                    };
-                    let (used, bound) = match tier {
-                        Stage::ArrayFlash => (&mut aq.flash_outstanding, aq.flash_concurrency),
-                        _ => (&mut aq.outstanding, aq.concurrency),
-                    };
-                    if *used < bound {
-                        *used += 1;
-                        self.send_to_tier(slot, tier);
-                    } else {
-                        aq.parked = Some((slot, tier));
-                    }
-                }
-                Dispatch::WaitUntil(t) => {
-                    let t = t.max(now + 1);
-                    if aq.wake_at != Some(t) {
-                        aq.wake_at = Some(t);
-                        self.push(t, Ev::ArrayQosWake);
-                    }
-                    return;
-                }
-                Dispatch::Idle => return,
-            }
+        if urgent {
+            let io = self.device_io(slot);
+            self.comps[comp as usize]
+                .c
+                .submit_urgent(self.now, io, slot as u64);
+            self.arm(comp);
+        } else {
+            self.submit(comp, slot);
         }
     }
 
     fn array_done(&mut self, slot: u32) {
-        if self.array_qos.is_some() {
-            let r = self.reqs[slot as usize];
-            let vm = &self.vms[r.vm as usize].plan;
-            let (vol, client) = (VolumeId(vm.volume as u32), ClientId(vm.host as u32));
-            let now = self.now;
-            let tier = r.stage;
-            if let Some(aq) = &mut self.array_qos {
-                match tier {
-                    Stage::ArrayFlash => {
-                        aq.flash_outstanding = aq.flash_outstanding.saturating_sub(1)
-                    }
-                    _ => aq.outstanding = aq.outstanding.saturating_sub(1),
+        let mut slot = slot;
+        if let Some(ticket) = self.reqs[slot as usize].array_ticket.take() {
+            let (finished, out) = self.array_gate(|g, now, out| g.complete(now, ticket, out));
+            // What the freed slot lets go leaves first.
+            self.array_releases(out);
+            if let PartOf::ArrayPiece(whole) = self.reqs[slot as usize].part_of {
+                self.free_req(slot);
+                if finished.is_none() {
+                    return;
                 }
+                slot = whole;
             }
-            // The waiting request takes the slot its tier just freed.
-            if let Some(aq) = &mut self.array_qos
-                && let Some((parked, parked_tier)) = aq.parked
-                && parked_tier == tier
-            {
-                aq.parked = None;
-                match tier {
-                    Stage::ArrayFlash => aq.flash_outstanding += 1,
-                    _ => aq.outstanding += 1,
-                }
-                self.send_to_tier(parked, parked_tier);
-            }
-            if let Some(aq) = &mut self.array_qos {
-                aq.sched.complete(
-                    now,
-                    vol,
-                    client,
-                    Self::cost(&r.io),
-                    now - r.array_arrived_at,
-                );
-            }
-            self.pump_array_qos();
         }
         let r = &mut self.reqs[slot as usize];
         if r.io.dir == Direction::Read {
@@ -1152,25 +1229,33 @@ impl<'p> Engine<'p> {
         self.free.push(slot);
     }
 
+    /// A request (or a piece of one) released by its host's gate completed.
     fn host_complete(&mut self, slot: u32, error: bool) {
         let now = self.now;
+        let piece = self.reqs[slot as usize];
+        let hi = self.vms[piece.vm as usize].plan.host;
+        let ticket = piece.host_ticket;
+        let (finished, out) = self.host_gate(hi, |g, now, out| {
+            ticket.and_then(|t| g.complete(now, t, out))
+        });
+        // Device latency as SIOC measures it, per device I/O.
+        self.datastore_latency
+            .record(now - piece.host_dispatched_at);
+        let (slot, error) = match piece.part_of {
+            PartOf::HostPiece(whole) => {
+                self.reqs[whole as usize].error |= error;
+                self.free_req(slot);
+                if finished.is_none() {
+                    self.host_releases(hi, out);
+                    return;
+                }
+                (whole, self.reqs[whole as usize].error)
+            }
+            _ => (slot, error),
+        };
         let r = self.reqs[slot as usize];
         let vi = r.vm as usize;
-        let hi = self.vms[vi].plan.host;
         let latency = now - r.issued_at;
-        {
-            let h = &mut self.hosts[hi];
-            Self::note_outstanding(h, now);
-            h.outstanding -= 1;
-            h.sched.complete(
-                now,
-                VolumeId(r.vm),
-                ClientId(r.vm),
-                Self::cost(&r.io),
-                latency,
-            );
-        }
-        self.datastore_latency.record(now - r.host_dispatched_at);
         self.completed += 1;
         let bucket = (now / self.plan.interval_ns) as usize;
         {
@@ -1205,9 +1290,8 @@ impl<'p> Engine<'p> {
             v.generator.on_complete(now, r.worker, &r.io, latency);
             v.outstanding[r.worker as usize] -= 1;
         }
-        self.reqs[slot as usize] = FREE_REQ;
-        self.free.push(slot);
-        self.pump_host(hi);
+        self.free_req(slot);
+        self.host_releases(hi, out);
         self.poll_worker(r.vm, r.worker);
     }
 

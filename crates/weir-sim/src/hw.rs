@@ -73,6 +73,13 @@ impl Component for Hw {
             Hw::Array(a) => a.submit(now, io, token),
         }
     }
+    fn submit_urgent(&mut self, now: Nanos, io: DeviceIo, token: u64) {
+        match self {
+            Hw::Link(l) => l.submit_urgent(now, io, token),
+            Hw::Ideal(a) => a.submit_urgent(now, io, token),
+            Hw::Array(a) => a.submit_urgent(now, io, token),
+        }
+    }
     fn next_event_ns(&self) -> Option<Nanos> {
         match self {
             Hw::Link(l) => l.next_event_ns(),

@@ -83,6 +83,7 @@ pub fn builtin_scenarios() -> &'static [(&'static str, &'static str)] {
             include_str!("../../../scenarios/mixed-workload-cache.toml"),
         ),
         ("vdi-week", include_str!("../../../scenarios/vdi-week.toml")),
+        ("qos-gate", include_str!("../../../scenarios/qos-gate.toml")),
     ]
 }
 

@@ -643,6 +643,32 @@ pub(crate) fn plan_case(
                 "must be at least 1".into(),
             ));
         }
+        let d = &q.depth;
+        let at = |f: &str| vec![key("array_qos"), key("depth"), key(f)];
+        let fraction = |x: f64| x.is_finite() && (0.0..=1.0).contains(&x);
+        if d.min_depth == 0 {
+            return Err(err(at("min_depth"), "must be at least 1".into()));
+        }
+        if !(d.period_ms.is_finite() && d.period_ms >= 1.0) {
+            return Err(err(
+                at("period_ms"),
+                format!("must be at least 1 ms, got {}", d.period_ms),
+            ));
+        }
+        for (f, x) in [
+            ("over_target_budget", d.over_target_budget),
+            ("over_twice_budget", d.over_twice_budget),
+        ] {
+            if !fraction(x) {
+                return Err(err(at(f), format!("must be in [0, 1], got {x}")));
+            }
+        }
+        if !(d.decrease.is_finite() && d.decrease > 0.0 && d.decrease < 1.0) {
+            return Err(err(
+                at("decrease"),
+                format!("must be in (0, 1), got {}", d.decrease),
+            ));
+        }
     }
     // Named workloads.
     for (i, w) in file.workload.iter().enumerate() {

@@ -1,7 +1,7 @@
 //! The scenario file's data model (TOML, unknown fields rejected).
 
-use serde::{Deserialize, Serialize};
-use weir_qos::{CongestionConfig, Policy, Shares};
+use serde::{Deserialize, Deserializer, Serialize};
+use weir_qos::{CongestionConfig, DepthConfig, Policy, Shares};
 use weir_workload::{AccessSpec, ModelSpec};
 
 /// A whole scenario file.
@@ -188,6 +188,32 @@ pub struct ArrayQosSpec {
     /// IOPS are counted in units of this many bytes (weir-qos `cost_unit_bytes`).
     #[serde(default = "default_cost_unit")]
     pub cost_unit_bytes: u32,
+    /// The depth controller of the back end (the disk tier): weir-qos `DepthConfig`
+    /// (`adaptive`, `min_depth`, `period_ms`, `over_target_budget`,
+    /// `over_twice_budget`, `decrease`), with `backend_concurrency` as its ceiling.
+    /// Off in the simulator unless `adaptive = true` (the server defaults it on): the
+    /// published scenarios were measured with a fixed depth. Keys left out take
+    /// weir-qos's defaults.
+    #[serde(default = "sim_depth", deserialize_with = "depth_over_sim_default")]
+    pub depth: DepthConfig,
+}
+
+/// The simulator's default depth controller: weir-qos's, not adaptive.
+fn sim_depth() -> DepthConfig {
+    DepthConfig {
+        adaptive: false,
+        ..DepthConfig::default()
+    }
+}
+
+/// `depth = { … }`: the given keys over [`sim_depth`] (so leaving `adaptive` out
+/// keeps it off), unknown keys rejected.
+fn depth_over_sim_default<'de, D: Deserializer<'de>>(d: D) -> Result<DepthConfig, D::Error> {
+    use serde::de::Error;
+    let given = toml::Table::deserialize(d)?;
+    let mut table = toml::Table::try_from(sim_depth()).map_err(D::Error::custom)?;
+    table.extend(given);
+    table.try_into().map_err(D::Error::custom)
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

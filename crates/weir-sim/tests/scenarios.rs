@@ -33,7 +33,7 @@ fn ratio(case: &CaseReport, a: &str, b: &str) -> f64 {
 
 #[test]
 fn every_shipped_scenario_loads_and_runs_shortened() {
-    assert_eq!(builtin_scenarios().len(), 8);
+    assert_eq!(builtin_scenarios().len(), 9);
     for (name, _) in builtin_scenarios() {
         if matches!(
             *name,
@@ -513,4 +513,170 @@ fn windows_beyond_the_run_are_not_measured() {
     assert!(early.weir > 1000.0, "early window measured: {}", early.weir);
     assert!(early.note.is_empty());
     assert!(c.windows.iter().all(|w| w.name != "late"));
+}
+
+/// Large requests under limits leave the gates in pieces (issue 10): at the host (a
+/// VM limit counted in 4 KiB units: 40 KiB pieces of 1 MiB reads) and again at the
+/// array (a volume limit of 1,000 IOPS: each 40 KiB host piece in two 20 KiB pieces,
+/// on the flash tier once cached). Every piece travels as its own device I/O; the
+/// request completes with its last piece.
+const PIECES: &str = r#"[scenario]
+name = "pieces"
+warmup_s = 0.5
+duration_s = 4
+timeline_interval_s = 0.5
+
+[array]
+ideal = { servers = 8, service_us = 500 }
+
+[array_cache]
+size_gib = 1
+block_kib = 64
+
+[array_qos]
+backend_concurrency = 16
+
+[[policy]]
+name = "slow"
+limit_iops = 1000
+
+[[volume]]
+name = "limited"
+policy = "slow"
+
+[[volume]]
+name = "free"
+
+[[host]]
+name = "h1"
+link = "fc-8g"
+queue_depth = 32
+
+[[workload]]
+name = "big-read"
+block_kib = 1024
+read_pct = 100
+random_pct = 100
+outstanding_ios = 4
+
+[[workload]]
+name = "writes"
+block_kib = 256
+read_pct = 0
+random_pct = 100
+outstanding_ios = 4
+
+[[vm]]
+name = "capped"
+host = "h1"
+workload = "big-read"
+volume = "limited"
+limit_iops = 2000
+disk_gib = 0.0625
+
+[[vm]]
+name = "writer"
+host = "h1"
+workload = "writes"
+volume = "free"
+disk_gib = 1
+
+[[case]]
+name = "c"
+"#;
+
+#[test]
+fn pieces_travel_on_their_own_and_requests_complete_with_their_last() {
+    let s = Scenario::from_toml_str("pieces.toml", PIECES).unwrap();
+    let r = s.run(None, &mut |_| {});
+    let again = s.run(None, &mut |_| {});
+    assert_eq!(
+        serde_json::to_string(&r).unwrap(),
+        serde_json::to_string(&again).unwrap(),
+        "same seed, same output"
+    );
+    let c = &r.cases[0];
+    let capped = workload(c, "capped");
+    // The array's 1,000 IOPS (4 KiB units) bounds the 1 MiB reads: ≤ 4.1 MB/s.
+    assert!(
+        capped.mbps <= 4.096 * 1.03 && capped.mbps >= 4.096 * 0.9,
+        "capped: {} MB/s",
+        capped.mbps
+    );
+    assert_eq!(capped.errors, 0);
+    let comp = |name: &str| {
+        c.components
+            .iter()
+            .find(|x| x.name == name)
+            .unwrap_or_else(|| panic!("no component {name}"))
+    };
+    // The host released 40 KiB pieces: 26 per MiB (25 × 40 KiB + 24 KiB) for the reader.
+    let reads = capped.ios as f64;
+    let writes = workload(c, "writer").ios as f64;
+    let host_ios = comp("host h1").ios as f64;
+    assert!(
+        host_ios >= writes + reads * 25.0,
+        "host released {host_ios} for {reads} reads and {writes} writes"
+    );
+    // At the array each 40 KiB piece went in two 20 KiB pieces, to the disks or (once
+    // cached) to the flash tier: both classes of the array's gate saw pieces.
+    let (disk, flash) = (comp("array").ios as f64, comp("array flash").ios as f64);
+    assert!(
+        disk + flash >= writes + reads * 50.0 && flash > 0.0,
+        "array {disk} and flash {flash} I/Os for {reads} reads and {writes} writes"
+    );
+    // No completion was lost: the closed loops still run in the last interval.
+    let last = |name: &str| {
+        let series = c
+            .timeline
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no series {name}"));
+        *series.values.last().unwrap()
+    };
+    assert!(last("capped IOPS") > 0.0 && last("writer IOPS") > 0.0);
+    // Failed and delayed pieces: each request completes once, failed if a piece did.
+    let faulty = s.run_with_faults(None, &|_, _| Box::new(EveryTenth { seen: 0 }), &mut |_| {});
+    let fc = &faulty.cases[0];
+    let (f, w) = (workload(fc, "capped"), workload(fc, "writer"));
+    assert!(f.errors > 0, "no failed read ({} I/Os)", f.ios);
+    assert!(
+        w.errors > 0 && w.ios > 0,
+        "writer: {} errors, {} I/Os",
+        w.errors,
+        w.ios
+    );
+    let last_f = fc
+        .timeline
+        .iter()
+        .find(|t| t.name == "capped IOPS")
+        .and_then(|t| t.values.last().copied())
+        .unwrap();
+    assert!(last_f > 0.0, "the faulty run stalled");
+}
+
+/// The simulator half of the live-vs-sim twin (scenarios/qos-gate.toml): on the
+/// server's emulated pool, 2:1 shares split a pool that requests queue for 2:1, and
+/// the mission-critical target holds beside a QD64 flood with adaptive depth.
+#[test]
+fn qos_gate_twin_shares_and_latency_target_hold() {
+    let mut s = shipped("qos-gate");
+    s.retain_cases("depth16");
+    let r = s.run(Some(2), &mut |_| {});
+    let shares = case(&r, "shares-depth16");
+    let ratio = workload(shares, "high").iops / workload(shares, "normal").iops;
+    assert!((1.9..=2.1).contains(&ratio), "shares ratio {ratio}");
+    let mut s = shipped("qos-gate");
+    s.retain_cases("latency-target");
+    let r = s.run(Some(2), &mut |_| {});
+    let held = workload(case(&r, "latency-target"), "critical")
+        .latency_ms
+        .mean;
+    let none = workload(case(&r, "latency-target-none"), "critical")
+        .latency_ms
+        .mean;
+    assert!(
+        held <= 10.0 && held < none,
+        "with target {held} ms, without {none} ms"
+    );
 }
