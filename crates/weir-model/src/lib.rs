@@ -97,6 +97,15 @@ pub use array::{
     PolicyOverride,
 };
 pub use block_cache::{BlockCache, CachePolicy};
+
+/// Where volume `volume_id` starts on a device of `capacity_bytes` when volumes are
+/// spread by id (1 MiB aligned; a volume that runs past the end wraps, as the array
+/// maps offsets modulo its capacity): how `weir serve`'s emulated device places its
+/// volumes, and what a scenario's `placement = "spread"` reproduces.
+pub fn spread_base(volume_id: u32, capacity_bytes: u64) -> u64 {
+    let capacity = capacity_bytes.max(1);
+    ((volume_id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) % capacity) & !((1 << 20) - 1)
+}
 pub use clone_cache::{CloneCacheSpec, CloneCacheStats, CloneId, ImageId};
 pub use controller::{BatteryState, ControllerSpec, IoPolicy, ReadPolicy, WritePolicy};
 pub use error::ModelError;

@@ -243,19 +243,19 @@ async fn run(
         .filter(|p| p.qos_enabled())
         .map(|p| p.start_dispatcher(runtime.clone()))
         .collect();
-    let mut tasks: Vec<JoinHandle<()>> = state
+    let tasks: Vec<JoinHandle<()>> = state
         .pools
         .values()
         .filter(|p| p.congestion_period().is_some())
         .map(|p| tokio::spawn(p.clone().run_congestion_control()))
         .collect();
-    tasks.extend(
-        state
-            .pools
-            .values()
-            .filter_map(|p| p.device())
-            .map(|d| tokio::spawn(d.clone().run())),
-    );
+    // Emulated devices: one driver thread each, for the same reason.
+    let device_drivers: Vec<_> = state
+        .pools
+        .values()
+        .filter_map(|p| p.device())
+        .map(|d| d.start())
+        .collect();
     let admin_task = crate::admin::spawn(state.clone(), admin, shutdown.clone());
     let mut sessions = JoinSet::new();
     let session_shutdown = shutdown.clone();
@@ -287,6 +287,7 @@ async fn run(
     }
     let _ = admin_task.await;
     drop(dispatchers);
+    drop(device_drivers);
     for t in tasks {
         t.abort();
     }

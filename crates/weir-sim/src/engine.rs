@@ -386,15 +386,39 @@ pub(crate) fn stream_seed(seed: u64, name: &str) -> u64 {
     splitmix(seed ^ splitmix(h))
 }
 
+/// Where each VM disk starts on the array (`[datastore] placement`).
+fn vm_offsets(plan: &CasePlan, capacity_bytes: Option<u64>) -> Vec<u64> {
+    match (plan.file.datastore.placement, capacity_bytes) {
+        (crate::topology::Placement::Spread, Some(capacity)) => {
+            let mut next: Vec<Option<u64>> = vec![None; plan.volumes.len()];
+            plan.vms
+                .iter()
+                .map(|vm| {
+                    let at = next[vm.volume]
+                        .unwrap_or_else(|| weir_model::spread_base(vm.volume as u32 + 1, capacity));
+                    next[vm.volume] = Some(at + vm.disk_bytes);
+                    at
+                })
+                .collect()
+        }
+        _ => plan.vms.iter().map(|vm| vm.base_offset).collect(),
+    }
+}
+
 /// Loads the data regions of the VMs that ask for it (`prewarm_cache`) into the caches
 /// on their path, in address order.
-fn prewarm(plan: &CasePlan, hosts: &mut [HostState], mut array_cache: Option<&mut BlockCache>) {
+fn prewarm(
+    plan: &CasePlan,
+    offsets: &[u64],
+    hosts: &mut [HostState],
+    mut array_cache: Option<&mut BlockCache>,
+) {
     let mut keys = Vec::new();
     for (vi, vm) in plan.vms.iter().enumerate() {
         if vm.prewarm_bytes == 0 {
             continue;
         }
-        let (start, end) = (vm.base_offset, vm.base_offset + vm.prewarm_bytes);
+        let (start, end) = (offsets[vi], offsets[vi] + vm.prewarm_bytes);
         if vm.host_cache
             && let Some((cache, _)) = &mut hosts[vm.host].cache
         {
@@ -536,10 +560,16 @@ impl<'p> Engine<'p> {
             }
             qos
         });
-        prewarm(plan, &mut hosts, array_cache.as_mut().map(|c| &mut c.0));
+        let offsets = vm_offsets(plan, comps[0].c.capacity_bytes());
+        prewarm(
+            plan,
+            &offsets,
+            &mut hosts,
+            array_cache.as_mut().map(|c| &mut c.0),
+        );
         let buckets = ((plan.warmup_ns + plan.duration_ns) / plan.interval_ns + 1) as usize;
         let mut vms = Vec::new();
-        for vm in &plan.vms {
+        for (vm, &base_offset) in plan.vms.iter().zip(&offsets) {
             let generator: Box<dyn IoGenerator + Send> = match &vm.model {
                 Some(m) => m
                     .build(
@@ -556,7 +586,10 @@ impl<'p> Engine<'p> {
             };
             let workers = generator.workers() as usize;
             vms.push(VmState {
-                plan: vm.clone(),
+                plan: VmPlan {
+                    base_offset,
+                    ..vm.clone()
+                },
                 shared: generator.shared_region(),
                 generator,
                 last_end: vec![u64::MAX; workers],

@@ -158,6 +158,21 @@ pub struct DatastoreSpec {
     /// table), shared by every host; none: the hosts' links are the only links.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_link: Option<toml::Value>,
+    /// Where the VM disks lie on the array: `"contiguous"` (default: one after
+    /// another in declaration order) or `"spread"`: the scenario's N-th `[[volume]]`
+    /// starts where `weir serve`'s emulated device puts volume id N
+    /// (`weir_model::spread_base`), its VM disks one after another from there — for
+    /// runs that must match a live emulated pool.
+    #[serde(default)]
+    pub placement: Placement,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    #[default]
+    Contiguous,
+    Spread,
 }
 
 impl Default for DatastoreSpec {
@@ -166,6 +181,7 @@ impl Default for DatastoreSpec {
             name: default_datastore_name(),
             congestion: congestion_off(),
             target_link: None,
+            placement: Placement::Contiguous,
         }
     }
 }
