@@ -8,76 +8,9 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{ReadLoad, Sample, volume_toml};
-
-const SPAN: u64 = 400 << 30;
-const WARMUP: Duration = Duration::from_secs(3);
-
-fn pool(qos: bool) -> String {
-    format!(
-        "[[pools]]\nname = \"array\"\ndevice = \"15k-sas-raid5x24\"\n{}",
-        if qos { "" } else { "qos = false\n" }
-    )
-}
-
-fn volumes(names_policies: &[(&str, &str)]) -> String {
-    names_policies
-        .iter()
-        .map(|(n, p)| volume_toml(n, "400GiB", p, "array"))
-        .collect()
-}
-
-/// Runs one reader per `(volume, queue depth)` for `WARMUP + measure` and returns
-/// the completions inside the measured part.
-async fn run(addr: SocketAddr, loads: &[(&str, usize)], measure: Duration) -> Vec<Vec<Sample>> {
-    let start = Instant::now();
-    let end = start + WARMUP + measure;
-    let handles: Vec<_> = loads
-        .iter()
-        .enumerate()
-        .map(|(i, &(volume, qd))| {
-            let volume = volume.to_string();
-            tokio::spawn(async move {
-                ReadLoad {
-                    volume: &volume,
-                    from: None,
-                    queue_depth: qd,
-                    size_bytes: 4096,
-                    span_bytes: SPAN,
-                    seed: 17 + i as u64 * 7919,
-                }
-                .run_until(addr, end)
-                .await
-            })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for h in handles {
-        let samples = h.await.unwrap();
-        out.push(
-            samples
-                .into_iter()
-                .filter(|s| s.done_at >= start + WARMUP && s.done_at < end)
-                .collect(),
-        );
-    }
-    out
-}
-
-fn iops(s: &[Sample], measure: Duration) -> f64 {
-    s.len() as f64 / measure.as_secs_f64()
-}
-
-fn pct(s: &[Sample], p: f64) -> f64 {
-    let mut l: Vec<f64> = s.iter().map(|x| x.latency.as_secs_f64() * 1e3).collect();
-    l.sort_by(f64::total_cmp);
-    l.get(((l.len().max(1) - 1) as f64 * p).round() as usize)
-        .copied()
-        .unwrap_or(f64::NAN)
-}
+use common::emulated::{iops, pct, pool, run, volumes};
 
 async fn serve(config: &str) -> (common::TempDir, weir_server::RunningServer) {
     common::start_with("accept", config).await
