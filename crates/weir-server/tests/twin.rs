@@ -51,7 +51,10 @@ fn within(live: f64, sim: f64, tolerance: f64) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_and_simulated_pools_reach_the_same_outcomes() {
-    let sim_cases = sim("");
+    let sim_cases: Vec<CaseReport> = ["shares", "reservation", "latency-target"]
+        .into_iter()
+        .flat_map(sim)
+        .collect();
     let policies = r#"
 [[policies]]
 name = "high"

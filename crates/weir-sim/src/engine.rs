@@ -336,6 +336,8 @@ pub(crate) struct Engine<'p> {
     comps: Vec<Comp>,
     target_link: Option<u32>,
     array_qos: Option<Tier>,
+    /// `[array_qos] priority_queueing`: pass the gate's urgent pieces on as urgent.
+    priority_queueing: bool,
     /// Reused buffers for what the gates release.
     release_bufs: Vec<Vec<Release<u32>>>,
     faults: Box<dyn FaultInjector>,
@@ -621,6 +623,11 @@ impl<'p> Engine<'p> {
             comps,
             target_link,
             array_qos,
+            priority_queueing: plan
+                .file
+                .array_qos
+                .as_ref()
+                .is_none_or(|q| q.priority_queueing),
             release_bufs: Vec::new(),
             faults,
             done: Vec::with_capacity(64),
@@ -1011,7 +1018,7 @@ impl<'p> Engine<'p> {
             let q = self.piece_slot(slot, rel.piece, PartOf::ArrayPiece(slot));
             self.reqs[q as usize].array_ticket = Some(rel.ticket);
             let tier = self.reqs[q as usize].tier;
-            self.send_to_tier(q, tier, rel.urgent);
+            self.send_to_tier(q, tier, rel.urgent && self.priority_queueing);
         }
         self.release_bufs.push(out);
     }

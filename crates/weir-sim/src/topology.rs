@@ -212,6 +212,12 @@ pub struct ArrayQosSpec {
     /// weir-qos's defaults.
     #[serde(default = "sim_depth", deserialize_with = "depth_over_sim_default")]
     pub depth: DepthConfig,
+    /// The array serves the pieces of protected volumes (mission- or
+    /// business-critical with a latency target) ahead of the rest where its drives
+    /// can (NCQ priority, SCSI HEAD OF QUEUE), as the server's emulated device does;
+    /// `false`: a device without priority queueing (the depth alone protects).
+    #[serde(default = "yes")]
+    pub priority_queueing: bool,
 }
 
 /// The simulator's default depth controller: weir-qos's, not adaptive.
