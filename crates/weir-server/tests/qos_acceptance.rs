@@ -2,7 +2,7 @@
 //! `15k-sas-raid5x24` with default pool settings (max_in_flight 64, adaptive
 //! depth), 400 GiB volumes, closed-loop 4 KiB random readers from Weir's NBD client.
 //! Long (about two minutes) and timing-sensitive, so ignored in the suite; run on a
-//! quiet machine with `bench/run accept` (prints a table of figures):
+//! quiet machine with `bench/run accept` (prints `ACCEPT` lines):
 //!
 //! `cargo test -p weir-server --release --test qos_acceptance -- --ignored --nocapture --test-threads=1`
 
