@@ -611,13 +611,7 @@ impl Component for Hdd {
 
     fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>) {
         self.catch_up(now);
-        while let Some(Reverse((at, _, token))) = self.completions.peek().copied() {
-            if at > now {
-                break;
-            }
-            self.completions.pop();
-            done.push(Completion { token, at_ns: at });
-        }
+        crate::drain_due(&mut self.completions, now, done);
     }
 
     fn busy_ns(&self) -> Nanos {

@@ -155,6 +155,23 @@ pub struct Completion {
     pub at_ns: Nanos,
 }
 
+/// Moves the completions due by `now` from a `(time, sequence, token)` min-heap to
+/// `done`, in time order (the `advance` of components that know each completion
+/// time when the request is submitted).
+pub(crate) fn drain_due(
+    heap: &mut std::collections::BinaryHeap<std::cmp::Reverse<(Nanos, u64, u64)>>,
+    now: Nanos,
+    done: &mut Vec<Completion>,
+) {
+    while let Some(std::cmp::Reverse((at, _, token))) = heap.peek().copied() {
+        if at > now {
+            break;
+        }
+        heap.pop();
+        done.push(Completion { token, at_ns: at });
+    }
+}
+
 /// A pure queueing state machine.
 ///
 /// Contract: the driver calls `submit` at `now`; it calls `advance(t)` with

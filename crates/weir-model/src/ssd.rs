@@ -212,13 +212,7 @@ impl Component for Ssd {
     }
 
     fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>) {
-        while let Some(Reverse((at, _, token))) = self.completions.peek().copied() {
-            if at > now {
-                break;
-            }
-            self.completions.pop();
-            done.push(Completion { token, at_ns: at });
-        }
+        crate::drain_due(&mut self.completions, now, done);
     }
 
     fn busy_ns(&self) -> Nanos {

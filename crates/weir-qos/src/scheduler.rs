@@ -752,29 +752,15 @@ impl<T> Scheduler<T> {
         cost: IoCost,
         payload: T,
     ) -> Result<(), crate::PolicyError> {
-        let Some(&slot) = self.index.get(&volume) else {
-            return Err(PolicyError::UnknownVolume(volume.0));
+        let item = Queued {
+            kind: cost.kind,
+            offset: 0,
+            remaining: cost.size_bytes,
+            split: None,
+            enqueued_at: now,
+            payload,
         };
-        let Some(v) = self.volume_mut(slot) else {
-            return Err(PolicyError::UnknownVolume(volume.0));
-        };
-        let was_idle = v.queue.is_empty();
-        v.queue.push_back(
-            client,
-            Queued {
-                kind: cost.kind,
-                offset: 0,
-                remaining: cost.size_bytes,
-                split: None,
-                enqueued_at: now,
-                payload,
-            },
-        );
-        self.queued += 1;
-        if was_idle {
-            self.activate(slot, now);
-        }
-        Ok(())
+        self.push(now, volume, client, item)
     }
 
     /// Queues a request for `length` bytes at `offset` of the volume. Under a limit,
@@ -792,11 +778,28 @@ impl<T> Scheduler<T> {
     where
         T: Clone,
     {
-        let IoRange {
-            kind,
-            offset,
-            length,
-        } = range;
+        let item = Queued {
+            kind: range.kind,
+            offset: range.offset,
+            remaining: if range.kind.has_range() {
+                range.length
+            } else {
+                0
+            },
+            split: Some(T::clone),
+            enqueued_at: now,
+            payload,
+        };
+        self.push(now, volume, client, item)
+    }
+
+    fn push(
+        &mut self,
+        now: Nanos,
+        volume: VolumeId,
+        client: ClientId,
+        item: Queued<T>,
+    ) -> Result<(), PolicyError> {
         let Some(&slot) = self.index.get(&volume) else {
             return Err(PolicyError::UnknownVolume(volume.0));
         };
@@ -804,17 +807,7 @@ impl<T> Scheduler<T> {
             return Err(PolicyError::UnknownVolume(volume.0));
         };
         let was_idle = v.queue.is_empty();
-        v.queue.push_back(
-            client,
-            Queued {
-                kind,
-                offset,
-                remaining: if kind.has_range() { length } else { 0 },
-                split: Some(T::clone),
-                enqueued_at: now,
-                payload,
-            },
-        );
+        v.queue.push_back(client, item);
         self.queued += 1;
         if was_idle {
             self.activate(slot, now);
