@@ -374,6 +374,12 @@ pub struct VolumeStats {
     pub protected_dispatches: u64,
     /// Cost units released (see [`IoCost::units`]).
     pub dispatched_units: u64,
+    /// Bytes charged against a MB/s limit by what was released: each piece's
+    /// [`SchedulerConfig::charged_bytes`], at least
+    /// [`SchedulerConfig::min_limit_bytes`] (a FLUSH or BLOCK_STATUS 4 KiB), where
+    /// `dispatched_bytes` counts only the bytes moved.
+    #[serde(default)]
+    pub dispatched_charged_bytes: u64,
 }
 
 /// Completion counters for one client (host or VM), across all its volumes.
@@ -1175,6 +1181,7 @@ impl<T> Scheduler<T> {
         v.stats.dispatched_ios += 1;
         v.stats.dispatched_bytes += cost.bytes();
         v.stats.dispatched_units += units;
+        v.stats.dispatched_charged_bytes += limit_bytes;
         let volume = v.id;
         let now_empty = v.queue.is_empty();
         if phase == Phase::Share && !protected {
@@ -1624,9 +1631,10 @@ mod tests {
                 st.dispatched_bytes,
                 st.completed_ios,
                 st.completed_bytes,
-                st.dispatched_units
+                st.dispatched_units,
+                st.dispatched_charged_bytes
             ),
-            (0, 2, 8192, 2, 8192, 3)
+            (0, 2, 8192, 2, 8192, 3, 8192 + 4096)
         );
         assert_eq!(st.latency_sum_ns, 5 * MS as u128);
         assert_eq!(
