@@ -243,6 +243,39 @@ proptest! {
         }
     }
 
+    /// Feasible reservations (summing to at most 80 % of the device) are met beside
+    /// high-share floods, and the floods split what is left by their shares.
+    #[test]
+    fn reservations_are_met_and_the_rest_splits_by_shares(
+        reservations in prop::collection::vec(100.0..800.0f64, 1..=3),
+        flood_shares in prop::collection::vec(200u32..=4000, 2),
+    ) {
+        // 4 slots x 1 ms = 4,000 IOPS; every load floods (QD16 > its part).
+        let total: f64 = reservations.iter().sum();
+        let scale = if total > 3200.0 { 3200.0 / total } else { 1.0 };
+        let mut vols = Vec::new();
+        let mut loads = Vec::new();
+        for (i, r) in reservations.iter().enumerate() {
+            let v = i as u32 + 1;
+            vols.push((v, Policy { reservation_iops: Some(r * scale), shares: Shares::new(200).unwrap(), ..Policy::best_effort("r") }));
+            loads.push(Load { volume: v, client: v, kind: IoKind::Read, size: 4096, queue_depth: 16 });
+        }
+        for (k, s) in flood_shares.iter().enumerate() {
+            let v = 10 + k as u32;
+            vols.push((v, Policy { shares: Shares::new(*s).unwrap(), ..Policy::best_effort("f") }));
+            loads.push(Load { volume: v, client: v, kind: IoKind::Read, size: 4096, queue_depth: 16 });
+        }
+        let o = run(fixed(4), 4, MS, &vols, &loads, 3 * SEC);
+        let rate = |v: u32| o.finished.get(&(v, v)).map_or(0, |f| f.0) as f64 / 3.0;
+        for (i, r) in reservations.iter().enumerate() {
+            let got = rate(i as u32 + 1);
+            prop_assert!(got >= 0.98 * r * scale, "volume {}: {got:.0} IOPS, reserved {:.0}", i + 1, r * scale);
+        }
+        let (a, b) = (rate(10), rate(11));
+        let want = flood_shares[0] as f64 / flood_shares[1] as f64;
+        prop_assert!((a / b / want - 1.0).abs() <= 0.05, "floods {a:.0} : {b:.0}, shares {want:.3}");
+    }
+
     /// Infeasible reservations are cut in proportion, whatever the order the
     /// volumes were declared in.
     #[test]
