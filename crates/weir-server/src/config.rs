@@ -31,6 +31,12 @@
 //! # over_target_budget = 0.25       # target) take longer than the target at the backend,
 //! # over_twice_budget = 0.01        # or over_twice_budget longer than twice it, and grows
 //! # decrease = 0.85                 # back to max_in_flight when they do not
+//! # share_aware = true              # also at most the depth at which every active
+//! # share_floor = 0.7               # volume's demand covers its share of it (volumes
+//! #                                 # whose bound is under share_floor x max_in_flight
+//! #                                 # do not count): shares need a queue to act
+//! # anticipate_us = 500             # meanwhile, hold a freed slot this long for its
+//! #                                 # volume's next request (0-100000; 0: off)
 //!
 //! [[policies]]                      # user-defined, beside the five built-ins
 //! name = "gold"
@@ -518,6 +524,21 @@ fn validate_depth(d: &DepthConfig, max_in_flight: u32) -> Result<(), (&'static s
             ),
         ));
     }
+    if !(d.share_floor.is_finite() && (0.0..=1.0).contains(&d.share_floor)) {
+        return Err((
+            "share_floor",
+            format!(
+                "must be a fraction 0-1 of max_in_flight, got {}",
+                d.share_floor
+            ),
+        ));
+    }
+    if d.anticipate_us > 100_000 {
+        return Err((
+            "anticipate_us",
+            format!("must be at most 100000 (100 ms), got {}", d.anticipate_us),
+        ));
+    }
     Ok(())
 }
 
@@ -688,6 +709,9 @@ mod tests {
             e.message.contains("pools[0].depth.min_depth: must be 1-16"),
             "{e}"
         );
+        let text = "[[pools]]\nname = \"p\"\n[pools.depth]\nanticipate_us = 9000000\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert!(e.message.contains("pools[0].depth.anticipate_us"), "{e}");
         let text = "[[pools]]\nname = \"p\"\ndepth = { decrease = 1.5 }\n";
         let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
         assert!(e.message.contains("pools[0].depth.decrease"), "{e}");
