@@ -190,8 +190,6 @@ pub struct Gate<T> {
     sched: Scheduler<u32>,
     entries: Vec<Entry<T>>,
     free: Vec<u32>,
-    /// Pieces outstanding, every class.
-    in_flight: u32,
     /// Pieces of class 0 outstanding (what the depth limit bounds).
     device_in_flight: u32,
     /// Classes 1.. (index `class - 1`); empty unless `set_class_limit` was called.
@@ -205,8 +203,6 @@ pub struct Gate<T> {
     /// Completion latencies since the last `take_period_latency` (for PARDA).
     period_latency: DatastoreLatency,
     wake_at: Option<Nanos>,
-    /// Latency target (ns) of protected volumes, for the depth controller.
-    targets: HashMap<VolumeId, Nanos>,
     /// Per volume: requests submitted and not finished, and the sum and count of
     /// that figure sampled at its completions this period (the share bound).
     demand: HashMap<VolumeId, Demand>,
@@ -230,7 +226,6 @@ impl<T: Clone> Gate<T> {
             sched: Scheduler::new(config.scheduler),
             entries: Vec::new(),
             free: Vec::new(),
-            in_flight: 0,
             device_in_flight: 0,
             classes: Vec::new(),
             parked: None,
@@ -239,7 +234,6 @@ impl<T: Clone> Gate<T> {
             admission: None,
             period_latency: DatastoreLatency::new(),
             wake_at: None,
-            targets: HashMap::new(),
             demand: HashMap::new(),
             held: VecDeque::new(),
         }
@@ -261,7 +255,6 @@ impl<T: Clone> Gate<T> {
 
     /// Adds a volume, or changes its policy if it exists (queued requests follow).
     pub fn add_volume(&mut self, now: Nanos, volume: VolumeId, policy: Policy) {
-        self.note_target(volume, &policy);
         self.sched.add_volume(now, volume, policy);
     }
 
@@ -272,22 +265,8 @@ impl<T: Clone> Gate<T> {
         policy: Policy,
         out: &mut Vec<Release<T>>,
     ) {
-        self.note_target(volume, &policy);
         self.sched.set_policy(now, volume, policy);
         self.pump(now, out);
-    }
-
-    fn note_target(&mut self, volume: VolumeId, policy: &Policy) {
-        let protected = policy
-            .service_level
-            .is_some_and(|l| l != crate::ServiceLevel::NonCritical);
-        match policy
-            .latency_target_ms
-            .filter(|t| protected && t.is_finite() && *t > 0.0)
-        {
-            Some(t) => self.targets.insert(volume, (t * 1e6) as Nanos),
-            None => self.targets.remove(&volume),
-        };
     }
 
     /// Removes a volume; returns the payloads of its requests not fully released
@@ -298,7 +277,6 @@ impl<T: Clone> Gate<T> {
         let mut out = self.cancel(slots, true);
         let waiting = self.take_waiting(|r| r.volume == volume);
         out.extend(self.cancel(waiting, false));
-        self.targets.remove(&volume);
         self.demand.remove(&volume);
         out
     }
@@ -596,7 +574,6 @@ impl<T: Clone> Gate<T> {
         };
         e.outstanding += 1;
         let (generation, class) = (e.generation, e.class);
-        self.in_flight += 1;
         match class {
             0 => self.device_in_flight += 1,
             c => self.classes[c as usize - 1].in_flight += 1,
@@ -612,7 +589,7 @@ impl<T: Clone> Gate<T> {
             kind: d.cost.kind,
             piece: d.piece,
             phase: d.phase,
-            urgent: self.targets.contains_key(&d.volume),
+            urgent: self.sched.protected_target_ns(d.volume).is_some(),
             payload,
         });
     }
@@ -643,13 +620,12 @@ impl<T: Clone> Gate<T> {
             return None;
         }
         e.outstanding -= 1;
-        self.in_flight -= 1;
         let r = e.request;
         let device_ns = now.saturating_sub(ticket.released_at);
         match e.class {
             0 => {
                 self.device_in_flight -= 1;
-                let target = self.targets.get(&r.volume).copied();
+                let target = self.sched.protected_target_ns(r.volume);
                 if self.depth.on_completion(now, device_ns, target) {
                     self.end_period();
                 }
@@ -817,8 +793,9 @@ impl<T: Clone> Gate<T> {
         v
     }
 
+    /// Pieces outstanding, every class.
     pub fn in_flight(&self) -> u32 {
-        self.in_flight
+        self.device_in_flight + self.classes.iter().map(|c| c.in_flight).sum::<u32>()
     }
 
     /// Requests queued in the scheduler (not fully released; a parked last piece

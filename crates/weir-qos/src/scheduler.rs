@@ -405,6 +405,8 @@ struct Rates {
     /// for protectable volumes.
     risk_age_ns: Option<u64>,
     risk_latency_ns: Option<f64>,
+    /// The latency target, ns, of a protectable volume (see the module docs).
+    protected_target_ns: Option<Nanos>,
     burst_ticks: u128,
     limit_slack_ticks: u128,
     /// The most a piece may be charged (bytes) so that it takes at most
@@ -424,9 +426,8 @@ impl Rates {
             .map_or(LEVELS - 1, |l| l.rank().min(LEVELS - 1));
         let target_ns = policy
             .latency_target_ms
-            .filter(|t| t.is_finite() && *t > 0.0)
+            .filter(|t| t.is_finite() && *t > 0.0 && rank < PROTECTABLE_LEVELS)
             .map(|t| t * 1e6);
-        let protectable = rank < PROTECTABLE_LEVELS;
         let burst_ticks = secs_to_ticks(policy.burst_seconds);
         let limit_per_unit = per_unit(policy.effective_limit_iops());
         let limit_per_byte = per_unit(policy.limit_mbps.map(|m| m * crate::BYTES_PER_MB));
@@ -456,12 +457,9 @@ impl Rates {
             piece_charged_bytes,
             shares: policy.shares.get().max(1) as u128,
             rank,
-            risk_age_ns: target_ns
-                .filter(|_| protectable)
-                .map(|t| (t * RISK_QUEUE_AGE_FRACTION) as u64),
-            risk_latency_ns: target_ns
-                .filter(|_| protectable)
-                .map(|t| t * RISK_LATENCY_FRACTION),
+            risk_age_ns: target_ns.map(|t| (t * RISK_QUEUE_AGE_FRACTION) as u64),
+            risk_latency_ns: target_ns.map(|t| t * RISK_LATENCY_FRACTION),
+            protected_target_ns: target_ns.map(|t| t as Nanos),
             burst_ticks,
             limit_slack_ticks: burst_ticks.max(ticks(LIMIT_SLACK_NS)),
         }
@@ -974,6 +972,14 @@ impl<T> Scheduler<T> {
     /// The volumes, in no particular order.
     pub fn volumes(&self) -> impl Iterator<Item = VolumeId> + '_ {
         self.index.keys().copied()
+    }
+
+    /// The latency target (ns) of a protectable volume — mission- or
+    /// business-critical with a target — and `None` for every other volume.
+    pub fn protected_target_ns(&self, volume: VolumeId) -> Option<Nanos> {
+        self.volume(*self.index.get(&volume)?)?
+            .rates
+            .protected_target_ns
     }
 
     /// The volume's latency EWMA in ms (None before its first completion).
