@@ -1,0 +1,132 @@
+//! The clone-aware read cache of a pool's thin volumes: grains of read-only
+//! (snapshot) layers, kept in memory by *physical* key — layer and slot — so a
+//! golden image's grain is cached once for every clone that reads it, and read
+//! from its data file once even when a boot storm of clones misses on it at the
+//! same moment. Which grains stay, which leave and which misses wait for a read
+//! already in flight is decided by [`weir_model::ReadCache`], the same model the
+//! simulator's clone-aware array cache runs; this type only holds the data.
+//!
+//! Only frozen layers are cached: their grains never change, so the cache needs
+//! no invalidation (a layer id is never reused, so a deleted layer's grains just
+//! age out). The writable top of a volume is left to the kernel's page cache.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use weir_model::{CachePolicy, Lookup, ReadCache, ReadCacheStats};
+
+use crate::layer::Layer;
+
+struct Inner {
+    model: ReadCache,
+    data: HashMap<u128, Arc<[u8]>>,
+    free_readers: Vec<u32>,
+    next_reader: u32,
+}
+
+impl Inner {
+    fn reader(&mut self) -> u32 {
+        self.free_readers.pop().unwrap_or_else(|| {
+            self.next_reader += 1;
+            self.next_reader - 1
+        })
+    }
+}
+
+pub struct GrainCache {
+    inner: Mutex<Inner>,
+    filled: Condvar,
+    grain_bytes: u64,
+}
+
+fn key(layer: u64, slot: u32) -> u128 {
+    ((layer as u128) << 32) | slot as u128
+}
+
+impl GrainCache {
+    /// A cache of `size_bytes` (rounded down to whole grains).
+    pub fn new(size_bytes: u64, grain_bytes: u64) -> GrainCache {
+        let grains = (size_bytes / grain_bytes).min(u32::MAX as u64) as u32;
+        GrainCache {
+            inner: Mutex::new(Inner {
+                // SLRU: a one-pass scan (a backup of one clone) cannot flush the
+                // image's working set.
+                model: ReadCache::new(grains, CachePolicy::Slru),
+                data: HashMap::new(),
+                free_readers: Vec::new(),
+                next_reader: 0,
+            }),
+            filled: Condvar::new(),
+            grain_bytes,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn stats(&self) -> ReadCacheStats {
+        self.lock().model.stats()
+    }
+    pub fn capacity_bytes(&self) -> u64 {
+        self.lock().model.capacity() as u64 * self.grain_bytes
+    }
+
+    /// Reads part of `layer`'s slot `slot` through the cache.
+    pub fn read(&self, layer: &Layer, slot: u32, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let key = key(layer.id, slot);
+        let mut g = self.lock();
+        loop {
+            let reader = g.reader();
+            match g.model.lookup(key, reader) {
+                Lookup::Hit => {
+                    g.free_readers.push(reader);
+                    let Some(d) = g.data.get(&key).cloned() else {
+                        drop(g);
+                        return layer.read_slot(slot, off, buf);
+                    };
+                    drop(g);
+                    buf.copy_from_slice(&d[off as usize..off as usize + buf.len()]);
+                    return Ok(());
+                }
+                Lookup::InFlight(_) => {
+                    g.free_readers.push(reader);
+                    g = self.filled.wait(g).unwrap_or_else(|p| p.into_inner());
+                }
+                Lookup::Miss => return self.read_miss(g, reader, layer, slot, off, buf),
+            }
+        }
+    }
+
+    fn read_miss(
+        &self,
+        g: MutexGuard<'_, Inner>,
+        reader: u32,
+        layer: &Layer,
+        slot: u32,
+        off: u64,
+        buf: &mut [u8],
+    ) -> io::Result<()> {
+        drop(g);
+        let mut grain = vec![0u8; self.grain_bytes as usize];
+        let r = layer.read_slot(slot, 0, &mut grain);
+        let mut g = self.lock();
+        match r {
+            Ok(()) => {
+                buf.copy_from_slice(&grain[off as usize..off as usize + buf.len()]);
+                g.data.insert(key(layer.id, slot), grain.into());
+                let mut evicted = Vec::new();
+                g.model.fill(reader, |k| evicted.push(k));
+                for k in evicted {
+                    g.data.remove(&k);
+                }
+            }
+            Err(_) => g.model.abort(reader),
+        }
+        g.free_readers.push(reader);
+        drop(g);
+        self.filled.notify_all();
+        r
+    }
+}
