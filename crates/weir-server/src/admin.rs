@@ -46,7 +46,8 @@ use crate::config::AccessGroupConfig;
 use crate::metrics::CounterSnapshot;
 use crate::qos::PoolGauges;
 use crate::server::ServerState;
-use crate::store::{StoreError, VolumeCreate, VolumeRecord, VolumeUpdate};
+use crate::store::{StoreError, ThinPoolCheck, VolumeCreate, VolumeRecord, VolumeUpdate};
+use crate::thin::SnapshotRecord;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResizeRequest {
@@ -98,6 +99,27 @@ pub struct HostWindowReport {
     pub host_shares: u64,
     pub in_gate: usize,
     pub waiting: usize,
+}
+
+/// `POST /v1/volumes/{volume}/snapshots`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRequest {
+    pub name: String,
+}
+
+/// `POST /v1/volumes/{volume}/rollback`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RollbackRequest {
+    pub snapshot: String,
+}
+
+/// `POST /v1/volumes/{volume}/snapshots/{snapshot}/clones`: linked clones, one
+/// per name, with the source volume's policy unless `policy` names another.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloneRequest {
+    pub names: Vec<String>,
+    #[serde(default)]
+    pub policy: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,6 +208,25 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             ok(&s.set_volume_policy(name, &req.policy)?)
         }
         ("GET", ["v1", "volumes", name, "stats"]) => ok(&volume_stats(s, name)?),
+        ("GET", ["v1", "snapshots"]) => ok(&store().snapshots(None)?),
+        ("GET", ["v1", "volumes", name, "snapshots"]) => ok(&store().snapshots(Some(name))?),
+        ("POST", ["v1", "volumes", name, "snapshots"]) => {
+            let req: SnapshotRequest = parse(body)?;
+            created(&store().snapshot(name, &req.name)?)
+        }
+        ("DELETE", ["v1", "volumes", name, "snapshots", snap]) => {
+            ok(&store().delete_snapshot(name, snap)?)
+        }
+        ("POST", ["v1", "volumes", name, "snapshots", snap, "clones"]) => {
+            let req: CloneRequest = parse(body)?;
+            created(&s.clone_snapshot(name, snap, &req.names, req.policy.as_deref())?)
+        }
+        ("POST", ["v1", "volumes", name, "rollback"]) => {
+            let req: RollbackRequest = parse(body)?;
+            ok(&store().rollback(name, &req.snapshot)?)
+        }
+        ("POST", ["v1", "volumes", name, "flatten"]) => ok(&store().flatten(name)?),
+        ("GET", ["v1", "check"]) => ok(&store().check_thin()?),
         ("GET", ["v1", "pools"]) => ok(&s.pool_reports()),
         ("GET", ["v1", "policies"]) => ok(&store().policies()),
         ("POST", ["v1", "policies"]) => {
@@ -216,7 +257,8 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             Ok(Response {
                 status: 200,
                 content_type: "text/plain; version=0.0.4",
-                body: s.metrics.render_prometheus(&queued, &pools).into_bytes(),
+                body: (s.metrics.render_prometheus(&queued, &pools) + &s.thin_metrics())
+                    .into_bytes(),
             })
         }
         (_, path) if is_route(path) => Err(ApiError(
@@ -236,7 +278,15 @@ fn is_route(path: &[&str]) -> bool {
         path,
         ["v1", "volumes" | "policies" | "access-groups" | "pools"]
             | ["v1", "volumes" | "policies" | "access-groups", _]
-            | ["v1", "volumes", _, "resize" | "policy" | "stats"]
+            | ["v1", "snapshots" | "check"]
+            | [
+                "v1",
+                "volumes",
+                _,
+                "resize" | "policy" | "stats" | "snapshots" | "rollback" | "flatten"
+            ]
+            | ["v1", "volumes", _, "snapshots", _]
+            | ["v1", "volumes", _, "snapshots", _, "clones"]
             | ["metrics"]
     )
 }
@@ -458,6 +508,61 @@ impl Client {
             None::<&()>,
         )
         .await
+    }
+    pub async fn snapshot(&self, volume: &str, name: &str) -> Result<SnapshotRecord, ClientError> {
+        let req = SnapshotRequest { name: name.into() };
+        let path = format!("/v1/volumes/{}/snapshots", encode(volume));
+        self.call("POST", &path, Some(&req)).await
+    }
+    /// Snapshots of `volume`, or of every volume.
+    pub async fn snapshots(
+        &self,
+        volume: Option<&str>,
+    ) -> Result<Vec<SnapshotRecord>, ClientError> {
+        let path = match volume {
+            Some(v) => format!("/v1/volumes/{}/snapshots", encode(v)),
+            None => "/v1/snapshots".into(),
+        };
+        self.call("GET", &path, None::<&()>).await
+    }
+    pub async fn delete_snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+    ) -> Result<SnapshotRecord, ClientError> {
+        let path = format!("/v1/volumes/{}/snapshots/{}", encode(volume), encode(name));
+        self.call("DELETE", &path, None::<&()>).await
+    }
+    pub async fn rollback(
+        &self,
+        volume: &str,
+        snapshot: &str,
+    ) -> Result<VolumeRecord, ClientError> {
+        let req = RollbackRequest {
+            snapshot: snapshot.into(),
+        };
+        let path = format!("/v1/volumes/{}/rollback", encode(volume));
+        self.call("POST", &path, Some(&req)).await
+    }
+    pub async fn clone_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        req: &CloneRequest,
+    ) -> Result<Vec<VolumeRecord>, ClientError> {
+        let path = format!(
+            "/v1/volumes/{}/snapshots/{}/clones",
+            encode(volume),
+            encode(snapshot)
+        );
+        self.call("POST", &path, Some(req)).await
+    }
+    pub async fn flatten(&self, volume: &str) -> Result<VolumeRecord, ClientError> {
+        let path = format!("/v1/volumes/{}/flatten", encode(volume));
+        self.call("POST", &path, None::<&()>).await
+    }
+    pub async fn check(&self) -> Result<Vec<ThinPoolCheck>, ClientError> {
+        self.call("GET", "/v1/check", None::<&()>).await
     }
     /// The Prometheus text of `/metrics`.
     pub async fn metrics(&self) -> Result<String, ClientError> {

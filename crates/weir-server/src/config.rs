@@ -136,6 +136,28 @@ pub struct PoolConfig {
     /// loopback benchmarks buffered I/O measured faster (docs/PERFORMANCE.md).
     #[serde(default)]
     pub direct_io: bool,
+    /// How the pool stores volumes: `"file"` (a sparse file per volume, the
+    /// default) or `"thin"` (copy-on-write grain maps: snapshots, linked clones,
+    /// rollback, flatten; docs/THIN.md).
+    #[serde(default)]
+    pub format: PoolFormat,
+    /// Thin pools: memory for the clone-aware read cache (grains of snapshots and
+    /// golden images, cached once for all their clones). Default 256 MiB; 0: off.
+    #[serde(default = "default_clone_cache")]
+    pub clone_cache: ByteSize,
+}
+
+/// A pool's volume format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolFormat {
+    #[default]
+    File,
+    Thin,
+}
+
+fn default_clone_cache() -> ByteSize {
+    ByteSize(256 << 20)
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -265,6 +287,8 @@ fn default_pools() -> Vec<PoolConfig> {
         congestion: None,
         qos: true,
         direct_io: false,
+        format: PoolFormat::File,
+        clone_cache: default_clone_cache(),
     }]
 }
 
@@ -436,6 +460,12 @@ impl WeirConfig {
             validate_depth(&p.depth, p.max_in_flight).map_err(|(field, e)| {
                 (Some(field.into()), format!("pools[{i}].depth.{field}: {e}"))
             })?;
+            if p.format == PoolFormat::Thin && p.direct_io {
+                return Err((
+                    Some("direct_io".into()),
+                    format!("pools[{i}].direct_io: not available for format = \"thin\""),
+                ));
+            }
             if let Some(c) = &p.congestion {
                 c.validate()
                     .map_err(|e| (at(&p.name), format!("pools[{i}].congestion: {e}")))?;

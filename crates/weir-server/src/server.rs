@@ -127,6 +127,124 @@ impl ServerState {
         Ok(r)
     }
 
+    /// Linked clones of a snapshot, each under its policy in its pool's gate.
+    pub fn clone_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        names: &[String],
+        policy: Option<&str>,
+    ) -> Result<Vec<VolumeRecord>, StoreError> {
+        let mut store = self.store();
+        let records = store.clone_snapshot(volume, snapshot, names, policy)?;
+        for r in &records {
+            let policy = store.policy(&r.policy)?;
+            if let Some(pool) = self.pools.get(&r.pool) {
+                pool.add_volume(VolumeId(r.id), policy);
+            }
+        }
+        Ok(records)
+    }
+
+    /// Prometheus text for thin pools: space per volume and pool, and the
+    /// clone-aware cache's counters.
+    pub fn thin_metrics(&self) -> String {
+        use std::fmt::Write as _;
+        let mut store = self.store();
+        let space = store.thin_space();
+        if space.is_empty() && store.snapshots(None).map(|s| s.is_empty()).unwrap_or(true) {
+            return String::new();
+        }
+        let shared = store.thin_shared_bytes();
+        let caches = store.thin_cache_stats();
+        drop(store);
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP weir_volume_exclusive_bytes Bytes stored in a thin volume's own layer (not shared)."
+        );
+        let _ = writeln!(out, "# TYPE weir_volume_exclusive_bytes gauge");
+        for v in &space {
+            let _ = writeln!(
+                out,
+                "weir_volume_exclusive_bytes{{volume=\"{}\",pool=\"{}\"}} {}",
+                v.volume, v.pool, v.exclusive_bytes
+            );
+        }
+        let mut exclusive: BTreeMap<&str, u64> = BTreeMap::new();
+        for v in &space {
+            *exclusive.entry(&v.pool).or_insert(0) += v.exclusive_bytes;
+        }
+        let _ = writeln!(
+            out,
+            "# HELP weir_pool_shared_bytes Bytes stored in a thin pool's read-only layers (snapshots, images under clones)."
+        );
+        let _ = writeln!(out, "# TYPE weir_pool_shared_bytes gauge");
+        for (pool, b) in &shared {
+            let _ = writeln!(out, "weir_pool_shared_bytes{{pool=\"{pool}\"}} {b}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP weir_pool_used_bytes Bytes stored in a thin pool (exclusive + shared)."
+        );
+        let _ = writeln!(out, "# TYPE weir_pool_used_bytes gauge");
+        let pools: std::collections::BTreeSet<&str> = exclusive
+            .keys()
+            .copied()
+            .chain(shared.keys().map(String::as_str))
+            .collect();
+        for pool in pools {
+            let used =
+                exclusive.get(pool).copied().unwrap_or(0) + shared.get(pool).copied().unwrap_or(0);
+            let _ = writeln!(out, "weir_pool_used_bytes{{pool=\"{pool}\"}} {used}");
+        }
+        for (name, help, get) in [
+            (
+                "hits",
+                "Clone-aware cache lookups served from memory.",
+                (|c: &weir_model::ReadCacheStats| c.hits) as fn(&weir_model::ReadCacheStats) -> u64,
+            ),
+            (
+                "misses",
+                "Clone-aware cache lookups read from the pool.",
+                |c| c.misses,
+            ),
+            (
+                "merged",
+                "Clone-aware cache misses that waited for a read already in flight.",
+                |c| c.merged,
+            ),
+            (
+                "evictions",
+                "Grains evicted from the clone-aware cache.",
+                |c| c.evictions,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP weir_clone_cache_{name}_total {help}");
+            let _ = writeln!(out, "# TYPE weir_clone_cache_{name}_total counter");
+            for (pool, c, _) in &caches {
+                let _ = writeln!(
+                    out,
+                    "weir_clone_cache_{name}_total{{pool=\"{pool}\"}} {}",
+                    get(c)
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP weir_clone_cache_bytes Bytes of grains in the clone-aware cache."
+        );
+        let _ = writeln!(out, "# TYPE weir_clone_cache_bytes gauge");
+        for (pool, c, grain) in &caches {
+            let _ = writeln!(
+                out,
+                "weir_clone_cache_bytes{{pool=\"{pool}\"}} {}",
+                c.resident * grain
+            );
+        }
+        out
+    }
+
     /// Changes a volume's policy; queued and future requests follow it at once.
     pub fn set_volume_policy(&self, name: &str, policy: &str) -> Result<VolumeRecord, StoreError> {
         let (r, p): (VolumeRecord, Policy) = self.store().set_policy(name, policy)?;

@@ -29,7 +29,14 @@ use weir_qos::{Policy, PolicyCatalog, VolumeId};
 
 use crate::access::{HostPattern, allowed};
 use crate::backend::{Backend, FileBackend};
-use crate::config::{AccessGroupConfig, DEFAULT_POOL, PoolConfig, WeirConfig, validate_name};
+use crate::config::{
+    AccessGroupConfig, DEFAULT_POOL, PoolConfig, PoolFormat, WeirConfig, validate_name,
+};
+use crate::thin::{ThinBackend, ThinMeta, ThinState, thin_dir};
+use weir_thin::ThinVolume;
+
+mod thin_ops;
+pub use thin_ops::{ThinPoolCheck, ThinSpace};
 
 pub const META_FILE: &str = "weir-meta.json";
 const META_VERSION: u32 = 1;
@@ -49,6 +56,13 @@ pub struct VolumeRecord {
     pub read_only: bool,
     #[serde(default)]
     pub description: String,
+    /// Thin pools: the volume's top layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<u64>,
+    /// A linked clone: the snapshot it was cloned from (`volume@snapshot`), until
+    /// it is flattened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 /// What the admin API needs to create a volume.
@@ -80,12 +94,15 @@ pub struct VolumeUpdate {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct Meta {
+pub(crate) struct Meta {
     version: u32,
     next_volume_id: u32,
     volumes: Vec<VolumeRecord>,
     policies: Vec<Policy>,
     access_groups: Vec<AccessGroupConfig>,
+    /// Layers and snapshots of thin pools.
+    #[serde(default)]
+    thin: ThinMeta,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -110,6 +127,8 @@ pub struct OpenVolume {
     pub name: String,
     pub pool: String,
     pub backend: Arc<dyn Backend>,
+    /// Thin pools: the volume (or snapshot view) behind `backend`.
+    pub thin: Option<Arc<ThinVolume>>,
     /// Set when the volume is deleted: its sessions fail further requests.
     pub deleted: AtomicBool,
 }
@@ -126,7 +145,9 @@ pub struct VolumeStore {
     catalog: PolicyCatalog,
     pools: Vec<PoolConfig>,
     groups: HashMap<String, Vec<HostPattern>>,
+    /// Open volumes and snapshot exports (`volume@snapshot`), by export name.
     open: HashMap<String, Arc<OpenVolume>>,
+    thin: ThinState,
 }
 
 impl VolumeStore {
@@ -168,7 +189,13 @@ impl VolumeStore {
             pools: config.pools.clone(),
             groups: HashMap::new(),
             open: HashMap::new(),
+            thin: ThinState::default(),
         };
+        for p in &config.pools {
+            if p.format == PoolFormat::Thin {
+                store.thin.set_cache(&p.name, p.clone_cache.0);
+            }
+        }
         for p in &meta.policies {
             store
                 .catalog
@@ -196,16 +223,30 @@ impl VolumeStore {
                     access_groups: v.access_groups.clone(),
                     read_only: v.read_only,
                     description: v.description.clone(),
+                    layer: None,
+                    origin: None,
                 });
             }
         }
         for r in &meta.volumes {
             store.check_record(r)?;
-            let volume = store.open_file(r, true)?;
-            store.open.insert(r.name.clone(), volume);
+        }
+        for r in &mut meta.volumes {
+            if store.is_thin(&r.pool) && r.layer.is_none() {
+                r.layer = Some(meta.thin.new_layer(&r.pool, None, r.size_bytes));
+            }
         }
         store.meta = meta;
+        store.collect_layers()?;
+        for r in store.meta.volumes.clone() {
+            let volume = store.open_file(&r, true)?;
+            store.open.insert(r.name.clone(), volume);
+        }
+        for snap in store.meta.thin.snapshots.clone() {
+            store.open_snapshot(&snap)?;
+        }
         store.persist()?;
+        store.remove_orphan_layers();
         Ok(store)
     }
 
@@ -249,12 +290,20 @@ impl VolumeStore {
     pub fn pools(&self) -> &[PoolConfig] {
         &self.pools
     }
+    pub(crate) fn is_thin(&self, pool: &str) -> bool {
+        self.pools
+            .iter()
+            .any(|p| p.name == pool && p.format == PoolFormat::Thin)
+    }
 
     fn open_file(
-        &self,
+        &mut self,
         r: &VolumeRecord,
         allow_existing: bool,
     ) -> Result<Arc<OpenVolume>, StoreError> {
+        if let Some(top) = r.layer {
+            return self.open_thin(r, top);
+        }
         let dir = self.pool_dir(&r.pool);
         std::fs::create_dir_all(&dir)
             .map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
@@ -301,6 +350,7 @@ impl VolumeStore {
             name: r.name.clone(),
             pool: r.pool.clone(),
             backend: Arc::new(backend),
+            thin: None,
             deleted: AtomicBool::new(false),
         }))
     }
@@ -322,13 +372,28 @@ impl VolumeStore {
         Ok(())
     }
 
+    /// Volumes, by name (snapshot exports are not volumes: see [`Self::snapshots`]).
     pub fn list(&self) -> Vec<VolumeRecord> {
         let mut v = self.meta.volumes.clone();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
     }
 
+    /// A volume, or a snapshot export (`volume@snapshot`, read-only) by its name.
     pub fn get(&self, name: &str) -> Result<VolumeRecord, StoreError> {
+        if let Some((volume, snap)) = name.split_once('@') {
+            return self.snapshot_export(volume, snap);
+        }
+        self.meta
+            .volumes
+            .iter()
+            .find(|r| r.name == name)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(format!("no volume named {name:?}")))
+    }
+
+    /// A volume (not a snapshot export) by name.
+    pub fn volume(&self, name: &str) -> Result<VolumeRecord, StoreError> {
         self.meta
             .volumes
             .iter()
@@ -358,12 +423,18 @@ impl VolumeStore {
         allowed(self.patterns(r).as_deref(), host)
     }
 
-    /// Volumes `host` may see and open, by name.
+    /// Volumes and snapshot exports `host` may see and open, by name.
     pub fn visible_to(&self, host: IpAddr) -> Vec<VolumeRecord> {
-        self.list()
-            .into_iter()
-            .filter(|r| self.host_may_access(r, host))
-            .collect()
+        let snaps = self
+            .meta
+            .thin
+            .snapshots
+            .iter()
+            .filter_map(|s| self.snapshot_export(&s.volume, &s.name).ok());
+        let mut all: Vec<VolumeRecord> = self.list().into_iter().chain(snaps).collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all.retain(|r| self.host_may_access(r, host));
+        all
     }
 
     pub fn create(&mut self, req: VolumeCreate) -> Result<VolumeRecord, StoreError> {
@@ -382,8 +453,13 @@ impl VolumeStore {
             access_groups: req.access_groups,
             read_only: req.read_only,
             description: req.description,
+            layer: None,
+            origin: None,
         };
         self.check_record(&record)?;
+        if self.is_thin(&record.pool) {
+            return self.create_thin(record);
+        }
         let volume = self.open_file(&record, false).map_err(|e| match e {
             StoreError::Io(m) if m.contains("exists") => StoreError::Conflict(format!(
                 "a file for volume {:?} already exists in its pool",
@@ -408,7 +484,10 @@ impl VolumeStore {
         &mut self,
         name: &str,
     ) -> Result<(VolumeRecord, Option<Arc<OpenVolume>>), StoreError> {
-        let record = self.get(name)?;
+        let record = self.volume(name)?;
+        if record.layer.is_some() {
+            return self.delete_thin(record);
+        }
         self.meta.volumes.retain(|r| r.name != name);
         self.persist()?;
         let open = self.open.remove(name);
@@ -422,12 +501,15 @@ impl VolumeStore {
 
     /// Grows a volume (shrinking is refused: it would destroy data).
     pub fn resize(&mut self, name: &str, size_bytes: u64) -> Result<VolumeRecord, StoreError> {
-        let record = self.get(name)?;
+        let record = self.volume(name)?;
         if size_bytes < record.size_bytes {
             return Err(StoreError::Invalid(format!(
                 "volume {name:?} is {} bytes; volumes can only grow, not shrink to {size_bytes}",
                 record.size_bytes
             )));
+        }
+        if record.layer.is_some() {
+            return self.resize_thin(record, size_bytes);
         }
         let path = self.volume_path(&record);
         let f = OpenOptions::new()

@@ -389,13 +389,9 @@ impl Layer {
         lock(&self.state).dirty.len()
     }
 
-    /// Bytes the data file occupies on disk.
-    pub fn allocated_bytes(&self) -> u64 {
-        self.map()
-            .iter()
-            .filter(|(_, e)| matches!(e, Entry::Slot(_)))
-            .count() as u64
-            * self.grain_bytes
+    /// Bytes of grains stored in this layer.
+    pub fn stored_bytes(&self) -> u64 {
+        self.map().stored() * self.grain_bytes
     }
 
     /// Removes the layer's files (the caller has dropped every reference).

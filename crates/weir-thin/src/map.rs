@@ -47,6 +47,8 @@ pub struct GrainMap {
     grains: u64,
     /// Entries that are not `UNMAPPED`.
     mapped: u64,
+    /// Entries that are slots (grains stored in this layer).
+    stored: u64,
 }
 
 impl GrainMap {
@@ -55,6 +57,7 @@ impl GrainMap {
             chunks: (0..grains.div_ceil(CHUNK_GRAINS)).map(|_| None).collect(),
             grains,
             mapped: 0,
+            stored: 0,
         }
     }
 
@@ -63,6 +66,10 @@ impl GrainMap {
     }
     pub fn mapped(&self) -> u64 {
         self.mapped
+    }
+    /// Grains stored in this layer (slot entries).
+    pub fn stored(&self) -> u64 {
+        self.stored
     }
 
     pub fn get(&self, grain: u64) -> Entry {
@@ -93,6 +100,8 @@ impl GrainMap {
             (false, true) => self.mapped -= 1,
             _ => {}
         }
+        let is_slot = |e: Entry| matches!(e, Entry::Slot(_));
+        self.stored = self.stored + is_slot(entry) as u64 - is_slot(old) as u64;
         old
     }
 
@@ -144,6 +153,7 @@ mod tests {
         assert_eq!(m.set(9_000, Entry::Zero), Entry::Unmapped);
         assert_eq!(m.set(5, Entry::Slot(7)), Entry::Slot(0));
         assert_eq!(m.mapped(), 2);
+        assert_eq!(m.stored(), 1);
         assert_eq!(
             m.iter().collect::<Vec<_>>(),
             vec![(5, Entry::Slot(7)), (9_000, Entry::Zero)]

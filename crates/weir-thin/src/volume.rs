@@ -296,9 +296,21 @@ impl ThinVolume {
     /// a child of the old top) above it. Writes in progress finish first; writes
     /// after go to `new_top`. Returns the frozen layer.
     pub fn freeze_top(&self, new_top: Arc<Layer>) -> io::Result<Arc<Layer>> {
+        self.freeze_top_with(new_top, || Ok(()))
+    }
+
+    /// [`Self::freeze_top`], calling `record` (which makes the new chain the
+    /// durable one, e.g. persists the catalog) after the old top is committed and
+    /// before any write can reach `new_top`; an error leaves the chain as it was.
+    pub fn freeze_top_with(
+        &self,
+        new_top: Arc<Layer>,
+        record: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<Arc<Layer>> {
         let mut guard = self.chain.write().unwrap_or_else(|p| p.into_inner());
         let old = guard.top().clone();
         old.commit()?;
+        record()?;
         old.freeze();
         let mut layers = vec![new_top];
         layers.extend(guard.layers.iter().cloned());
@@ -306,11 +318,29 @@ impl ThinVolume {
         Ok(old)
     }
 
-    /// Replaces the chain (rollback, flatten, a merged snapshot), once writes in
-    /// progress have finished.
+    /// Replaces the chain (a merged snapshot), once writes in progress finished.
     pub fn set_chain(&self, chain: Chain) {
         assert!(!chain.layers.is_empty());
         *self.chain.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(chain);
+    }
+
+    /// Replaces chain and size (rollback, flatten) once writes in progress have
+    /// finished, calling `record` first (under the same exclusion: no write
+    /// reaches the new chain before it is durable); an error changes nothing.
+    pub fn replace_with(
+        &self,
+        chain: Chain,
+        size: u64,
+        record: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
+        assert!(!chain.layers.is_empty());
+        let mut guard = self.chain.write().unwrap_or_else(|p| p.into_inner());
+        guard.top().commit()?;
+        record()?;
+        chain.top().resize(size.div_ceil(self.grain_bytes));
+        *guard = Arc::new(chain);
+        self.size.store(size, Ordering::Release);
+        Ok(())
     }
 
     /// Grows or shrinks the volume (grains past a new end are dropped from the top).

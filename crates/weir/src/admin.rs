@@ -5,8 +5,9 @@ use clap::Subcommand;
 use std::net::SocketAddr;
 use weir_qos::{Policy, ServiceLevel, Shares};
 use weir_report::{Column, Table};
-use weir_server::admin::{Client, ClientError};
+use weir_server::admin::{Client, ClientError, CloneRequest};
 use weir_server::config::AccessGroupConfig;
+use weir_server::thin::SnapshotRecord;
 use weir_server::{VolumeCreate, parse_size};
 
 /// Where the admin API listens unless `--admin` says otherwise.
@@ -64,6 +65,36 @@ pub enum VolumeCommand {
         #[arg(long, value_name = "SECONDS")]
         interval: Option<f64>,
     },
+    /// Take a snapshot of a thin volume (read-only, exported as VOLUME@SNAPSHOT)
+    Snapshot {
+        /// A volume in a pool with format = "thin"
+        volume: String,
+        /// The snapshot's name
+        snapshot: String,
+    },
+    /// List snapshots (of one volume, or of all)
+    Snapshots { volume: Option<String> },
+    /// Delete a snapshot (refused while linked clones read from it)
+    DeleteSnapshot { volume: String, snapshot: String },
+    /// Return a volume to a snapshot (writes since the snapshot are lost)
+    Rollback { volume: String, snapshot: String },
+    /// Create linked clones of a snapshot (writable volumes sharing its data)
+    Clone {
+        /// The snapshot, as VOLUME@SNAPSHOT
+        source: String,
+        /// The clone's name; with --count, the prefix of NAME-1 … NAME-N
+        name: String,
+        /// How many clones (named NAME-1 … NAME-N, zero-padded)
+        #[arg(long)]
+        count: Option<u32>,
+        /// Policy (default: the source volume's)
+        #[arg(long)]
+        policy: Option<String>,
+    },
+    /// Copy what a clone reads from its snapshot into it (it becomes independent)
+    Flatten { volume: String },
+    /// Verify every thin pool's maps, files and references
+    Check,
 }
 
 #[derive(Subcommand)]
@@ -178,6 +209,62 @@ fn show_volumes(json: bool, volumes: &[weir_server::VolumeRecord]) -> Result<()>
     }
 }
 
+/// `NAME`, or `NAME-1` … `NAME-N` zero-padded to N's width.
+fn clone_names(name: &str, count: Option<u32>) -> Result<Vec<String>> {
+    match count {
+        None => Ok(vec![name.to_string()]),
+        Some(0) => bail!("--count must be at least 1"),
+        Some(n) => {
+            let width = n.to_string().len();
+            Ok((1..=n).map(|i| format!("{name}-{i:0width$}")).collect())
+        }
+    }
+}
+
+fn show_snapshots(json: bool, snaps: &[SnapshotRecord]) -> Result<()> {
+    if json {
+        return print_json(&snaps);
+    }
+    let mut table = Table::new(vec![
+        Column::left("snapshot"),
+        Column::right("size"),
+        Column::right("taken (unix s)"),
+    ]);
+    for s in snaps {
+        table.add_row([
+            s.export_name(),
+            human_size(s.size_bytes),
+            s.created_unix_s.to_string(),
+        ]);
+    }
+    print!("{table}");
+    Ok(())
+}
+
+fn print_check(pools: &[weir_server::store::ThinPoolCheck]) {
+    if pools.is_empty() {
+        println!("no thin pools");
+    }
+    for p in pools {
+        println!(
+            "pool {}: {} layers, {} grains stored, {} zero grains, {} orphan files, {}",
+            p.pool,
+            p.layers,
+            p.stored_grains,
+            p.zero_grains,
+            p.orphan_files.len(),
+            if p.problems.is_empty() {
+                "consistent".to_string()
+            } else {
+                format!("{} problems", p.problems.len())
+            }
+        );
+        for problem in &p.problems {
+            println!("  problem: {problem}");
+        }
+    }
+}
+
 fn volume_table(volumes: &[weir_server::VolumeRecord]) -> Table {
     let mut table = Table::new(vec![
         Column::left("volume"),
@@ -271,6 +358,74 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     println!("deleted volume {}", v.name);
                     Ok(())
                 }
+            }
+            VolumeCommand::Snapshot { volume, snapshot } => {
+                let s = client.snapshot(&volume, &snapshot).await.map_err(explain)?;
+                show_snapshots(target.json, &[s])
+            }
+            VolumeCommand::Snapshots { volume } => {
+                let s = client.snapshots(volume.as_deref()).await.map_err(explain)?;
+                show_snapshots(target.json, &s)
+            }
+            VolumeCommand::DeleteSnapshot { volume, snapshot } => {
+                let s = client
+                    .delete_snapshot(&volume, &snapshot)
+                    .await
+                    .map_err(explain)?;
+                if target.json {
+                    print_json(&s)
+                } else {
+                    println!("deleted snapshot {}", s.export_name());
+                    Ok(())
+                }
+            }
+            VolumeCommand::Rollback { volume, snapshot } => {
+                let v = client.rollback(&volume, &snapshot).await.map_err(explain)?;
+                show_volume(target.json, v)
+            }
+            VolumeCommand::Clone {
+                source,
+                name,
+                count,
+                policy,
+            } => {
+                let Some((volume, snapshot)) = source.split_once('@') else {
+                    bail!("the source must be VOLUME@SNAPSHOT, not {source:?}");
+                };
+                let names = clone_names(&name, count)?;
+                let req = CloneRequest { names, policy };
+                let vs = client
+                    .clone_snapshot(volume, snapshot, &req)
+                    .await
+                    .map_err(explain)?;
+                if target.json || vs.len() <= 20 {
+                    show_volumes(target.json, &vs)
+                } else {
+                    println!(
+                        "created {} clones of {source}: {} … {}",
+                        vs.len(),
+                        vs[0].name,
+                        vs[vs.len() - 1].name
+                    );
+                    Ok(())
+                }
+            }
+            VolumeCommand::Flatten { volume } => {
+                let v = client.flatten(&volume).await.map_err(explain)?;
+                show_volume(target.json, v)
+            }
+            VolumeCommand::Check => {
+                let pools = client.check().await.map_err(explain)?;
+                let bad = pools.iter().any(|p| !p.problems.is_empty());
+                if target.json {
+                    print_json(&pools)?;
+                } else {
+                    print_check(&pools);
+                }
+                if bad {
+                    bail!("thin pool check found problems");
+                }
+                Ok(())
             }
             VolumeCommand::SetPolicy { name, policy } => {
                 let v = client
