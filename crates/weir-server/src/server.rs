@@ -157,6 +157,7 @@ impl ServerState {
         }
         let shared = store.thin_shared_bytes();
         let caches = store.thin_cache_stats();
+        let backing = store.thin_backing_read_bytes();
         drop(store);
         let mut out = String::new();
         let _ = writeln!(
@@ -229,6 +230,14 @@ impl ServerState {
                     get(c)
                 );
             }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP weir_thin_read_bytes_total Bytes read from a thin pool's layer files."
+        );
+        let _ = writeln!(out, "# TYPE weir_thin_read_bytes_total counter");
+        for (pool, b) in &backing {
+            let _ = writeln!(out, "weir_thin_read_bytes_total{{pool=\"{pool}\"}} {b}");
         }
         let _ = writeln!(
             out,

@@ -172,6 +172,20 @@ impl ThinState {
         Ok(layer)
     }
 
+    /// Bytes read from the data files of the open layers of `pool` (with the
+    /// clone-aware cache: its misses; without: every read of a shared grain).
+    pub fn backing_read_bytes(&self, meta: &ThinMeta, pool: &str) -> u64 {
+        self.layers
+            .iter()
+            .filter(|(id, _)| meta.layer(**id).is_some_and(|l| l.pool == pool))
+            .map(|(_, l)| {
+                l.counters
+                    .read_bytes
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+            .sum()
+    }
+
     pub fn forget(&mut self, id: u64) {
         self.layers.remove(&id);
     }

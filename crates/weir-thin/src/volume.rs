@@ -142,6 +142,20 @@ impl ThinVolume {
         Ok(())
     }
 
+    /// Reads grain `g` whole through `layers`, bypassing the cache.
+    fn read_uncached(layers: &[Arc<Layer>], g: u64, buf: &mut [u8]) -> io::Result<()> {
+        for layer in layers {
+            let map = layer.map();
+            match map.get(g) {
+                Entry::Unmapped => continue,
+                Entry::Zero => break,
+                Entry::Slot(s) => return layer.read_slot(s, 0, buf),
+            }
+        }
+        buf.fill(0);
+        Ok(())
+    }
+
     /// Does any layer of `layers` hold data for grain `g` (before a zero marker)?
     fn has_data(layers: &[Arc<Layer>], g: u64) -> bool {
         for layer in layers {
@@ -198,7 +212,8 @@ impl ThinVolume {
         } else {
             let mut g_buf = vec![0u8; self.grain_bytes as usize];
             if current == Entry::Unmapped {
-                self.read_grain(&chain.layers[1..], g, 0, &mut g_buf)?;
+                // A one-time read: straight from the layer, not through the cache.
+                Self::read_uncached(&chain.layers[1..], g, &mut g_buf)?;
             }
             g_buf[off as usize..off as usize + data.len()].copy_from_slice(data);
             full = g_buf;

@@ -637,6 +637,20 @@ impl VolumeStore {
             .collect()
     }
 
+    /// Bytes read from thin layers' data files, per thin pool.
+    pub fn thin_backing_read_bytes(&self) -> BTreeMap<String, u64> {
+        self.pools
+            .iter()
+            .filter(|p| p.format == PoolFormat::Thin)
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    self.thin.backing_read_bytes(&self.meta.thin, &p.name),
+                )
+            })
+            .collect()
+    }
+
     /// Bytes stored in frozen layers (snapshots, images under clones) per pool.
     pub fn thin_shared_bytes(&mut self) -> BTreeMap<String, u64> {
         let tops: std::collections::HashSet<u64> =
