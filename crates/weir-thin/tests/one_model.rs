@@ -50,7 +50,7 @@ fn simulator_and_server_caches_make_the_same_decisions() {
             ..PolicyOverride::default()
         },
         clone_cache: Some(CloneCacheSpec {
-            size_mib: CACHE_GRAINS * GRAIN_BYTES >> 20,
+            size_mib: (CACHE_GRAINS * GRAIN_BYTES) >> 20,
             aware: true,
             block_bytes: GRAIN_BYTES as u32,
             policy: Default::default(),
