@@ -43,7 +43,7 @@ fio_iops() { # fio_iops URI RW EXTRA...: IOPS of a 4 KiB QD32 job
       --output-format=json "$@" 2>/dev/null \
     | python3 -c 'import json,sys; d=sys.stdin.read(); j=json.loads(d[d.find("{"):])["jobs"][0]; print(round(j["read"]["iops"]+j["write"]["iops"]))'
 }
-metric() { curl -s "http://$ADMIN/metrics" | awk -v m="$1" '$1 ~ "^"m {s+=$2} END {print s+0}'; }
+metric() { curl -s "http://$ADMIN/metrics" | awk -v m="$1" '$1 ~ "^"m {s+=$2} END {printf "%.0f\n", s}'; }
 POOLS='
 [[pools]]
 name = "plain"
@@ -174,7 +174,7 @@ pool = \"thin\""
     before=$(metric weir_thin_read_bytes_total)
     jobs=(); for i in $(seq -w 1 "$n"); do jobs+=(--name="vm$i" --uri="nbd://$NBD/vm-$i"); done
     t0=$(now)
-    fio --ioengine=nbd --rw=read --bs=64k --iodepth=4 --size="${mib}m" "${jobs[@]}" >/dev/null 2>&1
+    fio --ioengine=nbd --rw=read --bs=1m --iodepth=2 --size="${mib}m" "${jobs[@]}" >/dev/null 2>&1
     s=$(since "$t0")
     read_mib=$(( ($(metric weir_thin_read_bytes_total) - before) / 1048576 ))
     echo "storm: $n clones × $mib MiB, clone_cache = $cache: $read_mib MiB read from layer files ($(printf %.2f "$(echo "$read_mib/$mib" | bc -l)")x the image), $(printf %.0f "$(echo "$n*$mib/$s" | bc -l)") MiB/s aggregate"
@@ -191,7 +191,7 @@ pool = \"plain\""; done
   sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
   jobs=(); for i in $(seq -w 1 "$n"); do jobs+=(--name="f$i" --uri="nbd://$NBD/full-$i"); done
   t0=$(now)
-  fio --ioengine=nbd --rw=read --bs=64k --iodepth=4 --size="${mib}m" "${jobs[@]}" >/dev/null 2>&1
+  fio --ioengine=nbd --rw=read --bs=1m --iodepth=2 --size="${mib}m" "${jobs[@]}" >/dev/null 2>&1
   s=$(since "$t0")
   echo "storm: $n full copies × $mib MiB (plain volumes): $(printf %.0f "$(echo "$n*$mib/$s" | bc -l)") MiB/s aggregate"
   ;;
