@@ -43,6 +43,11 @@ fio_iops() { # fio_iops URI RW EXTRA...: IOPS of a 4 KiB QD32 job
       --output-format=json "$@" 2>/dev/null \
     | python3 -c 'import json,sys; d=sys.stdin.read(); j=json.loads(d[d.find("{"):])["jobs"][0]; print(round(j["read"]["iops"]+j["write"]["iops"]))'
 }
+storm_fio() { # every job reads its volume's first STORM_MIB once; fio's aggregate MiB/s
+  fio --ioengine=nbd --rw=read --bs=1m --iodepth=2 --size="${mib}m" --group_reporting \
+      --output-format=json "$@" 2>/dev/null \
+    | python3 -c 'import json,sys; d=sys.stdin.read(); print(round(json.loads(d[d.find("{"):])["jobs"][0]["read"]["bw_bytes"]/1048576))'
+}
 metric() { curl -s "http://$ADMIN/metrics" | awk -v m="$1" '$1 ~ "^"m {s+=$2} END {printf "%.0f\n", s}'; }
 POOLS='
 [[pools]]
@@ -173,11 +178,9 @@ pool = \"thin\""
     sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
     before=$(metric weir_thin_read_bytes_total)
     jobs=(); for i in $(seq -w 1 "$n"); do jobs+=(--name="vm$i" --uri="nbd://$NBD/vm-$i"); done
-    t0=$(now)
-    fio --ioengine=nbd --rw=read --bs=1m --iodepth=2 --size="${mib}m" "${jobs[@]}" >/dev/null 2>&1
-    s=$(since "$t0")
+    bw=$(storm_fio "${jobs[@]}")
     read_mib=$(( ($(metric weir_thin_read_bytes_total) - before) / 1048576 ))
-    echo "storm: $n clones × $mib MiB, clone_cache = $cache: $read_mib MiB read from layer files ($(printf %.2f "$(echo "$read_mib/$mib" | bc -l)")x the image), $(printf %.0f "$(echo "$n*$mib/$s" | bc -l)") MiB/s aggregate"
+    echo "storm: $n clones × $mib MiB, clone_cache = $cache: $read_mib MiB read from layer files ($(printf %.2f "$(echo "$read_mib/$mib" | bc -l)")x the image), $bw MiB/s aggregate (fio)"
   done
   # The same storm on full copies: plain volumes, each a copy of the image.
   vols=""; for i in $(seq -w 1 "$n"); do vols="$vols
@@ -190,10 +193,8 @@ pool = \"plain\""; done
   for i in $(seq -w 1 "$n"); do qemu-io -f raw -c "write -P 0x5a 0 ${mib}M" "nbd://$NBD/full-$i" >/dev/null; done
   sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
   jobs=(); for i in $(seq -w 1 "$n"); do jobs+=(--name="f$i" --uri="nbd://$NBD/full-$i"); done
-  t0=$(now)
-  fio --ioengine=nbd --rw=read --bs=1m --iodepth=2 --size="${mib}m" "${jobs[@]}" >/dev/null 2>&1
-  s=$(since "$t0")
-  echo "storm: $n full copies × $mib MiB (plain volumes): $(printf %.0f "$(echo "$n*$mib/$s" | bc -l)") MiB/s aggregate"
+  bw=$(storm_fio "${jobs[@]}")
+  echo "storm: $n full copies × $mib MiB (plain volumes): $bw MiB/s aggregate (fio)"
   ;;
 meta)
   mkdir -p "$work/w" "$work/s"

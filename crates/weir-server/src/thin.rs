@@ -228,6 +228,14 @@ impl Backend for ThinBackend {
     fn flush(&self) -> io::Result<()> {
         self.volume.flush()
     }
+    fn read_nowait(&self, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+        self.volume.read_nowait(offset, buf)
+    }
+    fn write_nowait(&self, offset: u64, data: &[u8]) -> io::Result<bool> {
+        // Page-cache writes to grains the volume owns; a first write (copy-up,
+        // allocation) goes to a blocking thread.
+        self.volume.write_owned(offset, data)
+    }
     fn cached_source(&self, _offset: u64, _length: u64) -> Option<RawFd> {
         None
     }

@@ -73,6 +73,24 @@ impl GrainCache {
         self.lock().model.capacity() as u64 * self.grain_bytes
     }
 
+    /// Serves part of `layer`'s slot `slot` only if it is resident (a hit, as
+    /// [`Self::read`] counts it); false: nothing was done or counted.
+    pub fn read_hit(&self, layer: &Layer, slot: u32, off: u64, buf: &mut [u8]) -> bool {
+        let key = key(layer.id, slot);
+        let mut g = self.lock();
+        let Some(d) = g.data.get(&key).cloned() else {
+            return false;
+        };
+        let reader = g.reader();
+        let hit = g.model.lookup(key, reader) == Lookup::Hit;
+        g.free_readers.push(reader);
+        drop(g);
+        if hit {
+            buf.copy_from_slice(&d[off as usize..off as usize + buf.len()]);
+        }
+        hit
+    }
+
     /// Reads part of `layer`'s slot `slot` through the cache.
     pub fn read(&self, layer: &Layer, slot: u32, off: u64, buf: &mut [u8]) -> io::Result<()> {
         let key = key(layer.id, slot);

@@ -257,6 +257,36 @@ impl Layer {
         Ok(())
     }
 
+    /// [`Self::read_slot`] only if the page cache holds all of it now
+    /// (`RWF_NOWAIT`); `Ok(false)`: it would block (nothing is counted).
+    pub fn read_slot_nowait(&self, slot: u32, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+        let Some(files) = self.files.get() else {
+            return Ok(false);
+        };
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let at = slot as u64 * self.grain_bytes + offset;
+        // SAFETY: one iovec over `buf`, which outlives the call; the fd is ours.
+        let n = unsafe {
+            libc::preadv2(
+                files.data.as_raw_fd(),
+                &iov,
+                1,
+                at as libc::off_t,
+                libc::RWF_NOWAIT,
+            )
+        };
+        if n < 0 || n as usize != buf.len() {
+            return Ok(false);
+        }
+        self.counters
+            .read_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(true)
+    }
+
     pub fn write_slot(&self, slot: u32, offset: u64, data: &[u8]) -> io::Result<()> {
         debug_assert!(offset + data.len() as u64 <= self.grain_bytes);
         let f = &self.files()?.data;

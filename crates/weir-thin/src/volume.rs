@@ -117,6 +117,76 @@ impl ThinVolume {
         Ok(())
     }
 
+    /// [`Self::read`] if it can be done without blocking: every grain a hole, a
+    /// cache hit or in the page cache. `Ok(false)`: call [`Self::read`] (on a
+    /// thread that may block). Used to skip a thread hand-off on the common path.
+    pub fn read_nowait(&self, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+        if self.check_range(offset, buf.len() as u64).is_err() {
+            return Ok(false);
+        }
+        let chain = self.chain();
+        let mut done = 0usize;
+        for (g, off, n) in pieces(offset, buf.len() as u64, self.grain_bytes) {
+            let part = &mut buf[done..done + n as usize];
+            if !self.read_grain_nowait(&chain.layers, g, off, part)? {
+                return Ok(false);
+            }
+            done += n as usize;
+        }
+        Ok(true)
+    }
+
+    fn read_grain_nowait(
+        &self,
+        layers: &[Arc<Layer>],
+        g: u64,
+        off: u64,
+        buf: &mut [u8],
+    ) -> io::Result<bool> {
+        for layer in layers {
+            let map = layer.map();
+            match map.get(g) {
+                Entry::Unmapped => continue,
+                Entry::Zero => break,
+                Entry::Slot(s) => {
+                    return match &self.cache {
+                        Some(c) if layer.is_frozen() => Ok(c.read_hit(layer, s, off, buf)),
+                        _ => layer.read_slot_nowait(s, off, buf),
+                    };
+                }
+            }
+        }
+        buf.fill(0);
+        Ok(true)
+    }
+
+    /// [`Self::write`] (not FUA) if every grain it touches is already the top's
+    /// own (no copy-up, no allocation: a page-cache write); `Ok(false)`: call
+    /// [`Self::write`].
+    pub fn write_owned(&self, offset: u64, data: &[u8]) -> io::Result<bool> {
+        if !self.writable.load(Ordering::Acquire)
+            || self.check_range(offset, data.len() as u64).is_err()
+        {
+            return Ok(false);
+        }
+        let chain = self.read_chain();
+        let top = chain.top();
+        let map = top.map();
+        let owned = |(g, _, _): (u64, u64, u64)| matches!(map.get(g), Entry::Slot(_));
+        if !pieces(offset, data.len() as u64, self.grain_bytes).all(owned) {
+            return Ok(false);
+        }
+        let mut done = 0usize;
+        for (g, off, n) in pieces(offset, data.len() as u64, self.grain_bytes) {
+            let Entry::Slot(s) = map.get(g) else {
+                unreachable!("checked under the same lock")
+            };
+            top.write_slot(s, off, &data[done..done + n as usize])?;
+            done += n as usize;
+        }
+        Ok(true)
+    }
+
     /// Reads part of grain `g` through `layers` (zeroes where none has it).
     fn read_grain(
         &self,

@@ -264,7 +264,11 @@ proptest! {
         for op in ops {
             match op {
                 Op::Write { off, len, byte } => {
-                    v.write(off, &vec![byte; len as usize], false).unwrap();
+                    // Odd bytes try the inline path (owned grains only) first.
+                    let data = vec![byte; len as usize];
+                    if byte % 2 == 0 || !v.write_owned(off, &data).unwrap() {
+                        v.write(off, &data, false).unwrap();
+                    }
                     m.apply(off, len, |b| b.fill(byte));
                 }
                 Op::Zeroes { off, len } => {
@@ -318,6 +322,10 @@ proptest! {
                 }
             }
             prop_assert_eq!(read_all(&v), m.bytes.clone());
+            let mut inline = vec![0u8; SIZE as usize];
+            if v.read_nowait(0, &mut inline).unwrap() {
+                prop_assert_eq!(&inline, &m.bytes);
+            }
         }
         for (top, below, bytes) in &m.snapshots {
             let chain: Vec<Arc<Layer>> = std::iter::once(top.clone()).chain(below.iter().cloned()).collect();
