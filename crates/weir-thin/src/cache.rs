@@ -23,9 +23,25 @@ struct Inner {
     data: HashMap<u128, Arc<[u8]>>,
     free_readers: Vec<u32>,
     next_reader: u32,
+    /// Grains a partial read missed once (bounded FIFO): the next partial miss
+    /// on one of them fills the cache.
+    seen: std::collections::HashSet<u128>,
+    seen_order: std::collections::VecDeque<u128>,
 }
 
 impl Inner {
+    fn remember(&mut self, key: u128) {
+        let cap = (self.model.capacity() as usize).max(1);
+        while self.seen_order.len() >= cap {
+            if let Some(old) = self.seen_order.pop_front() {
+                self.seen.remove(&old);
+            }
+        }
+        if self.seen.insert(key) {
+            self.seen_order.push_back(key);
+        }
+    }
+
     fn reader(&mut self) -> u32 {
         self.free_readers.pop().unwrap_or_else(|| {
             self.next_reader += 1;
@@ -56,6 +72,8 @@ impl GrainCache {
                 data: HashMap::new(),
                 free_readers: Vec::new(),
                 next_reader: 0,
+                seen: Default::default(),
+                seen_order: Default::default(),
             }),
             filled: Condvar::new(),
             grain_bytes,
@@ -112,7 +130,19 @@ impl GrainCache {
                     g.free_readers.push(reader);
                     g = self.filled.wait(g).unwrap_or_else(|p| p.into_inner());
                 }
-                Lookup::Miss => return self.read_miss(g, reader, layer, slot, off, buf),
+                Lookup::Miss if buf.len() as u64 == self.grain_bytes || g.seen.remove(&key) => {
+                    return self.read_miss(g, reader, layer, slot, off, buf);
+                }
+                Lookup::Miss => {
+                    // A first partial miss: read just the part (a 64 KiB fill for
+                    // a 4 KiB random read thrashes the cache); a second one fills.
+                    g.model.abort(reader);
+                    g.free_readers.push(reader);
+                    g.remember(key);
+                    drop(g);
+                    self.filled.notify_all();
+                    return layer.read_slot(slot, off, buf);
+                }
             }
         }
     }

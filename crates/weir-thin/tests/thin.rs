@@ -185,14 +185,16 @@ fn a_boot_storm_reads_each_shared_grain_once() {
         .read_bytes
         .load(std::sync::atomic::Ordering::Relaxed)
         - before;
-    assert_eq!(
-        read, size,
-        "each golden grain read from its file once for 16 clones"
+    // Each golden grain is read whole once (its second partial miss fills the
+    // cache), plus the 512-byte parts first misses read directly (one a grain;
+    // a few more when first misses race).
+    assert!(
+        read >= size + 64 * 512 && read <= size + 4 * 64 * 512,
+        "{read} bytes for a {size}-byte image"
     );
     let st = cache.stats();
-    assert_eq!(st.misses, 64);
-    // A reader that waited for a read in flight looks up again (a hit) when woken.
-    assert!(st.hits + st.merged >= 15 * 64, "{st:?}");
+    assert_eq!(st.resident, 64);
+    assert!(st.hits + st.merged >= 13 * 64, "{st:?}");
 }
 
 #[derive(Clone, Debug)]
