@@ -55,7 +55,6 @@ name = "plain"
 [[pools]]
 name = "thin"
 format = "thin"
-clone_cache = "1GiB"
 '
 
 for t in "${targets[@]}"; do case "$t" in
