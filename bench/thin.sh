@@ -89,6 +89,7 @@ pool = \"thin\""
   stride=$(( 1024 / gib ))
   fio --name=fill --ioengine=nbd --uri="nbd://$NBD/big" --rw=write:$(( (stride - 1) ))m --bs=1m \
       --iodepth=16 --size=1024g --io_size=${gib}g >/dev/null 2>&1
+  qemu-io -f raw -c flush "nbd://$NBD/big" >/dev/null   # written and flushed, as a VM would
   for i in 1 2 3 4 5; do
     t0=$(now); "$W" volume snapshot big "s$i" $A >/dev/null; s=$(since "$t0")
     echo "snapshot: 1 TiB volume, $gib GiB written: weir volume snapshot (whole command) $(printf %.0f "$(echo "$s*1000" | bc -l)") ms"
