@@ -31,10 +31,10 @@ pub trait Backend: Send + Sync + 'static {
     fn write_nowait(&self, _offset: u64, _data: &[u8]) -> io::Result<bool> {
         Ok(false)
     }
-    /// Where the range can be sent from with `sendfile(2)` (zero copy), when
-    /// every page of it is in the page cache now (so sending it does not wait for
-    /// a disk); `None`: read it into memory.
-    fn cached_source(&self, _offset: u64, _length: u64) -> Option<CachedSource> {
+    /// A descriptor the range can be sent from with `sendfile(2)` (zero copy),
+    /// when every page of it is in the page cache now (so sending it does not
+    /// wait for a disk); `None`: read it into memory.
+    fn cached_source(&self, _offset: u64, _length: u64) -> Option<RawFd> {
         None
     }
     /// Discards a range (advisory: may do nothing).
@@ -54,52 +54,6 @@ pub trait Backend: Send + Sync + 'static {
     fn cache(&self, offset: u64, length: u64) -> io::Result<()>;
 }
 
-/// A range of a file to send a READ's data from.
-pub struct CachedSource {
-    pub fd: RawFd,
-    /// Where the range starts in that file.
-    pub offset: u64,
-    /// Keeps the descriptor open until the data is sent (when the volume alone
-    /// does not: a thin layer can leave the volume's chain meanwhile).
-    pub keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
-}
-
-/// Cleared when the kernel lacks `cachestat(2)` (before Linux 6.5): no zero copy.
-static CACHESTAT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Whether every page of `fd`'s `[offset, offset + length)` is in the page cache.
-pub fn page_cached(fd: RawFd, offset: u64, length: u64) -> bool {
-    use std::sync::atomic::Ordering;
-    if length == 0 || !CACHESTAT.load(Ordering::Relaxed) {
-        return false;
-    }
-    let range = CachestatRange {
-        off: offset,
-        len: length,
-    };
-    let mut stat = Cachestat::default();
-    // SAFETY: cachestat(fd, range, stat, flags) reads `range` and writes `stat`,
-    // both live #[repr(C)] values of the kernel's layout; the caller owns fd.
-    let r = unsafe {
-        libc::syscall(
-            SYS_CACHESTAT,
-            fd,
-            &range as *const CachestatRange,
-            &mut stat as *mut Cachestat,
-            0u32,
-        )
-    };
-    if r != 0 {
-        if io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
-            CACHESTAT.store(false, Ordering::Relaxed);
-        }
-        return false;
-    }
-    let page = page_bytes();
-    let pages = (offset + length).div_ceil(page) - offset / page;
-    stat.nr_cache >= pages
-}
-
 /// A volume as a sparse file, with positional I/O (many requests in flight on
 /// one shared descriptor), so FLUSH on any connection covers every connection's
 /// writes (what `NBD_FLAG_CAN_MULTI_CONN` promises).
@@ -111,6 +65,8 @@ pub struct FileBackend {
     /// Cleared when the file system refuses `RWF_NOWAIT` buffered writes (ext4
     /// today): small writes then go to the page cache inline with plain `pwrite`.
     nowait_writes: std::sync::atomic::AtomicBool,
+    /// Cleared when the kernel lacks `cachestat(2)` (before Linux 6.5): no zero copy.
+    cachestat: std::sync::atomic::AtomicBool,
 }
 
 /// `cachestat(2)`: the same number on every Linux architecture (the unified
@@ -189,6 +145,7 @@ impl FileBackend {
             file,
             direct: None,
             nowait_writes: std::sync::atomic::AtomicBool::new(true),
+            cachestat: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -198,6 +155,7 @@ impl FileBackend {
             file,
             direct: Some(direct),
             nowait_writes: std::sync::atomic::AtomicBool::new(true),
+            cachestat: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -358,16 +316,36 @@ impl Backend for FileBackend {
         Ok(n >= 0 && n as usize == data.len())
     }
 
-    fn cached_source(&self, offset: u64, length: u64) -> Option<CachedSource> {
-        if self.direct.is_some() {
+    fn cached_source(&self, offset: u64, length: u64) -> Option<RawFd> {
+        use std::sync::atomic::Ordering;
+        if self.direct.is_some() || length == 0 || !self.cachestat.load(Ordering::Relaxed) {
             return None;
         }
-        let fd = self.file.as_raw_fd();
-        page_cached(fd, offset, length).then_some(CachedSource {
-            fd,
-            offset,
-            keep: None,
-        })
+        let range = CachestatRange {
+            off: offset,
+            len: length,
+        };
+        let mut stat = Cachestat::default();
+        // SAFETY: cachestat(fd, range, stat, flags) reads `range` and writes `stat`,
+        // both live #[repr(C)] values of the kernel's layout; fd is ours.
+        let r = unsafe {
+            libc::syscall(
+                SYS_CACHESTAT,
+                self.file.as_raw_fd(),
+                &range as *const CachestatRange,
+                &mut stat as *mut Cachestat,
+                0u32,
+            )
+        };
+        if r != 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+                self.cachestat.store(false, Ordering::Relaxed);
+            }
+            return None;
+        }
+        let page = page_bytes();
+        let pages = (offset + length).div_ceil(page) - offset / page;
+        (stat.nr_cache >= pages).then(|| self.file.as_raw_fd())
     }
 
     fn trim(&self, offset: u64, length: u64) -> io::Result<()> {
@@ -513,15 +491,13 @@ mod tests {
             libc::posix_fadvise(b.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
             libc::posix_fadvise(b.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
         }
-        let fd_of = |s: Option<CachedSource>| s.map(|s| (s.fd, s.offset));
         if b.cached_source(0, 4096).is_none() {
             let mut buf = vec![0u8; 128 << 10];
             b.read(0, &mut buf).unwrap();
-            let fd = b.file.as_raw_fd();
-            assert_eq!(fd_of(b.cached_source(4096, 64 << 10)), Some((fd, 4096)));
-            assert_eq!(fd_of(b.cached_source(0, 128 << 10)), Some((fd, 0)));
+            assert_eq!(b.cached_source(4096, 64 << 10), Some(b.file.as_raw_fd()));
+            assert_eq!(b.cached_source(0, 128 << 10), Some(b.file.as_raw_fd()));
             assert_eq!(
-                fd_of(b.cached_source((128 << 10) - 1, 2)),
+                b.cached_source((128 << 10) - 1, 2),
                 None,
                 "second page not read"
             );
@@ -529,7 +505,7 @@ mod tests {
             // A kernel without cachestat(2) (or pages that stayed) would say so here.
             println!("page cache not dropped or cachestat(2) missing: nothing to check");
         }
-        assert!(b.cached_source(0, 0).is_none());
+        assert_eq!(b.cached_source(0, 0), None);
         std::fs::remove_file(path).unwrap();
     }
 

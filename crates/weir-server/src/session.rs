@@ -137,10 +137,7 @@ pub enum Reply {
     FromFile {
         head: Vec<u8>,
         volume: Arc<OpenVolume>,
-        /// Keeps the descriptor open when the volume alone does not (a thin layer).
-        keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
         fd: std::os::fd::RawFd,
-        /// Where the data starts in the file behind `fd`.
         offset: u64,
         length: usize,
     },
@@ -265,15 +262,14 @@ pub fn try_perform_inline(job: &Job) -> Option<(Reply, bool)> {
 /// A READ reply sent from the page cache by `sendfile(2)`, if its range is all
 /// cached now (a page-cache check, no data copied: cheap enough to run inline).
 fn zero_copy_reply(job: &Job, offset: u64, length: u32) -> Option<Reply> {
-    let src = job.volume.backend.cached_source(offset, length as u64)?;
+    let fd = job.volume.backend.cached_source(offset, length as u64)?;
     let mut head = Vec::with_capacity(32);
     reply::read_reply_header(&mut head, &job.export, job.handle, offset, length);
     Some(Reply::FromFile {
         head,
         volume: job.volume.clone(),
-        keep: src.keep,
-        fd: src.fd,
-        offset: src.offset,
+        fd,
+        offset,
         length: length as usize,
     })
 }
@@ -809,7 +805,6 @@ pub async fn run_session(
                     Reply::FromFile {
                         head,
                         volume: _volume,
-                        keep: _keep,
                         fd,
                         offset,
                         length,

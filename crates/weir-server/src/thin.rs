@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::unix::io::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use weir_nbd::Extent;
 use weir_nbd::consts::{STATE_HOLE, STATE_ZERO};
 use weir_thin::{Chain, GrainCache, Layer, ThinVolume};
 
-use crate::backend::{Backend, CachedSource, page_cached};
+use crate::backend::Backend;
 
 /// One layer in the catalog.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -235,16 +236,8 @@ impl Backend for ThinBackend {
         // allocation) goes to a blocking thread.
         self.volume.write_owned(offset, data)
     }
-    fn cached_source(&self, offset: u64, length: u64) -> Option<CachedSource> {
-        // Only read-only layers (a golden image): their slots never change or
-        // get reused, and `keep` holds the layer (and its descriptor) until sent.
-        let (layer, at) = self.volume.frozen_source(offset, length)?;
-        let fd = layer.data_fd()?;
-        page_cached(fd, at, length).then(|| CachedSource {
-            fd,
-            offset: at,
-            keep: Some(layer),
-        })
+    fn cached_source(&self, _offset: u64, _length: u64) -> Option<RawFd> {
+        None
     }
     fn trim(&self, offset: u64, length: u64) -> io::Result<()> {
         self.volume.trim(offset, length, false)

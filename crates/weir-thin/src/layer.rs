@@ -287,11 +287,6 @@ impl Layer {
         Ok(true)
     }
 
-    /// The data file's descriptor (None until the layer has files).
-    pub fn data_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.files.get().map(|f| f.data.as_raw_fd())
-    }
-
     pub fn write_slot(&self, slot: u32, offset: u64, data: &[u8]) -> io::Result<()> {
         debug_assert!(offset + data.len() as u64 <= self.grain_bytes);
         let f = &self.files()?.data;

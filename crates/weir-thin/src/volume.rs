@@ -160,42 +160,6 @@ impl ThinVolume {
         Ok(true)
     }
 
-    /// Where a read of `[offset, offset + length)` lies whole in one read-only
-    /// layer's data file, in consecutive slots that no layer above overrides
-    /// (a golden image written in order): that layer and the file offset, for a
-    /// zero-copy send. `None` with a clone cache (its reads are accounted) or
-    /// when the range is split, zeroed or in a writable layer.
-    pub fn frozen_source(&self, offset: u64, length: u64) -> Option<(Arc<Layer>, u64)> {
-        if self.cache.is_some() || length == 0 || self.check_range(offset, length).is_err() {
-            return None;
-        }
-        let chain = self.chain();
-        let mut found: Option<(usize, u64)> = None; // layer index, file offset
-        let mut expect = 0u64;
-        for (g, off, n) in pieces(offset, length, self.grain_bytes) {
-            let (i, s) =
-                chain
-                    .layers
-                    .iter()
-                    .enumerate()
-                    .find_map(|(i, l)| match l.map().get(g) {
-                        Entry::Unmapped => None,
-                        Entry::Zero => Some((i, None)),
-                        Entry::Slot(s) => Some((i, Some(s))),
-                    })?;
-            let at = s? as u64 * self.grain_bytes + off;
-            match found {
-                None => found = Some((i, at)),
-                Some((fi, _)) if fi != i || at != expect => return None,
-                Some(_) => {}
-            }
-            expect = at + n;
-        }
-        let (i, at) = found?;
-        let layer = &chain.layers[i];
-        layer.is_frozen().then(|| (layer.clone(), at))
-    }
-
     /// [`Self::write`] (not FUA) if every grain it touches is already the top's
     /// own (no copy-up, no allocation: a page-cache write); `Ok(false)`: call
     /// [`Self::write`].

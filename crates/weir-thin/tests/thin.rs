@@ -344,36 +344,3 @@ proptest! {
         prop_assert!(r.ok(), "{:?}", r.problems);
     }
 }
-
-#[test]
-fn frozen_source_finds_contiguous_read_only_ranges_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let size = 8 * GRAIN;
-    let image = volume(vec![layer(dir.path(), 1, size)], size);
-    image.write(0, &vec![9u8; size as usize], false).unwrap();
-    assert!(image.frozen_source(0, GRAIN).is_none(), "a writable top");
-    let gold = image.freeze_top(layer(dir.path(), 2, size)).unwrap();
-    let clone = volume(vec![layer(dir.path(), 3, size), gold.clone()], size);
-    // Grains 0-7 are slots 0-7 of layer 1: any range maps to one file range.
-    let (l, at) = clone.frozen_source(GRAIN + 100, 3 * GRAIN).unwrap();
-    assert_eq!((l.id, at), (1, GRAIN + 100));
-    // The clone overrides grain 2: ranges over it are not the image's.
-    clone.write(2 * GRAIN, &[1u8; 10], false).unwrap();
-    assert!(clone.frozen_source(GRAIN, 2 * GRAIN).is_none());
-    assert_eq!(clone.frozen_source(3 * GRAIN, GRAIN).unwrap().1, 3 * GRAIN);
-    clone.write_zeroes(5 * GRAIN, GRAIN, false).unwrap();
-    assert!(
-        clone.frozen_source(5 * GRAIN, 10).is_none(),
-        "zeroed over the image"
-    );
-    // With a clone cache, reads are accounted through it instead.
-    let cached = ThinVolume::new(
-        Chain {
-            layers: vec![layer(dir.path(), 4, size), gold],
-        },
-        size,
-        true,
-        Some(Arc::new(GrainCache::new(size, GRAIN))),
-    );
-    assert!(cached.frozen_source(0, GRAIN).is_none());
-}
