@@ -62,8 +62,14 @@ pub enum TlsPolicy {
 enum State {
     ClientFlags,
     OptionHeader,
-    OptionData { option: u32, len: u32 },
-    SkipOption { option: u32, remaining: u32 },
+    OptionData {
+        option: u32,
+        len: u32,
+    },
+    SkipOption {
+        option: u32,
+        remaining: u32,
+    },
     /// STARTTLS acknowledged: no input until [`ServerHandshake::tls_started`].
     AwaitingTls,
     Finished,

@@ -618,11 +618,17 @@ fn required_tls_refuses_every_option_before_starttls_and_reveals_no_export() {
     let ev = s
         .input(&opt(OPT_GO, &info_data("vol-a", &[])), &catalog())
         .unwrap();
-    assert!(matches!(ev, Some(HandshakeEvent::ExportChosen(_))), "{ev:?}");
+    assert!(
+        matches!(ev, Some(HandshakeEvent::ExportChosen(_))),
+        "{ev:?}"
+    );
 
     // EXPORT_NAME cannot be refused: the connection closes.
     let mut s = started_tls(TlsPolicy::Required, FLAG_C_FIXED_NEWSTYLE);
-    assert!(s.input(&opt(OPT_EXPORT_NAME, b"vol-a"), &catalog()).is_err());
+    assert!(
+        s.input(&opt(OPT_EXPORT_NAME, b"vol-a"), &catalog())
+            .is_err()
+    );
     assert!(replies(&s.take_output()).is_empty());
     // ABORT is still answered.
     let mut s = started_tls(TlsPolicy::Required, FLAG_C_FIXED_NEWSTYLE);

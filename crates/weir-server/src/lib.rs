@@ -37,6 +37,7 @@ pub mod qos;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod tls;
 
 pub use config::{ConfigError, WeirConfig, parse_size};
 pub use server::{RunningServer, ServerState, serve};

@@ -28,10 +28,13 @@ pub struct ServerState {
     pub started: Instant,
     /// Longest busy poll of a connection waiting on its client (`busy_poll_us`).
     pub busy_poll: Duration,
+    /// NBD over TLS: the policy and the rustls acceptor.
+    pub tls: crate::tls::NbdTls,
 }
 
 impl ServerState {
     pub fn new(config: &WeirConfig) -> anyhow::Result<ServerState> {
+        let tls = crate::tls::NbdTls::from_config(config)?;
         let store = VolumeStore::open(config)
             .with_context(|| format!("opening data dir {}", config.data_dir.display()))?;
         let epoch = Instant::now();
@@ -80,6 +83,7 @@ impl ServerState {
             clients: Mutex::new(HashMap::new()),
             started: epoch,
             busy_poll: Duration::from_micros(config.busy_poll_us.into()),
+            tls,
         })
     }
 

@@ -258,11 +258,13 @@ async fn access_groups_decide_who_sees_a_volume() {
     let lab = AccessGroupConfig {
         name: "lab".into(),
         hosts: vec!["192.168.0.0/16".into()],
+        identities: vec![],
     };
     assert_eq!(admin.put_access_group(&lab).await.unwrap(), lab);
     let bad = AccessGroupConfig {
         name: "bad".into(),
         hosts: vec!["not-an-ip".into()],
+        identities: vec![],
     };
     assert_eq!(status(admin.put_access_group(&bad).await.unwrap_err()), 400);
     let req = VolumeCreate {
@@ -289,6 +291,7 @@ async fn access_groups_decide_who_sees_a_volume() {
     let lab2 = AccessGroupConfig {
         name: "lab".into(),
         hosts: vec!["192.168.0.0/16".into(), "127.0.0.1".into()],
+        identities: vec![],
     };
     admin.put_access_group(&lab2).await.unwrap();
     assert!(visible(NbdClient::list(server.nbd_addr()).await.unwrap()));

@@ -37,6 +37,10 @@ pub enum VolumeCommand {
         /// Hosts allowed to see and open it: addresses or CIDRs, comma-separated (default: any)
         #[arg(long, value_delimiter = ',')]
         hosts: Vec<String>,
+        /// TLS client identities (certificate subject CNs) it also requires, comma-separated
+        /// (the server needs tls_client_ca); without --hosts, from any host
+        #[arg(long, value_delimiter = ',')]
+        identities: Vec<String>,
         /// Pool (default: the server's first pool)
         #[arg(long)]
         pool: Option<String>,
@@ -215,6 +219,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 size,
                 policy,
                 hosts,
+                identities,
                 pool,
                 read_only,
             } => {
@@ -222,12 +227,18 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     .map_err(anyhow::Error::msg)
                     .context("--size")?;
                 let mut access_groups = Vec::new();
-                if !hosts.is_empty() {
+                if !hosts.is_empty() || !identities.is_empty() {
                     let group = format!("{name}-hosts");
+                    let hosts = if hosts.is_empty() {
+                        vec!["*".to_string()]
+                    } else {
+                        hosts
+                    };
                     client
                         .put_access_group(&AccessGroupConfig {
                             name: group.clone(),
                             hosts,
+                            identities,
                         })
                         .await
                         .map_err(explain)?;
