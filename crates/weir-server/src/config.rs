@@ -3,7 +3,10 @@
 //!
 //! ```toml
 //! listen = "127.0.0.1:10809"        # NBD (default)
-//! admin_listen = "127.0.0.1:10810"  # admin HTTP API (default)
+//! admin_listen = "127.0.0.1:10810"  # admin HTTP API (default); every request needs the
+//!                                   # token in data_dir/admin-token (made at first start)
+//! # admin_hosts = ["weir.example"]  # names accepted in Host/Origin besides IP literals
+//!                                   # and localhost (reaching the API by a DNS name)
 //! data_dir = "/var/lib/weir"        # default: $XDG_DATA_HOME/weir, ~/.local/share/weir, ./weir-data
 //! busy_poll_us = 50                 # poll a socket this long before sleeping while its
 //!                                   # client waits on its last reply (QD1); 0: off
@@ -87,6 +90,11 @@ pub struct WeirConfig {
     pub listen: SocketAddr,
     #[serde(default = "default_admin_listen")]
     pub admin_listen: SocketAddr,
+    /// Host names the admin API answers to (its `Host` and `Origin` headers),
+    /// beside IP literals and `localhost`: anything else is refused, so a web
+    /// page cannot reach the API through DNS rebinding.
+    #[serde(default)]
+    pub admin_hosts: Vec<String>,
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
     #[serde(default = "default_pools")]

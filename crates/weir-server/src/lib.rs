@@ -27,6 +27,7 @@
 
 pub mod access;
 pub mod admin;
+pub mod admin_auth;
 pub mod backend;
 pub mod busy_poll;
 pub mod config;

@@ -80,13 +80,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
         // optimisation, not here (this crate is built at opt-level 0).
         let server = weir_server::start_boxed(config).await?;
         let nbd = server.nbd_addr();
-        let admin = weir_server::admin::Client::new(server.admin_addr());
+        let admin = weir_server::admin::Client::new(server.admin_addr())
+            .with_token(server.admin_token());
         let volumes = admin.list_volumes().await.unwrap_or_default();
         println!(
             "weir serving NBD on {nbd}, admin API on http://{}",
             server.admin_addr()
         );
         println!("data directory: {}", data_dir.display());
+        println!(
+            "admin token: {} (the weir CLI reads it; or WEIR_ADMIN_TOKEN)",
+            weir_server::admin_auth::token_path(&data_dir).display()
+        );
         if !volumes.is_empty() {
             println!("volumes:");
             for v in &volumes {

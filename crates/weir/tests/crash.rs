@@ -130,8 +130,7 @@ async fn workload(addr: std::net::SocketAddr, model: Arc<Mutex<Model>>, seed: u6
 }
 
 /// Creates volumes through the admin API until the server dies.
-async fn metadata_workload(admin_addr: std::net::SocketAddr, model: Arc<Mutex<Model>>, cycle: u32) {
-    let client = admin::Client::new(admin_addr);
+async fn metadata_workload(client: admin::Client, model: Arc<Mutex<Model>>, cycle: u32) {
     for i in 0.. {
         let name = format!("meta-{cycle}-{i}");
         let req = VolumeCreate {
@@ -206,7 +205,8 @@ async fn verify(proc: &WeirProcess, model: &Model) -> Result<u64, String> {
         }
     }
     c.disconnect().await.map_err(|e| format!("{e:#}"))?;
-    let volumes = admin::Client::new(proc.admin_addr)
+    let volumes = proc
+        .admin_client()
         .list_volumes()
         .await
         .map_err(|e| format!("admin list after restart: {e}"))?;
@@ -273,7 +273,7 @@ policy = "open"
             (cycle as u64 + 1) << 32,
         ));
         let m = (cycle % 3 == 0)
-            .then(|| rt.spawn(metadata_workload(proc.admin_addr, model.clone(), cycle)));
+            .then(|| rt.spawn(metadata_workload(proc.admin_client(), model.clone(), cycle)));
         std::thread::sleep(Duration::from_millis(run_ms));
         proc.kill();
         rt.block_on(async {
