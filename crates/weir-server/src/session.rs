@@ -775,7 +775,7 @@ pub async fn run_session(
                         }
                     };
                     identity = conn.identity();
-                    tracing::debug!(%peer, ?identity, "TLS established");
+                    tracing::debug!(%peer, ?identity, suite = ?conn.cipher_suite(), "TLS established");
                     hs.tls_started();
                 }
                 Err(e) => {

@@ -23,7 +23,7 @@ use std::task::{Context, Poll};
 use anyhow::Context as _;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, BufReader, ReadBuf, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio_rustls::TlsAcceptor;
@@ -67,7 +67,11 @@ impl NbdTls {
         let (Some(acceptor), Conn::Plain(tcp)) = (&self.acceptor, conn) else {
             return Err(io::Error::other("TLS is not enabled or already active"));
         };
-        let tls = acceptor.accept(tcp).await?;
+        // rustls reads the socket 4 KiB at a time: below it, a buffer that reads
+        // it in large pieces (a 4 KiB WRITE is one record of ~4.1 KiB: two
+        // system calls per request without it).
+        let buffered = BufReader::with_capacity(TLS_READ_BUFFER, tcp);
+        let tls = acceptor.accept(buffered).await?;
         Ok(Conn::Tls(Box::new(tls)))
     }
 }
@@ -85,7 +89,14 @@ fn server_config(
     }
     let key = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| anyhow::anyhow!("tls_key {}: {e}", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    // AES-128-GCM first, and the server's order wins: GnuTLS clients (qemu,
+    // libnbd) put AES-256-GCM first, which costs both ends ~40 % more per byte
+    // (14 AES rounds instead of 10) for no security a storage link needs.
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider
+        .cipher_suites
+        .sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    let provider = Arc::new(provider);
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?;
@@ -111,15 +122,23 @@ fn server_config(
             builder.with_client_cert_verifier(verifier)
         }
     };
-    builder
+    let mut config = builder
         .with_single_cert(certs, key)
-        .with_context(|| format!("tls_cert {} / tls_key", cert.display()))
+        .with_context(|| format!("tls_cert {} / tls_key", cert.display()))?;
+    config.ignore_client_order = true;
+    Ok(config)
 }
+
+/// Socket bytes read at once under rustls (see [`NbdTls::accept`]).
+pub const TLS_READ_BUFFER: usize = 256 * 1024;
+
+/// A TLS connection: rustls over a buffered socket.
+pub type TlsTcp = TlsStream<BufReader<TcpStream>>;
 
 /// A connection during the handshake: plain TCP, or TLS after STARTTLS.
 pub enum Conn {
     Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
+    Tls(Box<TlsTcp>),
 }
 
 impl Conn {
@@ -134,8 +153,12 @@ impl Conn {
         }
     }
 
-    pub fn is_tls(&self) -> bool {
-        matches!(self, Conn::Tls(_))
+    /// The negotiated cipher suite (TLS only).
+    pub fn cipher_suite(&self) -> Option<rustls::CipherSuite> {
+        match self {
+            Conn::Plain(_) => None,
+            Conn::Tls(t) => Some(t.get_ref().1.negotiated_cipher_suite()?.suite()),
+        }
     }
 
     /// The two halves for the transmission phase.
@@ -156,13 +179,13 @@ impl Conn {
 /// The read half of a connection in transmission.
 pub enum ConnRead {
     Plain(OwnedReadHalf),
-    Tls(ReadHalf<TlsStream<TcpStream>>),
+    Tls(ReadHalf<TlsTcp>),
 }
 
 /// The write half of a connection in transmission.
 pub enum ConnWrite {
     Plain(OwnedWriteHalf),
-    Tls(WriteHalf<TlsStream<TcpStream>>),
+    Tls(WriteHalf<TlsTcp>),
 }
 
 impl ConnWrite {
