@@ -21,6 +21,11 @@
 //! `zero_cost_factor` scale what TRIM and WRITE_ZEROES are charged, `[pools.depth]`
 //! tunes the adaptive device depth under `max_in_flight`.
 //!
+//! Security: NBD over TLS ([`tls`]: `tls = "off" | "on" | "require"`, X.509 with
+//! rustls, client certificates whose subject CN access groups can require), and an
+//! admin API behind [`admin_auth::AdminGuard`] (a bearer token made at first start
+//! in `<data_dir>/admin-token`, own `Host` and `Origin` only, JSON bodies only).
+//!
 //! Entry points: [`serve`] (`weir serve`: runs until SIGINT/SIGTERM),
 //! [`RunningServer::start`] (tests, embedding), [`WeirConfig`],
 //! [`admin::Client`] (the CLI's `volume` and `policy` commands).

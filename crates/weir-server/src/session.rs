@@ -1,11 +1,12 @@
 //! One NBD connection: handshake with weir-nbd (STARTTLS when configured; exports
-//! filtered by the client's host and TLS identity), then transmission with many requests in flight. A reader loop
-//! decodes and validates requests and submits them to the pool's QoS gate, each
-//! charged what it costs ([`charge`]); this module also performs what the gate
-//! releases ([`Io`], the pool's [`Perform`]): a whole request inline when the page
-//! cache allows, else on the blocking pool (or beside the emulated device), and a
-//! request paced in pieces piece by piece, replying once its last piece is done.
-//! Replies go to a writer task, so they go out in completion order.
+//! filtered by the client's host and TLS identity), then transmission with many
+//! requests in flight. A reader loop decodes and validates requests and submits
+//! them to the pool's QoS gate, each charged what it costs ([`charge`]); this
+//! module also performs what the gate releases ([`Io`], the pool's [`Perform`]): a
+//! whole request inline when the page cache allows, else on the blocking pool (or
+//! beside the emulated device), and a request paced in pieces piece by piece,
+//! replying once its last piece is done. Replies go to a writer task, so they go
+//! out in completion order.
 
 use std::cell::Cell;
 use std::io;
