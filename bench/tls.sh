@@ -8,8 +8,9 @@
 #   bench/tls.sh                 # REPS=3 SIZE_MIB=256 by default
 #   REPS=5 SIZE_MIB=512 bench/tls.sh
 # Prints IOPS (and MB/s) per server and cell, medians of REPS runs (servers
-# interleaved within each rep), the server's CPU per I/O, then weir TLS ÷ weir
-# plain and weir TLS ÷ nbdkit TLS. Certificates are made with openssl in the work
+# interleaved within each rep), weir TLS ÷ weir plain and weir TLS ÷ nbdkit TLS,
+# then the server's and the client's CPU per I/O (client and server share the
+# machine's cores: a client that spends more per I/O over TLS caps both servers). Certificates are made with openssl in the work
 # directory. Missing tools (nbdcopy, nbdkit, openssl) are installed with apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,7 @@ missing=()
 need nbdcopy || missing+=(libnbd-bin)
 need nbdkit || missing+=(nbdkit)
 need openssl || missing+=(openssl)
+[ -x /usr/bin/time ] || missing+=(time)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
@@ -99,13 +101,14 @@ TICK_HZ=$(getconf CLK_TCK)
 CELLS=(4k-read-qd32 4k-write-qd32 1m-read-qd4)
 declare -A SIZE=([4k-read-qd32]=4096 [4k-write-qd32]=4096 [1m-read-qd4]=1048576)
 declare -A DEPTH=([4k-read-qd32]=32 [4k-write-qd32]=32 [1m-read-qd4]=4)
-declare -A RESULTS CPU
+declare -A RESULTS CPU CLIENT
 # One nbdcopy run of `cell` against server `s`: the whole export, one connection.
 copy() {
   local s=$1 cell=$2 src dst
   if [ "$cell" = 4k-write-qd32 ]; then src="$WORK/source.img"; dst="${URI[$s]}"
   else src="${URI[$s]}"; dst="null:"; fi
-  nbdcopy --connections=1 --threads=1 --requests="${DEPTH[$cell]}" \
+  /usr/bin/time -o "$WORK/client.time" -f "%U %S" \
+    nbdcopy --connections=1 --threads=1 --requests="${DEPTH[$cell]}" \
     --request-size="${SIZE[$cell]}" "$src" "$dst"
 }
 # Warm the page cache and each server's first connection.
@@ -125,6 +128,7 @@ for rep in $(seq "$REPS"); do
       cpu_us=$(python3 -c "print(f'{($c1 - $c0) / $TICK_HZ / $count * 1e6:.2f}')")
       RESULTS[$s/$cell]+="$iops "
       CPU[$s/$cell]+="$cpu_us "
+      CLIENT[$s/$cell]+="$(python3 -c "import sys; u, s = map(float, open(sys.argv[1]).read().split()[-2:]); print(f'{(u + s) / $count * 1e6:.2f}')" "$WORK/client.time") "
     done
   done
 done
@@ -148,6 +152,13 @@ for cell in "${CELLS[@]}"; do
   printf '%-14s' "$cell"
   # shellcheck disable=SC2086
   for s in "${SERVERS[@]}"; do printf '%14s' "$(median ${CPU[$s/$cell]})"; done
+  echo
+done
+printf '\nclient (nbdcopy) CPU µs per I/O (median)\n%-14s' "cell"; for s in "${SERVERS[@]}"; do printf '%14s' "$s"; done; echo
+for cell in "${CELLS[@]}"; do
+  printf '%-14s' "$cell"
+  # shellcheck disable=SC2086
+  for s in "${SERVERS[@]}"; do printf '%14s' "$(median ${CLIENT[$s/$cell]})"; done
   echo
 done
 echo "raw IOPS per rep:"; for k in "${!RESULTS[@]}"; do echo "  $k: ${RESULTS[$k]}"; done | sort
