@@ -55,7 +55,9 @@ ln -s "$FILE" "$WORK/data/pools/qos/bench.img"
   cp ca-cert.pem client/
 )
 
-P_WEIR=10959; P_ADMIN=10960; P_NBDKIT_TLS=10961; P_NBDKIT=10962
+# Ports apart from bench/nbd-peers.sh (10909-10913) and server-instructions.sh (10959-10960).
+BASE_PORT="${BASE_PORT:-10981}"
+P_WEIR=$BASE_PORT; P_ADMIN=$((BASE_PORT + 1)); P_NBDKIT_TLS=$((BASE_PORT + 2)); P_NBDKIT=$((BASE_PORT + 3))
 cat > "$WORK/weir.toml" <<EOF
 listen = "127.0.0.1:$P_WEIR"
 admin_listen = "127.0.0.1:$P_ADMIN"
