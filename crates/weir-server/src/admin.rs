@@ -26,6 +26,11 @@
 //! (not found), 405 (method not allowed on that path), 409 (conflict), 422 (JSON
 //! body of the wrong shape) or 500.
 //!
+//! Every request first passes [`crate::admin_auth::AdminGuard`]: its own `Host`
+//! (401/403/415 otherwise), a same-origin `Origin` if any, `Authorization: Bearer
+//! <token>` (the token in `<data_dir>/admin-token`), JSON bodies; error answers
+//! carry no absolute paths.
+//!
 //! The HTTP side (axum, hyper) is in the `weir-http` crate, compiled apart from the
 //! data path; this module routes the decoded request ([`handle`]) and holds the
 //! client.
@@ -150,9 +155,13 @@ pub fn spawn(
     listener: TcpListener,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
+    if let Ok(addr) = listener.local_addr() {
+        crate::admin_auth::warn_if_exposed(addr);
+    }
+    let guard = state.admin_guard.clone();
     weir_http::spawn(
         listener,
-        Arc::new(move |request| handle(&state, &request)),
+        Arc::new(move |request| guard.serve(&request, |r| handle(&state, r))),
         Box::pin(async move {
             let _ = shutdown.wait_for(|s| *s).await;
         }),
@@ -363,6 +372,7 @@ fn decode(segment: &str) -> Option<String> {
 #[derive(Clone, Debug)]
 pub struct Client {
     addr: SocketAddr,
+    token: Option<String>,
 }
 
 /// An admin call that failed: transport trouble or an error answer.
@@ -380,8 +390,16 @@ pub enum ClientError {
 }
 
 impl Client {
+    /// A client without a token (every call but a refused one needs
+    /// [`Client::with_token`]).
     pub fn new(addr: SocketAddr) -> Client {
-        Client { addr }
+        Client { addr, token: None }
+    }
+
+    /// Sends `Authorization: Bearer <token>` with every call.
+    pub fn with_token(mut self, token: impl Into<String>) -> Client {
+        self.token = Some(token.into());
+        self
     }
 
     pub async fn list_volumes(&self) -> Result<Vec<VolumeRecord>, ClientError> {
@@ -617,8 +635,11 @@ impl Client {
             self.addr,
             body.len()
         );
-        if !body.is_empty() {
+        if !body.is_empty() || matches!(method, "POST" | "PUT" | "PATCH") {
             req.push_str("Content-Type: application/json\r\n");
+        }
+        if let Some(token) = &self.token {
+            req.push_str(&format!("Authorization: Bearer {token}\r\n"));
         }
         req.push_str("\r\n");
         stream.write_all(req.as_bytes()).await.map_err(connect)?;
@@ -728,6 +749,7 @@ mod tests {
                     method: method.into(),
                     path: path.into(),
                     body: body.as_bytes().to_vec(),
+                    ..Request::default()
                 },
             )
         };

@@ -3,11 +3,21 @@
 //!
 //! ```toml
 //! listen = "127.0.0.1:10809"        # NBD (default)
-//! admin_listen = "127.0.0.1:10810"  # admin HTTP API (default)
+//! admin_listen = "127.0.0.1:10810"  # admin HTTP API (default); every request needs the
+//!                                   # token in data_dir/admin-token (made at first start)
+//! # admin_hosts = ["weir.example"]  # names accepted in Host/Origin besides IP literals
+//!                                   # and localhost (reaching the API by a DNS name)
 //! data_dir = "/var/lib/weir"        # default: $XDG_DATA_HOME/weir, ~/.local/share/weir, ./weir-data
 //! busy_poll_us = 50                 # poll a socket this long before sleeping while its
 //!                                   # client waits on its last reply (QD1); 0: off
 //! # worker_threads = 1              # async runtime threads (default: half the CPUs)
+//! # tls = "require"                 # NBD over TLS: "off" (default), "on" (offered),
+//!                                   # "require" (no option but STARTTLS before TLS)
+//! # tls_cert = "server-cert.pem"    # PEM server certificate chain (tls on/require)
+//! # tls_key = "server-key.pem"      # PEM private key (PKCS#8, PKCS#1 or SEC1)
+//! # tls_client_ca = "ca-cert.pem"   # ask clients for a certificate signed by this CA:
+//!                                   # its subject CN is the client's identity, which
+//!                                   # access groups can require (`identities`)
 //!
 //! [[pools]]
 //! name = "default"                  # a directory data_dir/pools/<name> of sparse files
@@ -46,6 +56,8 @@
 //! [[access_groups]]
 //! name = "lab"
 //! hosts = ["127.0.0.1", "::1", "10.1.0.0/16"]
+//! # identities = ["backup-host"]    # and (if present) a TLS client certificate
+//!                                   # with one of these CNs
 //!
 //! [[volumes]]
 //! name = "sql"
@@ -78,6 +90,11 @@ pub struct WeirConfig {
     pub listen: SocketAddr,
     #[serde(default = "default_admin_listen")]
     pub admin_listen: SocketAddr,
+    /// Host names the admin API answers to (its `Host` and `Origin` headers),
+    /// beside IP literals and `localhost`: anything else is refused, so a web
+    /// page cannot reach the API through DNS rebinding.
+    #[serde(default)]
+    pub admin_hosts: Vec<String>,
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
     #[serde(default = "default_pools")]
@@ -98,6 +115,52 @@ pub struct WeirConfig {
     /// CPUs, at least one ([`WeirConfig::worker_threads`]).
     #[serde(default)]
     pub worker_threads: Option<u32>,
+    /// NBD over TLS (`NBD_OPT_STARTTLS`): off, offered, or required.
+    #[serde(default)]
+    pub tls: TlsMode,
+    /// PEM certificate chain the server presents (TLS on or required).
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): clients may present a certificate it signed; the
+    /// subject CN becomes the connection's identity (access groups' `identities`).
+    #[serde(default)]
+    pub tls_client_ca: Option<PathBuf>,
+}
+
+/// `tls = "off" | "on" | "require"`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// No TLS: STARTTLS is refused as unsupported.
+    #[default]
+    Off,
+    /// TLS offered: clients choose (libnbd's `nbds://` and qemu's `tls-creds` do).
+    On,
+    /// Every client must upgrade before any other option (FORCEDTLS).
+    Require,
+}
+
+impl TlsMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsMode::Off => "off",
+            TlsMode::On => "on",
+            TlsMode::Require => "require",
+        }
+    }
+
+    /// `off`, `on` or `require` (the command line's `--tls`).
+    pub fn parse(text: &str) -> Result<TlsMode, String> {
+        match text {
+            "off" => Ok(TlsMode::Off),
+            "on" => Ok(TlsMode::On),
+            "require" => Ok(TlsMode::Require),
+            _ => Err(format!("tls must be off, on or require, not {text:?}")),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -168,6 +231,10 @@ pub struct AccessGroupConfig {
     pub name: String,
     /// Addresses or CIDRs (`10.0.0.0/8`, `::1`), or `*` for any host.
     pub hosts: Vec<String>,
+    /// TLS client identities (certificate subject CNs, see `tls_client_ca`); not
+    /// empty: a client must also present a certificate with one of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identities: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -400,6 +467,27 @@ impl WeirConfig {
         }
     }
 
+    /// The TLS keys agree: a mode other than off has a certificate and key, a
+    /// client CA comes with TLS. On error: the key to blame and the message.
+    pub fn check_tls(&self) -> Result<(), (&'static str, String)> {
+        if self.tls != TlsMode::Off {
+            for (key, value) in [("tls_cert", &self.tls_cert), ("tls_key", &self.tls_key)] {
+                if value.is_none() {
+                    return Err((
+                        "tls",
+                        format!("tls = \"{}\" needs {key} (a PEM file)", self.tls.name()),
+                    ));
+                }
+            }
+        } else if self.tls_client_ca.is_some() {
+            return Err((
+                "tls_client_ca",
+                "tls_client_ca: client certificates need tls = \"on\" or \"require\"".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Semantic checks; on error, a string to locate (a `name = "…"` line) and the message.
     fn validate(&self) -> Result<(), (Option<String>, String)> {
         let at = |name: &str| Some(format!("name = \"{name}\""));
@@ -421,6 +509,8 @@ impl WeirConfig {
                 format!("worker_threads: must be 1-1024, got {n}"),
             ));
         }
+        self.check_tls()
+            .map_err(|(key, message)| (Some(key.to_string()), message))?;
         let mut catalog = PolicyCatalog::new();
         for (i, p) in self.policies.iter().enumerate() {
             catalog
@@ -486,6 +576,14 @@ impl WeirConfig {
             for h in &g.hosts {
                 HostPattern::parse(h)
                     .map_err(|e| (at(&g.name), format!("access_groups[{i}].hosts: {e}")))?;
+            }
+            if !g.identities.is_empty() && self.tls_client_ca.is_none() {
+                return Err((
+                    at(&g.name),
+                    format!(
+                        "access_groups[{i}].identities: client identities need tls_client_ca (and tls)"
+                    ),
+                ));
             }
         }
         let mut volumes = std::collections::BTreeSet::new();
@@ -764,6 +862,29 @@ mod tests {
         let text = "[[pools]]\nname = \"p\"\ndepth = { adaptve = false }\n";
         let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
         assert!(e.message.contains("adaptve"), "{e}");
+    }
+
+    #[test]
+    fn tls_keys_are_read_and_checked() {
+        let c = WeirConfig::from_toml_str("", "w.toml").unwrap();
+        assert_eq!(c.tls, TlsMode::Off);
+        let text = "tls = \"require\"\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"\ntls_client_ca = \"ca.pem\"\n[[access_groups]]\nname = \"g\"\nhosts = [\"*\"]\nidentities = [\"backup\"]\n";
+        let c = WeirConfig::from_toml_str(text, "w.toml").unwrap();
+        assert_eq!(c.tls, TlsMode::Require);
+        assert_eq!(c.access_groups[0].identities, ["backup"]);
+        let e = WeirConfig::from_toml_str("tls = \"on\"\ntls_cert = \"c.pem\"\n", "w.toml")
+            .unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+        assert!(e.message.contains("needs tls_key"), "{e}");
+        let e = WeirConfig::from_toml_str("tls = \"maybe\"\n", "w.toml").unwrap_err();
+        assert!(e.message.contains("maybe"), "{e}");
+        let e = WeirConfig::from_toml_str("tls_client_ca = \"ca.pem\"\n", "w.toml").unwrap_err();
+        assert!(e.message.contains("tls = \"on\""), "{e}");
+        let text = "[[access_groups]]\nname = \"g\"\nhosts = [\"*\"]\nidentities = [\"x\"]\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert!(e.message.contains("tls_client_ca"), "{e}");
+        assert_eq!(TlsMode::parse("on"), Ok(TlsMode::On));
+        assert!(TlsMode::parse("yes").is_err());
     }
 
     #[test]

@@ -21,12 +21,18 @@
 //! `zero_cost_factor` scale what TRIM and WRITE_ZEROES are charged, `[pools.depth]`
 //! tunes the adaptive device depth under `max_in_flight`.
 //!
+//! Security: NBD over TLS ([`tls`]: `tls = "off" | "on" | "require"`, X.509 with
+//! rustls, client certificates whose subject CN access groups can require), and an
+//! admin API behind [`admin_auth::AdminGuard`] (a bearer token made at first start
+//! in `<data_dir>/admin-token`, own `Host` and `Origin` only, JSON bodies only).
+//!
 //! Entry points: [`serve`] (`weir serve`: runs until SIGINT/SIGTERM),
 //! [`RunningServer::start`] (tests, embedding), [`WeirConfig`],
 //! [`admin::Client`] (the CLI's `volume` and `policy` commands).
 
 pub mod access;
 pub mod admin;
+pub mod admin_auth;
 pub mod backend;
 pub mod busy_poll;
 pub mod config;
@@ -38,6 +44,7 @@ pub mod server;
 pub mod session;
 pub mod store;
 pub mod thin;
+pub mod tls;
 
 pub use config::{ConfigError, WeirConfig, parse_size};
 pub use server::{RunningServer, ServerState, serve};

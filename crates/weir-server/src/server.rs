@@ -28,12 +28,20 @@ pub struct ServerState {
     pub started: Instant,
     /// Longest busy poll of a connection waiting on its client (`busy_poll_us`).
     pub busy_poll: Duration,
+    /// NBD over TLS: the policy and the rustls acceptor.
+    pub tls: crate::tls::NbdTls,
+    /// The admin API's token and request checks.
+    pub admin_guard: Arc<crate::admin_auth::AdminGuard>,
 }
 
 impl ServerState {
     pub fn new(config: &WeirConfig) -> anyhow::Result<ServerState> {
+        let tls = crate::tls::NbdTls::from_config(config)?;
         let store = VolumeStore::open(config)
             .with_context(|| format!("opening data dir {}", config.data_dir.display()))?;
+        let admin_guard =
+            crate::admin_auth::AdminGuard::open(&config.data_dir, &config.admin_hosts)
+                .context("the admin token in the data directory")?;
         let epoch = Instant::now();
         let mut pools = HashMap::new();
         for p in store.pools() {
@@ -80,6 +88,8 @@ impl ServerState {
             clients: Mutex::new(HashMap::new()),
             started: epoch,
             busy_poll: Duration::from_micros(config.busy_poll_us.into()),
+            tls,
+            admin_guard: Arc::new(admin_guard),
         })
     }
 
@@ -345,6 +355,14 @@ impl RunningServer {
     }
     pub fn state(&self) -> &Arc<ServerState> {
         &self.state
+    }
+    /// The admin API's bearer token (also in `<data_dir>/admin-token`).
+    pub fn admin_token(&self) -> &str {
+        self.state.admin_guard.token()
+    }
+    /// An admin API client with the token.
+    pub fn admin_client(&self) -> crate::admin::Client {
+        crate::admin::Client::new(self.admin_addr).with_token(self.admin_token())
     }
 
     /// Stops accepting, lets every connection finish its in-flight requests,

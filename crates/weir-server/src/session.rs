@@ -1,15 +1,16 @@
-//! One NBD connection: handshake with weir-nbd (exports filtered by the client's
-//! host access), then transmission with many requests in flight. A reader loop
-//! decodes and validates requests and submits them to the pool's QoS gate, each
-//! charged what it costs ([`charge`]); this module also performs what the gate
-//! releases ([`Io`], the pool's [`Perform`]): a whole request inline when the page
-//! cache allows, else on the blocking pool (or beside the emulated device), and a
-//! request paced in pieces piece by piece, replying once its last piece is done.
-//! Replies go to a writer task, so they go out in completion order.
+//! One NBD connection: handshake with weir-nbd (STARTTLS when configured; exports
+//! filtered by the client's host and TLS identity), then transmission with many
+//! requests in flight. A reader loop decodes and validates requests and submits
+//! them to the pool's QoS gate, each charged what it costs ([`charge`]); this
+//! module also performs what the gate releases ([`Io`], the pool's [`Perform`]): a
+//! whole request inline when the page cache allows, else on the blocking pool (or
+//! beside the emulated device), and a request paced in pieces piece by piece,
+//! replying once its last piece is done. Replies go to a writer task, so they go
+//! out in completion order.
 
 use std::cell::Cell;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::LocalKey;
@@ -26,13 +27,14 @@ use weir_nbd::{
 };
 use weir_qos::{ClientId, Finished, GateRequest, IoKind, Piece, Release, Ticket};
 
-use crate::access::canonical;
+use crate::access::{Peer, canonical};
 use crate::busy_poll::{BusyPoll, poll_until};
 use crate::device::EmulatedDevice;
 use crate::metrics::{IoCounters, OpKind};
 use crate::qos::{Buffers, Perform, Performed, QosPool};
 use crate::server::ServerState;
 use crate::store::OpenVolume;
+use crate::tls::Conn;
 
 /// Requests one connection may have in flight before the server stops reading
 /// from it (back-pressure).
@@ -688,17 +690,17 @@ pub fn fail(task: &Task, error: NbdError) {
     deliver(&task.job, error_reply(&task.job, &error), false);
 }
 
-/// The exports one client host may see.
+/// The exports one client (host, TLS identity) may see.
 struct SessionCatalog<'a> {
     state: &'a ServerState,
-    host: IpAddr,
+    peer: Peer<'a>,
 }
 
 impl ExportCatalog for SessionCatalog<'_> {
     fn list(&self) -> Vec<ExportListing> {
         let store = self.state.store();
         store
-            .visible_to(self.host)
+            .visible_to(self.peer)
             .into_iter()
             .map(|r| ExportListing {
                 name: r.name,
@@ -709,7 +711,7 @@ impl ExportCatalog for SessionCatalog<'_> {
     fn lookup(&self, name: &str) -> Option<ExportDescription> {
         let store = self.state.store();
         let r = store.get(name).ok()?;
-        if !store.host_may_access(&r, self.host) {
+        if !store.may_access(&r, self.peer) {
             return None;
         }
         let mut d = ExportDescription::new(r.name, r.size_bytes);
@@ -731,14 +733,16 @@ pub async fn run_session(
 ) {
     let host = canonical(peer.ip());
     let _ = stream.set_nodelay(true);
-    let (mut rd, mut wr) = stream.into_split();
-    let mut hs = ServerHandshake::new();
+    let mut conn = Conn::Plain(stream);
+    let mut hs = ServerHandshake::with_tls(state.tls.policy());
     let negotiated = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let mut buf = vec![0u8; 16 * 1024];
-        wr.write_all(&hs.take_output()).await.ok()?;
+        // The verified TLS client certificate's subject CN, once TLS is up.
+        let mut identity: Option<String> = None;
+        conn.write_all(&hs.take_output()).await.ok()?;
         loop {
             let n = tokio::select! {
-                r = rd.read(&mut buf) => r.ok()?,
+                r = conn.read(&mut buf) => r.ok()?,
                 // Shutting down: drop connections still haggling.
                 _ = shutdown.changed() => return None,
             };
@@ -749,17 +753,32 @@ pub async fn run_session(
                 &buf[..n],
                 &SessionCatalog {
                     state: &state,
-                    host,
+                    peer: Peer {
+                        host,
+                        identity: identity.as_deref(),
+                    },
                 },
             );
             let out = hs.take_output();
             if !out.is_empty() {
-                wr.write_all(&out).await.ok()?;
+                conn.write_all(&out).await.ok()?;
             }
             match event {
                 Ok(None) => {}
-                Ok(Some(HandshakeEvent::ExportChosen(info))) => return Some(info),
+                Ok(Some(HandshakeEvent::ExportChosen(info))) => return Some((info, conn)),
                 Ok(Some(HandshakeEvent::Aborted)) => return None,
+                Ok(Some(HandshakeEvent::StartTls)) => {
+                    conn = match state.tls.accept(conn).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::info!(%peer, "TLS handshake failed: {e}");
+                            return None;
+                        }
+                    };
+                    identity = conn.identity();
+                    tracing::debug!(%peer, ?identity, suite = ?conn.cipher_suite(), "TLS established");
+                    hs.tls_started();
+                }
                 Err(e) => {
                     tracing::info!(%peer, "handshake failed: {e}");
                     return None;
@@ -768,7 +787,10 @@ pub async fn run_session(
         }
     })
     .await;
-    let Ok(Some(info)) = negotiated else { return };
+    let Ok(Some((info, conn))) = negotiated else {
+        return;
+    };
+    let (rd, wr) = conn.split();
     let leftover = hs.take_leftover();
     let Some(volume) = state.store().open_volume(&info.name) else {
         return;
@@ -811,8 +833,15 @@ pub async fn run_session(
                     } => {
                         let sent = async {
                             wr.write_all(&head).await?;
+                            if wr.get_ref().tcp().is_none() {
+                                // TLS: the data is encrypted in user space.
+                                return copy_file(&mut wr, fd, offset, length).await;
+                            }
                             wr.flush().await?;
-                            send_file(wr.get_ref().as_ref(), fd, offset, length).await
+                            match wr.get_ref().tcp() {
+                                Some(socket) => send_file(socket, fd, offset, length).await,
+                                None => Ok(()),
+                            }
                         };
                         if let Err(e) = sent.await {
                             // Part of the reply may be out: the stream cannot go on.
@@ -1002,6 +1031,41 @@ pub async fn run_session(
     }
     pool.host_connection(client, volume.id, false);
     tracing::debug!(%peer, "connection closed");
+}
+
+/// Writes `length` bytes of the file `fd` from `offset` to `out` through a
+/// buffer (a TLS connection, where `sendfile(2)` cannot apply). The range was
+/// in the page cache when the reply was made, so the reads do not wait on a
+/// device.
+async fn copy_file<W: tokio::io::AsyncWrite + Unpin>(
+    out: &mut W,
+    fd: std::os::fd::RawFd,
+    mut offset: u64,
+    mut left: usize,
+) -> io::Result<()> {
+    let mut buf = vec![0u8; left.min(256 * 1024)];
+    while left > 0 {
+        let want = left.min(buf.len());
+        // SAFETY: `fd` is kept open by the reply's volume; `buf` holds `want` bytes.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), want, offset as libc::off_t) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the volume file ended before the requested range",
+            ));
+        }
+        out.write_all(&buf[..n as usize]).await?;
+        offset += n as u64;
+        left -= n as usize;
+    }
+    Ok(())
 }
 
 /// Sends `length` bytes of the file `fd` from `offset` to the socket with

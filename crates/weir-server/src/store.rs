@@ -19,7 +19,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::{Deserialize, Serialize};
 use weir_qos::{Policy, PolicyCatalog, VolumeId};
 
-use crate::access::{HostPattern, allowed};
+use crate::access::{GroupRule, Peer, allowed};
 use crate::backend::{Backend, FileBackend};
 use crate::config::{
     AccessGroupConfig, DEFAULT_POOL, PoolConfig, PoolFormat, WeirConfig, validate_name,
@@ -144,7 +143,7 @@ pub struct VolumeStore {
     meta: Meta,
     catalog: PolicyCatalog,
     pools: Vec<PoolConfig>,
-    groups: HashMap<String, Vec<HostPattern>>,
+    groups: HashMap<String, GroupRule>,
     /// Open volumes and snapshot exports (`volume@snapshot`), by export name.
     open: HashMap<String, Arc<OpenVolume>>,
     thin: ThinState,
@@ -203,13 +202,9 @@ impl VolumeStore {
                 .map_err(|e| StoreError::Invalid(format!("policy {:?}: {e}", p.name)))?;
         }
         for g in &meta.access_groups {
-            let patterns = g
-                .hosts
-                .iter()
-                .map(|h| HostPattern::parse(h))
-                .collect::<Result<Vec<_>, _>>()
+            let rule = GroupRule::parse(g)
                 .map_err(|e| StoreError::Invalid(format!("access group {:?}: {e}", g.name)))?;
-            store.groups.insert(g.name.clone(), patterns);
+            store.groups.insert(g.name.clone(), rule);
         }
         for v in &config.volumes {
             if !meta.volumes.iter().any(|r| r.name == v.name) {
@@ -406,25 +401,21 @@ impl VolumeStore {
         self.open.get(name).cloned()
     }
 
-    /// Host patterns of the volume's access groups (`None`: open to every host).
-    fn patterns(&self, r: &VolumeRecord) -> Option<Vec<HostPattern>> {
+    /// Whether `peer` (address, TLS identity) may see and open the volume.
+    pub fn may_access(&self, r: &VolumeRecord, peer: Peer<'_>) -> bool {
         if r.access_groups.is_empty() {
-            return None;
+            return allowed(None, peer);
         }
-        Some(
-            r.access_groups
-                .iter()
-                .flat_map(|g| self.groups.get(g).cloned().unwrap_or_default())
-                .collect(),
-        )
+        let groups: Vec<&GroupRule> = r
+            .access_groups
+            .iter()
+            .filter_map(|g| self.groups.get(g))
+            .collect();
+        allowed(Some(&groups), peer)
     }
 
-    pub fn host_may_access(&self, r: &VolumeRecord, host: IpAddr) -> bool {
-        allowed(self.patterns(r).as_deref(), host)
-    }
-
-    /// Volumes and snapshot exports `host` may see and open, by name.
-    pub fn visible_to(&self, host: IpAddr) -> Vec<VolumeRecord> {
+    /// Volumes and snapshot exports `peer` may see and open, by name.
+    pub fn visible_to(&self, peer: Peer<'_>) -> Vec<VolumeRecord> {
         let snaps = self
             .meta
             .thin
@@ -433,7 +424,7 @@ impl VolumeStore {
             .filter_map(|s| self.snapshot_export(&s.volume, &s.name).ok());
         let mut all: Vec<VolumeRecord> = self.list().into_iter().chain(snaps).collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
-        all.retain(|r| self.host_may_access(r, host));
+        all.retain(|r| self.may_access(r, peer));
         all
     }
 
@@ -603,12 +594,7 @@ impl VolumeStore {
         group: AccessGroupConfig,
     ) -> Result<AccessGroupConfig, StoreError> {
         validate_name("access group", &group.name).map_err(StoreError::Invalid)?;
-        let patterns = group
-            .hosts
-            .iter()
-            .map(|h| HostPattern::parse(h))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(StoreError::Invalid)?;
+        let rule = GroupRule::parse(&group).map_err(StoreError::Invalid)?;
         let before = self.meta.access_groups.clone();
         self.meta.access_groups.retain(|g| g.name != group.name);
         self.meta.access_groups.push(group.clone());
@@ -616,7 +602,7 @@ impl VolumeStore {
             self.meta.access_groups = before;
             return Err(e);
         }
-        self.groups.insert(group.name.clone(), patterns);
+        self.groups.insert(group.name.clone(), rule);
         Ok(group)
     }
 

@@ -3,9 +3,11 @@
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use weir_qos::{Policy, ServiceLevel, Shares};
 use weir_report::{Column, Table};
 use weir_server::admin::{Client, ClientError, CloneRequest};
+use weir_server::admin_auth::{TOKEN_ENV, read_token_file, token_path};
 use weir_server::config::AccessGroupConfig;
 use weir_server::thin::SnapshotRecord;
 use weir_server::{VolumeCreate, parse_size};
@@ -21,6 +23,49 @@ pub struct AdminTarget {
     /// Print JSON instead of tables
     #[arg(long, global = true)]
     json: bool,
+    /// File holding the admin token (default: $WEIR_ADMIN_TOKEN, else the admin-token file of
+    /// --data-dir)
+    #[arg(long, global = true, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// The server's data directory, whose admin-token file the CLI reads (default: the
+    /// server's default, $XDG_DATA_HOME/weir or ~/.local/share/weir)
+    #[arg(long, global = true, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+/// Where the token comes from: `--admin-token-file`, `$WEIR_ADMIN_TOKEN`, or the
+/// `admin-token` file of `--data-dir` (default: the server's default data directory).
+fn admin_client(target: &AdminTarget) -> Result<Client> {
+    let client = Client::new(target.admin);
+    if let Some(file) = &target.admin_token_file {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("--admin-token-file {}", file.display()))?;
+        let token = text.trim();
+        if token.is_empty() {
+            bail!("--admin-token-file {} is empty", file.display());
+        }
+        return Ok(client.with_token(token));
+    }
+    if let Some(token) = std::env::var(TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+    {
+        return Ok(client.with_token(token.trim()));
+    }
+    let dir = target
+        .data_dir
+        .clone()
+        .unwrap_or_else(weir_server::config::default_data_dir);
+    match read_token_file(&dir) {
+        Ok(token) => Ok(client.with_token(token)),
+        // Explicitly named: say why it cannot be read.
+        Err(e) if target.data_dir.is_some() => Err(anyhow::anyhow!(
+            "reading the admin token {}: {e}",
+            token_path(&dir).display()
+        )),
+        // The server may run elsewhere: try without (a refusal explains itself).
+        Err(_) => Ok(client),
+    }
 }
 
 #[derive(Subcommand)]
@@ -38,6 +83,10 @@ pub enum VolumeCommand {
         /// Hosts allowed to see and open it: addresses or CIDRs, comma-separated (default: any)
         #[arg(long, value_delimiter = ',')]
         hosts: Vec<String>,
+        /// TLS client identities (certificate subject CNs) it also requires, comma-separated
+        /// (the server needs tls_client_ca); without --hosts, from any host
+        #[arg(long, value_delimiter = ',')]
+        identities: Vec<String>,
         /// Pool (default: the server's first pool)
         #[arg(long)]
         pool: Option<String>,
@@ -174,6 +223,11 @@ fn explain(e: ClientError) -> anyhow::Error {
         ClientError::Connect { .. } => {
             anyhow::anyhow!("{e} (is `weir serve` running? --admin ADDR picks another address)")
         }
+        ClientError::Api { status: 401, .. } => anyhow::anyhow!(
+            "the admin API refused the token (or its absence): run the CLI where it can read the server's \
+             data directory (--data-dir DIR if not the default), or give --admin-token-file FILE or \
+             ${TOKEN_ENV}"
+        ),
         ClientError::Api { message, .. } => anyhow::anyhow!(message),
         ClientError::Protocol(_) => anyhow::anyhow!(e),
     }
@@ -294,7 +348,7 @@ fn volume_table(volumes: &[weir_server::VolumeRecord]) -> Table {
 }
 
 pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
-    let client = Client::new(target.admin);
+    let client = admin_client(&target)?;
     runtime()?.block_on(async {
         match command {
             VolumeCommand::Create {
@@ -302,6 +356,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 size,
                 policy,
                 hosts,
+                identities,
                 pool,
                 read_only,
             } => {
@@ -309,12 +364,18 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     .map_err(anyhow::Error::msg)
                     .context("--size")?;
                 let mut access_groups = Vec::new();
-                if !hosts.is_empty() {
+                if !hosts.is_empty() || !identities.is_empty() {
                     let group = format!("{name}-hosts");
+                    let hosts = if hosts.is_empty() {
+                        vec!["*".to_string()]
+                    } else {
+                        hosts
+                    };
                     client
                         .put_access_group(&AccessGroupConfig {
                             name: group.clone(),
                             hosts,
+                            identities,
                         })
                         .await
                         .map_err(explain)?;
@@ -559,7 +620,7 @@ fn policy_table(policies: &[Policy]) -> Table {
 }
 
 pub fn policy(target: AdminTarget, command: PolicyCommand) -> Result<()> {
-    let client = Client::new(target.admin);
+    let client = admin_client(&target)?;
     runtime()?.block_on(async {
         let shown = match command {
             PolicyCommand::Create {

@@ -144,8 +144,7 @@ async fn workload(
 }
 
 /// Creates volumes through the admin API until the server dies.
-async fn metadata_workload(admin_addr: std::net::SocketAddr, model: Arc<Mutex<Model>>, cycle: u32) {
-    let client = admin::Client::new(admin_addr);
+async fn metadata_workload(client: admin::Client, model: Arc<Mutex<Model>>, cycle: u32) {
     for i in 0.. {
         let name = format!("meta-{cycle}-{i}");
         let req = VolumeCreate {
@@ -243,7 +242,7 @@ async fn verify(
 /// The catalog after a restart: the volume and every volume the admin API
 /// acknowledged are there; thin pools pass the consistency check.
 async fn verify_catalog(proc: &WeirProcess, model: &Model) -> Result<(), String> {
-    let client = admin::Client::new(proc.admin_addr);
+    let client = proc.admin_client();
     for p in client.check().await.map_err(|e| format!("check: {e}"))? {
         if !p.problems.is_empty() || !p.orphan_files.is_empty() {
             return Err(format!(
@@ -252,7 +251,8 @@ async fn verify_catalog(proc: &WeirProcess, model: &Model) -> Result<(), String>
             ));
         }
     }
-    let volumes = admin::Client::new(proc.admin_addr)
+    let volumes = proc
+        .admin_client()
         .list_volumes()
         .await
         .map_err(|e| format!("admin list after restart: {e}"))?;
@@ -270,8 +270,7 @@ async fn verify_catalog(proc: &WeirProcess, model: &Model) -> Result<(), String>
 
 /// Takes a snapshot of the clone every few milliseconds and deletes the one
 /// before (merging it into the clone's live top) until the server dies.
-async fn snapshot_workload(admin_addr: std::net::SocketAddr, cycle: u32) {
-    let client = admin::Client::new(admin_addr);
+async fn snapshot_workload(client: admin::Client, cycle: u32) {
     let Ok(existing) = client.snapshots(Some("crash")).await else {
         return;
     };
@@ -346,7 +345,7 @@ async fn thin_setup(proc: &WeirProcess) {
     }
     c.flush().await.unwrap().unwrap();
     c.disconnect().await.unwrap();
-    let client = admin::Client::new(proc.admin_addr);
+    let client = proc.admin_client();
     client.snapshot("gold", "base").await.unwrap();
     let req = admin::CloneRequest {
         names: vec!["crash".into(), "other".into()],
@@ -423,8 +422,8 @@ fn crash_cycles(tag: &str, config: &str, thin: bool) {
             ))
         });
         let m = (cycle % 3 == 0)
-            .then(|| rt.spawn(metadata_workload(proc.admin_addr, model.clone(), cycle)));
-        let snaps = thin.then(|| rt.spawn(snapshot_workload(proc.admin_addr, cycle)));
+            .then(|| rt.spawn(metadata_workload(proc.admin_client(), model.clone(), cycle)));
+        let snaps = thin.then(|| rt.spawn(snapshot_workload(proc.admin_client(), cycle)));
         std::thread::sleep(Duration::from_millis(run_ms));
         proc.kill();
 
