@@ -28,6 +28,8 @@ pub struct ServerState {
     pub started: Instant,
     /// Longest busy poll of a connection waiting on its client (`busy_poll_us`).
     pub busy_poll: Duration,
+    /// Asynchronous replication of thin volumes (tasks start with [`run`]).
+    pub replication: crate::replicate::Replicator,
 }
 
 impl ServerState {
@@ -80,6 +82,7 @@ impl ServerState {
             clients: Mutex::new(HashMap::new()),
             started: epoch,
             busy_poll: Duration::from_micros(config.busy_poll_us.into()),
+            replication: Default::default(),
         })
     }
 
@@ -375,6 +378,7 @@ async fn run(
         .map(|d| d.start())
         .collect();
     let admin_task = crate::admin::spawn(state.clone(), admin, shutdown.clone());
+    state.replication.start(&state);
     let mut sessions = JoinSet::new();
     let session_shutdown = shutdown.clone();
     loop {
@@ -404,6 +408,8 @@ async fn run(
         }
     }
     let _ = admin_task.await;
+    // Cycles in progress stop here and resume at the next start.
+    state.replication.shutdown().await;
     drop(dispatchers);
     drop(device_drivers);
     for t in tasks {

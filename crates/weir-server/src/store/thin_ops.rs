@@ -45,7 +45,7 @@ pub struct ThinSpace {
 }
 
 impl VolumeStore {
-    fn thin_dir_of(&self, pool: &str) -> PathBuf {
+    pub(super) fn thin_dir_of(&self, pool: &str) -> PathBuf {
         thin_dir(&self.pool_dir(pool))
     }
 
@@ -57,7 +57,7 @@ impl VolumeStore {
     }
 
     /// The volume `name` if it is thin, with its top layer.
-    fn thin_record(&self, name: &str) -> Result<(VolumeRecord, u64), StoreError> {
+    pub(super) fn thin_record(&self, name: &str) -> Result<(VolumeRecord, u64), StoreError> {
         let v = self.volume(name)?;
         match v.layer {
             Some(top) => Ok((v, top)),
@@ -69,7 +69,7 @@ impl VolumeStore {
         }
     }
 
-    fn open_chain(&mut self, pool: &str, top: u64) -> Result<Chain, StoreError> {
+    pub(super) fn open_chain(&mut self, pool: &str, top: u64) -> Result<Chain, StoreError> {
         let dir = self.thin_dir_of(pool);
         std::fs::create_dir_all(&dir)
             .map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
@@ -159,7 +159,7 @@ impl VolumeStore {
     }
 
     /// Removes the files of layers already dropped from the persisted catalog.
-    fn remove_layer_files(&mut self, removed: &[LayerRecord]) {
+    pub(super) fn remove_layer_files(&mut self, removed: &[LayerRecord]) {
         for l in removed {
             self.thin.forget(l.id);
             let dir = self.thin_dir_of(&l.pool);
@@ -183,7 +183,7 @@ impl VolumeStore {
     }
 
     /// Sets every open thin volume's chain from the catalog (after a merge).
-    fn rebuild_chains(&mut self) -> Result<(), StoreError> {
+    pub(super) fn rebuild_chains(&mut self) -> Result<(), StoreError> {
         let mut tops: Vec<(String, String, u64)> = Vec::new();
         for r in &self.meta.volumes {
             if let Some(t) = r.layer {
@@ -371,6 +371,7 @@ impl VolumeStore {
             .snapshot(volume, name)
             .cloned()
             .ok_or_else(|| StoreError::NotFound(format!("no snapshot named {volume}@{name}")))?;
+        self.replication_hold(volume, name)?;
         let children = self.meta.thin.children(s.layer);
         if children.len() > 1 {
             return Err(StoreError::Conflict(format!(
