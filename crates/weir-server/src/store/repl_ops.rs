@@ -386,6 +386,26 @@ impl VolumeStore {
         if !self.collapsible(c.parent, c.child) {
             return Ok(false);
         }
+        // The open volumes and snapshot views that read through the child.
+        let mut affected: Vec<(String, String, u64)> = Vec::new();
+        for r in &self.meta.volumes {
+            if let Some(t) = r.layer
+                && self.meta.thin.lineage(t).contains(&c.child)
+            {
+                affected.push((r.name.clone(), r.pool.clone(), t));
+            }
+        }
+        for snap in &self.meta.thin.snapshots {
+            if self.meta.thin.lineage(snap.layer).contains(&c.child) {
+                let pool = self.volume(&snap.volume)?.pool;
+                let top = if snap.layer == c.child {
+                    c.parent
+                } else {
+                    snap.layer
+                };
+                affected.push((snap.export_name(), pool, top));
+            }
+        }
         let before = self.meta.clone();
         let thin = &mut self.meta.thin;
         let child = thin.layer(c.child).cloned().expect("collapsible");
@@ -406,7 +426,12 @@ impl VolumeStore {
             self.meta = before;
             return Err(e);
         }
-        self.rebuild_chains()?;
+        for (name, pool, top) in affected {
+            let chain = self.open_chain(&pool, top)?;
+            if let Ok(v) = self.thin_volume(&name) {
+                v.set_chain(chain);
+            }
+        }
         removed.push(child);
         self.remove_layer_files(&removed);
         Ok(true)

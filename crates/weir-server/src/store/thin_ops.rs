@@ -49,7 +49,7 @@ impl VolumeStore {
         thin_dir(&self.pool_dir(pool))
     }
 
-    fn thin_volume(&self, name: &str) -> Result<Arc<ThinVolume>, StoreError> {
+    pub(super) fn thin_volume(&self, name: &str) -> Result<Arc<ThinVolume>, StoreError> {
         self.open
             .get(name)
             .and_then(|o| o.thin.clone())
@@ -183,7 +183,7 @@ impl VolumeStore {
     }
 
     /// Sets every open thin volume's chain from the catalog (after a merge).
-    pub(super) fn rebuild_chains(&mut self) -> Result<(), StoreError> {
+    fn rebuild_chains(&mut self) -> Result<(), StoreError> {
         let mut tops: Vec<(String, String, u64)> = Vec::new();
         for r in &self.meta.volumes {
             if let Some(t) = r.layer {
