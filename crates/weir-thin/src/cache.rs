@@ -72,9 +72,6 @@ impl GrainCache {
     pub fn stats(&self) -> ReadCacheStats {
         self.lock().model.stats()
     }
-    pub fn capacity_bytes(&self) -> u64 {
-        self.lock().model.capacity() as u64 * self.grain_bytes
-    }
 
     /// Drops the cached copy of `layer`'s slot `slot`, if any (its data is
     /// about to change: a frozen layer merged into, see [`crate::commit_into`]).
@@ -83,6 +80,9 @@ impl GrainCache {
         let mut g = self.lock();
         g.model.invalidate(key);
         g.data.remove(&key);
+    }
+    pub fn capacity_bytes(&self) -> u64 {
+        self.lock().model.capacity() as u64 * self.grain_bytes
     }
 
     /// Reads part of `layer`'s slot `slot` through the cache.
