@@ -758,6 +758,18 @@ async fn with_store<T: Send + 'static>(
     .map_err(|e| format!("catalog task failed: {e}"))?
 }
 
+/// Runs `f` on the blocking pool with the store locked (outside a cycle).
+async fn read_store<T: Send + 'static>(
+    state: &Arc<ServerState>,
+    f: impl FnOnce(&mut VolumeStore) -> Option<T> + Send + 'static,
+) -> Option<T> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || f(&mut state.store()))
+        .await
+        .ok()
+        .flatten()
+}
+
 /// Runs `f` on the blocking pool, keeping the cycle's `busy` guard alive.
 async fn blocking<T: Send + 'static>(
     guard: &Arc<OwnedMutexGuard<()>>,
@@ -782,15 +794,22 @@ fn retry_delay(failures: u32) -> Duration {
 async fn run_job(state: Arc<ServerState>, job: Arc<Job>) {
     let mut retry_at: Option<Instant> = None;
     loop {
-        let rec = state.store().replication(&job.volume);
+        // Off the runtime's threads: the store's lock may be held by a long
+        // operation (a flatten, a merge-down).
+        let v = job.volume.clone();
+        let rec = read_store(&state, move |s| {
+            let rec = s.replication(&v)?;
+            if s.volume(&v).is_err() {
+                // The volume was deleted (before any cycle named a snapshot of it).
+                let _ = s.remove_replication(&v);
+                return None;
+            }
+            Some(rec)
+        })
+        .await;
         let Some(rec) = rec else {
             return;
         };
-        if state.store().volume(&job.volume).is_err() {
-            // The volume was deleted (before any cycle named a snapshot of it).
-            let _ = state.store().remove_replication(&job.volume);
-            return;
-        }
         let now = now_unix_ms();
         let due_ms: Option<u64> = match retry_at {
             Some(t) => Some(now + t.saturating_duration_since(Instant::now()).as_millis() as u64),
@@ -878,9 +897,9 @@ async fn cycle(
     let started = Instant::now();
     let volume = job.volume.clone();
     let target = {
-        let rec = state
-            .store()
-            .replication(&volume)
+        let v = volume.clone();
+        let rec = read_store(state, move |s| s.replication(&v))
+            .await
             .ok_or("the replication was removed")?;
         NbdUrl::parse(&rec.target)?
     };
