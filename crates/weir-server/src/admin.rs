@@ -20,6 +20,10 @@
 //! | PUT | `/v1/access-groups/{name}` | `AccessGroupConfig` | `AccessGroupConfig` (create or replace) |
 //! | GET | `/v1/access-groups/{name}` | | `AccessGroupConfig` |
 //! | DELETE | `/v1/access-groups/{name}` | | `AccessGroupConfig` |
+//! | GET | `/v1/replications` | | `[ReplicationStatus]` |
+//! | GET | `/v1/volumes/{name}/replication` | | `ReplicationStatus` |
+//! | POST | `/v1/volumes/{name}/replication` | `ReplicationRequest` | `ReplicationStatus` (201 when new) |
+//! | DELETE | `/v1/volumes/{name}/replication` | | `ReplicationStatus` (stopped) |
 //! | GET | `/metrics` | | Prometheus text |
 //!
 //! Errors are `{"error": "message"}` with 400 (invalid; malformed JSON body), 404
@@ -80,6 +84,9 @@ pub struct VolumeStatsReport {
     /// The volume's pool's QoS gate now (device depth limit, pieces in flight).
     #[serde(default)]
     pub pool: PoolGauges,
+    /// The volume's asynchronous replication, if it has one (lag, last cycle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<crate::replicate::ReplicationStatus>,
 }
 
 /// One pool's QoS gate now.
@@ -236,6 +243,16 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
         }
         ("POST", ["v1", "volumes", name, "flatten"]) => ok(&store().flatten(name)?),
         ("GET", ["v1", "check"]) => ok(&store().check_thin()?),
+        ("GET", ["v1", "replications"]) => ok(&s.replication.list(s)),
+        ("GET", ["v1", "volumes", name, "replication"]) => ok(&s.replication.status(s, name)?),
+        ("POST", ["v1", "volumes", name, "replication"]) => {
+            let req: crate::replicate::ReplicationRequest = parse(body)?;
+            match s.replication.put(s, name, &req)? {
+                (status, true) => created(&status),
+                (status, false) => ok(&status),
+            }
+        }
+        ("DELETE", ["v1", "volumes", name, "replication"]) => ok(&s.replication.stop(s, name)?),
         ("GET", ["v1", "pools"]) => ok(&s.pool_reports()),
         ("GET", ["v1", "policies"]) => ok(&store().policies()),
         ("POST", ["v1", "policies"]) => {
@@ -266,7 +283,9 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             Ok(Response {
                 status: 200,
                 content_type: "text/plain; version=0.0.4",
-                body: (s.metrics.render_prometheus(&queued, &pools) + &s.thin_metrics())
+                body: (s.metrics.render_prometheus(&queued, &pools)
+                    + &s.thin_metrics()
+                    + &s.replication.prometheus(s))
                     .into_bytes(),
             })
         }
@@ -287,12 +306,18 @@ fn is_route(path: &[&str]) -> bool {
         path,
         ["v1", "volumes" | "policies" | "access-groups" | "pools"]
             | ["v1", "volumes" | "policies" | "access-groups", _]
-            | ["v1", "snapshots" | "check"]
+            | ["v1", "snapshots" | "check" | "replications"]
             | [
                 "v1",
                 "volumes",
                 _,
-                "resize" | "policy" | "stats" | "snapshots" | "rollback" | "flatten"
+                "resize"
+                    | "policy"
+                    | "stats"
+                    | "snapshots"
+                    | "rollback"
+                    | "flatten"
+                    | "replication"
             ]
             | ["v1", "volumes", _, "snapshots", _]
             | ["v1", "volumes", _, "snapshots", _, "clones"]
@@ -317,6 +342,7 @@ fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiErr
         reservation_dispatches: sched.reservation_dispatches,
         dispatched_ios: sched.dispatched_ios,
         pool: gauges,
+        replication: s.replication.status(s, name).ok(),
         volume,
     })
 }
@@ -647,6 +673,39 @@ impl Client {
         let mut answer = Vec::new();
         stream.read_to_end(&mut answer).await.map_err(connect)?;
         parse_response(&answer)
+    }
+}
+
+/// Replication (`crate::replicate`).
+impl Client {
+    /// Creates or updates the replication of `volume` (`once`: a cycle now).
+    pub async fn replicate(
+        &self,
+        volume: &str,
+        req: &crate::replicate::ReplicationRequest,
+    ) -> Result<crate::replicate::ReplicationStatus, ClientError> {
+        let path = format!("/v1/volumes/{}/replication", encode(volume));
+        self.call("POST", &path, Some(req)).await
+    }
+    pub async fn replication(
+        &self,
+        volume: &str,
+    ) -> Result<crate::replicate::ReplicationStatus, ClientError> {
+        let path = format!("/v1/volumes/{}/replication", encode(volume));
+        self.call("GET", &path, None::<&()>).await
+    }
+    pub async fn replications(
+        &self,
+    ) -> Result<Vec<crate::replicate::ReplicationStatus>, ClientError> {
+        self.call("GET", "/v1/replications", None::<&()>).await
+    }
+    /// Stops the replication of `volume`; returns its last status.
+    pub async fn stop_replication(
+        &self,
+        volume: &str,
+    ) -> Result<crate::replicate::ReplicationStatus, ClientError> {
+        let path = format!("/v1/volumes/{}/replication", encode(volume));
+        self.call("DELETE", &path, None::<&()>).await
     }
 }
 

@@ -67,6 +67,11 @@
 //! access_groups = ["lab"]           # empty or absent: every host may reach it
 //! read_only = false
 //! description = "OLTP database"
+//!
+//! [[replications]]                  # asynchronous replication of a thin volume
+//! volume = "db"                     # (in a pool with format = "thin")
+//! to = "nbd://dr-site:10809/db"     # any NBD target at least the volume's size
+//! every = "5m"                      # a cycle (snapshot, ship changes, flush) this often
 //! ```
 
 use std::fmt;
@@ -128,6 +133,10 @@ pub struct WeirConfig {
     /// subject CN becomes the connection's identity (access groups' `identities`).
     #[serde(default)]
     pub tls_client_ca: Option<PathBuf>,
+    /// Asynchronous replication of thin volumes to NBD targets
+    /// (`[[replications]]`, docs/THIN.md "Replication").
+    #[serde(default)]
+    pub replications: Vec<ReplicationConfig>,
 }
 
 /// `tls = "off" | "on" | "require"`.
@@ -161,6 +170,19 @@ impl TlsMode {
             _ => Err(format!("tls must be off, on or require, not {text:?}")),
         }
     }
+}
+
+/// `[[replications]]`: ship a thin volume's changes to an NBD target every
+/// `every` (snapshot-based; see `crate::replicate`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicationConfig {
+    /// A volume in a pool with `format = "thin"`.
+    pub volume: String,
+    /// `nbd://HOST[:PORT]/EXPORT` (port 10809 by default).
+    pub to: String,
+    /// Time between cycles: `"30s"`, `"5m"`, `"1h"`, `"1h30m"`, or seconds.
+    pub every: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -616,6 +638,47 @@ impl WeirConfig {
                 }
             }
         }
+        self.validate_replications()
+    }
+
+    /// `[[replications]]`: names, targets and intervals. A volume declared in
+    /// this file must be in a thin pool; one that is not declared is checked
+    /// against the volume catalog when the server starts.
+    fn validate_replications(&self) -> Result<(), (Option<String>, String)> {
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, r) in self.replications.iter().enumerate() {
+            let here = |field: &str, msg: String| {
+                (
+                    Some(format!("volume = \"{}\"", r.volume)),
+                    format!("replications[{i}] ({:?}).{field}: {msg}", r.volume),
+                )
+            };
+            validate_name("volume", &r.volume).map_err(|e| here("volume", e))?;
+            if !seen.insert(r.volume.as_str()) {
+                return Err(here(
+                    "volume",
+                    "replicated twice (one replication per volume)".into(),
+                ));
+            }
+            crate::replicate::NbdUrl::parse(&r.to).map_err(|e| here("to", e))?;
+            crate::replicate::parse_every(&r.every).map_err(|e| here("every", e))?;
+            if let Some(v) = self.volumes.iter().find(|v| v.name == r.volume) {
+                let thin = self
+                    .pools
+                    .iter()
+                    .any(|p| p.name == v.pool && p.format == PoolFormat::Thin);
+                if !thin {
+                    return Err(here(
+                        "volume",
+                        format!(
+                            "is in pool {:?}, whose format is not \"thin\": replication ships \
+                             snapshots, which need format = \"thin\"",
+                            v.pool
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -885,6 +948,59 @@ mod tests {
         assert!(e.message.contains("tls_client_ca"), "{e}");
         assert_eq!(TlsMode::parse("on"), Ok(TlsMode::On));
         assert!(TlsMode::parse("yes").is_err());
+    }
+
+    #[test]
+    fn replications_are_read_and_checked() {
+        let base = "[[pools]]\nname = \"thin\"\nformat = \"thin\"\n[[pools]]\nname = \"files\"\n\n[[volumes]]\nname = \"db\"\nsize = \"1GiB\"\npolicy = \"non-critical\"\npool = \"thin\"\n\n[[volumes]]\nname = \"plain\"\nsize = \"1GiB\"\npolicy = \"non-critical\"\npool = \"files\"\n";
+        let with = |r: &str| format!("{base}\n[[replications]]\n{r}");
+        let c = WeirConfig::from_toml_str(
+            &with("volume = \"db\"\nto = \"nbd://dr:10809/db\"\nevery = \"5m\"\n"),
+            "w.toml",
+        )
+        .unwrap();
+        assert_eq!(c.replications[0].every, "5m");
+        // A volume the file does not declare is checked against the catalog at start.
+        let text = with("volume = \"made-by-api\"\nto = \"nbd://dr/x\"\nevery = \"1h\"\n");
+        assert!(WeirConfig::from_toml_str(&text, "w.toml").is_ok());
+        for (r, field, needle) in [
+            (
+                "volume = \"db\"\nto = \"dr:10809\"\nevery = \"5m\"\n",
+                "to",
+                "not an NBD URL",
+            ),
+            (
+                "volume = \"db\"\nto = \"nbd://dr/db\"\nevery = \"5 minutes\"\n",
+                "every",
+                "interval",
+            ),
+            (
+                "volume = \"db\"\nto = \"nbd://dr/db\"\nevery = \"0s\"\n",
+                "every",
+                "between 1 s",
+            ),
+            (
+                "volume = \"plain\"\nto = \"nbd://dr/p\"\nevery = \"5m\"\n",
+                "volume",
+                "format = \"thin\"",
+            ),
+        ] {
+            let e = WeirConfig::from_toml_str(&with(r), "w.toml").unwrap_err();
+            assert!(
+                e.message.contains(&format!(").{field}:")) && e.message.contains(needle),
+                "{e}"
+            );
+            assert_eq!(e.line, Some(base.lines().count() + 3), "{e}");
+        }
+        let twice = with(
+            "volume = \"db\"\nto = \"nbd://a/db\"\nevery = \"5m\"\n[[replications]]\nvolume = \"db\"\nto = \"nbd://b/db\"\nevery = \"5m\"\n",
+        );
+        let e = WeirConfig::from_toml_str(&twice, "w.toml").unwrap_err();
+        assert!(e.message.contains("replicated twice"), "{e}");
+        let e =
+            WeirConfig::from_toml_str(&with("volume = \"db\"\nto = \"nbd://a/db\"\n"), "w.toml")
+                .unwrap_err();
+        assert!(e.message.contains("every"), "{e}");
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub mod device;
 pub mod metrics;
 pub mod nbd_client;
 pub mod qos;
+pub mod replicate;
 pub mod server;
 pub mod session;
 pub mod store;

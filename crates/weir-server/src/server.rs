@@ -32,6 +32,8 @@ pub struct ServerState {
     pub tls: crate::tls::NbdTls,
     /// The admin API's token and request checks.
     pub admin_guard: Arc<crate::admin_auth::AdminGuard>,
+    /// Asynchronous replication of thin volumes (tasks start with [`run`]).
+    pub replication: crate::replicate::Replicator,
 }
 
 impl ServerState {
@@ -90,6 +92,7 @@ impl ServerState {
             busy_poll: Duration::from_micros(config.busy_poll_us.into()),
             tls,
             admin_guard: Arc::new(admin_guard),
+            replication: Default::default(),
         })
     }
 
@@ -402,6 +405,7 @@ async fn run(
         .map(|d| d.start())
         .collect();
     let admin_task = crate::admin::spawn(state.clone(), admin, shutdown.clone());
+    state.replication.start(&state);
     let mut sessions = JoinSet::new();
     let session_shutdown = shutdown.clone();
     loop {
@@ -431,6 +435,8 @@ async fn run(
         }
     }
     let _ = admin_task.await;
+    // Cycles in progress stop here and resume at the next start.
+    state.replication.shutdown().await;
     drop(dispatchers);
     drop(device_drivers);
     for t in tasks {

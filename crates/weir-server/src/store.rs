@@ -34,6 +34,7 @@ use crate::config::{
 use crate::thin::{ThinBackend, ThinMeta, ThinState, thin_dir};
 use weir_thin::ThinVolume;
 
+mod repl_ops;
 mod thin_ops;
 pub use thin_ops::{ThinPoolCheck, ThinSpace};
 
@@ -102,6 +103,9 @@ pub(crate) struct Meta {
     /// Layers and snapshots of thin pools.
     #[serde(default)]
     thin: ThinMeta,
+    /// Asynchronous replications (`crate::replicate`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    replications: Vec<crate::replicate::ReplicationRecord>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -237,6 +241,7 @@ impl VolumeStore {
             let volume = store.open_file(&r, true)?;
             store.open.insert(r.name.clone(), volume);
         }
+        store.merge_replication_config(&config.replications)?;
         for snap in store.meta.thin.snapshots.clone() {
             store.open_snapshot(&snap)?;
         }

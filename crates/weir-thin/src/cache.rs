@@ -9,6 +9,9 @@
 //! Only frozen layers are cached: their grains never change, so the cache needs
 //! no invalidation (a layer id is never reused, so a deleted layer's grains just
 //! age out). The writable top of a volume is left to the kernel's page cache.
+//! One exception: merging a frozen child *up* into its parent
+//! ([`crate::commit_into`], replication) rewrites slots of a frozen layer that
+//! only the child's readers could reach; it drops them with [`GrainCache::invalidate`].
 
 use std::collections::HashMap;
 use std::io;
@@ -86,6 +89,15 @@ impl GrainCache {
 
     pub fn stats(&self) -> ReadCacheStats {
         self.lock().model.stats()
+    }
+
+    /// Drops the cached copy of `layer`'s slot `slot`, if any (its data is
+    /// about to change: a frozen layer merged into, see [`crate::commit_into`]).
+    pub fn invalidate(&self, layer: u64, slot: u32) {
+        let key = key(layer, slot);
+        let mut g = self.lock();
+        g.model.invalidate(key);
+        g.data.remove(&key);
     }
     pub fn capacity_bytes(&self) -> u64 {
         self.lock().model.capacity() as u64 * self.grain_bytes

@@ -25,11 +25,13 @@
 
 pub mod cache;
 pub mod check;
+pub mod commit;
 pub mod layer;
 pub mod map;
 pub mod volume;
 
 pub use cache::GrainCache;
+pub use commit::{CommitStats, commit_into};
 pub use layer::Layer;
 pub use map::{Entry, GrainMap};
 pub use volume::{Chain, Extent, ThinVolume, merge_into};

@@ -144,6 +144,30 @@ pub enum VolumeCommand {
     Flatten { volume: String },
     /// Verify every thin pool's maps, files and references
     Check,
+    /// Replicate a thin volume to an NBD target: each cycle snapshots it and
+    /// ships only the grains changed since the last replicated snapshot
+    #[command(group(clap::ArgGroup::new("mode").required(true).args(["every", "once", "stop"])))]
+    Replicate {
+        /// A volume in a pool with format = "thin"
+        name: String,
+        /// nbd://HOST[:PORT]/EXPORT (another weir serve, nbdkit, qemu-nbd; at least the volume's size)
+        #[arg(long, value_name = "URL", required_unless_present = "stop")]
+        to: Option<String>,
+        /// A cycle this often: 30s, 5m, 1h30m (again with the same --to: a new interval)
+        #[arg(long, value_name = "DURATION")]
+        every: Option<String>,
+        /// One cycle now, waiting for it (the first is a full copy, later ones ship changes)
+        #[arg(long)]
+        once: bool,
+        /// With --once: return without waiting for the cycle
+        #[arg(long, requires = "once")]
+        no_wait: bool,
+        /// Stop replicating (the target keeps the last replicated snapshot's copy)
+        #[arg(long, conflicts_with_all = ["to", "every", "once"])]
+        stop: bool,
+    },
+    /// Replications: target, lag (RPO), last cycle (of one volume, or all)
+    Replications { volume: Option<String> },
 }
 
 #[derive(Subcommand)]
@@ -218,7 +242,7 @@ fn opt(v: Option<f64>) -> String {
 }
 
 /// Turns an admin client error into what a person needs to read.
-fn explain(e: ClientError) -> anyhow::Error {
+pub(crate) fn explain(e: ClientError) -> anyhow::Error {
     match e {
         ClientError::Connect { .. } => {
             anyhow::anyhow!("{e} (is `weir serve` running? --admin ADDR picks another address)")
@@ -488,6 +512,27 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 }
                 Ok(())
             }
+            VolumeCommand::Replicate {
+                name,
+                to,
+                every,
+                once,
+                no_wait,
+                stop,
+            } => {
+                let r = crate::replicate::Replicate {
+                    name,
+                    to,
+                    every,
+                    once,
+                    no_wait,
+                    stop,
+                };
+                crate::replicate::replicate(&client, target.json, r).await
+            }
+            VolumeCommand::Replications { volume } => {
+                crate::replicate::list(&client, target.json, volume.as_deref()).await
+            }
             VolumeCommand::SetPolicy { name, policy } => {
                 let v = client
                     .set_volume_policy(&name, &policy)
@@ -563,6 +608,13 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                         stats.pool.in_flight, stats.pool.depth_limit, stats.pool.max_in_flight
                     ),
                 ]);
+                for row in stats
+                    .replication
+                    .iter()
+                    .flat_map(crate::replicate::stats_rows)
+                {
+                    table.add_row(row);
+                }
                 print!("{table}");
                 Ok(())
             }

@@ -45,11 +45,11 @@ pub struct ThinSpace {
 }
 
 impl VolumeStore {
-    fn thin_dir_of(&self, pool: &str) -> PathBuf {
+    pub(super) fn thin_dir_of(&self, pool: &str) -> PathBuf {
         thin_dir(&self.pool_dir(pool))
     }
 
-    fn thin_volume(&self, name: &str) -> Result<Arc<ThinVolume>, StoreError> {
+    pub(super) fn thin_volume(&self, name: &str) -> Result<Arc<ThinVolume>, StoreError> {
         self.open
             .get(name)
             .and_then(|o| o.thin.clone())
@@ -57,7 +57,7 @@ impl VolumeStore {
     }
 
     /// The volume `name` if it is thin, with its top layer.
-    fn thin_record(&self, name: &str) -> Result<(VolumeRecord, u64), StoreError> {
+    pub(super) fn thin_record(&self, name: &str) -> Result<(VolumeRecord, u64), StoreError> {
         let v = self.volume(name)?;
         match v.layer {
             Some(top) => Ok((v, top)),
@@ -69,7 +69,7 @@ impl VolumeStore {
         }
     }
 
-    fn open_chain(&mut self, pool: &str, top: u64) -> Result<Chain, StoreError> {
+    pub(super) fn open_chain(&mut self, pool: &str, top: u64) -> Result<Chain, StoreError> {
         let dir = self.thin_dir_of(pool);
         std::fs::create_dir_all(&dir)
             .map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
@@ -159,7 +159,7 @@ impl VolumeStore {
     }
 
     /// Removes the files of layers already dropped from the persisted catalog.
-    fn remove_layer_files(&mut self, removed: &[LayerRecord]) {
+    pub(super) fn remove_layer_files(&mut self, removed: &[LayerRecord]) {
         for l in removed {
             self.thin.forget(l.id);
             let dir = self.thin_dir_of(&l.pool);
@@ -371,6 +371,7 @@ impl VolumeStore {
             .snapshot(volume, name)
             .cloned()
             .ok_or_else(|| StoreError::NotFound(format!("no snapshot named {volume}@{name}")))?;
+        self.replication_hold(volume, name)?;
         let children = self.meta.thin.children(s.layer);
         if children.len() > 1 {
             return Err(StoreError::Conflict(format!(
