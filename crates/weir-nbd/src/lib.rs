@@ -30,4 +30,4 @@ pub use error::{ErrorCode, NbdError, ProtocolError};
 pub use export::{BlockSize, ExportCatalog, ExportDescription, ExportInfo, ExportListing};
 pub use reply::Extent;
 pub use request::{Command, Request, RequestDecoder, RequestHeader, ValidRequest, validate};
-pub use server::{BASE_ALLOCATION_ID, HandshakeEvent, ServerHandshake};
+pub use server::{BASE_ALLOCATION_ID, HandshakeEvent, ServerHandshake, printable};
