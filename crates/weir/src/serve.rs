@@ -42,6 +42,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
+        // Before the listeners exist: a SIGTERM from then on stops cleanly.
+        let mut signals = weir_server::server::StopSignals::install()
+            .context("installing the SIGINT/SIGTERM handlers")?;
         let data_dir = config.data_dir.clone();
         // Through a vtable: the server's futures are compiled in weir-server at full
         // optimisation, not here (this crate is built at opt-level 0).
@@ -70,11 +73,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             );
         }
         println!("Ctrl-C (or SIGTERM) stops cleanly.");
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
+        signals.recv().await;
         eprintln!("stopping: finishing in-flight requests, syncing data…");
         weir_server::shutdown_boxed(server).await
     })

@@ -38,6 +38,11 @@ impl Rng {
     }
 }
 
+/// The `weir` binary under test (`WEIR_BIN` overrides it).
+pub fn weir_bin() -> String {
+    std::env::var("WEIR_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_weir").to_string())
+}
+
 /// A `weir serve` child process on ephemeral ports (read from its banner).
 pub struct WeirProcess {
     pub child: Child,
@@ -59,6 +64,20 @@ impl WeirProcess {
     /// Writes `config` (listeners are forced to ephemeral loopback ports) into
     /// `dir/weir.toml` and starts `weir serve` on `dir/data`.
     pub fn start(dir: &Path, config: &str) -> WeirProcess {
+        Self::spawn(dir, config, Command::new(env!("CARGO_BIN_EXE_weir")))
+    }
+
+    /// As [`WeirProcess::start`], through `sh -c script weir serve …`: the script
+    /// sets what the server runs under (an open-files limit, a mount namespace)
+    /// and ends with `exec "$0" "$@"`. `WEIR_BIN` overrides the binary (to
+    /// measure another build, e.g. before a fix).
+    pub fn start_with(dir: &Path, config: &str, script: &str) -> WeirProcess {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(script).arg(weir_bin());
+        Self::spawn(dir, config, cmd)
+    }
+
+    fn spawn(dir: &Path, config: &str, mut cmd: Command) -> WeirProcess {
         let config_path = dir.join("weir.toml");
         let text = format!("listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{config}");
         std::fs::write(&config_path, text).unwrap();
@@ -67,7 +86,7 @@ impl WeirProcess {
             .append(true)
             .open(dir.join("weir.log"))
             .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        let mut child = cmd
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
