@@ -9,9 +9,11 @@
 //! answer to the client's first option, within [`REFUSAL_TIME`]); at most
 //! [`MAX_REFUSING`] connections are being refused at once, and
 //! [`MAX_REFUSING_PER_HOST`] of one host, so that a flood of idle connections
-//! from one host cannot take the refusals another host's client is owed. Beyond
-//! those, a connection is closed at once (`proto.md` allows a hard disconnect
-//! against a denial of service).
+//! from some hosts cannot take the refusals another host's client is owed; and
+//! [`REFUSING_RESERVED_FOR_NEW_HOSTS`] more are kept for hosts that have no
+//! connection and no refusal in progress (a well-behaved client arriving
+//! while other hosts flood). Beyond those, a connection is closed at once
+//! (`proto.md` allows a hard disconnect against a denial of service).
 
 use std::collections::HashMap;
 use std::io;
@@ -22,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
+
+pub use crate::budget::Budget;
 use weir_nbd::ServerHandshake;
 
 /// Default `max_connections`: NBD connections the server keeps at once.
@@ -39,12 +42,15 @@ pub const DATA_UNIT_BYTES: usize = 4096;
 /// Connections being refused at once (each holds a descriptor meanwhile).
 pub const MAX_REFUSING: usize = 32;
 /// … of which one host may hold this many.
-pub const MAX_REFUSING_PER_HOST: usize = 4;
-/// Longest a refusal waits for the client's options.
-pub const REFUSAL_TIME: Duration = Duration::from_secs(1);
+pub const MAX_REFUSING_PER_HOST: usize = 2;
+/// … and this many more for hosts with no connection and no refusal in progress.
+pub const REFUSING_RESERVED_FOR_NEW_HOSTS: usize = 16;
+/// Longest a refusal waits for the client's options (a client sends its flags
+/// and first option as soon as it has the greeting).
+pub const REFUSAL_TIME: Duration = Duration::from_millis(500);
 /// Descriptors kept free beyond the connections and what is open at start: the
 /// refusals in progress, admin API connections, volumes created later.
-pub const SPARE_FDS: u64 = MAX_REFUSING as u64 + 64;
+pub const SPARE_FDS: u64 = (MAX_REFUSING + REFUSING_RESERVED_FOR_NEW_HOSTS) as u64 + 64;
 /// One warning per kind at most this often (the rest are counted in the next).
 pub const WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -98,29 +104,6 @@ pub struct Slot {
     host_data: Budget,
 }
 
-/// A budget of data: units of [`DATA_UNIT_BYTES`], and how many it has in all.
-#[derive(Clone, Debug)]
-pub struct Budget {
-    pub units: Arc<Semaphore>,
-    pub whole: usize,
-}
-
-impl Budget {
-    pub fn new(bytes: usize) -> Budget {
-        let whole = (bytes / DATA_UNIT_BYTES).max(1);
-        Budget {
-            units: Arc::new(Semaphore::new(whole)),
-            whole,
-        }
-    }
-
-    /// `units` of it (at most all of it), once they are free.
-    pub async fn take(&self, units: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let n = units.min(self.whole) as u32;
-        self.units.clone().acquire_many_owned(n).await.ok()
-    }
-}
-
 impl Slot {
     /// The data budgets this connection draws from: its host's, and the total.
     pub fn data_budgets(&self) -> (Budget, Budget) {
@@ -170,7 +153,7 @@ impl ConnectionLimits {
             max_total: max_total.max(1),
             max_per_host: max_per_host.max(1),
             host_data_bytes: data.per_host_bytes,
-            data: Budget::new(data.total_bytes),
+            data: Budget::new(data.total_bytes / DATA_UNIT_BYTES),
             counts: Mutex::new(Counts::default()),
             refused: AtomicU64::new(0),
         })
@@ -233,7 +216,7 @@ impl ConnectionLimits {
             let bytes = self.host_data_bytes;
             let e = c.per_host.entry(host).or_insert_with(|| HostEntry {
                 connections: 0,
-                data: Budget::new(bytes),
+                data: Budget::new(bytes / DATA_UNIT_BYTES),
             });
             e.connections += 1;
             let host_data = e.data.clone();
@@ -245,7 +228,14 @@ impl ConnectionLimits {
         };
         self.refused.fetch_add(1, Ordering::Relaxed);
         let refusing_here = c.refusing_per_host.get(&host).copied().unwrap_or(0);
-        if c.refusing >= MAX_REFUSING || refusing_here >= MAX_REFUSING_PER_HOST {
+        let new_host = of_host == 0 && refusing_here == 0;
+        let most = MAX_REFUSING
+            + if new_host {
+                REFUSING_RESERVED_FOR_NEW_HOSTS
+            } else {
+                0
+            };
+        if c.refusing >= most || refusing_here >= MAX_REFUSING_PER_HOST {
             return Admission::Close;
         }
         c.refusing += 1;
@@ -449,19 +439,23 @@ mod tests {
         let (ha, ga) = a.data_budgets();
         let (hb, gb) = b.data_budgets();
         let (hc, _) = c.data_budgets();
-        assert!(Arc::ptr_eq(&ha.units, &hb.units) && !Arc::ptr_eq(&ha.units, &hc.units));
-        assert!(Arc::ptr_eq(&ga.units, &gb.units));
-        assert_eq!(ha.units.available_permits(), (1 << 28) / DATA_UNIT_BYTES);
-        assert_eq!(ga.whole, (1 << 30) / DATA_UNIT_BYTES);
-        let _held = ha.units.clone().try_acquire_many_owned(10).unwrap();
+        let _held = ha.try_take(10).unwrap();
         assert_eq!(
-            hb.units.available_permits(),
-            (1 << 28) / DATA_UNIT_BYTES - 10
+            hb.free(),
+            (1 << 28) / DATA_UNIT_BYTES - 10,
+            "one budget per host"
+        );
+        assert_eq!(hc.free(), (1 << 28) / DATA_UNIT_BYTES);
+        let _g = ga.try_take(5).unwrap();
+        assert_eq!(
+            gb.free(),
+            (1 << 30) / DATA_UNIT_BYTES - 5,
+            "one for the server"
         );
         drop((a, b));
         // A host that comes back starts with a fresh budget.
         let (h2, _) = slot(host(1)).data_budgets();
-        assert_eq!(h2.units.available_permits(), (1 << 28) / DATA_UNIT_BYTES);
+        assert_eq!(h2.free(), (1 << 28) / DATA_UNIT_BYTES);
     }
 
     #[test]
@@ -476,7 +470,7 @@ mod tests {
             held.push(r);
         }
         assert!(matches!(limits.admit(host(1)), Admission::Close));
-        // Another host still gets its clean refusal …
+        // Other hosts still get their clean refusals …
         for i in 0..(MAX_REFUSING - MAX_REFUSING_PER_HOST) {
             let h = host(2 + (i / MAX_REFUSING_PER_HOST) as u8);
             let Admission::Refuse(r, _) = limits.admit(h) else {
@@ -484,10 +478,22 @@ mod tests {
             };
             held.push(r);
         }
-        // … until MAX_REFUSING are in progress.
+        // … until MAX_REFUSING are in progress; a host already being refused
+        // gets no more, a new one may use the reserve.
+        assert!(matches!(limits.admit(host(2)), Admission::Close));
+        for i in 0..REFUSING_RESERVED_FOR_NEW_HOSTS {
+            let Admission::Refuse(r, _) = limits.admit(host(100 + i as u8)) else {
+                panic!("reserved refusal {i}")
+            };
+            held.push(r);
+        }
         assert!(matches!(limits.admit(host(200)), Admission::Close));
-        held.pop();
-        assert!(matches!(limits.admit(host(200)), Admission::Refuse(..)));
+        // One normal refusal ends: the host it belonged to (one still in
+        // progress, so not new) gets the freed place.
+        held.truncate(MAX_REFUSING - 1);
+        let last =
+            host(2 + ((MAX_REFUSING - MAX_REFUSING_PER_HOST - 1) / MAX_REFUSING_PER_HOST) as u8);
+        assert!(matches!(limits.admit(last), Admission::Refuse(..)));
     }
 
     #[test]

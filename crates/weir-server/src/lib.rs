@@ -38,6 +38,7 @@
 pub mod access;
 pub mod admin;
 pub mod backend;
+pub mod budget;
 pub mod busy_poll;
 pub mod config;
 pub mod connections;

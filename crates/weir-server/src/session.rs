@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use weir_model::IoDir;
 use weir_nbd::consts::{CMD_READ, CMD_WRITE, REQUEST_HEADER_LEN};
 use weir_nbd::{
@@ -31,8 +31,9 @@ use weir_nbd::{
 use weir_qos::{ClientId, Finished, GateRequest, IoKind, Piece, Release, Ticket};
 
 use crate::access::canonical;
+use crate::budget::{Budget, Taken};
 use crate::busy_poll::{BusyPoll, poll_until};
-use crate::connections::{Budget, DATA_UNIT_BYTES as BUFFER_UNIT_BYTES, Slot};
+use crate::connections::{DATA_UNIT_BYTES as BUFFER_UNIT_BYTES, Slot};
 use crate::device::EmulatedDevice;
 use crate::metrics::{IoCounters, OpKind};
 use crate::qos::{Buffers, Perform, Performed, QosPool};
@@ -79,16 +80,16 @@ pub struct Job {
 /// [`MAX_IN_FLIGHT_PER_CONNECTION`] requests or
 /// [`MAX_BUFFERED_BYTES_PER_CONNECTION`] of data, whatever it sends.
 pub struct Held {
-    _request: OwnedSemaphorePermit,
+    _request: Taken,
     _data: Option<DataHeld>,
 }
 
 /// A READ's or WRITE's data, counted against its connection's budget, its host's
 /// (`max_buffered_mib_per_host`) and the server's (`max_buffered_mib`).
 pub struct DataHeld {
-    _connection: OwnedSemaphorePermit,
-    _host: OwnedSemaphorePermit,
-    _server: OwnedSemaphorePermit,
+    _connection: Taken,
+    _host: Taken,
+    _server: Taken,
 }
 
 /// A reply on its way to the connection's writer, with what its request holds.
@@ -792,8 +793,8 @@ pub async fn run_session(
         client,
         tx,
         buffers: Arc::new(ReplyBuffers::default()),
-        permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION)),
-        data_budget: Budget::new(MAX_BUFFERED_BYTES_PER_CONNECTION),
+        permits: Budget::new(MAX_IN_FLIGHT_PER_CONNECTION),
+        data_budget: Budget::new(MAX_BUFFERED_BYTES_PER_CONNECTION / BUFFER_UNIT_BYTES),
         host_data,
         server_data,
         unanswered: Arc::new(AtomicUsize::new(0)),
@@ -910,7 +911,7 @@ struct Conn {
     tx: mpsc::UnboundedSender<Outgoing>,
     buffers: Arc<ReplyBuffers>,
     /// Requests whose replies are not yet written ([`MAX_IN_FLIGHT_PER_CONNECTION`]).
-    permits: Arc<Semaphore>,
+    permits: Budget,
     /// READ/WRITE data of those requests, in [`BUFFER_UNIT_BYTES`] units …
     data_budget: Budget,
     /// … and their share of the host's and the server's budgets.
@@ -969,15 +970,15 @@ impl Conn {
                 // The writer gave up (the client reads nothing) or the socket broke.
                 return Ended::Closed;
             }
-            let permit = tokio::select! {
-                p = self.permits.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return closed(drain_until),
+            let permit = match self.permits.try_take(1) {
+                Some(p) => p,
+                None => tokio::select! {
+                    p = self.permits.take(1) => p,
+                    _ = shutdown.changed(), if drain_until.is_none() => {
+                        drain_until = Some(Instant::now() + SHUTDOWN_DRAIN);
+                        continue;
+                    }
                 },
-                _ = shutdown.changed(), if drain_until.is_none() => {
-                    drain_until = Some(Instant::now() + SHUTDOWN_DRAIN);
-                    continue;
-                }
             };
             let h = match self
                 .next_header(reader, &mut busy_poll, shutdown, drain_until)
@@ -1003,9 +1004,7 @@ impl Conn {
                 self.refuse_payload(&header, permit);
                 return Ended::Linger;
             }
-            let Some(data) = self.data_permit(&header, max_payload).await else {
-                return Ended::Closed;
-            };
+            let data = self.data_permit(&header, max_payload).await;
             let held = Held {
                 _request: permit,
                 _data: data,
@@ -1082,24 +1081,29 @@ impl Conn {
 
     /// Budget for a READ's or WRITE's data, from the connection's, then the
     /// host's, then the server's budget (always in that order; a request takes at
-    /// most a whole budget). `None`: the connection is ending.
-    async fn data_permit(
-        &self,
-        header: &RequestHeader,
-        max_payload: u32,
-    ) -> Option<Option<DataHeld>> {
+    /// most a whole budget). `None`: the request carries no data.
+    async fn data_permit(&self, header: &RequestHeader, max_payload: u32) -> Option<DataHeld> {
         if !(matches!(header.command, CMD_READ | CMD_WRITE) && header.length <= max_payload) {
-            return Some(None);
+            return None;
         }
         let units = (header.length as usize).div_ceil(BUFFER_UNIT_BYTES).max(1);
-        let connection = self.data_budget.take(units).await?;
-        let host = self.host_data.take(units).await?;
-        let server = self.server_data.take(units).await?;
-        Some(Some(DataHeld {
+        let connection = match self.data_budget.try_take(units) {
+            Some(t) => t,
+            None => self.data_budget.take(units).await,
+        };
+        let host = match self.host_data.try_take(units) {
+            Some(t) => t,
+            None => self.host_data.take(units).await,
+        };
+        let server = match self.server_data.try_take(units) {
+            Some(t) => t,
+            None => self.server_data.take(units).await,
+        };
+        Some(DataHeld {
             _connection: connection,
             _host: host,
             _server: server,
-        }))
+        })
     }
 
     /// A WRITE's payload, read straight into spare capacity (no zeroing first).
@@ -1119,7 +1123,7 @@ impl Conn {
     /// A WRITE declaring more than the maximum payload: answered EINVAL, then the
     /// connection closes (`proto.md` allows a hard disconnect for a payload deemed a
     /// denial of service; reading and discarding up to 4 GiB is not done).
-    fn refuse_payload(&self, header: &RequestHeader, permit: OwnedSemaphorePermit) {
+    fn refuse_payload(&self, header: &RequestHeader, permit: Taken) {
         let max = self.export.block_size.max_payload_bytes;
         let e = NbdError::inval(format!(
             "write of {} bytes exceeds the maximum payload of {max} bytes; closing the connection",
@@ -1228,15 +1232,27 @@ fn give_up(wr: tokio::io::BufWriter<OwnedWriteHalf>, rx: mpsc::UnboundedReceiver
     unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RD) };
 }
 
+/// Writes one reply (within `idle`, when set: the client must take it in).
 async fn write_reply(
     wr: &mut tokio::io::BufWriter<OwnedWriteHalf>,
     reply: Reply,
     recycle: &ReplyBuffers,
     idle: Option<Duration>,
 ) -> io::Result<()> {
+    match idle {
+        None => write_one(wr, reply, recycle).await,
+        Some(_) => within(idle, write_one(wr, reply, recycle)).await,
+    }
+}
+
+async fn write_one(
+    wr: &mut tokio::io::BufWriter<OwnedWriteHalf>,
+    reply: Reply,
+    recycle: &ReplyBuffers,
+) -> io::Result<()> {
     match reply {
         Reply::Bytes(buf) => {
-            within(idle, wr.write_all(&buf)).await?;
+            wr.write_all(&buf).await?;
             recycle.give_back(buf);
         }
         Reply::FromFile {
@@ -1246,12 +1262,9 @@ async fn write_reply(
             offset,
             length,
         } => {
-            within(idle, async {
-                wr.write_all(&head).await?;
-                wr.flush().await?;
-                send_file(wr.get_ref().as_ref(), fd, offset, length).await
-            })
-            .await?;
+            wr.write_all(&head).await?;
+            wr.flush().await?;
+            send_file(wr.get_ref().as_ref(), fd, offset, length).await?;
         }
     }
     Ok(())

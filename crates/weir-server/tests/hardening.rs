@@ -476,3 +476,52 @@ async fn control_characters_and_unenforceable_policies_are_refused() {
     assert!(e.to_string().contains("limit_mbps must be"), "{e}");
     server.shutdown().await.unwrap();
 }
+
+/// Two connections of one host that read no replies share the host's data
+/// budget (`max_buffered_mib_per_host`); another host is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosts_connections_share_its_data_budget() {
+    let (_dir, server) = common::start_with(
+        "host-budget",
+        "max_buffered_mib_per_host = 64\n\
+         [[volumes]]\nname = \"v\"\nsize = \"64MiB\"\npolicy = \"non-critical\"\n",
+    )
+    .await;
+    let addr = server.nbd_addr();
+    let mut deaf = Vec::new();
+    for _ in 0..2 {
+        let mut s = raw_go(addr, "v").await;
+        for h in 0..128u64 {
+            s.write_all(&request(CMD_READ, h, (h % 64) << 20, 1 << 20))
+                .await
+                .unwrap();
+        }
+        deaf.push(s);
+    }
+    let counters = server.state().metrics.volume("v");
+    let mut last = u64::MAX;
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = counters.snapshot().read_ios;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    println!("two deaf connections of one host: {last} of 256 1 MiB READs answered");
+    // 64 MiB of the host's budget, plus what the socket buffers took; each
+    // connection alone could have held 128.
+    assert!(last <= 100, "{last} replies made for one host");
+    let (mut other, _) = NbdClient::connect_from(
+        Some(IpAddr::from([127, 0, 0, 2])),
+        addr,
+        ClientConfig::go("v"),
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    other.read(0, 1 << 20).await.unwrap().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    drop(deaf);
+    server.shutdown().await.unwrap();
+}

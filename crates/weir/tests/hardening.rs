@@ -308,7 +308,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn bench_unread_replies() {
     let reads: u64 = env_or("HOSTILE_READS", 1_000_000);
     let phase: f64 = env_or("PHASE_S", 4.0);
-    let rounds: usize = env_or("ROUNDS", 3);
+    let rounds: usize = env_or("ROUNDS", 5);
     let dir = TempDir::new("bench-unread");
     let config = "[[volumes]]\nname = \"deaf\"\nsize = \"1GiB\"\npolicy = \"non-critical\"\n\
                   [[volumes]]\nname = \"victim\"\nsize = \"64MiB\"\npolicy = \"non-critical\"\n";
@@ -333,8 +333,16 @@ fn bench_unread_replies() {
         fio_iops(addr, 1.0);
         let idle = rss_mib(pid);
         let (mut alone, mut beside, mut peak, mut sent_max) = (vec![], vec![], idle, 0u64);
+        // Server CPU per I/O (µs), alone and beside: robust to other load on the machine.
+        let (mut cpu_alone, mut cpu_beside) = (vec![], vec![]);
+        let measure = |iops: &mut Vec<f64>, cpu: &mut Vec<f64>| {
+            let c = cpu_seconds(pid);
+            let r = fio_iops(addr, phase);
+            cpu.push((cpu_seconds(pid) - c) / (r * phase) * 1e6);
+            iops.push(r);
+        };
         for round in 0..rounds {
-            alone.push(fio_iops(addr, phase));
+            measure(&mut alone, &mut cpu_alone);
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
             let counter = sent.clone();
@@ -379,7 +387,7 @@ fn bench_unread_replies() {
                 }
                 last = now;
             }
-            beside.push(tokio::task::block_in_place(|| fio_iops(addr, phase)));
+            tokio::task::block_in_place(|| measure(&mut beside, &mut cpu_beside));
             let _ = stop.send(());
             hostile.await.unwrap();
             sampler.abort();
@@ -387,25 +395,33 @@ fn bench_unread_replies() {
             peak = peak.max(sampled).max(rss_mib(pid));
             sent_max = sent_max.max(sent.load(std::sync::atomic::Ordering::Relaxed));
             println!(
-                "round {round}: others alone {:.0} IOPS, beside the deaf client {:.0} IOPS; \
-                 server RSS {:.1} MiB (idle {idle:.1}); deaf client got {} of {reads} requests \
-                 into its socket",
+                "round {round}: others alone {:.0} IOPS ({:.1} µs server CPU per I/O), beside \
+                 the deaf client {:.0} IOPS ({:.1} µs); server RSS {:.1} MiB (idle {idle:.1}); \
+                 deaf client got {} of {reads} requests into its socket",
                 alone[round],
+                cpu_alone[round],
                 beside[round],
+                cpu_beside[round],
                 rss_mib(pid),
                 sent.load(std::sync::atomic::Ordering::Relaxed)
             );
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
         let after = rss_mib(pid);
-        let ratio = median(beside.clone()) / median(alone.clone());
+        let ratios: Vec<f64> = beside.iter().zip(&alone).map(|(b, a)| b / a).collect();
         println!(
             "RESULT unread replies: {reads} READs of 60 KiB pipelined, unread: server RSS idle \
              {idle:.1} MiB, peak {peak:.1} MiB (+{:.1}), {after:.1} MiB 2 s after the client \
-             left; other clients {:.0} vs {:.0} IOPS alone: {ratio:.3}x",
+             left; other clients (fio 4 KiB QD8 x4, medians of {rounds}) {:.0} IOPS beside it vs \
+             {:.0} alone: {:.3}x (median of the rounds' ratios {:.3}x); server CPU per I/O \
+             {:.1} vs {:.1} µs",
             peak - idle,
-            median(beside),
-            median(alone)
+            median(beside.clone()),
+            median(alone.clone()),
+            median(beside) / median(alone),
+            median(ratios),
+            median(cpu_beside),
+            median(cpu_alone)
         );
     });
 }
