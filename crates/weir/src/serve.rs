@@ -7,8 +7,9 @@ use weir_server::WeirConfig;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// TOML config (listen addresses, data directory, pools, volumes, policies, access
-    /// groups). Without it Weir serves an embedded default with five demo volumes.
+    /// TOML config (listen addresses, data directory, connection and memory limits,
+    /// pools, volumes, policies, access groups; see the README). Without it Weir
+    /// serves an embedded default with five demo volumes.
     #[arg(long, short, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Data directory (volumes and metadata); overrides the config's
