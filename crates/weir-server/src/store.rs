@@ -40,15 +40,17 @@ pub const FILE_MODE: u32 = 0o600;
 /// Mode of the directories the store creates (data dir, pools).
 pub const DIR_MODE: u32 = 0o700;
 
-/// A file an older version created readable by others becomes [`FILE_MODE`].
+/// A file an older version created readable by others becomes [`FILE_MODE`]
+/// (only a regular file of the data directory: not what a symlink points to).
 fn make_private(file: &File, path: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::PermissionsExt;
+    let own = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file());
     let mode = file
         .metadata()
         .map_err(|e| io_err(path.display(), e))?
         .permissions()
         .mode();
-    if mode & 0o077 != 0 {
+    if own && mode & 0o077 != 0 {
         file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))
             .map_err(|e| io_err(format!("chmod 600 {}", path.display()), e))?;
     }
