@@ -25,12 +25,29 @@ use tokio::task::JoinHandle;
 /// Largest request body accepted (larger: 413).
 pub const MAX_BODY_BYTES: usize = 2 << 20;
 
-/// One request: method (`GET`, …), path (still percent-encoded, no query), body.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One request: method (`GET`, …), path (still percent-encoded, no query),
+/// headers (names in lower case, values that are not visible ASCII dropped), body.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Request {
     pub method: String,
     pub path: String,
+    pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+}
+
+impl Request {
+    /// The first value of header `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// How many times header `name` (lower case) appears.
+    pub fn header_count(&self, name: &str) -> usize {
+        self.headers.iter().filter(|(n, _)| n == name).count()
+    }
 }
 
 /// One answer: status code, `Content-Type`, body.
@@ -68,6 +85,11 @@ pub fn spawn(
 async fn answer(handler: Handler, request: axum::extract::Request) -> HttpResponse {
     let method = request.method().as_str().to_string();
     let path = request.uri().path().to_string();
+    let headers = request
+        .headers()
+        .iter()
+        .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect();
     let body = match axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES).await {
         Ok(b) => b.to_vec(),
         Err(e) => {
@@ -78,7 +100,12 @@ async fn answer(handler: Handler, request: axum::extract::Request) -> HttpRespon
                 .into_response();
         }
     };
-    let request = Request { method, path, body };
+    let request = Request {
+        method,
+        path,
+        headers,
+        body,
+    };
     match tokio::task::spawn_blocking(move || handler(request)).await {
         Ok(r) => {
             let status =
@@ -119,9 +146,10 @@ mod tests {
             status: if r.path == "/missing" { 404 } else { 201 },
             content_type: "text/plain",
             body: format!(
-                "{} {} {}",
+                "{} {} {} {}",
                 r.method,
                 r.path,
+                r.header("x-test").unwrap_or("-"),
                 String::from_utf8_lossy(&r.body)
             )
             .into_bytes(),
@@ -136,7 +164,7 @@ mod tests {
         );
         let a = exchange(
             addr,
-            "POST /v1/x%20y?q=1 HTTP/1.1\r\nHost: h\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello",
+            "POST /v1/x%20y?q=1 HTTP/1.1\r\nHost: h\r\nX-Test: yes\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello",
         )
         .await;
         assert!(a.starts_with("HTTP/1.1 201"), "{a}");
@@ -144,7 +172,7 @@ mod tests {
             a.to_ascii_lowercase().contains("content-type: text/plain"),
             "{a}"
         );
-        assert!(a.ends_with("POST /v1/x%20y hello"), "{a}");
+        assert!(a.ends_with("POST /v1/x%20y yes hello"), "{a}");
         let a = exchange(
             addr,
             "GET /missing HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",

@@ -32,10 +32,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::block_cache::{BlockCache, CachePolicy, FastMap};
+use crate::block_cache::{CachePolicy, FastMap};
 use crate::error::ModelError;
 use crate::host_cache::{blocks_u32, check_block_bytes};
 use crate::raid::{RaidLayout, RaidPlan};
+use crate::read_cache::{Lookup, ReadCache};
 use crate::{DeviceIo, IoDir};
 
 fn yes() -> bool {
@@ -136,17 +137,15 @@ struct Hint {
 pub(crate) struct CloneLayer {
     aware: bool,
     shift: u32,
-    index: BlockCache,
+    /// Residency, misses in flight and evictions: the model `weir serve`'s thin
+    /// volumes drive too.
+    cache: ReadCache,
     /// (base_block, blocks) of each image.
     images: Vec<(u64, u64)>,
     clones: Vec<CloneRegion>,
     /// Every region as (base_block, end_block, clone index or u32::MAX for an image),
     /// sorted by base.
     regions: Vec<(u64, u64, u32)>,
-    /// Blocks being read from the drives, by cache key → reading op.
-    inflight: FastMap<u128, u32>,
-    /// Keys each op (by slot) has in `inflight` (allocations reused).
-    owned: Vec<Vec<u128>>,
     stats: CloneCacheStats,
 }
 
@@ -157,20 +156,20 @@ impl CloneLayer {
         Ok(Self {
             aware: spec.aware,
             shift: spec.block_bytes.trailing_zeros(),
-            index: BlockCache::new(blocks, spec.policy),
+            cache: ReadCache::new(blocks, spec.policy),
             images: Vec::new(),
             clones: Vec::new(),
             regions: Vec::new(),
-            inflight: FastMap::default(),
-            owned: Vec::new(),
             stats: CloneCacheStats::default(),
         })
     }
 
     pub(crate) fn stats(&self) -> CloneCacheStats {
+        let c = self.cache.stats();
         CloneCacheStats {
-            resident_blocks: self.index.len() as u64,
-            inflight_blocks: self.inflight.len() as u64,
+            resident_blocks: c.resident,
+            inflight_blocks: c.in_flight,
+            evicted_blocks: c.evictions,
             ..self.stats
         }
     }
@@ -416,7 +415,7 @@ impl CloneLayer {
         let mut hint = Hint::default();
         for b in first..=last {
             let (_, key, _) = self.map(b, &mut hint);
-            if !self.index.touch(key) {
+            if !self.cache.touch(key) {
                 return false;
             }
         }
@@ -439,9 +438,6 @@ impl CloneLayer {
     ) {
         plan.clear();
         deps.clear();
-        if self.owned.len() <= slot as usize {
-            self.owned.resize_with(slot as usize + 1, Vec::new);
-        }
         let (first, last) = self.blocks_of(io.offset_bytes, io.size_bytes);
         let end = io.offset_bytes + io.size_bytes as u64;
         let mut hint = Hint::default();
@@ -449,14 +445,10 @@ impl CloneLayer {
         let mut run: Option<(u64, u64)> = None;
         for b in first..=last {
             let (phys, key, shared) = self.map(b, &mut hint);
-            let reader = if self.inflight.is_empty() {
-                None
-            } else {
-                self.inflight.get(&key).copied()
-            };
-            if reader.is_some() || self.index.touch(key) {
+            let lookup = self.cache.lookup(key, slot);
+            if lookup != Lookup::Miss {
                 self.stats.block_hits += 1;
-                if let Some(r) = reader
+                if let Lookup::InFlight(r) = lookup
                     && !deps.contains(&r)
                 {
                     deps.push(r);
@@ -466,8 +458,6 @@ impl CloneLayer {
                 }
                 continue;
             }
-            self.inflight.insert(key, slot);
-            self.owned[slot as usize].push(key);
             self.stats.block_misses += 1;
             if shared {
                 self.stats.shared_block_misses += 1;
@@ -494,20 +484,7 @@ impl CloneLayer {
 
     /// The drive reads of op `slot` finished: the blocks it read are now cached.
     pub(crate) fn fill(&mut self, slot: u32) {
-        let Some(keys) = self.owned.get_mut(slot as usize) else {
-            return;
-        };
-        let mut keys = std::mem::take(keys);
-        for &key in &keys {
-            if self.inflight.get(&key) == Some(&slot) {
-                self.inflight.remove(&key);
-                if !self.index.contains(key) && self.index.insert(key).is_some() {
-                    self.stats.evicted_blocks += 1;
-                }
-            }
-        }
-        keys.clear();
-        self.owned[slot as usize] = keys;
+        self.cache.fill(slot, |_| {});
     }
 
     /// A write: clone blocks are redirected to the clone's own space; the written
@@ -531,9 +508,7 @@ impl CloneLayer {
                 self.stats.redirected_blocks += 1;
                 key = self.map(b, &mut hint).1;
             }
-            if self.index.insert(key).is_some() {
-                self.stats.evicted_blocks += 1;
-            }
+            self.cache.insert(key, |_| {});
         }
     }
 

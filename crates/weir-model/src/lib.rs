@@ -90,6 +90,7 @@ mod host_cache;
 mod hybrid;
 mod link;
 mod raid;
+mod read_cache;
 mod ssd;
 
 pub use array::{
@@ -97,6 +98,7 @@ pub use array::{
     PolicyOverride,
 };
 pub use block_cache::{BlockCache, CachePolicy};
+pub use read_cache::{Lookup, ReadCache, ReadCacheStats};
 
 /// Where volume `volume_id` starts on a device of `capacity_bytes` when volumes are
 /// spread by id (1 MiB aligned; a volume that runs past the end wraps, as the array

@@ -3,10 +3,11 @@
 //! Server and client side of the NBD protocol as specified in `doc/proto.md` of
 //! the NetworkBlockDevice/nbd project: fixed newstyle handshake (NO_ZEROES,
 //! EXPORT_NAME, LIST, INFO, GO, ABORT, STRUCTURED_REPLY, LIST/SET_META_CONTEXT
-//! with `base:allocation`), request decoding and validation, simple and
-//! structured replies. No sockets, no files, no clocks: every state machine
-//! takes bytes in and gives bytes (and events) out, so it can be fuzzed and
-//! driven by tokio or a test alike.
+//! with `base:allocation`; STARTTLS as an option, the TLS itself is the
+//! server's), request decoding and validation, simple and structured replies.
+//! No sockets, no files, no clocks: every state machine takes bytes in and gives
+//! bytes (and events) out, so it can be fuzzed and driven by tokio or a test
+//! alike.
 //!
 //! Server flow: [`ServerHandshake`] until [`HandshakeEvent::ExportChosen`], then
 //! per request [`RequestHeader::decode`] (or [`RequestDecoder`]), [`validate`],
@@ -30,4 +31,4 @@ pub use error::{ErrorCode, NbdError, ProtocolError};
 pub use export::{BlockSize, ExportCatalog, ExportDescription, ExportInfo, ExportListing};
 pub use reply::Extent;
 pub use request::{Command, Request, RequestDecoder, RequestHeader, ValidRequest, validate};
-pub use server::{BASE_ALLOCATION_ID, HandshakeEvent, ServerHandshake, printable};
+pub use server::{BASE_ALLOCATION_ID, HandshakeEvent, ServerHandshake, TlsPolicy, printable};

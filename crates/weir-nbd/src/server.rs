@@ -10,10 +10,22 @@
 //!     match event {
 //!         Some(HandshakeEvent::ExportChosen(info)) => break, // transmission; hs.take_leftover()
 //!         Some(HandshakeEvent::Aborted) => return,          // client soft-disconnected
+//!         Some(HandshakeEvent::StartTls) => {               // ACK sent: TLS from here on
+//!             socket = tls_accept(socket)?;                 // server side of the TLS handshake
+//!             hs.tls_started();
+//!         }
 //!         None => {}
 //!     }
 //! }
 //! ```
+//!
+//! TLS ([`TlsPolicy`], `doc/proto.md` "TLS support"): `Off` is the spec's NOTLS
+//! mode (`NBD_OPT_STARTTLS` gets `NBD_REP_ERR_UNSUP`); `Optional` offers
+//! STARTTLS and serves every option either way (SELECTIVETLS with no TLS-only
+//! export: the catalog decides what a client sees, e.g. by its certificate);
+//! `Required` is FORCEDTLS: before STARTTLS every option but STARTTLS and ABORT
+//! gets `NBD_REP_ERR_TLS_REQD` (nothing about exports is revealed) and
+//! `NBD_OPT_EXPORT_NAME` closes the connection.
 
 use crate::consts::*;
 use crate::error::ProtocolError;
@@ -28,13 +40,34 @@ pub enum HandshakeEvent {
     ExportChosen(ExportInfo),
     /// The client sent `NBD_OPT_ABORT`; the ACK is in the output; close after it.
     Aborted,
+    /// The client sent `NBD_OPT_STARTTLS` and the ACK is in the output: send it,
+    /// run the server side of a TLS handshake on the connection, then call
+    /// [`ServerHandshake::tls_started`] and go on feeding (decrypted) input.
+    StartTls,
+}
+
+/// Whether the server offers or insists on TLS (see the module documentation).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum TlsPolicy {
+    /// NOTLS: `NBD_OPT_STARTTLS` is refused.
+    #[default]
+    Off,
+    /// TLS at the client's choice.
+    Optional,
+    /// FORCEDTLS: no option but STARTTLS and ABORT before TLS.
+    Required,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     ClientFlags,
     OptionHeader,
-    OptionData { option: u32, len: u32 },
+    OptionData {
+        option: u32,
+        len: u32,
+    },
+    /// STARTTLS acknowledged: no input until [`ServerHandshake::tls_started`].
+    AwaitingTls,
     Finished,
 }
 
@@ -76,6 +109,10 @@ pub struct ServerHandshake {
     /// Set by [`ServerHandshake::refuse`]: why every option is refused.
     refusal: Option<String>,
     options_seen: u32,
+    tls: TlsPolicy,
+    /// The client set `NBD_FLAG_C_FIXED_NEWSTYLE` (TLS needs it).
+    fixed: bool,
+    tls_active: bool,
 }
 
 impl Default for ServerHandshake {
@@ -104,7 +141,35 @@ impl ServerHandshake {
             shutting_down: false,
             refusal: None,
             options_seen: 0,
+            tls: TlsPolicy::Off,
+            fixed: false,
+            tls_active: false,
         }
+    }
+
+    /// A new connection under `policy` (the greeting is the same either way).
+    pub fn with_tls(policy: TlsPolicy) -> ServerHandshake {
+        ServerHandshake {
+            tls: policy,
+            ..ServerHandshake::new()
+        }
+    }
+
+    /// The TLS handshake that followed [`HandshakeEvent::StartTls`] succeeded:
+    /// option haggling goes on over TLS. What was negotiated before (structured
+    /// replies, the meta context) is forgotten: it was not protected.
+    pub fn tls_started(&mut self) {
+        if self.state == State::AwaitingTls {
+            self.state = State::OptionHeader;
+            self.tls_active = true;
+            self.structured = false;
+            self.meta_export = None;
+        }
+    }
+
+    /// Whether option haggling runs over TLS.
+    pub fn tls_active(&self) -> bool {
+        self.tls_active
     }
 
     /// Bytes to send to the client.
@@ -147,10 +212,27 @@ impl ServerHandshake {
         if self.state == State::Finished {
             return Err(ProtocolError::Finished);
         }
+        if self.state == State::AwaitingTls {
+            self.state = State::Finished;
+            return Err(ProtocolError::unexpected(
+                "input",
+                "plain-text data after NBD_OPT_STARTTLS was acknowledged",
+            ));
+        }
         self.input.extend(data);
         loop {
             match self.state {
                 State::Finished => return Ok(None),
+                State::AwaitingTls => {
+                    if !self.input.is_empty() {
+                        self.state = State::Finished;
+                        return Err(ProtocolError::unexpected(
+                            "input",
+                            "the client sent data before the server acknowledged NBD_OPT_STARTTLS",
+                        ));
+                    }
+                    return Ok(Some(HandshakeEvent::StartTls));
+                }
                 State::ClientFlags => {
                     let Some(flags) = Reader::new(self.input.as_slice()).u32() else {
                         return Ok(None);
@@ -161,6 +243,7 @@ impl ServerHandshake {
                         return Err(ProtocolError::BadClientFlags(flags));
                     }
                     self.no_zeroes = flags & FLAG_C_NO_ZEROES != 0;
+                    self.fixed = flags & FLAG_C_FIXED_NEWSTYLE != 0;
                     self.state = State::OptionHeader;
                 }
                 State::OptionHeader => {
@@ -197,9 +280,13 @@ impl ServerHandshake {
                     let data = self.input.as_slice()[..len as usize].to_vec();
                     self.input.consume(len as usize);
                     self.state = State::OptionHeader;
-                    if let Some(event) = self.handle_option(option, &data, catalog)? {
-                        self.state = State::Finished;
-                        return Ok(Some(event));
+                    match self.handle_option(option, &data, catalog)? {
+                        Some(HandshakeEvent::StartTls) => self.state = State::AwaitingTls,
+                        Some(event) => {
+                            self.state = State::Finished;
+                            return Ok(Some(event));
+                        }
+                        None => {}
                     }
                 }
             }
@@ -240,6 +327,19 @@ impl ServerHandshake {
         self.reply(option, reply_type, message.as_bytes());
     }
 
+    /// FORCEDTLS before the upgrade.
+    fn tls_required(&self) -> bool {
+        self.tls == TlsPolicy::Required && !self.tls_active
+    }
+
+    fn reply_tls_required(&mut self, option: u32) {
+        self.reply_err(
+            option,
+            REP_ERR_TLS_REQD,
+            "this server requires TLS: send NBD_OPT_STARTTLS first",
+        );
+    }
+
     fn handle_option(
         &mut self,
         option: u32,
@@ -266,6 +366,20 @@ impl ServerHandshake {
                 return Err(ProtocolError::unexpected("option", reason));
             }
             self.reply_err(option, REP_ERR_POLICY, &reason);
+            return Ok(None);
+        }
+        if option == OPT_STARTTLS {
+            return Ok(self.handle_starttls(data));
+        }
+        if self.tls_required() {
+            if option == OPT_EXPORT_NAME {
+                // It cannot be refused with an error reply.
+                return Err(ProtocolError::unexpected(
+                    "option",
+                    "NBD_OPT_EXPORT_NAME before NBD_OPT_STARTTLS on a server that requires TLS",
+                ));
+            }
+            self.reply_tls_required(option);
             return Ok(None);
         }
         match option {
@@ -317,14 +431,27 @@ impl ServerHandshake {
                 self.handle_meta_context(option, data, catalog);
                 Ok(None)
             }
-            OPT_STARTTLS => {
-                self.reply_err(option, REP_ERR_UNSUP, "TLS is not supported by this server");
-                Ok(None)
-            }
             _ => {
                 self.reply_err(option, REP_ERR_UNSUP, "option not supported");
                 Ok(None)
             }
+        }
+    }
+
+    fn handle_starttls(&mut self, data: &[u8]) -> Option<HandshakeEvent> {
+        let option = OPT_STARTTLS;
+        if self.tls == TlsPolicy::Off || !self.fixed {
+            self.reply_err(option, REP_ERR_UNSUP, "TLS is not enabled on this server");
+            None
+        } else if self.tls_active {
+            self.reply_err(option, REP_ERR_INVALID, "TLS is already active");
+            None
+        } else if !data.is_empty() {
+            self.reply_err(option, REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data");
+            None
+        } else {
+            self.reply(option, REP_ACK, &[]);
+            Some(HandshakeEvent::StartTls)
         }
     }
 

@@ -85,6 +85,9 @@ impl InBuf {
     pub(crate) fn as_slice(&self) -> &[u8] {
         &self.data[self.start..]
     }
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     pub(crate) fn len(&self) -> usize {
         self.data.len() - self.start
     }

@@ -637,3 +637,113 @@ fn client_falls_back_to_export_name_on_old_servers() {
     assert!(!export.structured_replies);
     assert!(export.export_info().read_only());
 }
+
+/// A server under `policy` past the client flags.
+fn started_tls(policy: weir_nbd::TlsPolicy, flags: u32) -> ServerHandshake {
+    let mut s = ServerHandshake::with_tls(policy);
+    s.take_output();
+    assert_eq!(s.input(&flags.to_be_bytes(), &catalog()).unwrap(), None);
+    s
+}
+
+#[test]
+fn required_tls_refuses_every_option_before_starttls_and_reveals_no_export() {
+    use weir_nbd::TlsPolicy;
+    let mut s = started_tls(TlsPolicy::Required, FLAG_C_FIXED_NEWSTYLE);
+    let mut input = opt(OPT_LIST, &[]);
+    input.extend(opt(OPT_INFO, &info_data("vol-a", &[INFO_NAME])));
+    input.extend(opt(OPT_GO, &info_data("vol-a", &[])));
+    input.extend(opt(OPT_STRUCTURED_REPLY, &[]));
+    input.extend(opt(0x1234, b"x"));
+    assert_eq!(s.input(&input, &catalog()).unwrap(), None);
+    let out = s.take_output();
+    let r = replies(&out);
+    assert_eq!(r.len(), 5, "{r:?}");
+    assert!(r.iter().all(|x| x.1 == REP_ERR_TLS_REQD), "{r:?}");
+    let text = String::from_utf8_lossy(&out);
+    assert!(!text.contains("vol-"), "an export name leaked: {text:?}");
+    // STARTTLS is acknowledged; nothing may follow in plain text.
+    let ev = s.input(&opt(OPT_STARTTLS, &[]), &catalog()).unwrap();
+    assert_eq!(ev, Some(HandshakeEvent::StartTls));
+    assert_eq!(replies(&s.take_output()), [(OPT_STARTTLS, REP_ACK, vec![])]);
+    assert!(s.input(&opt(OPT_LIST, &[]), &catalog()).is_err());
+
+    // Over TLS, options work; a second STARTTLS is invalid; never TLS_REQD again.
+    let mut s = started_tls(TlsPolicy::Required, FLAG_C_FIXED_NEWSTYLE);
+    assert_eq!(
+        s.input(&opt(OPT_STARTTLS, &[]), &catalog()).unwrap(),
+        Some(HandshakeEvent::StartTls)
+    );
+    s.take_output();
+    s.tls_started();
+    assert!(s.tls_active());
+    let mut input = opt(OPT_STARTTLS, &[]);
+    input.extend(opt(OPT_LIST, &[]));
+    assert_eq!(s.input(&input, &catalog()).unwrap(), None);
+    let r = replies(&s.take_output());
+    assert_eq!(r[0].1, REP_ERR_INVALID);
+    assert_eq!(r.iter().filter(|x| x.1 == REP_SERVER).count(), 2);
+    let ev = s
+        .input(&opt(OPT_GO, &info_data("vol-a", &[])), &catalog())
+        .unwrap();
+    assert!(
+        matches!(ev, Some(HandshakeEvent::ExportChosen(_))),
+        "{ev:?}"
+    );
+
+    // EXPORT_NAME cannot be refused: the connection closes.
+    let mut s = started_tls(TlsPolicy::Required, FLAG_C_FIXED_NEWSTYLE);
+    assert!(
+        s.input(&opt(OPT_EXPORT_NAME, b"vol-a"), &catalog())
+            .is_err()
+    );
+    assert!(replies(&s.take_output()).is_empty());
+    // ABORT is still answered.
+    let mut s = started_tls(TlsPolicy::Required, FLAG_C_FIXED_NEWSTYLE);
+    assert_eq!(
+        s.input(&opt(OPT_ABORT, &[]), &catalog()).unwrap(),
+        Some(HandshakeEvent::Aborted)
+    );
+}
+
+#[test]
+fn optional_tls_serves_plain_options_and_starttls_resets_negotiation() {
+    use weir_nbd::TlsPolicy;
+    let mut s = started_tls(TlsPolicy::Optional, FLAG_C_FIXED_NEWSTYLE);
+    let mut input = opt(OPT_LIST, &[]);
+    input.extend(opt(OPT_STRUCTURED_REPLY, &[]));
+    assert_eq!(s.input(&input, &catalog()).unwrap(), None);
+    let r = replies(&s.take_output());
+    assert_eq!(r.iter().filter(|x| x.1 == REP_SERVER).count(), 2);
+    assert_eq!(r.last().unwrap().1, REP_ACK);
+    // STARTTLS with data is invalid; then a proper one is acknowledged.
+    assert_eq!(s.input(&opt(OPT_STARTTLS, b"x"), &catalog()).unwrap(), None);
+    assert_eq!(replies(&s.take_output())[0].1, REP_ERR_INVALID);
+    assert_eq!(
+        s.input(&opt(OPT_STARTTLS, &[]), &catalog()).unwrap(),
+        Some(HandshakeEvent::StartTls)
+    );
+    s.take_output();
+    s.tls_started();
+    // Structured replies negotiated in plain text do not carry over.
+    let ev = s
+        .input(&opt(OPT_GO, &info_data("vol-a", &[])), &catalog())
+        .unwrap();
+    let Some(HandshakeEvent::ExportChosen(info)) = ev else {
+        panic!("{ev:?}")
+    };
+    assert!(!info.structured_replies);
+
+    // TLS needs fixed newstyle; with TLS off STARTTLS is unsupported.
+    let mut s = started_tls(TlsPolicy::Optional, 0);
+    assert_eq!(s.input(&opt(OPT_STARTTLS, &[]), &catalog()).unwrap(), None);
+    assert_eq!(replies(&s.take_output())[0].1, REP_ERR_UNSUP);
+    let mut s = started_tls(TlsPolicy::Off, FLAG_C_FIXED_NEWSTYLE);
+    assert_eq!(s.input(&opt(OPT_STARTTLS, &[]), &catalog()).unwrap(), None);
+    assert_eq!(replies(&s.take_output())[0].1, REP_ERR_UNSUP);
+    // Bytes pipelined behind STARTTLS (before its ACK) close the connection.
+    let mut s = started_tls(TlsPolicy::Optional, FLAG_C_FIXED_NEWSTYLE);
+    let mut input = opt(OPT_STARTTLS, &[]);
+    input.extend(opt(OPT_LIST, &[]));
+    assert!(s.input(&input, &catalog()).is_err());
+}

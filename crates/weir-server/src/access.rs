@@ -1,6 +1,62 @@
-//! Host access groups: which client addresses may see and open a volume.
+//! Host access groups: which clients may see and open a volume — by address,
+//! and (with TLS client certificates) by identity.
 
 use std::net::IpAddr;
+
+use crate::config::AccessGroupConfig;
+
+/// Who is asking: the client's address and, over TLS with a verified client
+/// certificate, its identity (the certificate's subject CN).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Peer<'a> {
+    pub host: IpAddr,
+    pub identity: Option<&'a str>,
+}
+
+/// One access group, parsed: its host patterns and required identities.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct GroupRule {
+    pub hosts: Vec<HostPattern>,
+    /// Empty: any client from the hosts; else one of these identities too.
+    pub identities: Vec<String>,
+}
+
+impl GroupRule {
+    pub fn parse(group: &AccessGroupConfig) -> Result<GroupRule, String> {
+        let hosts = group
+            .hosts
+            .iter()
+            .map(|h| HostPattern::parse(h))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(bad) = group
+            .identities
+            .iter()
+            .find(|i| i.is_empty() || i.len() > 256)
+        {
+            return Err(format!(
+                "identity {bad:?} must be 1-256 characters (a certificate's subject CN)"
+            ));
+        }
+        Ok(GroupRule {
+            hosts,
+            identities: group.identities.clone(),
+        })
+    }
+
+    /// Whether `peer` is in this group: from one of its hosts and, when the
+    /// group names identities, holding one of them.
+    pub fn admits(&self, peer: Peer<'_>) -> bool {
+        self.hosts.iter().any(|p| p.matches(peer.host))
+            && (self.identities.is_empty() || peer.identities_match(&self.identities))
+    }
+}
+
+impl Peer<'_> {
+    fn identities_match(&self, allowed: &[String]) -> bool {
+        self.identity
+            .is_some_and(|id| allowed.iter().any(|a| a == id))
+    }
+}
 
 /// One entry of an access group: any host, one address, or a CIDR block.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -69,12 +125,12 @@ pub fn canonical(addr: IpAddr) -> IpAddr {
     addr.to_canonical()
 }
 
-/// Whether `host` may reach a volume whose access groups resolve to `patterns`
-/// (`None`: the volume names no group and is open to every host).
-pub fn allowed(patterns: Option<&[HostPattern]>, host: IpAddr) -> bool {
-    match patterns {
+/// Whether `peer` may reach a volume whose access groups are `groups` (`None`:
+/// the volume names no group and is open to every client).
+pub fn allowed(groups: Option<&[&GroupRule]>, peer: Peer<'_>) -> bool {
+    match groups {
         None => true,
-        Some(p) => p.iter().any(|p| p.matches(host)),
+        Some(g) => g.iter().any(|g| g.admits(peer)),
     }
 }
 
@@ -109,7 +165,48 @@ mod tests {
         );
         assert!(HostPattern::parse("10.0.0.0/33").is_err());
         assert!(HostPattern::parse("host.example").is_err());
-        assert!(allowed(None, ip("1.2.3.4")));
-        assert!(!allowed(Some(&[]), ip("1.2.3.4")));
+        let anyone = Peer {
+            host: ip("1.2.3.4"),
+            identity: None,
+        };
+        assert!(allowed(None, anyone));
+        assert!(!allowed(Some(&[]), anyone));
+    }
+
+    #[test]
+    fn groups_with_identities_need_host_and_identity() {
+        let group = |hosts: &[&str], ids: &[&str]| {
+            GroupRule::parse(&AccessGroupConfig {
+                name: "g".into(),
+                hosts: hosts.iter().map(|s| s.to_string()).collect(),
+                identities: ids.iter().map(|s| s.to_string()).collect(),
+            })
+            .unwrap()
+        };
+        let peer = |host: &str, identity: Option<&'static str>| Peer {
+            host: ip(host),
+            identity,
+        };
+        let backup = group(&["10.0.0.0/8"], &["backup"]);
+        assert!(backup.admits(peer("10.1.1.1", Some("backup"))));
+        assert!(!backup.admits(peer("10.1.1.1", None)), "no certificate");
+        assert!(!backup.admits(peer("10.1.1.1", Some("other"))));
+        assert!(
+            !backup.admits(peer("192.168.1.1", Some("backup"))),
+            "wrong host"
+        );
+        let lab = group(&["*"], &[]);
+        assert!(lab.admits(peer("192.168.1.1", None)));
+        // Any group of the volume admitting the peer is enough.
+        assert!(allowed(Some(&[&backup, &lab]), peer("192.168.1.1", None)));
+        assert!(!allowed(Some(&[&backup]), peer("192.168.1.1", None)));
+        assert!(
+            GroupRule::parse(&AccessGroupConfig {
+                name: "g".into(),
+                hosts: vec!["*".into()],
+                identities: vec![String::new()],
+            })
+            .is_err()
+        );
     }
 }

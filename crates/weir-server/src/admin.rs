@@ -20,11 +20,20 @@
 //! | PUT | `/v1/access-groups/{name}` | `AccessGroupConfig` | `AccessGroupConfig` (create or replace) |
 //! | GET | `/v1/access-groups/{name}` | | `AccessGroupConfig` |
 //! | DELETE | `/v1/access-groups/{name}` | | `AccessGroupConfig` |
+//! | GET | `/v1/replications` | | `[ReplicationStatus]` |
+//! | GET | `/v1/volumes/{name}/replication` | | `ReplicationStatus` |
+//! | POST | `/v1/volumes/{name}/replication` | `ReplicationRequest` | `ReplicationStatus` (201 when new) |
+//! | DELETE | `/v1/volumes/{name}/replication` | | `ReplicationStatus` (stopped) |
 //! | GET | `/metrics` | | Prometheus text |
 //!
 //! Errors are `{"error": "message"}` with 400 (invalid; malformed JSON body), 404
 //! (not found), 405 (method not allowed on that path), 409 (conflict), 422 (JSON
 //! body of the wrong shape) or 500.
+//!
+//! Every request first passes [`crate::admin_auth::AdminGuard`]: its own `Host`
+//! (401/403/415 otherwise), a same-origin `Origin` if any, `Authorization: Bearer
+//! <token>` (the token in `<data_dir>/admin-token`), JSON bodies; error answers
+//! carry no absolute paths.
 //!
 //! The HTTP side (axum, hyper) is in the `weir-http` crate, compiled apart from the
 //! data path; this module routes the decoded request ([`handle`]) and holds the
@@ -46,7 +55,8 @@ use crate::config::AccessGroupConfig;
 use crate::metrics::CounterSnapshot;
 use crate::qos::PoolGauges;
 use crate::server::ServerState;
-use crate::store::{StoreError, VolumeCreate, VolumeRecord, VolumeUpdate};
+use crate::store::{StoreError, ThinPoolCheck, VolumeCreate, VolumeRecord, VolumeUpdate};
+use crate::thin::SnapshotRecord;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResizeRequest {
@@ -74,6 +84,9 @@ pub struct VolumeStatsReport {
     /// The volume's pool's QoS gate now (device depth limit, pieces in flight).
     #[serde(default)]
     pub pool: PoolGauges,
+    /// The volume's asynchronous replication, if it has one (lag, last cycle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<crate::replicate::ReplicationStatus>,
 }
 
 /// One pool's QoS gate now.
@@ -98,6 +111,27 @@ pub struct HostWindowReport {
     pub host_shares: u64,
     pub in_gate: usize,
     pub waiting: usize,
+}
+
+/// `POST /v1/volumes/{volume}/snapshots`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRequest {
+    pub name: String,
+}
+
+/// `POST /v1/volumes/{volume}/rollback`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RollbackRequest {
+    pub snapshot: String,
+}
+
+/// `POST /v1/volumes/{volume}/snapshots/{snapshot}/clones`: linked clones, one
+/// per name, with the source volume's policy unless `policy` names another.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloneRequest {
+    pub names: Vec<String>,
+    #[serde(default)]
+    pub policy: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,9 +162,13 @@ pub fn spawn(
     listener: TcpListener,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
+    if let Ok(addr) = listener.local_addr() {
+        crate::admin_auth::warn_if_exposed(addr);
+    }
+    let guard = state.admin_guard.clone();
     weir_http::spawn(
         listener,
-        Arc::new(move |request| handle(&state, &request)),
+        Arc::new(move |request| guard.serve(&request, |r| handle(&state, r))),
         Box::pin(async move {
             let _ = shutdown.wait_for(|s| *s).await;
         }),
@@ -186,6 +224,35 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             ok(&s.set_volume_policy(name, &req.policy)?)
         }
         ("GET", ["v1", "volumes", name, "stats"]) => ok(&volume_stats(s, name)?),
+        ("GET", ["v1", "snapshots"]) => ok(&store().snapshots(None)?),
+        ("GET", ["v1", "volumes", name, "snapshots"]) => ok(&store().snapshots(Some(name))?),
+        ("POST", ["v1", "volumes", name, "snapshots"]) => {
+            let req: SnapshotRequest = parse(body)?;
+            created(&store().snapshot(name, &req.name)?)
+        }
+        ("DELETE", ["v1", "volumes", name, "snapshots", snap]) => {
+            ok(&store().delete_snapshot(name, snap)?)
+        }
+        ("POST", ["v1", "volumes", name, "snapshots", snap, "clones"]) => {
+            let req: CloneRequest = parse(body)?;
+            created(&s.clone_snapshot(name, snap, &req.names, req.policy.as_deref())?)
+        }
+        ("POST", ["v1", "volumes", name, "rollback"]) => {
+            let req: RollbackRequest = parse(body)?;
+            ok(&store().rollback(name, &req.snapshot)?)
+        }
+        ("POST", ["v1", "volumes", name, "flatten"]) => ok(&store().flatten(name)?),
+        ("GET", ["v1", "check"]) => ok(&store().check_thin()?),
+        ("GET", ["v1", "replications"]) => ok(&s.replication.list(s)),
+        ("GET", ["v1", "volumes", name, "replication"]) => ok(&s.replication.status(s, name)?),
+        ("POST", ["v1", "volumes", name, "replication"]) => {
+            let req: crate::replicate::ReplicationRequest = parse(body)?;
+            match s.replication.put(s, name, &req)? {
+                (status, true) => created(&status),
+                (status, false) => ok(&status),
+            }
+        }
+        ("DELETE", ["v1", "volumes", name, "replication"]) => ok(&s.replication.stop(s, name)?),
         ("GET", ["v1", "pools"]) => ok(&s.pool_reports()),
         ("GET", ["v1", "policies"]) => ok(&store().policies()),
         ("POST", ["v1", "policies"]) => {
@@ -218,7 +285,7 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             Ok(Response {
                 status: 200,
                 content_type: "text/plain; version=0.0.4",
-                body: text.into_bytes(),
+                body: (text + &s.thin_metrics() + &s.replication.prometheus(s)).into_bytes(),
             })
         }
         (_, path) if is_route(path) => Err(ApiError(
@@ -238,7 +305,21 @@ fn is_route(path: &[&str]) -> bool {
         path,
         ["v1", "volumes" | "policies" | "access-groups" | "pools"]
             | ["v1", "volumes" | "policies" | "access-groups", _]
-            | ["v1", "volumes", _, "resize" | "policy" | "stats"]
+            | ["v1", "snapshots" | "check" | "replications"]
+            | [
+                "v1",
+                "volumes",
+                _,
+                "resize"
+                    | "policy"
+                    | "stats"
+                    | "snapshots"
+                    | "rollback"
+                    | "flatten"
+                    | "replication"
+            ]
+            | ["v1", "volumes", _, "snapshots", _]
+            | ["v1", "volumes", _, "snapshots", _, "clones"]
             | ["metrics"]
     )
 }
@@ -260,6 +341,7 @@ fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiErr
         reservation_dispatches: sched.reservation_dispatches,
         dispatched_ios: sched.dispatched_ios,
         pool: gauges,
+        replication: s.replication.status(s, name).ok(),
         volume,
     })
 }
@@ -315,6 +397,7 @@ fn decode(segment: &str) -> Option<String> {
 #[derive(Clone, Debug)]
 pub struct Client {
     addr: SocketAddr,
+    token: Option<String>,
 }
 
 /// An admin call that failed: transport trouble or an error answer.
@@ -332,8 +415,16 @@ pub enum ClientError {
 }
 
 impl Client {
+    /// A client without a token (every call but a refused one needs
+    /// [`Client::with_token`]).
     pub fn new(addr: SocketAddr) -> Client {
-        Client { addr }
+        Client { addr, token: None }
+    }
+
+    /// Sends `Authorization: Bearer <token>` with every call.
+    pub fn with_token(mut self, token: impl Into<String>) -> Client {
+        self.token = Some(token.into());
+        self
     }
 
     pub async fn list_volumes(&self) -> Result<Vec<VolumeRecord>, ClientError> {
@@ -461,6 +552,61 @@ impl Client {
         )
         .await
     }
+    pub async fn snapshot(&self, volume: &str, name: &str) -> Result<SnapshotRecord, ClientError> {
+        let req = SnapshotRequest { name: name.into() };
+        let path = format!("/v1/volumes/{}/snapshots", encode(volume));
+        self.call("POST", &path, Some(&req)).await
+    }
+    /// Snapshots of `volume`, or of every volume.
+    pub async fn snapshots(
+        &self,
+        volume: Option<&str>,
+    ) -> Result<Vec<SnapshotRecord>, ClientError> {
+        let path = match volume {
+            Some(v) => format!("/v1/volumes/{}/snapshots", encode(v)),
+            None => "/v1/snapshots".into(),
+        };
+        self.call("GET", &path, None::<&()>).await
+    }
+    pub async fn delete_snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+    ) -> Result<SnapshotRecord, ClientError> {
+        let path = format!("/v1/volumes/{}/snapshots/{}", encode(volume), encode(name));
+        self.call("DELETE", &path, None::<&()>).await
+    }
+    pub async fn rollback(
+        &self,
+        volume: &str,
+        snapshot: &str,
+    ) -> Result<VolumeRecord, ClientError> {
+        let req = RollbackRequest {
+            snapshot: snapshot.into(),
+        };
+        let path = format!("/v1/volumes/{}/rollback", encode(volume));
+        self.call("POST", &path, Some(&req)).await
+    }
+    pub async fn clone_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        req: &CloneRequest,
+    ) -> Result<Vec<VolumeRecord>, ClientError> {
+        let path = format!(
+            "/v1/volumes/{}/snapshots/{}/clones",
+            encode(volume),
+            encode(snapshot)
+        );
+        self.call("POST", &path, Some(req)).await
+    }
+    pub async fn flatten(&self, volume: &str) -> Result<VolumeRecord, ClientError> {
+        let path = format!("/v1/volumes/{}/flatten", encode(volume));
+        self.call("POST", &path, None::<&()>).await
+    }
+    pub async fn check(&self) -> Result<Vec<ThinPoolCheck>, ClientError> {
+        self.call("GET", "/v1/check", None::<&()>).await
+    }
     /// The Prometheus text of `/metrics`.
     pub async fn metrics(&self) -> Result<String, ClientError> {
         let (status, body) = self.raw("GET", "/metrics", None).await?;
@@ -514,8 +660,11 @@ impl Client {
             self.addr,
             body.len()
         );
-        if !body.is_empty() {
+        if !body.is_empty() || matches!(method, "POST" | "PUT" | "PATCH") {
             req.push_str("Content-Type: application/json\r\n");
+        }
+        if let Some(token) = &self.token {
+            req.push_str(&format!("Authorization: Bearer {token}\r\n"));
         }
         req.push_str("\r\n");
         stream.write_all(req.as_bytes()).await.map_err(connect)?;
@@ -523,6 +672,39 @@ impl Client {
         let mut answer = Vec::new();
         stream.read_to_end(&mut answer).await.map_err(connect)?;
         parse_response(&answer)
+    }
+}
+
+/// Replication (`crate::replicate`).
+impl Client {
+    /// Creates or updates the replication of `volume` (`once`: a cycle now).
+    pub async fn replicate(
+        &self,
+        volume: &str,
+        req: &crate::replicate::ReplicationRequest,
+    ) -> Result<crate::replicate::ReplicationStatus, ClientError> {
+        let path = format!("/v1/volumes/{}/replication", encode(volume));
+        self.call("POST", &path, Some(req)).await
+    }
+    pub async fn replication(
+        &self,
+        volume: &str,
+    ) -> Result<crate::replicate::ReplicationStatus, ClientError> {
+        let path = format!("/v1/volumes/{}/replication", encode(volume));
+        self.call("GET", &path, None::<&()>).await
+    }
+    pub async fn replications(
+        &self,
+    ) -> Result<Vec<crate::replicate::ReplicationStatus>, ClientError> {
+        self.call("GET", "/v1/replications", None::<&()>).await
+    }
+    /// Stops the replication of `volume`; returns its last status.
+    pub async fn stop_replication(
+        &self,
+        volume: &str,
+    ) -> Result<crate::replicate::ReplicationStatus, ClientError> {
+        let path = format!("/v1/volumes/{}/replication", encode(volume));
+        self.call("DELETE", &path, None::<&()>).await
     }
 }
 
@@ -625,6 +807,7 @@ mod tests {
                     method: method.into(),
                     path: path.into(),
                     body: body.as_bytes().to_vec(),
+                    ..Request::default()
                 },
             )
         };

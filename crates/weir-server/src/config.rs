@@ -3,7 +3,10 @@
 //!
 //! ```toml
 //! listen = "127.0.0.1:10809"        # NBD (default)
-//! admin_listen = "127.0.0.1:10810"  # admin HTTP API (default)
+//! admin_listen = "127.0.0.1:10810"  # admin HTTP API (default); every request needs the
+//!                                   # token in data_dir/admin-token (made at first start)
+//! # admin_hosts = ["weir.example"]  # names accepted in Host/Origin besides IP literals
+//!                                   # and localhost (reaching the API by a DNS name)
 //! data_dir = "/var/lib/weir"        # default: $XDG_DATA_HOME/weir, ~/.local/share/weir, ./weir-data
 //! busy_poll_us = 50                 # poll a socket this long before sleeping while its
 //!                                   # client waits on its last reply (QD1); 0: off
@@ -17,6 +20,13 @@
 //!                                   # each connection also at most 128 MiB, 256 requests
 //! idle_timeout_s = 0                # close a connection whose client sends nothing and
 //!                                   # awaits nothing (or reads no reply) this long; 0: off
+//! # tls = "require"                 # NBD over TLS: "off" (default), "on" (offered),
+//!                                   # "require" (no option but STARTTLS before TLS)
+//! # tls_cert = "server-cert.pem"    # PEM server certificate chain (tls on/require)
+//! # tls_key = "server-key.pem"      # PEM private key (PKCS#8, PKCS#1 or SEC1)
+//! # tls_client_ca = "ca-cert.pem"   # ask clients for a certificate signed by this CA:
+//!                                   # its subject CN is the client's identity, which
+//!                                   # access groups can require (`identities`)
 //!
 //! [[pools]]
 //! name = "default"                  # a directory data_dir/pools/<name> of sparse files
@@ -60,6 +70,8 @@
 //! [[access_groups]]
 //! name = "lab"
 //! hosts = ["127.0.0.1", "::1", "10.1.0.0/16"]
+//! # identities = ["backup-host"]    # and (if present) a TLS client certificate
+//!                                   # with one of these CNs
 //!
 //! [[volumes]]
 //! name = "sql"
@@ -69,6 +81,11 @@
 //! access_groups = ["lab"]           # empty or absent: every host may reach it
 //! read_only = false
 //! description = "OLTP database"     # at most 4096 bytes, no control characters
+//!
+//! [[replications]]                  # asynchronous replication of a thin volume
+//! volume = "db"                     # (in a pool with format = "thin")
+//! to = "nbd://dr-site:10809/db"     # any NBD target at least the volume's size
+//! every = "5m"                      # a cycle (snapshot, ship changes, flush) this often
 //! ```
 
 use std::fmt;
@@ -92,6 +109,11 @@ pub struct WeirConfig {
     pub listen: SocketAddr,
     #[serde(default = "default_admin_listen")]
     pub admin_listen: SocketAddr,
+    /// Host names the admin API answers to (its `Host` and `Origin` headers),
+    /// beside IP literals and `localhost`: anything else is refused, so a web
+    /// page cannot reach the API through DNS rebinding.
+    #[serde(default)]
+    pub admin_hosts: Vec<String>,
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
     #[serde(default = "default_pools")]
@@ -131,6 +153,69 @@ pub struct WeirConfig {
     /// 0: never. Off by default: the Linux kernel's NBD client does not reconnect.
     #[serde(default)]
     pub idle_timeout_s: u32,
+    /// NBD over TLS (`NBD_OPT_STARTTLS`): off, offered, or required.
+    #[serde(default)]
+    pub tls: TlsMode,
+    /// PEM certificate chain the server presents (TLS on or required).
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): clients may present a certificate it signed; the
+    /// subject CN becomes the connection's identity (access groups' `identities`).
+    #[serde(default)]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Asynchronous replication of thin volumes to NBD targets
+    /// (`[[replications]]`, docs/THIN.md "Replication").
+    #[serde(default)]
+    pub replications: Vec<ReplicationConfig>,
+}
+
+/// `tls = "off" | "on" | "require"`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// No TLS: STARTTLS is refused as unsupported.
+    #[default]
+    Off,
+    /// TLS offered: clients choose (libnbd's `nbds://` and qemu's `tls-creds` do).
+    On,
+    /// Every client must upgrade before any other option (FORCEDTLS).
+    Require,
+}
+
+impl TlsMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsMode::Off => "off",
+            TlsMode::On => "on",
+            TlsMode::Require => "require",
+        }
+    }
+
+    /// `off`, `on` or `require` (the command line's `--tls`).
+    pub fn parse(text: &str) -> Result<TlsMode, String> {
+        match text {
+            "off" => Ok(TlsMode::Off),
+            "on" => Ok(TlsMode::On),
+            "require" => Ok(TlsMode::Require),
+            _ => Err(format!("tls must be off, on or require, not {text:?}")),
+        }
+    }
+}
+
+/// `[[replications]]`: ship a thin volume's changes to an NBD target every
+/// `every` (snapshot-based; see `crate::replicate`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicationConfig {
+    /// A volume in a pool with `format = "thin"`.
+    pub volume: String,
+    /// `nbd://HOST[:PORT]/EXPORT` (port 10809 by default).
+    pub to: String,
+    /// Time between cycles: `"30s"`, `"5m"`, `"1h"`, `"1h30m"`, or seconds.
+    pub every: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -172,6 +257,30 @@ pub struct PoolConfig {
     /// Fault injection on the pool's volumes (`[[pools.faults]]`; see `fault`).
     #[serde(default)]
     pub faults: Vec<crate::fault::FaultRule>,
+    /// How the pool stores volumes: `"file"` (a sparse file per volume, the
+    /// default) or `"thin"` (copy-on-write grain maps: snapshots, linked clones,
+    /// rollback, flatten; docs/THIN.md).
+    #[serde(default)]
+    pub format: PoolFormat,
+    /// Thin pools: memory for the clone-aware read cache (grains of snapshots and
+    /// golden images, cached once for all their clones). Default 0 (off): the
+    /// kernel's page cache already holds one copy of a shared layer for all its
+    /// clones and measured faster for small random reads (docs/THIN.md).
+    #[serde(default = "default_clone_cache")]
+    pub clone_cache: ByteSize,
+}
+
+/// A pool's volume format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolFormat {
+    #[default]
+    File,
+    Thin,
+}
+
+fn default_clone_cache() -> ByteSize {
+    ByteSize(0)
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -180,6 +289,10 @@ pub struct AccessGroupConfig {
     pub name: String,
     /// Addresses or CIDRs (`10.0.0.0/8`, `::1`), or `*` for any host.
     pub hosts: Vec<String>,
+    /// TLS client identities (certificate subject CNs, see `tls_client_ca`); not
+    /// empty: a client must also present a certificate with one of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identities: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -314,6 +427,8 @@ fn default_pools() -> Vec<PoolConfig> {
         qos: true,
         direct_io: false,
         faults: Vec::new(),
+        format: PoolFormat::File,
+        clone_cache: default_clone_cache(),
     }]
 }
 
@@ -445,6 +560,27 @@ impl WeirConfig {
         }
     }
 
+    /// The TLS keys agree: a mode other than off has a certificate and key, a
+    /// client CA comes with TLS. On error: the key to blame and the message.
+    pub fn check_tls(&self) -> Result<(), (&'static str, String)> {
+        if self.tls != TlsMode::Off {
+            for (key, value) in [("tls_cert", &self.tls_cert), ("tls_key", &self.tls_key)] {
+                if value.is_none() {
+                    return Err((
+                        "tls",
+                        format!("tls = \"{}\" needs {key} (a PEM file)", self.tls.name()),
+                    ));
+                }
+            }
+        } else if self.tls_client_ca.is_some() {
+            return Err((
+                "tls_client_ca",
+                "tls_client_ca: client certificates need tls = \"on\" or \"require\"".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Semantic checks; on error, a string to locate (a `name = "…"` line) and the message.
     fn validate(&self) -> Result<(), (Option<String>, String)> {
         let at = |name: &str| Some(format!("name = \"{name}\""));
@@ -467,6 +603,8 @@ impl WeirConfig {
             ));
         }
         self.validate_connections()?;
+        self.check_tls()
+            .map_err(|(key, message)| (Some(key.to_string()), message))?;
         let mut catalog = PolicyCatalog::new();
         for (i, p) in self.policies.iter().enumerate() {
             catalog
@@ -508,6 +646,12 @@ impl WeirConfig {
             validate_depth(&p.depth, p.max_in_flight).map_err(|(field, e)| {
                 (Some(field.into()), format!("pools[{i}].depth.{field}: {e}"))
             })?;
+            if p.format == PoolFormat::Thin && p.direct_io {
+                return Err((
+                    Some("direct_io".into()),
+                    format!("pools[{i}].direct_io: not available for format = \"thin\""),
+                ));
+            }
             if let Some(c) = &p.congestion {
                 c.validate()
                     .map_err(|e| (at(&p.name), format!("pools[{i}].congestion: {e}")))?;
@@ -530,6 +674,14 @@ impl WeirConfig {
             for h in &g.hosts {
                 HostPattern::parse(h)
                     .map_err(|e| (at(&g.name), format!("access_groups[{i}].hosts: {e}")))?;
+            }
+            if !g.identities.is_empty() && self.tls_client_ca.is_none() {
+                return Err((
+                    at(&g.name),
+                    format!(
+                        "access_groups[{i}].identities: client identities need tls_client_ca (and tls)"
+                    ),
+                ));
             }
         }
         let mut volumes = std::collections::BTreeSet::new();
@@ -559,6 +711,47 @@ impl WeirConfig {
                     return Err(here(
                         "access_groups",
                         format!("no access group named {g:?}"),
+                    ));
+                }
+            }
+        }
+        self.validate_replications()
+    }
+
+    /// `[[replications]]`: names, targets and intervals. A volume declared in
+    /// this file must be in a thin pool; one that is not declared is checked
+    /// against the volume catalog when the server starts.
+    fn validate_replications(&self) -> Result<(), (Option<String>, String)> {
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, r) in self.replications.iter().enumerate() {
+            let here = |field: &str, msg: String| {
+                (
+                    Some(format!("volume = \"{}\"", r.volume)),
+                    format!("replications[{i}] ({:?}).{field}: {msg}", r.volume),
+                )
+            };
+            validate_name("volume", &r.volume).map_err(|e| here("volume", e))?;
+            if !seen.insert(r.volume.as_str()) {
+                return Err(here(
+                    "volume",
+                    "replicated twice (one replication per volume)".into(),
+                ));
+            }
+            crate::replicate::NbdUrl::parse(&r.to).map_err(|e| here("to", e))?;
+            crate::replicate::parse_every(&r.every).map_err(|e| here("every", e))?;
+            if let Some(v) = self.volumes.iter().find(|v| v.name == r.volume) {
+                let thin = self
+                    .pools
+                    .iter()
+                    .any(|p| p.name == v.pool && p.format == PoolFormat::Thin);
+                if !thin {
+                    return Err(here(
+                        "volume",
+                        format!(
+                            "is in pool {:?}, whose format is not \"thin\": replication ships \
+                             snapshots, which need format = \"thin\"",
+                            v.pool
+                        ),
                     ));
                 }
             }
@@ -864,6 +1057,82 @@ mod tests {
         let text = "[[pools]]\nname = \"p\"\ndepth = { adaptve = false }\n";
         let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
         assert!(e.message.contains("adaptve"), "{e}");
+    }
+
+    #[test]
+    fn tls_keys_are_read_and_checked() {
+        let c = WeirConfig::from_toml_str("", "w.toml").unwrap();
+        assert_eq!(c.tls, TlsMode::Off);
+        let text = "tls = \"require\"\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"\ntls_client_ca = \"ca.pem\"\n[[access_groups]]\nname = \"g\"\nhosts = [\"*\"]\nidentities = [\"backup\"]\n";
+        let c = WeirConfig::from_toml_str(text, "w.toml").unwrap();
+        assert_eq!(c.tls, TlsMode::Require);
+        assert_eq!(c.access_groups[0].identities, ["backup"]);
+        let e = WeirConfig::from_toml_str("tls = \"on\"\ntls_cert = \"c.pem\"\n", "w.toml")
+            .unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+        assert!(e.message.contains("needs tls_key"), "{e}");
+        let e = WeirConfig::from_toml_str("tls = \"maybe\"\n", "w.toml").unwrap_err();
+        assert!(e.message.contains("maybe"), "{e}");
+        let e = WeirConfig::from_toml_str("tls_client_ca = \"ca.pem\"\n", "w.toml").unwrap_err();
+        assert!(e.message.contains("tls = \"on\""), "{e}");
+        let text = "[[access_groups]]\nname = \"g\"\nhosts = [\"*\"]\nidentities = [\"x\"]\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert!(e.message.contains("tls_client_ca"), "{e}");
+        assert_eq!(TlsMode::parse("on"), Ok(TlsMode::On));
+        assert!(TlsMode::parse("yes").is_err());
+    }
+
+    #[test]
+    fn replications_are_read_and_checked() {
+        let base = "[[pools]]\nname = \"thin\"\nformat = \"thin\"\n[[pools]]\nname = \"files\"\n\n[[volumes]]\nname = \"db\"\nsize = \"1GiB\"\npolicy = \"non-critical\"\npool = \"thin\"\n\n[[volumes]]\nname = \"plain\"\nsize = \"1GiB\"\npolicy = \"non-critical\"\npool = \"files\"\n";
+        let with = |r: &str| format!("{base}\n[[replications]]\n{r}");
+        let c = WeirConfig::from_toml_str(
+            &with("volume = \"db\"\nto = \"nbd://dr:10809/db\"\nevery = \"5m\"\n"),
+            "w.toml",
+        )
+        .unwrap();
+        assert_eq!(c.replications[0].every, "5m");
+        // A volume the file does not declare is checked against the catalog at start.
+        let text = with("volume = \"made-by-api\"\nto = \"nbd://dr/x\"\nevery = \"1h\"\n");
+        assert!(WeirConfig::from_toml_str(&text, "w.toml").is_ok());
+        for (r, field, needle) in [
+            (
+                "volume = \"db\"\nto = \"dr:10809\"\nevery = \"5m\"\n",
+                "to",
+                "not an NBD URL",
+            ),
+            (
+                "volume = \"db\"\nto = \"nbd://dr/db\"\nevery = \"5 minutes\"\n",
+                "every",
+                "interval",
+            ),
+            (
+                "volume = \"db\"\nto = \"nbd://dr/db\"\nevery = \"0s\"\n",
+                "every",
+                "between 1 s",
+            ),
+            (
+                "volume = \"plain\"\nto = \"nbd://dr/p\"\nevery = \"5m\"\n",
+                "volume",
+                "format = \"thin\"",
+            ),
+        ] {
+            let e = WeirConfig::from_toml_str(&with(r), "w.toml").unwrap_err();
+            assert!(
+                e.message.contains(&format!(").{field}:")) && e.message.contains(needle),
+                "{e}"
+            );
+            assert_eq!(e.line, Some(base.lines().count() + 3), "{e}");
+        }
+        let twice = with(
+            "volume = \"db\"\nto = \"nbd://a/db\"\nevery = \"5m\"\n[[replications]]\nvolume = \"db\"\nto = \"nbd://b/db\"\nevery = \"5m\"\n",
+        );
+        let e = WeirConfig::from_toml_str(&twice, "w.toml").unwrap_err();
+        assert!(e.message.contains("replicated twice"), "{e}");
+        let e =
+            WeirConfig::from_toml_str(&with("volume = \"db\"\nto = \"nbd://a/db\"\n"), "w.toml")
+                .unwrap_err();
+        assert!(e.message.contains("every"), "{e}");
     }
 
     #[test]

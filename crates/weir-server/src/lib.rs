@@ -29,6 +29,10 @@
 //! `idle_timeout_s`; bogus declared lengths refused at once; accept errors backed
 //! off and warnings rate-limited. `[[pools.faults]]` ([`fault`]) injects
 //! errors and latency for tests and drills.
+//! Security: NBD over TLS ([`tls`]: `tls = "off" | "on" | "require"`, X.509 with
+//! rustls, client certificates whose subject CN access groups can require), and an
+//! admin API behind [`admin_auth::AdminGuard`] (a bearer token made at first start
+//! in `<data_dir>/admin-token`, own `Host` and `Origin` only, JSON bodies only).
 //!
 //! Entry points: [`serve`] (`weir serve`: runs until SIGINT/SIGTERM),
 //! [`RunningServer::start`] (tests, embedding; install [`server::StopSignals`]
@@ -37,6 +41,7 @@
 
 pub mod access;
 pub mod admin;
+pub mod admin_auth;
 pub mod backend;
 pub mod budget;
 pub mod busy_poll;
@@ -47,9 +52,12 @@ pub mod fault;
 pub mod metrics;
 pub mod nbd_client;
 pub mod qos;
+pub mod replicate;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod thin;
+pub mod tls;
 
 pub use config::{ConfigError, WeirConfig, parse_size};
 pub use server::{RunningServer, ServerState, serve};

@@ -37,12 +37,22 @@ pub struct ServerState {
     pub limits: Arc<ConnectionLimits>,
     /// `idle_timeout_s` (`None`: off).
     pub idle_timeout: Option<Duration>,
+    /// NBD over TLS: the policy and the rustls acceptor.
+    pub tls: crate::tls::NbdTls,
+    /// The admin API's token and request checks.
+    pub admin_guard: Arc<crate::admin_auth::AdminGuard>,
+    /// Asynchronous replication of thin volumes (tasks start with [`run`]).
+    pub replication: crate::replicate::Replicator,
 }
 
 impl ServerState {
     pub fn new(config: &WeirConfig) -> anyhow::Result<ServerState> {
+        let tls = crate::tls::NbdTls::from_config(config)?;
         let store = VolumeStore::open(config)
             .with_context(|| format!("opening data dir {}", config.data_dir.display()))?;
+        let admin_guard =
+            crate::admin_auth::AdminGuard::open(&config.data_dir, &config.admin_hosts)
+                .context("the admin token in the data directory")?;
         let epoch = Instant::now();
         let mut pools = HashMap::new();
         for p in store.pools() {
@@ -101,6 +111,9 @@ impl ServerState {
             ),
             idle_timeout: (config.idle_timeout_s > 0)
                 .then(|| Duration::from_secs(config.idle_timeout_s.into())),
+            tls,
+            admin_guard: Arc::new(admin_guard),
+            replication: Default::default(),
         })
     }
 
@@ -146,6 +159,133 @@ impl ServerState {
         }
         self.metrics.forget_volume(name);
         Ok(r)
+    }
+
+    /// Linked clones of a snapshot, each under its policy in its pool's gate.
+    pub fn clone_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        names: &[String],
+        policy: Option<&str>,
+    ) -> Result<Vec<VolumeRecord>, StoreError> {
+        let mut store = self.store();
+        let records = store.clone_snapshot(volume, snapshot, names, policy)?;
+        for r in &records {
+            let policy = store.policy(&r.policy)?;
+            if let Some(pool) = self.pools.get(&r.pool) {
+                pool.add_volume(VolumeId(r.id), policy);
+            }
+        }
+        Ok(records)
+    }
+
+    /// Prometheus text for thin pools: space per volume and pool, and the
+    /// clone-aware cache's counters.
+    pub fn thin_metrics(&self) -> String {
+        use std::fmt::Write as _;
+        let mut store = self.store();
+        let space = store.thin_space();
+        if space.is_empty() && store.snapshots(None).map(|s| s.is_empty()).unwrap_or(true) {
+            return String::new();
+        }
+        let shared = store.thin_shared_bytes();
+        let caches = store.thin_cache_stats();
+        let backing = store.thin_backing_read_bytes();
+        drop(store);
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP weir_volume_exclusive_bytes Bytes stored in a thin volume's own layer (not shared)."
+        );
+        let _ = writeln!(out, "# TYPE weir_volume_exclusive_bytes gauge");
+        for v in &space {
+            let _ = writeln!(
+                out,
+                "weir_volume_exclusive_bytes{{volume=\"{}\",pool=\"{}\"}} {}",
+                v.volume, v.pool, v.exclusive_bytes
+            );
+        }
+        let mut exclusive: BTreeMap<&str, u64> = BTreeMap::new();
+        for v in &space {
+            *exclusive.entry(&v.pool).or_insert(0) += v.exclusive_bytes;
+        }
+        let _ = writeln!(
+            out,
+            "# HELP weir_pool_shared_bytes Bytes stored in a thin pool's read-only layers (snapshots, images under clones)."
+        );
+        let _ = writeln!(out, "# TYPE weir_pool_shared_bytes gauge");
+        for (pool, b) in &shared {
+            let _ = writeln!(out, "weir_pool_shared_bytes{{pool=\"{pool}\"}} {b}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP weir_pool_used_bytes Bytes stored in a thin pool (exclusive + shared)."
+        );
+        let _ = writeln!(out, "# TYPE weir_pool_used_bytes gauge");
+        let pools: std::collections::BTreeSet<&str> = exclusive
+            .keys()
+            .copied()
+            .chain(shared.keys().map(String::as_str))
+            .collect();
+        for pool in pools {
+            let used =
+                exclusive.get(pool).copied().unwrap_or(0) + shared.get(pool).copied().unwrap_or(0);
+            let _ = writeln!(out, "weir_pool_used_bytes{{pool=\"{pool}\"}} {used}");
+        }
+        for (name, help, get) in [
+            (
+                "hits",
+                "Clone-aware cache lookups served from memory.",
+                (|c: &weir_model::ReadCacheStats| c.hits) as fn(&weir_model::ReadCacheStats) -> u64,
+            ),
+            (
+                "misses",
+                "Clone-aware cache lookups read from the pool.",
+                |c| c.misses,
+            ),
+            (
+                "merged",
+                "Clone-aware cache misses that waited for a read already in flight.",
+                |c| c.merged,
+            ),
+            (
+                "evictions",
+                "Grains evicted from the clone-aware cache.",
+                |c| c.evictions,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP weir_clone_cache_{name}_total {help}");
+            let _ = writeln!(out, "# TYPE weir_clone_cache_{name}_total counter");
+            for (pool, c, _) in &caches {
+                let _ = writeln!(
+                    out,
+                    "weir_clone_cache_{name}_total{{pool=\"{pool}\"}} {}",
+                    get(c)
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP weir_thin_read_bytes_total Bytes read from a thin pool's layer files."
+        );
+        let _ = writeln!(out, "# TYPE weir_thin_read_bytes_total counter");
+        for (pool, b) in &backing {
+            let _ = writeln!(out, "weir_thin_read_bytes_total{{pool=\"{pool}\"}} {b}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP weir_clone_cache_bytes Bytes of grains in the clone-aware cache."
+        );
+        let _ = writeln!(out, "# TYPE weir_clone_cache_bytes gauge");
+        for (pool, c, grain) in &caches {
+            let _ = writeln!(
+                out,
+                "weir_clone_cache_bytes{{pool=\"{pool}\"}} {}",
+                c.resident * grain
+            );
+        }
+        out
     }
 
     /// Changes a volume's policy; queued and future requests follow it at once.
@@ -240,6 +380,14 @@ impl RunningServer {
     pub fn state(&self) -> &Arc<ServerState> {
         &self.state
     }
+    /// The admin API's bearer token (also in `<data_dir>/admin-token`).
+    pub fn admin_token(&self) -> &str {
+        self.state.admin_guard.token()
+    }
+    /// An admin API client with the token.
+    pub fn admin_client(&self) -> crate::admin::Client {
+        crate::admin::Client::new(self.admin_addr).with_token(self.admin_token())
+    }
 
     /// Stops accepting, lets every connection finish its in-flight requests,
     /// flushes every volume, and returns.
@@ -278,6 +426,7 @@ async fn run(
         .map(|d| d.start())
         .collect();
     let admin_task = crate::admin::spawn(state.clone(), admin, shutdown.clone());
+    state.replication.start(&state);
     let mut sessions = JoinSet::new();
     let mut acceptor = Acceptor::new(state.clone(), shutdown.clone());
     loop {
@@ -311,6 +460,8 @@ async fn run(
         }
     }
     let _ = admin_task.await;
+    // Cycles in progress stop here and resume at the next start.
+    state.replication.shutdown().await;
     drop(dispatchers);
     drop(device_drivers);
     for t in tasks {

@@ -1,13 +1,14 @@
-//! One NBD connection: handshake with weir-nbd (exports filtered by the client's
-//! host access), then transmission with many requests in flight. A reader loop
-//! decodes and validates requests and submits them to the pool's QoS gate, each
-//! charged what it costs ([`charge`]); this module also performs what the gate
-//! releases ([`Io`], the pool's [`Perform`]): a whole request inline when the page
-//! cache allows, else on the blocking pool (or beside the emulated device), and a
-//! request paced in pieces piece by piece, replying once its last piece is done.
-//! Replies go to a writer task, so they go out in completion order; what a
-//! request holds of its connection's budgets ([`Held`]) is given back once its
-//! reply is written, so memory stays bounded when a client does not read.
+//! One NBD connection: handshake with weir-nbd (STARTTLS when configured; exports
+//! filtered by the client's host and TLS identity), then transmission with many
+//! requests in flight. A reader loop decodes and validates requests and submits
+//! them to the pool's QoS gate, each charged what it costs ([`charge`]); this
+//! module also performs what the gate releases ([`Io`], the pool's [`Perform`]): a
+//! whole request inline when the page cache allows, else on the blocking pool (or
+//! beside the emulated device), and a request paced in pieces piece by piece,
+//! replying once its last piece is done. Replies go to a writer task, so they go
+//! out in completion order; what a request holds of its connection's budgets
+//! ([`Held`]) is given back once its reply is written, so memory stays bounded
+//! when a client does not read.
 
 use std::cell::Cell;
 use std::io;
@@ -19,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, watch};
 use weir_model::IoDir;
 use weir_nbd::consts::{CMD_READ, CMD_WRITE, REQUEST_HEADER_LEN};
@@ -30,7 +30,7 @@ use weir_nbd::{
 };
 use weir_qos::{ClientId, Finished, GateRequest, IoKind, Piece, Release, Ticket};
 
-use crate::access::canonical;
+use crate::access::{Peer, canonical};
 use crate::budget::{Budget, Taken};
 use crate::busy_poll::{BusyPoll, poll_until};
 use crate::connections::{DATA_UNIT_BYTES as BUFFER_UNIT_BYTES, Slot};
@@ -39,6 +39,7 @@ use crate::metrics::{IoCounters, OpKind};
 use crate::qos::{Buffers, Perform, Performed, QosPool};
 use crate::server::ServerState;
 use crate::store::OpenVolume;
+use crate::tls::{Conn as Stream, ConnRead, ConnWrite};
 
 /// Requests one connection may have unanswered (in flight, or replied to but the
 /// reply not yet written to its socket) before the server stops reading from it.
@@ -720,17 +721,17 @@ pub fn fail(task: &Task, error: NbdError) {
     deliver(&task.job, error_reply(&task.job, &error), false);
 }
 
-/// The exports one client host may see.
+/// The exports one client (host, TLS identity) may see.
 struct SessionCatalog<'a> {
     state: &'a ServerState,
-    host: IpAddr,
+    peer: Peer<'a>,
 }
 
 impl ExportCatalog for SessionCatalog<'_> {
     fn list(&self) -> Vec<ExportListing> {
         let store = self.state.store();
         store
-            .visible_to(self.host)
+            .visible_to(self.peer)
             .into_iter()
             .map(|r| ExportListing {
                 name: r.name,
@@ -741,7 +742,7 @@ impl ExportCatalog for SessionCatalog<'_> {
     fn lookup(&self, name: &str) -> Option<ExportDescription> {
         let store = self.state.store();
         let r = store.get(name).ok()?;
-        if !store.host_may_access(&r, self.host) {
+        if !store.may_access(&r, self.peer) {
             return None;
         }
         let mut d = ExportDescription::new(r.name, r.size_bytes);
@@ -766,12 +767,15 @@ pub async fn run_session(
 ) {
     let host = canonical(peer.ip());
     let _ = stream.set_nodelay(true);
-    let (mut rd, mut wr) = stream.into_split();
-    let Some((info, leftover)) =
-        negotiate(&state, host, peer, &mut rd, &mut wr, &mut shutdown).await
+    // The socket, for the writer to shut its read side when it gives up (it
+    // stays open as long as either half of the stream, plain or TLS, does).
+    let socket_fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+    let Some((info, leftover, stream)) =
+        negotiate(&state, host, peer, Stream::Plain(stream), &mut shutdown).await
     else {
         return;
     };
+    let (rd, wr) = stream.split();
     let Some(volume) = state.store().open_volume(&info.name) else {
         return;
     };
@@ -802,6 +806,7 @@ pub async fn run_session(
     };
     let writer = tokio::spawn(write_replies(
         wr,
+        socket_fd,
         rx,
         conn.buffers.clone(),
         conn.unanswered.clone(),
@@ -835,38 +840,61 @@ pub async fn run_session(
     tracing::debug!(%peer, "connection closed");
 }
 
-/// Option haggling (within [`HANDSHAKE_TIMEOUT`]): the export chosen and the bytes
-/// already received after it, or `None` (the client left, aborted, or failed).
+/// Option haggling (within [`HANDSHAKE_TIMEOUT`]), STARTTLS included: the export
+/// chosen, the bytes already received after it, and the stream (TLS after
+/// STARTTLS), or `None` (the client left, aborted, or failed).
 async fn negotiate(
     state: &ServerState,
     host: IpAddr,
     peer: SocketAddr,
-    rd: &mut OwnedReadHalf,
-    wr: &mut OwnedWriteHalf,
+    mut stream: Stream,
     shutdown: &mut watch::Receiver<bool>,
-) -> Option<(ExportInfo, Vec<u8>)> {
-    let mut hs = ServerHandshake::new();
+) -> Option<(ExportInfo, Vec<u8>, Stream)> {
+    let mut hs = ServerHandshake::with_tls(state.tls.policy());
     let negotiated = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let mut buf = vec![0u8; 16 * 1024];
-        wr.write_all(&hs.take_output()).await.ok()?;
+        // The verified TLS client certificate's subject CN, once TLS is up.
+        let mut identity: Option<String> = None;
+        stream.write_all(&hs.take_output()).await.ok()?;
         loop {
             let n = tokio::select! {
-                r = rd.read(&mut buf) => r.ok()?,
+                r = stream.read(&mut buf) => r.ok()?,
                 // Shutting down: drop connections still haggling.
                 _ = shutdown.changed() => return None,
             };
             if n == 0 {
                 return None;
             }
-            let event = hs.input(&buf[..n], &SessionCatalog { state, host });
+            let event = hs.input(
+                &buf[..n],
+                &SessionCatalog {
+                    state,
+                    peer: Peer {
+                        host,
+                        identity: identity.as_deref(),
+                    },
+                },
+            );
             let out = hs.take_output();
             if !out.is_empty() {
-                wr.write_all(&out).await.ok()?;
+                stream.write_all(&out).await.ok()?;
             }
             match event {
                 Ok(None) => {}
-                Ok(Some(HandshakeEvent::ExportChosen(info))) => return Some(info),
+                Ok(Some(HandshakeEvent::ExportChosen(info))) => return Some((info, stream)),
                 Ok(Some(HandshakeEvent::Aborted)) => return None,
+                Ok(Some(HandshakeEvent::StartTls)) => {
+                    stream = match state.tls.accept(stream).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::info!(%peer, "TLS handshake failed: {e}");
+                            return None;
+                        }
+                    };
+                    identity = stream.identity();
+                    tracing::debug!(%peer, ?identity, suite = ?stream.cipher_suite(), "TLS established");
+                    hs.tls_started();
+                }
                 Err(e) => {
                     tracing::info!(%peer, "handshake failed: {e}");
                     return None;
@@ -875,8 +903,8 @@ async fn negotiate(
         }
     })
     .await;
-    let info = negotiated.ok()??;
-    Some((info, hs.take_leftover()))
+    let (info, stream) = negotiated.ok()??;
+    Some((info, hs.take_leftover(), stream))
 }
 
 /// How a connection's request loop ended.
@@ -897,7 +925,7 @@ enum Next {
     Stop,
 }
 
-type ConnReader = BufReader<tokio::io::Chain<std::io::Cursor<Vec<u8>>, OwnedReadHalf>>;
+type ConnReader = BufReader<tokio::io::Chain<std::io::Cursor<Vec<u8>>, ConnRead>>;
 
 /// One connection in transmission: what every request needs.
 struct Conn {
@@ -1191,7 +1219,8 @@ impl Conn {
 /// each is written, gives back what its request held. With `idle_timeout_s`, a
 /// client that reads nothing for that long is disconnected.
 async fn write_replies(
-    wr: OwnedWriteHalf,
+    wr: ConnWrite,
+    socket: std::os::fd::RawFd,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     recycle: Arc<ReplyBuffers>,
     answered: Arc<AtomicUsize>,
@@ -1206,7 +1235,7 @@ async fn write_replies(
             if let Err(e) = write_reply(&mut wr, reply, &recycle, idle).await {
                 // Part of a reply may be out: the stream cannot go on.
                 tracing::info!(%peer, "closing connection: sending a reply: {e}");
-                return give_up(wr, rx);
+                return give_up(wr, socket, rx);
             }
             drop(held);
             answered.fetch_sub(1, Ordering::Relaxed);
@@ -1214,7 +1243,7 @@ async fn write_replies(
         }
         if let Err(e) = within(idle, wr.flush()).await {
             tracing::info!(%peer, "closing connection: sending replies: {e}");
-            return give_up(wr, rx);
+            return give_up(wr, socket, rx);
         }
     }
     let _ = within(idle, wr.shutdown()).await;
@@ -1224,17 +1253,21 @@ async fn write_replies(
 /// `idle_timeout_s`): replies still queued are dropped with what their requests
 /// hold, and the socket's read side is shut so that the reader, wherever it
 /// waits, sees the end and stops.
-fn give_up(wr: tokio::io::BufWriter<OwnedWriteHalf>, rx: mpsc::UnboundedReceiver<Outgoing>) {
-    use std::os::fd::AsRawFd;
+fn give_up(
+    wr: tokio::io::BufWriter<ConnWrite>,
+    socket: std::os::fd::RawFd,
+    rx: mpsc::UnboundedReceiver<Outgoing>,
+) {
     drop(rx);
-    let socket: &TcpStream = wr.get_ref().as_ref();
-    // SAFETY: shutdown(2) on the connection's open socket (borrowed); no memory passed.
-    unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RD) };
+    // SAFETY: shutdown(2) on the connection's socket, open while `wr` (a half of
+    // the stream that owns it, plain or TLS) is alive; no memory passed.
+    unsafe { libc::shutdown(socket, libc::SHUT_RD) };
+    drop(wr);
 }
 
 /// Writes one reply (within `idle`, when set: the client must take it in).
 async fn write_reply(
-    wr: &mut tokio::io::BufWriter<OwnedWriteHalf>,
+    wr: &mut tokio::io::BufWriter<ConnWrite>,
     reply: Reply,
     recycle: &ReplyBuffers,
     idle: Option<Duration>,
@@ -1246,7 +1279,7 @@ async fn write_reply(
 }
 
 async fn write_one(
-    wr: &mut tokio::io::BufWriter<OwnedWriteHalf>,
+    wr: &mut tokio::io::BufWriter<ConnWrite>,
     reply: Reply,
     recycle: &ReplyBuffers,
 ) -> io::Result<()> {
@@ -1263,9 +1296,50 @@ async fn write_one(
             length,
         } => {
             wr.write_all(&head).await?;
+            if wr.get_ref().tcp().is_none() {
+                // TLS: the data is encrypted in user space.
+                return copy_file(wr, fd, offset, length).await;
+            }
             wr.flush().await?;
-            send_file(wr.get_ref().as_ref(), fd, offset, length).await?;
+            if let Some(socket) = wr.get_ref().tcp() {
+                send_file(socket, fd, offset, length).await?;
+            }
         }
+    }
+    Ok(())
+}
+
+/// Writes `length` bytes of the file `fd` from `offset` to `out` through a
+/// buffer (a TLS connection, where `sendfile(2)` cannot apply). The range was
+/// in the page cache when the reply was made, so the reads do not wait on a
+/// device.
+async fn copy_file<W: tokio::io::AsyncWrite + Unpin>(
+    out: &mut W,
+    fd: std::os::fd::RawFd,
+    mut offset: u64,
+    mut left: usize,
+) -> io::Result<()> {
+    let mut buf = vec![0u8; left.min(256 * 1024)];
+    while left > 0 {
+        let want = left.min(buf.len());
+        // SAFETY: `fd` is kept open by the reply's volume; `buf` holds `want` bytes.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), want, offset as libc::off_t) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the volume file ended before the requested range",
+            ));
+        }
+        out.write_all(&buf[..n as usize]).await?;
+        offset += n as u64;
+        left -= n as usize;
     }
     Ok(())
 }

@@ -21,7 +21,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,11 +28,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::{Deserialize, Serialize};
 use weir_qos::{Policy, PolicyCatalog, VolumeId};
 
-use crate::access::{HostPattern, allowed};
+use crate::access::{GroupRule, Peer, allowed};
 use crate::backend::{Backend, FileBackend};
 use crate::config::{
-    AccessGroupConfig, DEFAULT_POOL, PoolConfig, WeirConfig, validate_description, validate_name,
+    AccessGroupConfig, DEFAULT_POOL, PoolConfig, PoolFormat, WeirConfig, validate_description,
+    validate_name,
 };
+use crate::thin::{ThinBackend, ThinMeta, ThinState, thin_dir};
+use weir_thin::ThinVolume;
+
+mod repl_ops;
+mod thin_ops;
+pub use thin_ops::{ThinPoolCheck, ThinSpace};
 
 /// Mode of the files the store creates (volumes, metadata).
 pub const FILE_MODE: u32 = 0o600;
@@ -84,6 +90,13 @@ pub struct VolumeRecord {
     pub read_only: bool,
     #[serde(default)]
     pub description: String,
+    /// Thin pools: the volume's top layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<u64>,
+    /// A linked clone: the snapshot it was cloned from (`volume@snapshot`), until
+    /// it is flattened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 /// What the admin API needs to create a volume.
@@ -115,12 +128,18 @@ pub struct VolumeUpdate {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct Meta {
+pub(crate) struct Meta {
     version: u32,
     next_volume_id: u32,
     volumes: Vec<VolumeRecord>,
     policies: Vec<Policy>,
     access_groups: Vec<AccessGroupConfig>,
+    /// Layers and snapshots of thin pools.
+    #[serde(default)]
+    thin: ThinMeta,
+    /// Asynchronous replications (`crate::replicate`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    replications: Vec<crate::replicate::ReplicationRecord>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -152,6 +171,8 @@ pub struct OpenVolume {
     pub name: String,
     pub pool: String,
     pub backend: Arc<dyn Backend>,
+    /// Thin pools: the volume (or snapshot view) behind `backend`.
+    pub thin: Option<Arc<ThinVolume>>,
     /// Set when the volume is deleted: its sessions fail further requests.
     pub deleted: AtomicBool,
 }
@@ -167,8 +188,10 @@ pub struct VolumeStore {
     meta: Meta,
     catalog: PolicyCatalog,
     pools: Vec<PoolConfig>,
-    groups: HashMap<String, Vec<HostPattern>>,
+    groups: HashMap<String, GroupRule>,
+    /// Open volumes and snapshot exports (`volume@snapshot`), by export name.
     open: HashMap<String, Arc<OpenVolume>>,
+    thin: ThinState,
 }
 
 impl VolumeStore {
@@ -214,7 +237,13 @@ impl VolumeStore {
             pools: config.pools.clone(),
             groups: HashMap::new(),
             open: HashMap::new(),
+            thin: ThinState::default(),
         };
+        for p in &config.pools {
+            if p.format == PoolFormat::Thin {
+                store.thin.set_cache(&p.name, p.clone_cache.0);
+            }
+        }
         for p in &meta.policies {
             store
                 .catalog
@@ -222,13 +251,9 @@ impl VolumeStore {
                 .map_err(|e| StoreError::Invalid(format!("policy {:?}: {e}", p.name)))?;
         }
         for g in &meta.access_groups {
-            let patterns = g
-                .hosts
-                .iter()
-                .map(|h| HostPattern::parse(h))
-                .collect::<Result<Vec<_>, _>>()
+            let rule = GroupRule::parse(g)
                 .map_err(|e| StoreError::Invalid(format!("access group {:?}: {e}", g.name)))?;
-            store.groups.insert(g.name.clone(), patterns);
+            store.groups.insert(g.name.clone(), rule);
         }
         for v in &config.volumes {
             if !meta.volumes.iter().any(|r| r.name == v.name) {
@@ -242,21 +267,36 @@ impl VolumeStore {
                     access_groups: v.access_groups.clone(),
                     read_only: v.read_only,
                     description: v.description.clone(),
+                    layer: None,
+                    origin: None,
                 });
             }
         }
         for r in &meta.volumes {
             store.check_record(r)?;
-            let volume = store.open_file(r, true)?;
-            store.open.insert(r.name.clone(), volume);
+        }
+        for r in &mut meta.volumes {
+            if store.is_thin(&r.pool) && r.layer.is_none() {
+                r.layer = Some(meta.thin.new_layer(&r.pool, None, r.size_bytes));
+            }
         }
         store.meta = meta;
+        store.collect_layers()?;
+        for r in store.meta.volumes.clone() {
+            let volume = store.open_file(&r, true)?;
+            store.open.insert(r.name.clone(), volume);
+        }
+        store.merge_replication_config(&config.replications)?;
+        for snap in store.meta.thin.snapshots.clone() {
+            store.open_snapshot(&snap)?;
+        }
         if on_disk.as_deref() != Some(store.meta_bytes()?.as_slice()) {
             store.persist()?;
         } else {
             let f = File::open(&meta_path).map_err(|e| io_err(meta_path.display(), e))?;
             make_private(&f, &meta_path)?;
         }
+        store.remove_orphan_layers();
         Ok(store)
     }
 
@@ -300,13 +340,21 @@ impl VolumeStore {
     pub fn pools(&self) -> &[PoolConfig] {
         &self.pools
     }
+    pub(crate) fn is_thin(&self, pool: &str) -> bool {
+        self.pools
+            .iter()
+            .any(|p| p.name == pool && p.format == PoolFormat::Thin)
+    }
 
     fn open_file(
-        &self,
+        &mut self,
         r: &VolumeRecord,
         allow_existing: bool,
     ) -> Result<Arc<OpenVolume>, StoreError> {
         use std::os::unix::fs::OpenOptionsExt;
+        if let Some(top) = r.layer {
+            return self.open_thin(r, top);
+        }
         let dir = self.pool_dir(&r.pool);
         create_dirs(&dir).map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
         let path = self.volume_path(r);
@@ -353,6 +401,7 @@ impl VolumeStore {
             name: r.name.clone(),
             pool: r.pool.clone(),
             backend: crate::fault::wrap(Arc::new(backend), pool.map_or(&[][..], |p| &p.faults[..])),
+            thin: None,
             deleted: AtomicBool::new(false),
         }))
     }
@@ -384,13 +433,28 @@ impl VolumeStore {
         Ok(())
     }
 
+    /// Volumes, by name (snapshot exports are not volumes: see [`Self::snapshots`]).
     pub fn list(&self) -> Vec<VolumeRecord> {
         let mut v = self.meta.volumes.clone();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
     }
 
+    /// A volume, or a snapshot export (`volume@snapshot`, read-only) by its name.
     pub fn get(&self, name: &str) -> Result<VolumeRecord, StoreError> {
+        if let Some((volume, snap)) = name.split_once('@') {
+            return self.snapshot_export(volume, snap);
+        }
+        self.meta
+            .volumes
+            .iter()
+            .find(|r| r.name == name)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(format!("no volume named {name:?}")))
+    }
+
+    /// A volume (not a snapshot export) by name.
+    pub fn volume(&self, name: &str) -> Result<VolumeRecord, StoreError> {
         self.meta
             .volumes
             .iter()
@@ -403,29 +467,31 @@ impl VolumeStore {
         self.open.get(name).cloned()
     }
 
-    /// Host patterns of the volume's access groups (`None`: open to every host).
-    fn patterns(&self, r: &VolumeRecord) -> Option<Vec<HostPattern>> {
+    /// Whether `peer` (address, TLS identity) may see and open the volume.
+    pub fn may_access(&self, r: &VolumeRecord, peer: Peer<'_>) -> bool {
         if r.access_groups.is_empty() {
-            return None;
+            return allowed(None, peer);
         }
-        Some(
-            r.access_groups
-                .iter()
-                .flat_map(|g| self.groups.get(g).cloned().unwrap_or_default())
-                .collect(),
-        )
+        let groups: Vec<&GroupRule> = r
+            .access_groups
+            .iter()
+            .filter_map(|g| self.groups.get(g))
+            .collect();
+        allowed(Some(&groups), peer)
     }
 
-    pub fn host_may_access(&self, r: &VolumeRecord, host: IpAddr) -> bool {
-        allowed(self.patterns(r).as_deref(), host)
-    }
-
-    /// Volumes `host` may see and open, by name.
-    pub fn visible_to(&self, host: IpAddr) -> Vec<VolumeRecord> {
-        self.list()
-            .into_iter()
-            .filter(|r| self.host_may_access(r, host))
-            .collect()
+    /// Volumes and snapshot exports `peer` may see and open, by name.
+    pub fn visible_to(&self, peer: Peer<'_>) -> Vec<VolumeRecord> {
+        let snaps = self
+            .meta
+            .thin
+            .snapshots
+            .iter()
+            .filter_map(|s| self.snapshot_export(&s.volume, &s.name).ok());
+        let mut all: Vec<VolumeRecord> = self.list().into_iter().chain(snaps).collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all.retain(|r| self.may_access(r, peer));
+        all
     }
 
     pub fn create(&mut self, req: VolumeCreate) -> Result<VolumeRecord, StoreError> {
@@ -444,9 +510,14 @@ impl VolumeStore {
             access_groups: req.access_groups,
             read_only: req.read_only,
             description: req.description,
+            layer: None,
+            origin: None,
         };
         self.check_record(&record)?;
         check_description(&record)?;
+        if self.is_thin(&record.pool) {
+            return self.create_thin(record);
+        }
         let volume = self.open_file(&record, false).map_err(|e| match e {
             StoreError::Io(m) if m.contains("exists") => StoreError::Conflict(format!(
                 "a file for volume {:?} already exists in its pool",
@@ -471,7 +542,10 @@ impl VolumeStore {
         &mut self,
         name: &str,
     ) -> Result<(VolumeRecord, Option<Arc<OpenVolume>>), StoreError> {
-        let record = self.get(name)?;
+        let record = self.volume(name)?;
+        if record.layer.is_some() {
+            return self.delete_thin(record);
+        }
         self.meta.volumes.retain(|r| r.name != name);
         self.persist()?;
         let open = self.open.remove(name);
@@ -485,12 +559,15 @@ impl VolumeStore {
 
     /// Grows a volume (shrinking is refused: it would destroy data).
     pub fn resize(&mut self, name: &str, size_bytes: u64) -> Result<VolumeRecord, StoreError> {
-        let record = self.get(name)?;
+        let record = self.volume(name)?;
         if size_bytes < record.size_bytes {
             return Err(StoreError::Invalid(format!(
                 "volume {name:?} is {} bytes; volumes can only grow, not shrink to {size_bytes}",
                 record.size_bytes
             )));
+        }
+        if record.layer.is_some() {
+            return self.resize_thin(record, size_bytes);
         }
         let path = self.volume_path(&record);
         let f = OpenOptions::new()
@@ -585,12 +662,7 @@ impl VolumeStore {
         group: AccessGroupConfig,
     ) -> Result<AccessGroupConfig, StoreError> {
         validate_name("access group", &group.name).map_err(StoreError::Invalid)?;
-        let patterns = group
-            .hosts
-            .iter()
-            .map(|h| HostPattern::parse(h))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(StoreError::Invalid)?;
+        let rule = GroupRule::parse(&group).map_err(StoreError::Invalid)?;
         let before = self.meta.access_groups.clone();
         self.meta.access_groups.retain(|g| g.name != group.name);
         self.meta.access_groups.push(group.clone());
@@ -598,7 +670,7 @@ impl VolumeStore {
             self.meta.access_groups = before;
             return Err(e);
         }
-        self.groups.insert(group.name.clone(), patterns);
+        self.groups.insert(group.name.clone(), rule);
         Ok(group)
     }
 

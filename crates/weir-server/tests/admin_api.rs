@@ -10,6 +10,10 @@ use weir_server::admin::{Client, ClientError};
 use weir_server::nbd_client::NbdClient;
 
 fn status(e: ClientError) -> u16 {
+    status_of(e)
+}
+
+fn status_of(e: ClientError) -> u16 {
     match e {
         ClientError::Api { status, .. } => status,
         other => panic!("expected an API error, got {other}"),
@@ -20,7 +24,7 @@ fn status(e: ClientError) -> u16 {
 async fn volumes_and_policies_through_the_admin_client() {
     let dir = common::TempDir::new("admin");
     let server = common::start(dir.path()).await;
-    let admin = Client::new(server.admin_addr());
+    let admin = server.admin_client();
 
     let names: Vec<String> = admin
         .list_volumes()
@@ -201,7 +205,7 @@ async fn volumes_and_policies_through_the_admin_client() {
 async fn metadata_and_data_survive_a_restart() {
     let dir = common::TempDir::new("persist");
     let server = common::start(dir.path()).await;
-    let admin = Client::new(server.admin_addr());
+    let admin = server.admin_client();
     let mut p = Policy::best_effort("silver");
     p.limit_mbps = Some(100.0);
     admin.create_policy(&p).await.unwrap();
@@ -227,7 +231,7 @@ async fn metadata_and_data_survive_a_restart() {
     assert!(dir.path().join("pools/default/kept.img").exists());
 
     let server = common::start(dir.path()).await;
-    let admin = Client::new(server.admin_addr());
+    let admin = server.admin_client();
     assert_eq!(admin.show_volume("kept").await.unwrap().policy, "silver");
     assert_eq!(
         admin.show_volume("open").await.unwrap().policy,
@@ -246,7 +250,7 @@ async fn access_groups_decide_who_sees_a_volume() {
     use weir_server::config::AccessGroupConfig;
     let dir = common::TempDir::new("groups");
     let server = common::start(dir.path()).await;
-    let admin = Client::new(server.admin_addr());
+    let admin = server.admin_client();
     let names: Vec<String> = admin
         .list_access_groups()
         .await
@@ -258,11 +262,13 @@ async fn access_groups_decide_who_sees_a_volume() {
     let lab = AccessGroupConfig {
         name: "lab".into(),
         hosts: vec!["192.168.0.0/16".into()],
+        identities: vec![],
     };
     assert_eq!(admin.put_access_group(&lab).await.unwrap(), lab);
     let bad = AccessGroupConfig {
         name: "bad".into(),
         hosts: vec!["not-an-ip".into()],
+        identities: vec![],
     };
     assert_eq!(status(admin.put_access_group(&bad).await.unwrap_err()), 400);
     let req = VolumeCreate {
@@ -289,6 +295,7 @@ async fn access_groups_decide_who_sees_a_volume() {
     let lab2 = AccessGroupConfig {
         name: "lab".into(),
         hosts: vec!["192.168.0.0/16".into(), "127.0.0.1".into()],
+        identities: vec![],
     };
     admin.put_access_group(&lab2).await.unwrap();
     assert!(visible(NbdClient::list(server.nbd_addr()).await.unwrap()));
@@ -347,4 +354,185 @@ async fn unreachable_admin_api_is_a_clear_error() {
         e.to_string().contains("cannot reach the weir admin API"),
         "{e}"
     );
+}
+
+/// Sends a raw HTTP/1.1 request; returns (status, body).
+async fn raw_http(addr: std::net::SocketAddr, head: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{head}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_refuses_no_token_foreign_origin_foreign_host_and_non_json() {
+    let dir = common::TempDir::new("admin-guard");
+    let server = common::start(dir.path()).await;
+    let addr = server.admin_addr();
+    let token = server.admin_token().to_string();
+    // The token file: in the data directory, private to the server's user.
+    let file = dir.path().join("admin-token");
+    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), token);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let host = format!("Host: {addr}");
+    let auth = format!("Authorization: Bearer {token}");
+    let create = r#"{"name": "csrf", "size_bytes": 1048576, "policy": "non-critical"}"#;
+
+    // What a web page the operator opens could send: a "simple" cross-origin POST
+    // (text/plain, no custom header) — refused, and nothing is created.
+    let (status, body) = raw_http(
+        addr,
+        &format!(
+            "POST /v1/volumes HTTP/1.1\r\n{host}\r\nOrigin: http://evil.example\r\nContent-Type: text/plain"
+        ),
+        create,
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    // Without the token, even from the right host and with JSON.
+    let (status, body) = raw_http(
+        addr,
+        &format!("POST /v1/volumes HTTP/1.1\r\n{host}\r\nContent-Type: application/json"),
+        create,
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("admin-token"), "{body}");
+    let (status, _) = raw_http(addr, &format!("GET /metrics HTTP/1.1\r\n{host}"), "").await;
+    assert_eq!(status, 401, "metrics need the token too");
+    // A wrong token.
+    let (status, _) = raw_http(
+        addr,
+        &format!(
+            "GET /v1/volumes HTTP/1.1\r\n{host}\r\nAuthorization: Bearer {}",
+            "0".repeat(64)
+        ),
+        "",
+    )
+    .await;
+    assert_eq!(status, 401);
+    // With the token: a foreign Origin, a foreign Host (DNS rebinding), text/plain.
+    let (status, body) = raw_http(
+        addr,
+        &format!("GET /v1/volumes HTTP/1.1\r\n{host}\r\n{auth}\r\nOrigin: https://evil.example"),
+        "",
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = raw_http(
+        addr,
+        &format!(
+            "GET /v1/volumes HTTP/1.1\r\nHost: rebind.evil.example:{}\r\n{auth}",
+            addr.port()
+        ),
+        "",
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = raw_http(
+        addr,
+        &format!("POST /v1/volumes HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Type: text/plain"),
+        create,
+    )
+    .await;
+    assert_eq!(status, 415, "{body}");
+    let admin = server.admin_client();
+    assert!(
+        admin
+            .list_volumes()
+            .await
+            .unwrap()
+            .iter()
+            .all(|v| v.name != "csrf"),
+        "a refused request created a volume"
+    );
+    // The same request done right; a same-origin browser request passes too.
+    let (status, body) = raw_http(
+        addr,
+        &format!(
+            "POST /v1/volumes HTTP/1.1\r\n{host}\r\n{auth}\r\nOrigin: http://{addr}\r\nContent-Type: application/json"
+        ),
+        create,
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, _) = raw_http(
+        addr,
+        &format!(
+            "GET /metrics HTTP/1.1\r\nHost: localhost:{}\r\n{auth}",
+            addr.port()
+        ),
+        "",
+    )
+    .await;
+    assert_eq!(status, 200);
+    // The client without a token is refused.
+    let e = weir_server::admin::Client::new(addr)
+        .list_volumes()
+        .await
+        .unwrap_err();
+    assert_eq!(status_of(e), 401);
+    // The token survives a restart.
+    server.shutdown().await.unwrap();
+    let server = common::start(dir.path()).await;
+    assert_eq!(server.admin_token(), token);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_errors_carry_no_absolute_paths() {
+    let dir = common::TempDir::new("admin-paths");
+    let server = common::start(dir.path()).await;
+    let admin = server.admin_client();
+    // A directory where the metadata's temporary file goes: every change that
+    // persists fails with an I/O error naming that path (root included).
+    let blocker = dir.path().join("weir-meta.json.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    match admin
+        .create_policy(&Policy::best_effort("blocked"))
+        .await
+        .unwrap_err()
+    {
+        ClientError::Api { status, message } => {
+            assert_eq!(status, 500, "{message}");
+            let data = dir.path().display().to_string();
+            assert!(!message.contains(&data), "{message}");
+            assert!(
+                !message.contains("/tmp") && !message.contains("weir-meta.json.tmp/"),
+                "{message}"
+            );
+            assert!(
+                message.contains("<data_dir>/weir-meta.json.tmp"),
+                "{message}"
+            );
+        }
+        other => panic!("{other}"),
+    }
+    std::fs::remove_dir(&blocker).unwrap();
+    admin
+        .create_policy(&Policy::best_effort("unblocked"))
+        .await
+        .unwrap();
+    server.shutdown().await.unwrap();
 }

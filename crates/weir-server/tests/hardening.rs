@@ -196,10 +196,7 @@ async fn clients_over_a_connection_cap_are_refused_with_the_reason() {
         }
     };
     c.write(0, b"served", false).await.unwrap().unwrap();
-    let metrics = weir_server::admin::Client::new(server.admin_addr())
-        .metrics()
-        .await
-        .unwrap();
+    let metrics = server.admin_client().metrics().await.unwrap();
     assert!(metrics.contains("weir_connections 3\n"), "{metrics}");
     assert!(metrics.contains("weir_connections_max 3\n"), "{metrics}");
     let refused: u64 = metrics
@@ -379,7 +376,7 @@ async fn files_are_private_and_metadata_is_not_rewritten_at_start() {
     let data = dir.join("data");
     let config = || common::config_from(common::TEST_CONFIG, &data);
     let server = weir_server::RunningServer::start(config()).await.unwrap();
-    let admin = weir_server::admin::Client::new(server.admin_addr());
+    let admin = server.admin_client();
     admin
         .create_volume(&weir_server::VolumeCreate {
             name: "later".into(),
@@ -461,7 +458,7 @@ async fn control_characters_and_unenforceable_policies_are_refused() {
         "{e}"
     );
     let (_dir, server) = common::start_with("refuse", common::TEST_CONFIG).await;
-    let admin = weir_server::admin::Client::new(server.admin_addr());
+    let admin = server.admin_client();
     let change = weir_server::VolumeUpdate {
         description: Some("bell\u{7}".into()),
         ..Default::default()

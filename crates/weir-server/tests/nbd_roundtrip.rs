@@ -263,7 +263,7 @@ async fn iops_limit_holds_requests_back_and_set_policy_applies_live() {
         "limit not enforced: {limited:?}"
     );
     // Lift the limit through the admin API while requests are queued.
-    let admin = weir_server::admin::Client::new(server.admin_addr());
+    let admin = server.admin_client();
     let handles: Vec<u64> = (0..200)
         .map(|i| c.session().read((i % 256) * 4096, 4096))
         .collect();

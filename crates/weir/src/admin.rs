@@ -3,10 +3,13 @@
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use weir_qos::{Policy, ServiceLevel, Shares};
 use weir_report::{Column, Table};
-use weir_server::admin::{Client, ClientError};
+use weir_server::admin::{Client, ClientError, CloneRequest};
+use weir_server::admin_auth::{TOKEN_ENV, read_token_file, token_path};
 use weir_server::config::AccessGroupConfig;
+use weir_server::thin::SnapshotRecord;
 use weir_server::{VolumeCreate, parse_size};
 
 /// Where the admin API listens unless `--admin` says otherwise.
@@ -20,6 +23,49 @@ pub struct AdminTarget {
     /// Print JSON instead of tables
     #[arg(long, global = true)]
     json: bool,
+    /// File holding the admin token (default: $WEIR_ADMIN_TOKEN, else the admin-token file of
+    /// --data-dir)
+    #[arg(long, global = true, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// The server's data directory, whose admin-token file the CLI reads (default: the
+    /// server's default, $XDG_DATA_HOME/weir or ~/.local/share/weir)
+    #[arg(long, global = true, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+/// Where the token comes from: `--admin-token-file`, `$WEIR_ADMIN_TOKEN`, or the
+/// `admin-token` file of `--data-dir` (default: the server's default data directory).
+fn admin_client(target: &AdminTarget) -> Result<Client> {
+    let client = Client::new(target.admin);
+    if let Some(file) = &target.admin_token_file {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("--admin-token-file {}", file.display()))?;
+        let token = text.trim();
+        if token.is_empty() {
+            bail!("--admin-token-file {} is empty", file.display());
+        }
+        return Ok(client.with_token(token));
+    }
+    if let Some(token) = std::env::var(TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+    {
+        return Ok(client.with_token(token.trim()));
+    }
+    let dir = target
+        .data_dir
+        .clone()
+        .unwrap_or_else(weir_server::config::default_data_dir);
+    match read_token_file(&dir) {
+        Ok(token) => Ok(client.with_token(token)),
+        // Explicitly named: say why it cannot be read.
+        Err(e) if target.data_dir.is_some() => Err(anyhow::anyhow!(
+            "reading the admin token {}: {e}",
+            token_path(&dir).display()
+        )),
+        // The server may run elsewhere: try without (a refusal explains itself).
+        Err(_) => Ok(client),
+    }
 }
 
 #[derive(Subcommand)]
@@ -37,6 +83,10 @@ pub enum VolumeCommand {
         /// Hosts allowed to see and open it: addresses or CIDRs, comma-separated (default: any)
         #[arg(long, value_delimiter = ',')]
         hosts: Vec<String>,
+        /// TLS client identities (certificate subject CNs) it also requires, comma-separated
+        /// (the server needs tls_client_ca); without --hosts, from any host
+        #[arg(long, value_delimiter = ',')]
+        identities: Vec<String>,
         /// Pool (default: the server's first pool)
         #[arg(long)]
         pool: Option<String>,
@@ -64,6 +114,60 @@ pub enum VolumeCommand {
         #[arg(long, value_name = "SECONDS")]
         interval: Option<f64>,
     },
+    /// Take a snapshot of a thin volume (read-only, exported as VOLUME@SNAPSHOT)
+    Snapshot {
+        /// A volume in a pool with format = "thin"
+        volume: String,
+        /// The snapshot's name
+        snapshot: String,
+    },
+    /// List snapshots (of one volume, or of all)
+    Snapshots { volume: Option<String> },
+    /// Delete a snapshot (refused while linked clones read from it)
+    DeleteSnapshot { volume: String, snapshot: String },
+    /// Return a volume to a snapshot (writes since the snapshot are lost)
+    Rollback { volume: String, snapshot: String },
+    /// Create linked clones of a snapshot (writable volumes sharing its data)
+    Clone {
+        /// The snapshot, as VOLUME@SNAPSHOT
+        source: String,
+        /// The clone's name; with --count, the prefix of NAME-1 … NAME-N
+        name: String,
+        /// How many clones (named NAME-1 … NAME-N, zero-padded)
+        #[arg(long)]
+        count: Option<u32>,
+        /// Policy (default: the source volume's)
+        #[arg(long)]
+        policy: Option<String>,
+    },
+    /// Copy what a clone reads from its snapshot into it (it becomes independent)
+    Flatten { volume: String },
+    /// Verify every thin pool's maps, files and references
+    Check,
+    /// Replicate a thin volume to an NBD target: each cycle snapshots it and
+    /// ships only the grains changed since the last replicated snapshot
+    #[command(group(clap::ArgGroup::new("mode").required(true).args(["every", "once", "stop"])))]
+    Replicate {
+        /// A volume in a pool with format = "thin"
+        name: String,
+        /// nbd://HOST[:PORT]/EXPORT (another weir serve, nbdkit, qemu-nbd; at least the volume's size)
+        #[arg(long, value_name = "URL", required_unless_present = "stop")]
+        to: Option<String>,
+        /// A cycle this often: 30s, 5m, 1h30m (again with the same --to: a new interval)
+        #[arg(long, value_name = "DURATION")]
+        every: Option<String>,
+        /// One cycle now, waiting for it (the first is a full copy, later ones ship changes)
+        #[arg(long)]
+        once: bool,
+        /// With --once: return without waiting for the cycle
+        #[arg(long, requires = "once")]
+        no_wait: bool,
+        /// Stop replicating (the target keeps the last replicated snapshot's copy)
+        #[arg(long, conflicts_with_all = ["to", "every", "once"])]
+        stop: bool,
+    },
+    /// Replications: target, lag (RPO), last cycle (of one volume, or all)
+    Replications { volume: Option<String> },
 }
 
 #[derive(Subcommand)]
@@ -138,11 +242,16 @@ fn opt(v: Option<f64>) -> String {
 }
 
 /// Turns an admin client error into what a person needs to read.
-fn explain(e: ClientError) -> anyhow::Error {
+pub(crate) fn explain(e: ClientError) -> anyhow::Error {
     match e {
         ClientError::Connect { .. } => {
             anyhow::anyhow!("{e} (is `weir serve` running? --admin ADDR picks another address)")
         }
+        ClientError::Api { status: 401, .. } => anyhow::anyhow!(
+            "the admin API refused the token (or its absence): run the CLI where it can read the server's \
+             data directory (--data-dir DIR if not the default), or give --admin-token-file FILE or \
+             ${TOKEN_ENV}"
+        ),
         ClientError::Api { message, .. } => anyhow::anyhow!(message),
         ClientError::Protocol(_) => anyhow::anyhow!(e),
     }
@@ -178,6 +287,62 @@ fn show_volumes(json: bool, volumes: &[weir_server::VolumeRecord]) -> Result<()>
     }
 }
 
+/// `NAME`, or `NAME-1` … `NAME-N` zero-padded to N's width.
+fn clone_names(name: &str, count: Option<u32>) -> Result<Vec<String>> {
+    match count {
+        None => Ok(vec![name.to_string()]),
+        Some(0) => bail!("--count must be at least 1"),
+        Some(n) => {
+            let width = n.to_string().len();
+            Ok((1..=n).map(|i| format!("{name}-{i:0width$}")).collect())
+        }
+    }
+}
+
+fn show_snapshots(json: bool, snaps: &[SnapshotRecord]) -> Result<()> {
+    if json {
+        return print_json(&snaps);
+    }
+    let mut table = Table::new(vec![
+        Column::left("snapshot"),
+        Column::right("size"),
+        Column::right("taken (unix s)"),
+    ]);
+    for s in snaps {
+        table.add_row([
+            s.export_name(),
+            human_size(s.size_bytes),
+            s.created_unix_s.to_string(),
+        ]);
+    }
+    print!("{table}");
+    Ok(())
+}
+
+fn print_check(pools: &[weir_server::store::ThinPoolCheck]) {
+    if pools.is_empty() {
+        println!("no thin pools");
+    }
+    for p in pools {
+        println!(
+            "pool {}: {} layers, {} grains stored, {} zero grains, {} orphan files, {}",
+            p.pool,
+            p.layers,
+            p.stored_grains,
+            p.zero_grains,
+            p.orphan_files.len(),
+            if p.problems.is_empty() {
+                "consistent".to_string()
+            } else {
+                format!("{} problems", p.problems.len())
+            }
+        );
+        for problem in &p.problems {
+            println!("  problem: {problem}");
+        }
+    }
+}
+
 fn volume_table(volumes: &[weir_server::VolumeRecord]) -> Table {
     let mut table = Table::new(vec![
         Column::left("volume"),
@@ -207,7 +372,7 @@ fn volume_table(volumes: &[weir_server::VolumeRecord]) -> Table {
 }
 
 pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
-    let client = Client::new(target.admin);
+    let client = admin_client(&target)?;
     runtime()?.block_on(async {
         match command {
             VolumeCommand::Create {
@@ -215,6 +380,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 size,
                 policy,
                 hosts,
+                identities,
                 pool,
                 read_only,
             } => {
@@ -222,12 +388,18 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     .map_err(anyhow::Error::msg)
                     .context("--size")?;
                 let mut access_groups = Vec::new();
-                if !hosts.is_empty() {
+                if !hosts.is_empty() || !identities.is_empty() {
                     let group = format!("{name}-hosts");
+                    let hosts = if hosts.is_empty() {
+                        vec!["*".to_string()]
+                    } else {
+                        hosts
+                    };
                     client
                         .put_access_group(&AccessGroupConfig {
                             name: group.clone(),
                             hosts,
+                            identities,
                         })
                         .await
                         .map_err(explain)?;
@@ -271,6 +443,95 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     println!("deleted volume {}", v.name);
                     Ok(())
                 }
+            }
+            VolumeCommand::Snapshot { volume, snapshot } => {
+                let s = client.snapshot(&volume, &snapshot).await.map_err(explain)?;
+                show_snapshots(target.json, &[s])
+            }
+            VolumeCommand::Snapshots { volume } => {
+                let s = client.snapshots(volume.as_deref()).await.map_err(explain)?;
+                show_snapshots(target.json, &s)
+            }
+            VolumeCommand::DeleteSnapshot { volume, snapshot } => {
+                let s = client
+                    .delete_snapshot(&volume, &snapshot)
+                    .await
+                    .map_err(explain)?;
+                if target.json {
+                    print_json(&s)
+                } else {
+                    println!("deleted snapshot {}", s.export_name());
+                    Ok(())
+                }
+            }
+            VolumeCommand::Rollback { volume, snapshot } => {
+                let v = client.rollback(&volume, &snapshot).await.map_err(explain)?;
+                show_volume(target.json, v)
+            }
+            VolumeCommand::Clone {
+                source,
+                name,
+                count,
+                policy,
+            } => {
+                let Some((volume, snapshot)) = source.split_once('@') else {
+                    bail!("the source must be VOLUME@SNAPSHOT, not {source:?}");
+                };
+                let names = clone_names(&name, count)?;
+                let req = CloneRequest { names, policy };
+                let vs = client
+                    .clone_snapshot(volume, snapshot, &req)
+                    .await
+                    .map_err(explain)?;
+                if target.json || vs.len() <= 20 {
+                    show_volumes(target.json, &vs)
+                } else {
+                    println!(
+                        "created {} clones of {source}: {} … {}",
+                        vs.len(),
+                        vs[0].name,
+                        vs[vs.len() - 1].name
+                    );
+                    Ok(())
+                }
+            }
+            VolumeCommand::Flatten { volume } => {
+                let v = client.flatten(&volume).await.map_err(explain)?;
+                show_volume(target.json, v)
+            }
+            VolumeCommand::Check => {
+                let pools = client.check().await.map_err(explain)?;
+                let bad = pools.iter().any(|p| !p.problems.is_empty());
+                if target.json {
+                    print_json(&pools)?;
+                } else {
+                    print_check(&pools);
+                }
+                if bad {
+                    bail!("thin pool check found problems");
+                }
+                Ok(())
+            }
+            VolumeCommand::Replicate {
+                name,
+                to,
+                every,
+                once,
+                no_wait,
+                stop,
+            } => {
+                let r = crate::replicate::Replicate {
+                    name,
+                    to,
+                    every,
+                    once,
+                    no_wait,
+                    stop,
+                };
+                crate::replicate::replicate(&client, target.json, r).await
+            }
+            VolumeCommand::Replications { volume } => {
+                crate::replicate::list(&client, target.json, volume.as_deref()).await
             }
             VolumeCommand::SetPolicy { name, policy } => {
                 let v = client
@@ -347,6 +608,13 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                         stats.pool.in_flight, stats.pool.depth_limit, stats.pool.max_in_flight
                     ),
                 ]);
+                for row in stats
+                    .replication
+                    .iter()
+                    .flat_map(crate::replicate::stats_rows)
+                {
+                    table.add_row(row);
+                }
                 print!("{table}");
                 Ok(())
             }
@@ -404,7 +672,7 @@ fn policy_table(policies: &[Policy]) -> Table {
 }
 
 pub fn policy(target: AdminTarget, command: PolicyCommand) -> Result<()> {
-    let client = Client::new(target.admin);
+    let client = admin_client(&target)?;
     runtime()?.block_on(async {
         let shown = match command {
             PolicyCommand::Create {

@@ -11,6 +11,7 @@
 
 mod admin;
 mod load;
+mod replicate;
 mod serve;
 mod sim;
 

@@ -4,6 +4,7 @@ use anyhow::{Context, Result};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use weir_server::WeirConfig;
+use weir_server::config::TlsMode;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -21,6 +22,18 @@ pub struct ServeArgs {
     /// Admin API listen address; overrides the config's (default 127.0.0.1:10810)
     #[arg(long, value_name = "ADDR")]
     admin_listen: Option<SocketAddr>,
+    /// NBD over TLS: off, on (offered) or require; overrides the config's `tls`
+    #[arg(long, value_name = "MODE", value_parser = TlsMode::parse)]
+    tls: Option<TlsMode>,
+    /// PEM server certificate (chain); overrides `tls_cert`
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of the certificate; overrides `tls_key`
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA whose client certificates are accepted (subject CN = identity); overrides `tls_client_ca`
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -37,6 +50,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(addr) = args.admin_listen {
         config.admin_listen = addr;
     }
+    if let Some(mode) = args.tls {
+        config.tls = mode;
+    }
+    if let Some(path) = args.tls_cert {
+        config.tls_cert = Some(path);
+    }
+    if let Some(path) = args.tls_key {
+        config.tls_key = Some(path);
+    }
+    if let Some(path) = args.tls_client_ca {
+        config.tls_client_ca = Some(path);
+    }
+    config
+        .check_tls()
+        .map_err(|(_, message)| anyhow::anyhow!(message))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.worker_threads())
         .enable_all()
@@ -47,31 +75,48 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let mut signals = weir_server::server::StopSignals::install()
             .context("installing the SIGINT/SIGTERM handlers")?;
         let data_dir = config.data_dir.clone();
+        let scheme = if config.tls == TlsMode::Off {
+            "nbd"
+        } else {
+            "nbds"
+        };
         // Through a vtable: the server's futures are compiled in weir-server at full
         // optimisation, not here (this crate is built at opt-level 0).
         let server = weir_server::start_boxed(config).await?;
         let nbd = server.nbd_addr();
-        let admin = weir_server::admin::Client::new(server.admin_addr());
+        let admin = weir_server::admin::Client::new(server.admin_addr())
+            .with_token(server.admin_token());
         let volumes = admin.list_volumes().await.unwrap_or_default();
         println!(
             "weir serving NBD on {nbd}, admin API on http://{}",
             server.admin_addr()
         );
         println!("data directory: {}", data_dir.display());
+        println!(
+            "admin token: {} (the weir CLI reads it; or WEIR_ADMIN_TOKEN)",
+            weir_server::admin_auth::token_path(&data_dir).display()
+        );
         if !volumes.is_empty() {
             println!("volumes:");
             for v in &volumes {
                 println!(
-                    "  nbd://{nbd}/{:<16} {:>10}  {}",
+                    "  {scheme}://{nbd}/{:<16} {:>10}  {}",
                     v.name,
                     crate::admin::human_size(v.size_bytes),
                     v.policy
                 );
             }
-            println!(
-                "try: nbdinfo nbd://{nbd}/{}   or   qemu-img info nbd://{nbd}/{}",
-                volumes[0].name, volumes[0].name
-            );
+            if scheme == "nbd" {
+                println!(
+                    "try: nbdinfo nbd://{nbd}/{}   or   qemu-img info nbd://{nbd}/{}",
+                    volumes[0].name, volumes[0].name
+                );
+            } else {
+                println!(
+                    "try: nbdinfo 'nbds://{nbd}/{}?tls-certificates=DIR' (DIR: ca-cert.pem, client-cert.pem, client-key.pem)",
+                    volumes[0].name
+                );
+            }
         }
         println!("Ctrl-C (or SIGTERM) stops cleanly.");
         signals.recv().await;

@@ -229,7 +229,7 @@ fn a_flood_of_idle_connections_leaves_room_for_others_and_the_log_small() {
         assert!(cpu < 0.3, "the server spins: {cpu:.2} CPU s in 1 s");
         assert_eq!(served, Ok(true));
         assert!(took < Duration::from_secs(1), "{took:?}");
-        let admin = weir_server::admin::Client::new(proc.admin_addr);
+        let admin = proc.admin_client();
         let t = Instant::now();
         let metrics = admin.metrics().await.unwrap();
         assert!(t.elapsed() < Duration::from_secs(1), "admin API: {:?}", t.elapsed());
@@ -462,11 +462,10 @@ struct Probes {
 
 async fn probe_until(
     addr: SocketAddr,
-    admin: SocketAddr,
+    admin: weir_server::admin::Client,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Probes {
     let me = IpAddr::from([127, 0, 0, 2]);
-    let admin = weir_server::admin::Client::new(admin);
     let mut p = Probes::default();
     while !*stop.borrow() {
         let (r, took) = well_behaved(me, addr, "v").await;
@@ -548,7 +547,7 @@ fn bench_idle_flood() {
         .collect();
     let rt = runtime();
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let during = rt.spawn(probe_until(addr, proc.admin_addr, stopped));
+    let during = rt.spawn(probe_until(addr, proc.admin_client(), stopped));
     let cpu0 = cpu_seconds(pid);
     let t0 = Instant::now();
     let mut helpers = start_flood(addr, &hosts, total);
@@ -558,7 +557,7 @@ fn bench_idle_flood() {
     let during = rt.block_on(during).unwrap();
     let (cpu1, t1) = (cpu_seconds(pid), Instant::now());
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let after = rt.spawn(probe_until(addr, proc.admin_addr, stopped));
+    let after = rt.spawn(probe_until(addr, proc.admin_client(), stopped));
     std::thread::sleep(Duration::from_secs_f64(steady));
     let _ = stop.send(true);
     let after = rt.block_on(after).unwrap();

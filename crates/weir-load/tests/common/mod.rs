@@ -150,6 +150,8 @@ fn serve(
         match ev {
             Some(HandshakeEvent::ExportChosen(info)) => break info,
             Some(HandshakeEvent::Aborted) => return Ok(()),
+            // Its handshake has TLS off: STARTTLS is refused, never acknowledged.
+            Some(HandshakeEvent::StartTls) => unreachable!("TLS is off"),
             None => {}
         }
     };

@@ -48,6 +48,8 @@ pub struct WeirProcess {
     pub child: Child,
     pub nbd_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The admin API's token (from `data/admin-token`).
+    pub admin_token: String,
     pub stdout: mpsc::Receiver<String>,
 }
 
@@ -64,7 +66,12 @@ impl WeirProcess {
     /// Writes `config` (listeners are forced to ephemeral loopback ports) into
     /// `dir/weir.toml` and starts `weir serve` on `dir/data`.
     pub fn start(dir: &Path, config: &str) -> WeirProcess {
-        Self::spawn(dir, config, Command::new(env!("CARGO_BIN_EXE_weir")))
+        Self::start_on(dir, config, &dir.join("data"))
+    }
+
+    /// As [`WeirProcess::start`], with the data directory `data`.
+    pub fn start_on(dir: &Path, config: &str, data: &Path) -> WeirProcess {
+        Self::spawn(dir, config, Command::new(env!("CARGO_BIN_EXE_weir")), data)
     }
 
     /// As [`WeirProcess::start`], through `sh -c script weir serve …`: the script
@@ -74,10 +81,10 @@ impl WeirProcess {
     pub fn start_with(dir: &Path, config: &str, script: &str) -> WeirProcess {
         let mut cmd = Command::new("sh");
         cmd.arg("-c").arg(script).arg(weir_bin());
-        Self::spawn(dir, config, cmd)
+        Self::spawn(dir, config, cmd, &dir.join("data"))
     }
 
-    fn spawn(dir: &Path, config: &str, mut cmd: Command) -> WeirProcess {
+    fn spawn(dir: &Path, config: &str, mut cmd: Command, data: &Path) -> WeirProcess {
         let config_path = dir.join("weir.toml");
         let text = format!("listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{config}");
         std::fs::write(&config_path, text).unwrap();
@@ -91,7 +98,7 @@ impl WeirProcess {
             .arg("--config")
             .arg(&config_path)
             .arg("--data-dir")
-            .arg(dir.join("data"))
+            .arg(data)
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -120,12 +127,20 @@ impl WeirProcess {
             nbd_addr = nbd_addr.or_else(|| addr_after(&line, "NBD on "));
             admin_addr = admin_addr.or_else(|| addr_after(&line, "http://"));
         }
+        let admin_token = weir_server::admin_auth::read_token_file(data)
+            .expect("weir serve wrote its admin token");
         WeirProcess {
             child,
             nbd_addr: nbd_addr.unwrap(),
             admin_addr: admin_addr.unwrap(),
+            admin_token,
             stdout: rx,
         }
+    }
+
+    /// An admin API client with the server's token.
+    pub fn admin_client(&self) -> weir_server::admin::Client {
+        weir_server::admin::Client::new(self.admin_addr).with_token(self.admin_token.clone())
     }
 
     /// SIGKILL, then reap.

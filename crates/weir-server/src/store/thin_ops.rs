@@ -1,0 +1,670 @@
+//! The volume store's thin operations: create, delete and resize of thin
+//! volumes, snapshots (take, list, delete), rollback, linked clones, flatten, and
+//! the consistency check. Each changes the catalog in memory, persists it once,
+//! and only then lets I/O see the new layers (or removes files nothing uses).
+
+use std::io;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use weir_thin::check::{LayerInfo, check};
+use weir_thin::{Chain, Layer, merge_into};
+
+use super::*;
+use crate::thin::{LayerRecord, SnapshotRecord};
+
+fn store_io(e: StoreError) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+fn now_unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// One thin pool's check.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ThinPoolCheck {
+    pub pool: String,
+    pub layers: usize,
+    pub stored_grains: u64,
+    pub zero_grains: u64,
+    pub orphan_files: Vec<String>,
+    pub problems: Vec<String>,
+}
+
+/// Space of one thin volume.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ThinSpace {
+    pub pool: String,
+    pub volume: String,
+    /// Bytes stored in the volume's own top layer.
+    pub exclusive_bytes: u64,
+}
+
+impl VolumeStore {
+    pub(super) fn thin_dir_of(&self, pool: &str) -> PathBuf {
+        thin_dir(&self.pool_dir(pool))
+    }
+
+    pub(super) fn thin_volume(&self, name: &str) -> Result<Arc<ThinVolume>, StoreError> {
+        self.open
+            .get(name)
+            .and_then(|o| o.thin.clone())
+            .ok_or_else(|| StoreError::NotFound(format!("no open thin volume named {name:?}")))
+    }
+
+    /// The volume `name` if it is thin, with its top layer.
+    pub(super) fn thin_record(&self, name: &str) -> Result<(VolumeRecord, u64), StoreError> {
+        let v = self.volume(name)?;
+        match v.layer {
+            Some(top) => Ok((v, top)),
+            None => Err(StoreError::Invalid(format!(
+                "volume {name:?} is in pool {:?}, whose format is \"file\": snapshots and \
+                 clones need a pool with format = \"thin\"",
+                v.pool
+            ))),
+        }
+    }
+
+    pub(super) fn open_chain(&mut self, pool: &str, top: u64) -> Result<Chain, StoreError> {
+        let dir = self.thin_dir_of(pool);
+        create_dirs(&dir).map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
+        self.thin
+            .chain(&self.meta.thin, &dir, top)
+            .map_err(|e| io_err(format!("opening layer {top} of pool {pool:?}"), e))
+    }
+
+    pub(super) fn open_thin(
+        &mut self,
+        r: &VolumeRecord,
+        top: u64,
+    ) -> Result<Arc<OpenVolume>, StoreError> {
+        let chain = self.open_chain(&r.pool, top)?;
+        let volume = Arc::new(ThinVolume::new(
+            chain,
+            r.size_bytes,
+            true,
+            self.thin.cache(&r.pool),
+        ));
+        Ok(Arc::new(OpenVolume {
+            id: VolumeId(r.id),
+            name: r.name.clone(),
+            pool: r.pool.clone(),
+            backend: Arc::new(ThinBackend {
+                volume: volume.clone(),
+            }),
+            thin: Some(volume),
+            deleted: AtomicBool::new(false),
+        }))
+    }
+
+    /// Opens a snapshot's read-only export (`volume@snapshot`).
+    pub(super) fn open_snapshot(&mut self, s: &SnapshotRecord) -> Result<(), StoreError> {
+        let v = self.volume(&s.volume)?;
+        let chain = self.open_chain(&v.pool, s.layer)?;
+        chain.top().freeze();
+        let volume = Arc::new(ThinVolume::new(
+            chain,
+            s.size_bytes,
+            false,
+            self.thin.cache(&v.pool),
+        ));
+        let name = s.export_name();
+        self.open.insert(
+            name.clone(),
+            Arc::new(OpenVolume {
+                id: VolumeId(v.id),
+                name,
+                pool: v.pool,
+                backend: Arc::new(ThinBackend {
+                    volume: volume.clone(),
+                }),
+                thin: Some(volume),
+                deleted: AtomicBool::new(false),
+            }),
+        );
+        Ok(())
+    }
+
+    /// A snapshot as an export: its volume's access groups and policy, read-only.
+    pub(super) fn snapshot_export(
+        &self,
+        volume: &str,
+        snap: &str,
+    ) -> Result<VolumeRecord, StoreError> {
+        let s =
+            self.meta.thin.snapshot(volume, snap).ok_or_else(|| {
+                StoreError::NotFound(format!("no snapshot named {volume}@{snap}"))
+            })?;
+        let v = self.volume(volume)?;
+        Ok(VolumeRecord {
+            name: s.export_name(),
+            size_bytes: s.size_bytes,
+            read_only: true,
+            description: format!("snapshot {:?} of volume {volume:?}", s.name),
+            layer: None,
+            origin: None,
+            ..v
+        })
+    }
+
+    /// Drops layers nothing references from the catalog (not yet persisted).
+    pub(super) fn collect_layers(&mut self) -> Result<Vec<LayerRecord>, StoreError> {
+        let tops: Vec<u64> = self.meta.volumes.iter().filter_map(|r| r.layer).collect();
+        Ok(self.meta.thin.collect_garbage(&tops))
+    }
+
+    /// Removes the files of layers already dropped from the persisted catalog.
+    pub(super) fn remove_layer_files(&mut self, removed: &[LayerRecord]) {
+        for l in removed {
+            self.thin.forget(l.id);
+            let dir = self.thin_dir_of(&l.pool);
+            if let Err(e) = Layer::remove_files(&dir, l.id) {
+                tracing::warn!("removing layer {} of pool {:?}: {e}", l.id, l.pool);
+            }
+        }
+    }
+
+    /// Removes layer files the catalog does not know (a crash between a catalog
+    /// update and the removal of the files it freed).
+    pub(super) fn remove_orphan_layers(&self) {
+        for p in self.pools.iter().filter(|p| p.format == PoolFormat::Thin) {
+            let dir = self.thin_dir_of(&p.name);
+            let known = self.meta.thin.layers.iter().map(|l| l.id).collect();
+            for f in weir_thin::check::orphans(&dir, &known) {
+                tracing::info!("pool {:?}: removing orphan layer file {f}", p.name);
+                let _ = std::fs::remove_file(dir.join(f));
+            }
+        }
+    }
+
+    /// Sets every open thin volume's chain from the catalog (after a merge).
+    fn rebuild_chains(&mut self) -> Result<(), StoreError> {
+        let mut tops: Vec<(String, String, u64)> = Vec::new();
+        for r in &self.meta.volumes {
+            if let Some(t) = r.layer {
+                tops.push((r.name.clone(), r.pool.clone(), t));
+            }
+        }
+        for s in &self.meta.thin.snapshots {
+            let pool = self.volume(&s.volume)?.pool;
+            tops.push((s.export_name(), pool, s.layer));
+        }
+        for (name, pool, top) in tops {
+            let chain = self.open_chain(&pool, top)?;
+            if let Ok(v) = self.thin_volume(&name) {
+                v.set_chain(chain);
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn create_thin(
+        &mut self,
+        mut record: VolumeRecord,
+    ) -> Result<VolumeRecord, StoreError> {
+        let before = self.meta.clone();
+        let top = self
+            .meta
+            .thin
+            .new_layer(&record.pool, None, record.size_bytes);
+        record.layer = Some(top);
+        self.meta.next_volume_id += 1;
+        self.meta.volumes.push(record.clone());
+        let opened = self
+            .open_thin(&record, top)
+            .and_then(|v| self.persist().map(|()| v));
+        match opened {
+            Ok(v) => {
+                self.open.insert(record.name.clone(), v);
+            }
+            Err(e) => {
+                self.meta = before;
+                self.thin.forget(top);
+                return Err(e);
+            }
+        }
+        Ok(record)
+    }
+
+    pub(super) fn delete_thin(
+        &mut self,
+        record: VolumeRecord,
+    ) -> Result<(VolumeRecord, Option<Arc<OpenVolume>>), StoreError> {
+        let snaps: Vec<String> = self
+            .meta
+            .thin
+            .snapshots
+            .iter()
+            .filter(|s| s.volume == record.name)
+            .map(|s| s.export_name())
+            .collect();
+        if !snaps.is_empty() {
+            return Err(StoreError::Conflict(format!(
+                "volume {:?} has snapshots {snaps:?}: delete them first",
+                record.name
+            )));
+        }
+        let before = self.meta.clone();
+        self.meta.volumes.retain(|r| r.name != record.name);
+        let removed = self.collect_layers()?;
+        if let Err(e) = self.persist() {
+            self.meta = before;
+            return Err(e);
+        }
+        let open = self.open.remove(&record.name);
+        if let Some(v) = &open {
+            v.deleted.store(true, Ordering::Release);
+        }
+        self.remove_layer_files(&removed);
+        Ok((record, open))
+    }
+
+    pub(super) fn resize_thin(
+        &mut self,
+        record: VolumeRecord,
+        size: u64,
+    ) -> Result<VolumeRecord, StoreError> {
+        let top = record.layer.expect("thin");
+        let volume = self.thin_volume(&record.name)?;
+        let before = self.meta.clone();
+        for l in self.meta.thin.layers.iter_mut().filter(|l| l.id == top) {
+            l.size_bytes = size;
+        }
+        let r = self.update(&record.name, |r| r.size_bytes = size);
+        if r.is_err() {
+            self.meta = before;
+            return r;
+        }
+        volume.resize(size);
+        r
+    }
+
+    /// Takes a snapshot of a thin volume: writes acknowledged before it are in it,
+    /// writes after are not (the volume's writes pause while it is recorded).
+    pub fn snapshot(&mut self, volume: &str, name: &str) -> Result<SnapshotRecord, StoreError> {
+        validate_name("snapshot", name).map_err(StoreError::Invalid)?;
+        let (v, top) = self.thin_record(volume)?;
+        if self.meta.thin.snapshot(volume, name).is_some() {
+            return Err(StoreError::Conflict(format!(
+                "snapshot {volume}@{name} already exists"
+            )));
+        }
+        let tv = self.thin_volume(volume)?;
+        let before = self.meta.clone();
+        let new_top = self.meta.thin.new_layer(&v.pool, Some(top), v.size_bytes);
+        let snap = SnapshotRecord {
+            volume: volume.to_string(),
+            name: name.to_string(),
+            layer: top,
+            size_bytes: v.size_bytes,
+            created_unix_s: now_unix_s(),
+        };
+        self.meta.thin.snapshots.push(snap.clone());
+        if let Some(r) = self.meta.volumes.iter_mut().find(|r| r.name == volume) {
+            r.layer = Some(new_top);
+        }
+        let dir = self.thin_dir_of(&v.pool);
+        let rec = self.meta.thin.layer(new_top).cloned().expect("just added");
+        let frozen = self
+            .thin
+            .layer(&dir, &rec)
+            .and_then(|layer| tv.freeze_top_with(layer, || self.persist().map_err(store_io)));
+        if let Err(e) = frozen {
+            self.meta = before;
+            self.thin.forget(new_top);
+            return Err(io_err(format!("snapshot {volume}@{name}"), e));
+        }
+        self.open_snapshot(&snap)?;
+        Ok(snap)
+    }
+
+    /// Snapshots of `volume`, or of every volume; oldest first.
+    pub fn snapshots(&self, volume: Option<&str>) -> Result<Vec<SnapshotRecord>, StoreError> {
+        if let Some(v) = volume {
+            self.volume(v)?;
+        }
+        Ok(self
+            .meta
+            .thin
+            .snapshots
+            .iter()
+            .filter(|s| volume.is_none_or(|v| s.volume == v))
+            .cloned()
+            .collect())
+    }
+
+    /// Volumes and snapshots that read through layer `id`.
+    fn dependents(&self, id: u64) -> Vec<String> {
+        let reads_through = |top: u64| self.meta.thin.lineage(top).contains(&id);
+        let vols = self
+            .meta
+            .volumes
+            .iter()
+            .filter(|r| r.layer.is_some_and(reads_through))
+            .map(|r| r.name.clone());
+        let snaps = self
+            .meta
+            .thin
+            .snapshots
+            .iter()
+            .filter(|s| s.layer != id && reads_through(s.layer))
+            .map(|s| s.export_name());
+        vols.chain(snaps).collect()
+    }
+
+    /// Deletes a snapshot. With one layer built on it (the volume's later state),
+    /// its grains that layer still reads are merged into it first; with several
+    /// (linked clones, or a rollback's new branch) it is refused.
+    pub fn delete_snapshot(
+        &mut self,
+        volume: &str,
+        name: &str,
+    ) -> Result<SnapshotRecord, StoreError> {
+        let s = self
+            .meta
+            .thin
+            .snapshot(volume, name)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(format!("no snapshot named {volume}@{name}")))?;
+        self.replication_hold(volume, name)?;
+        let children = self.meta.thin.children(s.layer);
+        if children.len() > 1 {
+            return Err(StoreError::Conflict(format!(
+                "snapshot {volume}@{name} has {} branches built on it (read by {:?}): delete or \
+                 flatten its clones first",
+                children.len(),
+                self.dependents(s.layer)
+            )));
+        }
+        let before = self.meta.clone();
+        self.meta.thin.snapshots.retain(|x| x != &s);
+        if let [child] = children[..] {
+            self.merge_down(&s, child)?;
+        }
+        let removed = self.collect_layers()?;
+        if let Err(e) = self.persist() {
+            self.meta = before;
+            return Err(e);
+        }
+        if let Some(v) = self.open.remove(&s.export_name()) {
+            v.deleted.store(true, Ordering::Release);
+        }
+        self.rebuild_chains()?;
+        self.remove_layer_files(&removed);
+        Ok(s)
+    }
+
+    /// Copies what `child` reads from the snapshot's layer into `child` and
+    /// makes `child` skip that layer (catalog change not yet persisted).
+    fn merge_down(&mut self, s: &SnapshotRecord, child: u64) -> Result<(), StoreError> {
+        let pool = self.volume(&s.volume)?.pool;
+        let dir = self.thin_dir_of(&pool);
+        let rec = |id| self.meta.thin.layer(id).cloned().expect("catalog layer");
+        let (parent_rec, child_rec) = (rec(s.layer), rec(child));
+        let parent = self
+            .thin
+            .layer(&dir, &parent_rec)
+            .map_err(|e| io_err("merge", e))?;
+        let below = self
+            .thin
+            .layer(&dir, &child_rec)
+            .map_err(|e| io_err("merge", e))?;
+        merge_into(&below, &parent)
+            .map_err(|e| io_err(format!("merging {}", s.export_name()), e))?;
+        for l in self.meta.thin.layers.iter_mut().filter(|l| l.id == child) {
+            l.parent = parent_rec.parent;
+        }
+        Ok(())
+    }
+
+    /// Returns a volume to a snapshot's content and size (writes since are gone).
+    pub fn rollback(&mut self, volume: &str, snapshot: &str) -> Result<VolumeRecord, StoreError> {
+        let (v, _) = self.thin_record(volume)?;
+        let s = self
+            .meta
+            .thin
+            .snapshot(volume, snapshot)
+            .cloned()
+            .ok_or_else(|| {
+                StoreError::NotFound(format!("no snapshot named {volume}@{snapshot}"))
+            })?;
+        let tv = self.thin_volume(volume)?;
+        let before = self.meta.clone();
+        let new_top = self
+            .meta
+            .thin
+            .new_layer(&v.pool, Some(s.layer), s.size_bytes);
+        for r in self.meta.volumes.iter_mut().filter(|r| r.name == volume) {
+            r.layer = Some(new_top);
+            r.size_bytes = s.size_bytes;
+        }
+        let removed = self.collect_layers()?;
+        let swapped = self.open_chain(&v.pool, new_top).and_then(|chain| {
+            tv.replace_with(chain, s.size_bytes, || self.persist().map_err(store_io))
+                .map_err(|e| io_err(format!("rollback of {volume:?}"), e))
+        });
+        if let Err(e) = swapped {
+            self.meta = before;
+            self.thin.forget(new_top);
+            return Err(e);
+        }
+        self.remove_layer_files(&removed);
+        self.volume(volume)
+    }
+
+    /// Linked clones of a snapshot: new writable volumes reading through it,
+    /// with the source volume's policy (unless `policy`) and access groups.
+    pub fn clone_snapshot(
+        &mut self,
+        volume: &str,
+        snapshot: &str,
+        names: &[String],
+        policy: Option<&str>,
+    ) -> Result<Vec<VolumeRecord>, StoreError> {
+        let s = self
+            .meta
+            .thin
+            .snapshot(volume, snapshot)
+            .cloned()
+            .ok_or_else(|| {
+                StoreError::NotFound(format!("no snapshot named {volume}@{snapshot}"))
+            })?;
+        let v = self.volume(volume)?;
+        let policy = match policy {
+            Some(p) => self.policy(p)?.name,
+            None => v.policy.clone(),
+        };
+        self.check_new_names(names)?;
+        let before = self.meta.clone();
+        let mut records = Vec::with_capacity(names.len());
+        for name in names {
+            let layer = self
+                .meta
+                .thin
+                .new_layer(&v.pool, Some(s.layer), s.size_bytes);
+            self.meta.next_volume_id += 1;
+            let r = VolumeRecord {
+                id: self.meta.next_volume_id,
+                name: name.clone(),
+                pool: v.pool.clone(),
+                size_bytes: s.size_bytes,
+                policy: policy.clone(),
+                access_groups: v.access_groups.clone(),
+                read_only: false,
+                description: String::new(),
+                layer: Some(layer),
+                origin: Some(s.export_name()),
+            };
+            self.meta.volumes.push(r.clone());
+            records.push(r);
+        }
+        if let Err(e) = self.persist() {
+            self.meta = before;
+            return Err(e);
+        }
+        for r in &records {
+            let opened = self.open_thin(r, r.layer.expect("thin"))?;
+            self.open.insert(r.name.clone(), opened);
+        }
+        Ok(records)
+    }
+
+    fn check_new_names(&self, names: &[String]) -> Result<(), StoreError> {
+        if names.is_empty() {
+            return Err(StoreError::Invalid("no clone names given".into()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for n in names {
+            validate_name("volume", n).map_err(StoreError::Invalid)?;
+            if !seen.insert(n) || self.meta.volumes.iter().any(|r| &r.name == n) {
+                return Err(StoreError::Conflict(format!("volume {n:?} already exists")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes a volume independent of every layer below its top (a clone of its
+    /// snapshot, its own snapshots): what it reads from them is copied into its top.
+    pub fn flatten(&mut self, volume: &str) -> Result<VolumeRecord, StoreError> {
+        let (v, top) = self.thin_record(volume)?;
+        let tv = self.thin_volume(volume)?;
+        let chain = tv.chain();
+        if chain.layers.len() == 1 {
+            return Err(StoreError::Invalid(format!(
+                "volume {volume:?} reads from no other layer: nothing to flatten"
+            )));
+        }
+        let own = chain.top().clone();
+        for below in &chain.layers[1..] {
+            merge_into(&own, below).map_err(|e| io_err(format!("flattening {volume:?}"), e))?;
+        }
+        let before = self.meta.clone();
+        for l in self.meta.thin.layers.iter_mut().filter(|l| l.id == top) {
+            l.parent = None;
+        }
+        for r in self.meta.volumes.iter_mut().filter(|r| r.name == volume) {
+            r.origin = None;
+        }
+        let removed = self.collect_layers()?;
+        let swapped = tv.replace_with(Chain { layers: vec![own] }, v.size_bytes, || {
+            self.persist().map_err(store_io)
+        });
+        if let Err(e) = swapped {
+            self.meta = before;
+            return Err(io_err(format!("flattening {volume:?}"), e));
+        }
+        self.remove_layer_files(&removed);
+        self.volume(volume)
+    }
+
+    /// Commits every thin volume, then verifies every thin pool's layers against
+    /// the catalog (maps, files, parent chains, references).
+    pub fn check_thin(&self) -> Result<Vec<ThinPoolCheck>, StoreError> {
+        self.sync_all()?;
+        let mut garbage = self.meta.thin.clone();
+        let tops: Vec<u64> = self.meta.volumes.iter().filter_map(|r| r.layer).collect();
+        let leaked = garbage.collect_garbage(&tops);
+        let mut out = Vec::new();
+        for p in self.pools.iter().filter(|p| p.format == PoolFormat::Thin) {
+            let infos: Vec<LayerInfo> = self
+                .meta
+                .thin
+                .layers
+                .iter()
+                .filter(|l| l.pool == p.name)
+                .map(|l| LayerInfo {
+                    id: l.id,
+                    parent: l.parent,
+                    grains: l.size_bytes.div_ceil(weir_thin::GRAIN_BYTES),
+                })
+                .collect();
+            let r = check(&self.thin_dir_of(&p.name), &infos, weir_thin::GRAIN_BYTES);
+            let mut problems = r.problems;
+            problems.extend(
+                leaked
+                    .iter()
+                    .filter(|l| l.pool == p.name)
+                    .map(|l| format!("layer {}: nothing references it", l.id)),
+            );
+            for t in &tops {
+                if self.meta.thin.layer(*t).is_none() {
+                    problems.push(format!("a volume's top layer {t} is not in the catalog"));
+                }
+            }
+            out.push(ThinPoolCheck {
+                pool: p.name.clone(),
+                layers: r.layers,
+                stored_grains: r.stored_grains,
+                zero_grains: r.zero_grains,
+                orphan_files: r.orphan_files,
+                problems,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Space of every thin volume (exclusive: in its own top layer).
+    pub fn thin_space(&self) -> Vec<ThinSpace> {
+        let mut out: Vec<ThinSpace> = self
+            .meta
+            .volumes
+            .iter()
+            .filter_map(|r| {
+                let tv = self.thin_volume(&r.name).ok()?;
+                Some(ThinSpace {
+                    pool: r.pool.clone(),
+                    volume: r.name.clone(),
+                    exclusive_bytes: tv.chain().top().stored_bytes(),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.volume.cmp(&b.volume));
+        out
+    }
+
+    /// The clone-aware caches: pool, counters, grain size.
+    pub fn thin_cache_stats(&self) -> Vec<(String, weir_model::ReadCacheStats, u64)> {
+        self.pools
+            .iter()
+            .filter_map(|p| {
+                let c = self.thin.cache(&p.name)?;
+                Some((p.name.clone(), c.stats(), weir_thin::GRAIN_BYTES))
+            })
+            .collect()
+    }
+
+    /// Bytes read from thin layers' data files, per thin pool.
+    pub fn thin_backing_read_bytes(&self) -> BTreeMap<String, u64> {
+        self.pools
+            .iter()
+            .filter(|p| p.format == PoolFormat::Thin)
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    self.thin.backing_read_bytes(&self.meta.thin, &p.name),
+                )
+            })
+            .collect()
+    }
+
+    /// Bytes stored in frozen layers (snapshots, images under clones) per pool.
+    pub fn thin_shared_bytes(&mut self) -> BTreeMap<String, u64> {
+        let tops: std::collections::HashSet<u64> =
+            self.meta.volumes.iter().filter_map(|r| r.layer).collect();
+        let mut out = BTreeMap::new();
+        for l in self.meta.thin.layers.clone() {
+            if tops.contains(&l.id) {
+                continue;
+            }
+            let dir = self.thin_dir_of(&l.pool);
+            if let Ok(layer) = self.thin.layer(&dir, &l) {
+                *out.entry(l.pool.clone()).or_insert(0) += layer.stored_bytes();
+            }
+        }
+        out
+    }
+}

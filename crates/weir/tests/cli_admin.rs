@@ -1,0 +1,99 @@
+//! `weir volume` / `weir policy` against a running `weir serve`: the CLI finds
+//! the admin token in the server's data directory with no token flag, and is
+//! refused without it.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{TempDir, WeirProcess};
+use weir_testkit::output_text;
+
+/// Runs the `weir` CLI with `XDG_DATA_HOME` = `xdg` (so its default data
+/// directory is `xdg/weir`) and no token in the environment unless `token`.
+fn weir(xdg: &Path, token: Option<&str>, args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+    c.args(args)
+        .env("XDG_DATA_HOME", xdg)
+        .env_remove("WEIR_ADMIN_TOKEN");
+    if let Some(t) = token {
+        c.env("WEIR_ADMIN_TOKEN", t);
+    }
+    c.output().expect("weir runs")
+}
+
+#[test]
+fn cli_reads_the_admin_token_from_the_data_directory() {
+    let dir = TempDir::new("cli-admin");
+    let xdg = dir.join("xdg");
+    // The server on the CLI's default data directory (as `weir serve` alone would be).
+    let proc = WeirProcess::start_on(dir.path(), "", &xdg.join("weir"));
+    let admin = proc.admin_addr.to_string();
+
+    let o = weir(
+        &xdg,
+        None,
+        &[
+            "volume", "create", "cli-vol", "--size", "1M", "--admin", &admin,
+        ],
+    );
+    assert!(o.status.success(), "{}", output_text(&o));
+    let o = weir(&xdg, None, &["volume", "list", "--json", "--admin", &admin]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v.as_array().unwrap().iter().any(|v| v["name"] == "cli-vol"),
+        "{v}"
+    );
+    let o = weir(&xdg, None, &["policy", "list", "--admin", &admin]);
+    assert!(o.status.success(), "{}", output_text(&o));
+
+    // Elsewhere (another data directory, no token): refused, with a hint.
+    let elsewhere = dir.join("elsewhere");
+    let o = weir(&elsewhere, None, &["volume", "list", "--admin", &admin]);
+    assert_eq!(o.status.code(), Some(2), "{}", output_text(&o));
+    assert!(output_text(&o).contains("token"), "{}", output_text(&o));
+    // … unless given the token: $WEIR_ADMIN_TOKEN, --admin-token-file, --data-dir.
+    let o = weir(
+        &elsewhere,
+        Some(&proc.admin_token),
+        &["volume", "list", "--admin", &admin],
+    );
+    assert!(o.status.success(), "{}", output_text(&o));
+    let file = xdg.join("weir/admin-token").display().to_string();
+    let o = weir(
+        &elsewhere,
+        None,
+        &[
+            "volume",
+            "list",
+            "--admin",
+            &admin,
+            "--admin-token-file",
+            &file,
+        ],
+    );
+    assert!(o.status.success(), "{}", output_text(&o));
+    let data = xdg.join("weir").display().to_string();
+    let o = weir(
+        &elsewhere,
+        None,
+        &[
+            "volume",
+            "delete",
+            "cli-vol",
+            "--admin",
+            &admin,
+            "--data-dir",
+            &data,
+        ],
+    );
+    assert!(o.status.success(), "{}", output_text(&o));
+    let o = weir(
+        &elsewhere,
+        Some("wrong"),
+        &["volume", "list", "--admin", &admin],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", output_text(&o));
+}
