@@ -112,7 +112,13 @@ pub const BASE_ALLOCATION: &str = "base:allocation";
 
 /// Longest string (export name, message) the protocol allows.
 pub const MAX_STRING_LEN: usize = 4096;
-/// Default largest READ/WRITE payload (2^25 bytes, 32 MiB).
-pub const DEFAULT_MAX_PAYLOAD: u32 = 1 << 25;
-/// Largest option data the server buffers; longer options are skipped and refused.
+/// Default largest READ/WRITE payload (2^26 bytes, 64 MiB, as nbdkit). `proto.md`
+/// asks that payloads up to 2^25 not be deemed a denial of service; a WRITE
+/// declaring more than the advertised maximum is answered EINVAL and the
+/// connection closed rather than its payload read and discarded.
+pub const DEFAULT_MAX_PAYLOAD: u32 = 1 << 26;
+/// Largest option data the server accepts; a longer option is answered
+/// `NBD_REP_ERR_TOO_BIG` and the connection closed at once (its data is not
+/// read: a declared length of 4 GiB would otherwise hold the connection until
+/// a timeout).
 pub const MAX_OPTION_LEN: u32 = 64 * 1024;

@@ -31,4 +31,4 @@ pub use error::{ErrorCode, NbdError, ProtocolError};
 pub use export::{BlockSize, ExportCatalog, ExportDescription, ExportInfo, ExportListing};
 pub use reply::Extent;
 pub use request::{Command, Request, RequestDecoder, RequestHeader, ValidRequest, validate};
-pub use server::{BASE_ALLOCATION_ID, HandshakeEvent, ServerHandshake, TlsPolicy};
+pub use server::{BASE_ALLOCATION_ID, HandshakeEvent, ServerHandshake, TlsPolicy, printable};

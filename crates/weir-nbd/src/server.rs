@@ -66,13 +66,29 @@ enum State {
         option: u32,
         len: u32,
     },
-    SkipOption {
-        option: u32,
-        remaining: u32,
-    },
     /// STARTTLS acknowledged: no input until [`ServerHandshake::tls_started`].
     AwaitingTls,
     Finished,
+}
+
+/// `text` as it may go to a client: control characters (which a terminal showing
+/// `nbdinfo --list` would interpret) replaced by U+FFFD, and at most
+/// [`MAX_STRING_LEN`] bytes (cut at a character boundary), as `proto.md` bounds
+/// strings.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let clean = !text.chars().any(char::is_control) && text.len() <= MAX_STRING_LEN;
+    if clean {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len().min(MAX_STRING_LEN));
+    for c in text.chars() {
+        let c = if c.is_control() { '\u{FFFD}' } else { c };
+        if out.len() + c.len_utf8() > MAX_STRING_LEN {
+            break;
+        }
+        out.push(c);
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Context id given to `base:allocation` by `NBD_OPT_SET_META_CONTEXT`.
@@ -90,6 +106,8 @@ pub struct ServerHandshake {
     /// Export name the last SET_META_CONTEXT referred to, if it selected base:allocation.
     meta_export: Option<String>,
     shutting_down: bool,
+    /// Set by [`ServerHandshake::refuse`]: why every option is refused.
+    refusal: Option<String>,
     options_seen: u32,
     tls: TlsPolicy,
     /// The client set `NBD_FLAG_C_FIXED_NEWSTYLE` (TLS needs it).
@@ -121,6 +139,7 @@ impl ServerHandshake {
             structured: false,
             meta_export: None,
             shutting_down: false,
+            refusal: None,
             options_seen: 0,
             tls: TlsPolicy::Off,
             fixed: false,
@@ -170,6 +189,14 @@ impl ServerHandshake {
     /// `NBD_REP_ERR_SHUTDOWN`.
     pub fn begin_shutdown(&mut self) {
         self.shutting_down = true;
+    }
+    /// From now on every option but `NBD_OPT_ABORT` is refused with
+    /// `NBD_REP_ERR_POLICY` and `reason` (`NBD_OPT_EXPORT_NAME`, which cannot be
+    /// answered with an error, ends the handshake): how a server turns away a
+    /// client it will not serve (too many connections) so that the client can
+    /// say why.
+    pub fn refuse(&mut self, reason: impl Into<String>) {
+        self.refusal = Some(reason.into());
     }
     pub fn is_finished(&self) -> bool {
         self.state == State::Finished
@@ -241,37 +268,10 @@ impl ServerHandshake {
                         ));
                     }
                     if len > MAX_OPTION_LEN {
-                        if option == OPT_EXPORT_NAME {
-                            self.state = State::Finished;
-                            return Err(ProtocolError::ExportNameTooLong(len));
-                        }
-                        self.state = State::SkipOption {
-                            option,
-                            remaining: len,
-                        };
-                    } else {
-                        self.state = State::OptionData { option, len };
-                    }
-                }
-                State::SkipOption { option, remaining } => {
-                    let n = (remaining as usize).min(self.input.len());
-                    self.input.consume(n);
-                    let remaining = remaining - n as u32;
-                    if remaining > 0 {
-                        self.state = State::SkipOption { option, remaining };
-                        return Ok(None);
-                    }
-                    self.state = State::OptionHeader;
-                    if option == OPT_ABORT {
-                        self.reply(option, REP_ACK, &[]);
                         self.state = State::Finished;
-                        return Ok(Some(HandshakeEvent::Aborted));
+                        return self.oversized_option(option, len);
                     }
-                    if self.tls_required() {
-                        self.reply_tls_required(option);
-                    } else {
-                        self.reply_err(option, REP_ERR_TOO_BIG, "option data too long");
-                    }
+                    self.state = State::OptionData { option, len };
                 }
                 State::OptionData { option, len } => {
                     if self.input.len() < len as usize {
@@ -289,6 +289,28 @@ impl ServerHandshake {
                         None => {}
                     }
                 }
+            }
+        }
+    }
+
+    /// An option declaring more data than [`MAX_OPTION_LEN`]: refused at once
+    /// (`NBD_REP_ERR_TOO_BIG`, then the connection closes) instead of reading and
+    /// discarding what may be gigabytes; an `NBD_OPT_ABORT` is still honoured.
+    fn oversized_option(
+        &mut self,
+        option: u32,
+        len: u32,
+    ) -> Result<Option<HandshakeEvent>, ProtocolError> {
+        match option {
+            OPT_ABORT => {
+                self.reply(option, REP_ACK, &[]);
+                Ok(Some(HandshakeEvent::Aborted))
+            }
+            OPT_EXPORT_NAME => Err(ProtocolError::ExportNameTooLong(len)),
+            _ => {
+                let message = format!("option data of {len} bytes exceeds {MAX_OPTION_LEN}");
+                self.reply_err(option, REP_ERR_TOO_BIG, &message);
+                Err(ProtocolError::unexpected("option length", message))
             }
         }
     }
@@ -339,6 +361,13 @@ impl ServerHandshake {
             self.reply_err(option, REP_ERR_SHUTDOWN, "server is shutting down");
             return Ok(None);
         }
+        if let Some(reason) = self.refusal.clone() {
+            if option == OPT_EXPORT_NAME {
+                return Err(ProtocolError::unexpected("option", reason));
+            }
+            self.reply_err(option, REP_ERR_POLICY, &reason);
+            return Ok(None);
+        }
         if option == OPT_STARTTLS {
             return Ok(self.handle_starttls(data));
         }
@@ -378,7 +407,7 @@ impl ServerHandshake {
                         Vec::with_capacity(4 + export.name.len() + export.description.len());
                     put_u32(&mut d, export.name.len() as u32);
                     d.extend_from_slice(export.name.as_bytes());
-                    d.extend_from_slice(export.description.as_bytes());
+                    d.extend_from_slice(printable(&export.description).as_bytes());
                     self.reply(option, REP_SERVER, &d);
                 }
                 self.reply(option, REP_ACK, &[]);
@@ -504,7 +533,7 @@ impl ServerHandshake {
         if requests.contains(&INFO_DESCRIPTION) && !export.description.is_empty() {
             let mut d = Vec::new();
             put_u16(&mut d, INFO_DESCRIPTION);
-            d.extend_from_slice(export.description.as_bytes());
+            d.extend_from_slice(printable(&export.description).as_bytes());
             self.reply(option, REP_INFO, &d);
         }
         // Always advertised (never required of the client: no BLOCK_SIZE_REQD).

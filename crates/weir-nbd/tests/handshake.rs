@@ -442,29 +442,97 @@ fn export_name_for_an_unknown_export_closes() {
     assert_eq!(r, Err(ProtocolError::UnknownExport("hidden".into())));
 }
 
-#[test]
-fn oversized_option_is_skipped_without_buffering() {
-    let mut s = started(FLAG_C_FIXED_NEWSTYLE);
-    let len = MAX_OPTION_LEN + 1;
+/// An option header declaring `len` bytes of data (none of which follow).
+fn option_header(option: u32, len: u32) -> Vec<u8> {
     let mut header = IHAVEOPT.to_be_bytes().to_vec();
-    header.extend_from_slice(&OPT_INFO.to_be_bytes());
+    header.extend_from_slice(&option.to_be_bytes());
     header.extend_from_slice(&len.to_be_bytes());
-    assert_eq!(s.input(&header, &catalog()).unwrap(), None);
-    let junk = vec![7u8; 4096];
-    let mut sent = 0;
-    while sent < len as usize {
-        let n = junk.len().min(len as usize - sent);
-        assert_eq!(s.input(&junk[..n], &catalog()).unwrap(), None);
-        sent += n;
+    header
+}
+
+#[test]
+fn oversized_option_is_refused_at_once_without_reading_its_data() {
+    for len in [MAX_OPTION_LEN + 1, u32::MAX] {
+        let mut s = started(FLAG_C_FIXED_NEWSTYLE);
+        // The header alone is enough: no wait for (and no discarding of) the data.
+        let r = s.input(&option_header(OPT_INFO, len), &catalog());
+        assert!(r.is_err(), "len {len}: {r:?}");
+        assert!(s.is_finished());
+        let r = replies(&s.take_output());
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].0, r[0].1), (OPT_INFO, REP_ERR_TOO_BIG));
+        let msg = String::from_utf8(r[0].2.clone()).unwrap();
+        assert!(msg.contains(&len.to_string()), "{msg}");
     }
-    let r = replies(&s.take_output());
+    // The largest allowed option is still read and answered.
+    let mut s = started(FLAG_C_FIXED_NEWSTYLE);
+    let data = vec![0u8; MAX_OPTION_LEN as usize];
+    assert_eq!(s.input(&opt(OPT_INFO, &data), &catalog()).unwrap(), None);
+    assert_eq!(replies(&s.take_output())[0].1, REP_ERR_INVALID);
+    // EXPORT_NAME cannot be answered: it closes; ABORT is still acknowledged.
+    let mut s = started(FLAG_C_FIXED_NEWSTYLE);
+    let r = s.input(&option_header(OPT_EXPORT_NAME, u32::MAX), &catalog());
+    assert_eq!(r, Err(ProtocolError::ExportNameTooLong(u32::MAX)));
+    let mut s = started(FLAG_C_FIXED_NEWSTYLE);
+    let r = s.input(&option_header(OPT_ABORT, u32::MAX), &catalog());
+    assert_eq!(r, Ok(Some(HandshakeEvent::Aborted)));
     assert_eq!(
-        r,
-        vec![(OPT_INFO, REP_ERR_TOO_BIG, b"option data too long".to_vec())]
+        replies(&s.take_output()),
+        vec![(OPT_ABORT, REP_ACK, vec![])]
     );
+}
+
+#[test]
+fn a_refused_client_gets_err_policy_with_the_reason() {
+    let mut s = started(FLAG_C_FIXED_NEWSTYLE);
+    s.refuse("too many connections from 10.0.0.1");
+    let go = opt(OPT_GO, &info_data("vol-a", &[]));
+    for option in [go, opt(OPT_LIST, &[]), opt(OPT_STRUCTURED_REPLY, &[])] {
+        assert_eq!(s.input(&option, &catalog()).unwrap(), None);
+        let r = replies(&s.take_output());
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].1, REP_ERR_POLICY);
+        assert_eq!(r[0].2, b"too many connections from 10.0.0.1");
+    }
+    assert_eq!(
+        s.input(&opt(OPT_ABORT, &[]), &catalog()).unwrap(),
+        Some(HandshakeEvent::Aborted)
+    );
+    let mut s = started(FLAG_C_FIXED_NEWSTYLE);
+    s.refuse("no");
+    assert!(
+        s.input(&opt(OPT_EXPORT_NAME, b"vol-a"), &catalog())
+            .is_err()
+    );
+}
+
+#[test]
+fn descriptions_reach_clients_without_control_characters() {
+    let mut a = ExportDescription::new("vol-a", 1 << 20);
+    a.description = "evil\x1b[2J\x07 desc\u{9b}31m\nend".into();
+    let exports = vec![a];
+    let clean = "evil\u{FFFD}[2J\u{FFFD} desc\u{FFFD}31m\u{FFFD}end";
+    let mut s = started(FLAG_C_FIXED_NEWSTYLE);
+    assert_eq!(s.input(&opt(OPT_LIST, &[]), &exports).unwrap(), None);
+    let r = replies(&s.take_output());
+    assert_eq!(r[0].1, REP_SERVER);
+    assert_eq!(&r[0].2[4..9], b"vol-a");
+    assert_eq!(std::str::from_utf8(&r[0].2[9..]).unwrap(), clean);
+    let data = info_data("vol-a", &[INFO_DESCRIPTION]);
+    assert_eq!(s.input(&opt(OPT_INFO, &data), &exports).unwrap(), None);
+    let r = replies(&s.take_output());
+    let d = r
+        .iter()
+        .find(|x| x.1 == REP_INFO && x.2[..2] == INFO_DESCRIPTION.to_be_bytes())
+        .expect("description sent");
+    assert_eq!(std::str::from_utf8(&d.2[2..]).unwrap(), clean);
+    // Long descriptions are cut to the protocol's string limit, at a char boundary.
+    let long = "\u{e9}".repeat(MAX_STRING_LEN);
+    let p = weir_nbd::printable(&long);
+    assert!(p.len() <= MAX_STRING_LEN && p.len() >= MAX_STRING_LEN - 1);
     assert!(matches!(
-        s.input(&opt(OPT_GO, &info_data("vol-a", &[])), &catalog()),
-        Ok(Some(_))
+        weir_nbd::printable("plain"),
+        std::borrow::Cow::Borrowed(_)
     ));
 }
 

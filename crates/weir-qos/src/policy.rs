@@ -93,6 +93,19 @@ impl<'de> Deserialize<'de> for Shares {
 /// Smallest and largest IOPS limit (003: 16 to 2,147,483,647; the top means unlimited).
 pub const MIN_LIMIT_IOPS: f64 = 16.0;
 pub const MAX_LIMIT_IOPS: f64 = 2_147_483_647.0;
+/// Smallest and largest IOPS reservation.
+pub const MIN_RESERVATION_IOPS: f64 = 1.0;
+pub const MAX_RESERVATION_IOPS: f64 = MAX_LIMIT_IOPS;
+/// Smallest and largest MB/s figure (reservation or limit): 10 kB/s to 1 TB/s.
+/// Outside it a figure is not enforceable (a limit of 1e-300 MB/s overflowed the
+/// gate's tags and limited nothing), so it is refused rather than accepted.
+pub const MIN_MBPS: f64 = 0.01;
+pub const MAX_MBPS: f64 = 1_000_000.0;
+/// Smallest and largest latency target, milliseconds (10 µs to 100 s).
+pub const MIN_LATENCY_TARGET_MS: f64 = 0.01;
+pub const MAX_LATENCY_TARGET_MS: f64 = 100_000.0;
+/// Largest `burst_seconds` (an hour of the rate banked).
+pub const MAX_BURST_SECONDS: f64 = 3600.0;
 
 /// A QoS policy: any combination of reservation, limit, shares and latency target.
 /// `None` means "not set" (no reservation / unlimited / no target).
@@ -131,8 +144,14 @@ pub enum PolicyError {
     Shares(u32),
     #[error("limit_iops must be 16-2147483647, got {0}")]
     LimitIops(f64),
-    #[error("{field} must be a positive finite number, got {value}")]
-    NotPositive { field: &'static str, value: f64 },
+    #[error("{field} must be {min}-{max} ({unit}), got {value:?}")]
+    OutOfRange {
+        field: &'static str,
+        value: f64,
+        min: f64,
+        max: f64,
+        unit: &'static str,
+    },
     #[error("reservation_{what} ({reservation}) exceeds limit_{what} ({limit})")]
     ReservationAboveLimit {
         what: &'static str,
@@ -183,27 +202,12 @@ impl Policy {
             return Err(PolicyError::Name(self.name.clone()));
         }
         Shares::new(self.shares.get())?;
-        let positive = |field: &'static str, v: Option<f64>| match v {
-            Some(x) if !(x.is_finite() && x > 0.0) => {
-                Err(PolicyError::NotPositive { field, value: x })
-            }
-            _ => Ok(()),
-        };
-        positive("reservation_iops", self.reservation_iops)?;
-        positive("reservation_mbps", self.reservation_mbps)?;
-        positive("limit_mbps", self.limit_mbps)?;
-        positive("latency_target_ms", self.latency_target_ms)?;
         if let Some(l) = self.limit_iops
             && !(MIN_LIMIT_IOPS..=MAX_LIMIT_IOPS).contains(&l)
         {
             return Err(PolicyError::LimitIops(l));
         }
-        if !(self.burst_seconds.is_finite() && self.burst_seconds >= 0.0) {
-            return Err(PolicyError::NotPositive {
-                field: "burst_seconds",
-                value: self.burst_seconds,
-            });
-        }
+        self.check_ranges()?;
         for (what, r, l) in [
             ("iops", self.reservation_iops, self.effective_limit_iops()),
             ("mbps", self.reservation_mbps, self.limit_mbps),
@@ -215,6 +219,57 @@ impl Policy {
                     what,
                     reservation,
                     limit,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Policy {
+    /// Every figure within the range the gate enforces (NaN and infinities too).
+    fn check_ranges(&self) -> Result<(), PolicyError> {
+        let ranges = [
+            (
+                "reservation_iops",
+                self.reservation_iops,
+                MIN_RESERVATION_IOPS,
+                MAX_RESERVATION_IOPS,
+                "IOPS",
+            ),
+            (
+                "reservation_mbps",
+                self.reservation_mbps,
+                MIN_MBPS,
+                MAX_MBPS,
+                "MB/s",
+            ),
+            ("limit_mbps", self.limit_mbps, MIN_MBPS, MAX_MBPS, "MB/s"),
+            (
+                "latency_target_ms",
+                self.latency_target_ms,
+                MIN_LATENCY_TARGET_MS,
+                MAX_LATENCY_TARGET_MS,
+                "ms",
+            ),
+            (
+                "burst_seconds",
+                Some(self.burst_seconds),
+                0.0,
+                MAX_BURST_SECONDS,
+                "seconds",
+            ),
+        ];
+        for (field, value, min, max, unit) in ranges {
+            if let Some(v) = value
+                && !(min..=max).contains(&v)
+            {
+                return Err(PolicyError::OutOfRange {
+                    field,
+                    value: v,
+                    min,
+                    max,
+                    unit,
                 });
             }
         }
@@ -368,6 +423,39 @@ mod tests {
         assert_eq!(p.effective_limit_iops(), None);
         p.reservation_iops = Some(f64::NAN);
         assert!(p.validate().is_err());
+        // Figures the gate cannot enforce are refused, naming the field and range.
+        let bad = [
+            ("limit_mbps", 1e-300),
+            ("limit_mbps", 1e300),
+            ("reservation_mbps", 0.001),
+            ("reservation_iops", 0.5),
+            ("latency_target_ms", 1e9),
+            ("burst_seconds", 1e7),
+            ("limit_mbps", f64::INFINITY),
+        ];
+        for (field, value) in bad {
+            let mut p = Policy::best_effort("x");
+            match field {
+                "limit_mbps" => p.limit_mbps = Some(value),
+                "reservation_mbps" => p.reservation_mbps = Some(value),
+                "reservation_iops" => p.reservation_iops = Some(value),
+                "latency_target_ms" => p.latency_target_ms = Some(value),
+                _ => p.burst_seconds = value,
+            }
+            let e = p.validate().unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{field} must be ")), "{e}");
+        }
+        let mut p = Policy::best_effort("x");
+        p.limit_mbps = Some(1e-300);
+        assert_eq!(
+            p.validate().unwrap_err().to_string(),
+            "limit_mbps must be 0.01-1000000 (MB/s), got 1e-300"
+        );
+        p.limit_mbps = Some(MIN_MBPS);
+        p.reservation_iops = Some(MIN_RESERVATION_IOPS);
+        p.latency_target_ms = Some(MIN_LATENCY_TARGET_MS);
+        p.burst_seconds = MAX_BURST_SECONDS;
+        assert!(p.validate().is_ok());
         let mut q = Policy::best_effort("y");
         q.reservation_iops = Some(500.0);
         q.limit_iops = Some(100.0);

@@ -351,3 +351,56 @@ fn shares_act_when_both_volumes_fit_in_the_device_queue() {
         "share-aware depth: {adaptive:.2}"
     );
 }
+
+/// The ends of the accepted policy ranges are enforced (issue 15: a limit of
+/// 1e-300 MB/s was accepted and limited nothing; such figures are now refused,
+/// and the smallest accepted ones must still hold): over two minutes of 4 KiB and
+/// 1 MiB reads, the smallest MB/s and IOPS limits let through their rate, within
+/// 2 % plus one piece, and no less than 90 % of it.
+#[test]
+fn the_smallest_accepted_limits_hold() {
+    use weir_qos::policy::{MIN_LIMIT_IOPS, MIN_MBPS};
+    let loads = [
+        Load {
+            volume: 1,
+            client: 1,
+            kind: IoKind::Read,
+            size: 4096,
+            queue_depth: 4,
+        },
+        Load {
+            volume: 1,
+            client: 2,
+            kind: IoKind::Read,
+            size: 1 << 20,
+            queue_depth: 2,
+        },
+    ];
+    let secs = 120;
+    let by_mbps = Policy {
+        limit_mbps: Some(MIN_MBPS),
+        ..Policy::best_effort("slowest-mbps")
+    };
+    let by_iops = Policy {
+        limit_iops: Some(MIN_LIMIT_IOPS),
+        ..Policy::best_effort("slowest-iops")
+    };
+    for (policy, rate, what) in [
+        (by_mbps, MIN_MBPS * 1e6, 2usize),
+        (by_iops, MIN_LIMIT_IOPS, 1usize),
+    ] {
+        let o = run(fixed(16), 16, 10_000, &[(1, policy)], &loads, secs * SEC);
+        let r = o.releases.get(&1).cloned().unwrap_or_default();
+        let total: u64 = r.iter().map(|x| if what == 1 { x.1 } else { x.2 }).sum();
+        let allowed = rate * secs as f64;
+        let piece = if what == 1 { 1.0 } else { 8192.0 };
+        assert!(
+            total as f64 <= 1.02 * allowed + piece,
+            "{total} let through in {secs} s at a limit of {rate}/s"
+        );
+        assert!(
+            total as f64 >= 0.9 * allowed,
+            "{total} let through in {secs} s: the limit starves"
+        );
+    }
+}

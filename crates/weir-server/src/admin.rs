@@ -280,13 +280,12 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
         ("GET", ["metrics"]) => {
             let queued = s.queued_by_volume();
             let pools = s.pool_gauges();
+            let mut text = s.metrics.render_prometheus(&queued, &pools);
+            text.push_str(&s.limits.render_prometheus());
             Ok(Response {
                 status: 200,
                 content_type: "text/plain; version=0.0.4",
-                body: (s.metrics.render_prometheus(&queued, &pools)
-                    + &s.thin_metrics()
-                    + &s.replication.prometheus(s))
-                    .into_bytes(),
+                body: (text + &s.thin_metrics() + &s.replication.prometheus(s)).into_bytes(),
             })
         }
         (_, path) if is_route(path) => Err(ApiError(

@@ -11,6 +11,15 @@
 //! busy_poll_us = 50                 # poll a socket this long before sleeping while its
 //!                                   # client waits on its last reply (QD1); 0: off
 //! # worker_threads = 1              # async runtime threads (default: half the CPUs)
+//! max_connections = 1024            # NBD connections at once (also bounded by the
+//!                                   # open-files limit, raised toward its hard limit)
+//! max_connections_per_host = 256    # … from one client address; a client over a cap
+//!                                   # is refused with NBD_REP_ERR_POLICY and the reason
+//! max_buffered_mib = 2048           # READ/WRITE data held at once (payloads read, replies
+//! max_buffered_mib_per_host = 512   # not yet written), in all and per client address;
+//!                                   # each connection also at most 128 MiB, 256 requests
+//! idle_timeout_s = 0                # close a connection whose client sends nothing and
+//!                                   # awaits nothing (or reads no reply) this long; 0: off
 //! # tls = "require"                 # NBD over TLS: "off" (default), "on" (offered),
 //!                                   # "require" (no option but STARTTLS before TLS)
 //! # tls_cert = "server-cert.pem"    # PEM server certificate chain (tls on/require)
@@ -48,6 +57,11 @@
 //! # anticipate_us = 500             # meanwhile, hold a freed slot this long for its
 //! #                                 # volume's next request (0-100000; 0: off)
 //!
+//! # [[pools.faults]]                # fault injection (tests, drills; see `fault`):
+//! # kind = "eio"                    # eio | enospc | latency (with latency_ms = …)
+//! # ops = ["write"]                 # read write flush trim zero cache block_status
+//! # every = 100                     # every 100th matching I/O, or rate = 0.01 (seed = …)
+//!
 //! [[policies]]                      # user-defined, beside the five built-ins
 //! name = "gold"
 //! reservation_iops = 5000
@@ -66,7 +80,7 @@
 //! pool = "default"                  # default "default"
 //! access_groups = ["lab"]           # empty or absent: every host may reach it
 //! read_only = false
-//! description = "OLTP database"
+//! description = "OLTP database"     # at most 4096 bytes, no control characters
 //!
 //! [[replications]]                  # asynchronous replication of a thin volume
 //! volume = "db"                     # (in a pool with format = "thin")
@@ -120,6 +134,25 @@ pub struct WeirConfig {
     /// CPUs, at least one ([`WeirConfig::worker_threads`]).
     #[serde(default)]
     pub worker_threads: Option<u32>,
+    /// NBD connections served at once (those beyond are refused with the reason);
+    /// lowered at start to what the open-files limit leaves room for.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// NBD connections one client address may have at once.
+    #[serde(default = "default_max_connections_per_host")]
+    pub max_connections_per_host: u32,
+    /// READ/WRITE data (payloads read, replies not yet written) all connections
+    /// may hold at once, MiB; requests beyond it wait before they are read.
+    #[serde(default = "default_max_buffered_mib")]
+    pub max_buffered_mib: u32,
+    /// … the connections of one client address.
+    #[serde(default = "default_max_buffered_mib_per_host")]
+    pub max_buffered_mib_per_host: u32,
+    /// Seconds a connection may stay idle (no request read while none is
+    /// unanswered, or no reply written while some are) before it is closed;
+    /// 0: never. Off by default: the Linux kernel's NBD client does not reconnect.
+    #[serde(default)]
+    pub idle_timeout_s: u32,
     /// NBD over TLS (`NBD_OPT_STARTTLS`): off, offered, or required.
     #[serde(default)]
     pub tls: TlsMode,
@@ -221,6 +254,9 @@ pub struct PoolConfig {
     /// loopback benchmarks buffered I/O measured faster (docs/PERFORMANCE.md).
     #[serde(default)]
     pub direct_io: bool,
+    /// Fault injection on the pool's volumes (`[[pools.faults]]`; see `fault`).
+    #[serde(default)]
+    pub faults: Vec<crate::fault::FaultRule>,
     /// How the pool stores volumes: `"file"` (a sparse file per volume, the
     /// default) or `"thin"` (copy-on-write grain maps: snapshots, linked clones,
     /// rollback, flatten; docs/THIN.md).
@@ -354,6 +390,18 @@ fn default_admin_listen() -> SocketAddr {
 fn default_max_in_flight() -> u32 {
     DEFAULT_MAX_IN_FLIGHT
 }
+fn default_max_buffered_mib() -> u32 {
+    crate::connections::DEFAULT_MAX_BUFFERED_MIB
+}
+fn default_max_buffered_mib_per_host() -> u32 {
+    crate::connections::DEFAULT_MAX_BUFFERED_MIB_PER_HOST
+}
+fn default_max_connections() -> u32 {
+    crate::connections::DEFAULT_MAX_CONNECTIONS
+}
+fn default_max_connections_per_host() -> u32 {
+    crate::connections::DEFAULT_MAX_CONNECTIONS_PER_HOST
+}
 fn default_busy_poll_us() -> u32 {
     crate::busy_poll::DEFAULT_BUSY_POLL_US
 }
@@ -378,6 +426,7 @@ fn default_pools() -> Vec<PoolConfig> {
         congestion: None,
         qos: true,
         direct_io: false,
+        faults: Vec::new(),
         format: PoolFormat::File,
         clone_cache: default_clone_cache(),
     }]
@@ -412,6 +461,28 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// Longest volume description (the NBD protocol's string limit).
+pub const MAX_DESCRIPTION_BYTES: usize = weir_nbd::consts::MAX_STRING_LEN;
+
+/// Checks a volume description: at most [`MAX_DESCRIPTION_BYTES`], and no control
+/// characters (clients print descriptions; an escape sequence would reach the
+/// terminal of whoever lists the exports).
+pub fn validate_description(text: &str) -> Result<(), String> {
+    if text.len() > MAX_DESCRIPTION_BYTES {
+        return Err(format!(
+            "must be at most {MAX_DESCRIPTION_BYTES} bytes, got {}",
+            text.len()
+        ));
+    }
+    match text.chars().find(|c| c.is_control()) {
+        Some(c) => Err(format!(
+            "must not contain control characters, found {:?}",
+            c.escape_unicode().to_string()
+        )),
+        None => Ok(()),
+    }
+}
 
 /// Checks a volume, pool or group name: 1–64 of `[A-Za-z0-9._-]`, not starting with '.'.
 pub fn validate_name(kind: &str, name: &str) -> Result<(), String> {
@@ -531,6 +602,7 @@ impl WeirConfig {
                 format!("worker_threads: must be 1-1024, got {n}"),
             ));
         }
+        self.validate_connections()?;
         self.check_tls()
             .map_err(|(key, message)| (Some(key.to_string()), message))?;
         let mut catalog = PolicyCatalog::new();
@@ -584,6 +656,10 @@ impl WeirConfig {
                 c.validate()
                     .map_err(|e| (at(&p.name), format!("pools[{i}].congestion: {e}")))?;
             }
+            for (j, f) in p.faults.iter().enumerate() {
+                f.validate()
+                    .map_err(|e| (at(&p.name), format!("pools[{i}].faults[{j}].{e}")))?;
+            }
         }
         let mut groups = std::collections::BTreeSet::new();
         for (i, g) in self.access_groups.iter().enumerate() {
@@ -623,6 +699,7 @@ impl WeirConfig {
             if v.size.0 == 0 {
                 return Err(here("size", "must be more than 0 bytes".into()));
             }
+            validate_description(&v.description).map_err(|e| here("description", e))?;
             catalog
                 .get(&v.policy)
                 .map_err(|e| here("policy", e.to_string()))?;
@@ -682,6 +759,61 @@ impl WeirConfig {
         Ok(())
     }
 }
+
+impl WeirConfig {
+    /// `max_connections`, `max_connections_per_host`, `idle_timeout_s`.
+    fn validate_connections(&self) -> Result<(), (Option<String>, String)> {
+        for (field, value, max) in [
+            ("max_connections", self.max_connections, MAX_CONNECTIONS),
+            (
+                "max_connections_per_host",
+                self.max_connections_per_host,
+                MAX_CONNECTIONS,
+            ),
+        ] {
+            if !(1..=max).contains(&value) {
+                return Err((
+                    Some(field.into()),
+                    format!("{field}: must be 1-{max}, got {value}"),
+                ));
+            }
+        }
+        for (field, value) in [
+            ("max_buffered_mib", self.max_buffered_mib),
+            ("max_buffered_mib_per_host", self.max_buffered_mib_per_host),
+        ] {
+            if !(MIN_BUFFERED_MIB..=MAX_BUFFERED_MIB).contains(&value) {
+                return Err((
+                    Some(field.into()),
+                    format!(
+                        "{field}: must be {MIN_BUFFERED_MIB}-{MAX_BUFFERED_MIB} \
+                         (MiB; at least one largest request), got {value}"
+                    ),
+                ));
+            }
+        }
+        if self.idle_timeout_s > MAX_IDLE_TIMEOUT_S {
+            return Err((
+                Some("idle_timeout_s".into()),
+                format!(
+                    "idle_timeout_s: must be 0 (off) to {MAX_IDLE_TIMEOUT_S} (a week), got {}",
+                    self.idle_timeout_s
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Largest `max_connections` and `max_connections_per_host`.
+pub const MAX_CONNECTIONS: u32 = 1 << 20;
+/// Smallest `max_buffered_mib` and `max_buffered_mib_per_host`: one request of
+/// the largest payload.
+pub const MIN_BUFFERED_MIB: u32 = weir_nbd::consts::DEFAULT_MAX_PAYLOAD >> 20;
+/// Largest `max_buffered_mib` and `max_buffered_mib_per_host` (1 TiB).
+pub const MAX_BUFFERED_MIB: u32 = 1 << 20;
+/// Largest `idle_timeout_s`.
+pub const MAX_IDLE_TIMEOUT_S: u32 = 7 * 24 * 3600;
 
 /// Checks a pool's `[pools.depth]` table; an error names the field.
 fn validate_depth(d: &DepthConfig, max_in_flight: u32) -> Result<(), (&'static str, String)> {

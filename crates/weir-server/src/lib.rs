@@ -21,22 +21,34 @@
 //! `zero_cost_factor` scale what TRIM and WRITE_ZEROES are charged, `[pools.depth]`
 //! tunes the adaptive device depth under `max_in_flight`.
 //!
+//! Bounded whatever clients do ([`connections`], docs/HARDENING.md): a request
+//! holds its connection's slot and data budget until its reply is written to
+//! the socket (256 requests, 128 MiB per connection; `max_buffered_mib` per
+//! host and in all); `max_connections` and `max_connections_per_host` (fitted
+//! to the open-files limit; a client over a cap is refused with the reason);
+//! `idle_timeout_s`; bogus declared lengths refused at once; accept errors backed
+//! off and warnings rate-limited. `[[pools.faults]]` ([`fault`]) injects
+//! errors and latency for tests and drills.
 //! Security: NBD over TLS ([`tls`]: `tls = "off" | "on" | "require"`, X.509 with
 //! rustls, client certificates whose subject CN access groups can require), and an
 //! admin API behind [`admin_auth::AdminGuard`] (a bearer token made at first start
 //! in `<data_dir>/admin-token`, own `Host` and `Origin` only, JSON bodies only).
 //!
 //! Entry points: [`serve`] (`weir serve`: runs until SIGINT/SIGTERM),
-//! [`RunningServer::start`] (tests, embedding), [`WeirConfig`],
+//! [`RunningServer::start`] (tests, embedding; install [`server::StopSignals`]
+//! first when the process should stop cleanly on SIGTERM), [`WeirConfig`],
 //! [`admin::Client`] (the CLI's `volume` and `policy` commands).
 
 pub mod access;
 pub mod admin;
 pub mod admin_auth;
 pub mod backend;
+pub mod budget;
 pub mod busy_poll;
 pub mod config;
+pub mod connections;
 pub mod device;
+pub mod fault;
 pub mod metrics;
 pub mod nbd_client;
 pub mod qos;

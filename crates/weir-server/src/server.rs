@@ -12,7 +12,12 @@ use tokio::task::{JoinHandle, JoinSet};
 use weir_nbd::{ErrorCode, NbdError};
 use weir_qos::{ClientId, CongestionConfig, GateConfig, Policy, SchedulerConfig, VolumeId};
 
+use crate::access::canonical;
 use crate::config::WeirConfig;
+use crate::connections::{
+    AcceptBackoff, Admission, ConnectionLimits, DataBudgets, RateLimited, WARN_EVERY,
+    fit_to_fd_limit, suppressed_note,
+};
 use crate::device::EmulatedDevice;
 use crate::metrics::Metrics;
 use crate::qos::{PoolGauges, QosPool};
@@ -28,6 +33,10 @@ pub struct ServerState {
     pub started: Instant,
     /// Longest busy poll of a connection waiting on its client (`busy_poll_us`).
     pub busy_poll: Duration,
+    /// The connection caps (`max_connections`, `max_connections_per_host`).
+    pub limits: Arc<ConnectionLimits>,
+    /// `idle_timeout_s` (`None`: off).
+    pub idle_timeout: Option<Duration>,
     /// NBD over TLS: the policy and the rustls acceptor.
     pub tls: crate::tls::NbdTls,
     /// The admin API's token and request checks.
@@ -83,6 +92,8 @@ impl ServerState {
                 pool.add_volume(VolumeId(r.id), policy);
             }
         }
+        // After the volumes are open: what is open now counts against the limit.
+        let max_connections = fit_to_fd_limit(config.max_connections.into());
         Ok(ServerState {
             store: Mutex::new(store),
             pools,
@@ -90,6 +101,16 @@ impl ServerState {
             clients: Mutex::new(HashMap::new()),
             started: epoch,
             busy_poll: Duration::from_micros(config.busy_poll_us.into()),
+            limits: ConnectionLimits::new(
+                max_connections as usize,
+                config.max_connections_per_host as usize,
+                DataBudgets {
+                    total_bytes: (config.max_buffered_mib as usize) << 20,
+                    per_host_bytes: (config.max_buffered_mib_per_host as usize) << 20,
+                },
+            ),
+            idle_timeout: (config.idle_timeout_s > 0)
+                .then(|| Duration::from_secs(config.idle_timeout_s.into())),
             tls,
             admin_guard: Arc::new(admin_guard),
             replication: Default::default(),
@@ -407,17 +428,21 @@ async fn run(
     let admin_task = crate::admin::spawn(state.clone(), admin, shutdown.clone());
     state.replication.start(&state);
     let mut sessions = JoinSet::new();
-    let session_shutdown = shutdown.clone();
+    let mut acceptor = Acceptor::new(state.clone(), shutdown.clone());
     loop {
-        tokio::select! {
+        let failed = tokio::select! {
             accepted = nbd.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    sessions.spawn(crate::session::run_session(state.clone(), stream, peer, session_shutdown.clone()));
+                    acceptor.accepted(stream, peer, &mut sessions);
+                    None
                 }
-                Err(e) => tracing::warn!("accept failed: {e}"),
+                Err(e) => Some(e),
             },
             _ = shutdown.wait_for(|s| *s) => break,
-            Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
+            Some(_) = sessions.join_next(), if !sessions.is_empty() => None,
+        };
+        if let Some(e) = failed {
+            acceptor.failed(e).await;
         }
     }
     drop(nbd);
@@ -448,14 +473,104 @@ async fn run(
     Ok(())
 }
 
+/// The accept loop's side of admitting connections: caps, refusals, back-off
+/// after errors, warnings at a bounded rate.
+struct Acceptor {
+    state: Arc<ServerState>,
+    shutdown: watch::Receiver<bool>,
+    backoff: AcceptBackoff,
+    accept_warnings: RateLimited,
+    refusal_warnings: RateLimited,
+}
+
+impl Acceptor {
+    fn new(state: Arc<ServerState>, shutdown: watch::Receiver<bool>) -> Acceptor {
+        Acceptor {
+            state,
+            shutdown,
+            backoff: AcceptBackoff::default(),
+            accept_warnings: RateLimited::new(WARN_EVERY),
+            refusal_warnings: RateLimited::new(WARN_EVERY),
+        }
+    }
+
+    /// A new connection: served, refused with the reason, or closed at once.
+    fn accepted(
+        &mut self,
+        stream: tokio::net::TcpStream,
+        peer: SocketAddr,
+        sessions: &mut JoinSet<()>,
+    ) {
+        self.backoff.succeeded();
+        let reason = match self.state.limits.admit(canonical(peer.ip())) {
+            Admission::Admitted(slot) => {
+                let session = crate::session::run_session(
+                    self.state.clone(),
+                    stream,
+                    peer,
+                    self.shutdown.clone(),
+                    slot,
+                );
+                sessions.spawn(session);
+                return;
+            }
+            Admission::Refuse(slot, reason) => {
+                tokio::spawn(crate::connections::refuse(stream, reason.clone(), slot));
+                reason
+            }
+            Admission::Close => "too many connections being refused; closed".to_string(),
+        };
+        if let Some(n) = self.refusal_warnings.allow(Instant::now()) {
+            let note = suppressed_note(n);
+            tracing::warn!(%peer, "connection refused: {reason}{note}");
+        }
+    }
+
+    /// `accept` failed (a full descriptor table, …): warn at a bounded rate and
+    /// pause, longer while it keeps failing.
+    async fn failed(&mut self, e: std::io::Error) {
+        let pause = self.backoff.failed();
+        if let Some(n) = self.accept_warnings.allow(Instant::now()) {
+            let note = suppressed_note(n);
+            tracing::warn!("accept failed: {e}; retrying in {pause:?}{note}");
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// SIGINT and SIGTERM, caught from the moment this returns.
+pub struct StopSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Installs the handlers. Call it before the listeners are bound: a signal
+    /// that arrives between binding and handling would kill the process without
+    /// the clean stop (no new connections, in-flight requests answered, data
+    /// synced); caught early, it stops the server as soon as it is up.
+    pub fn install() -> std::io::Result<StopSignals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(StopSignals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// Waits for either signal (returns at once if one came since `install`).
+    pub async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+}
+
 /// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.
 pub async fn serve(config: WeirConfig) -> anyhow::Result<()> {
+    let mut signals = StopSignals::install()?;
     let server = RunningServer::start(config).await?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    signals.recv().await;
     tracing::info!("signal received, shutting down");
     server.shutdown().await
 }

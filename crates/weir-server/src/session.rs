@@ -6,11 +6,13 @@
 //! whole request inline when the page cache allows, else on the blocking pool (or
 //! beside the emulated device), and a request paced in pieces piece by piece,
 //! replying once its last piece is done. Replies go to a writer task, so they go
-//! out in completion order.
+//! out in completion order; what a request holds of its connection's budgets
+//! ([`Held`]) is given back once its reply is written, so memory stays bounded
+//! when a client does not read.
 
 use std::cell::Cell;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::LocalKey;
@@ -18,31 +20,34 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use weir_model::IoDir;
 use weir_nbd::consts::{CMD_READ, CMD_WRITE, REQUEST_HEADER_LEN};
 use weir_nbd::{
     Command, ErrorCode, ExportCatalog, ExportDescription, ExportInfo, ExportListing,
-    HandshakeEvent, NbdError, Request, RequestHeader, ServerHandshake, reply, validate,
+    HandshakeEvent, NbdError, Request, RequestHeader, ServerHandshake, ValidRequest, reply,
+    validate,
 };
 use weir_qos::{ClientId, Finished, GateRequest, IoKind, Piece, Release, Ticket};
 
 use crate::access::{Peer, canonical};
+use crate::budget::{Budget, Taken};
 use crate::busy_poll::{BusyPoll, poll_until};
+use crate::connections::{DATA_UNIT_BYTES as BUFFER_UNIT_BYTES, Slot};
 use crate::device::EmulatedDevice;
 use crate::metrics::{IoCounters, OpKind};
 use crate::qos::{Buffers, Perform, Performed, QosPool};
 use crate::server::ServerState;
 use crate::store::OpenVolume;
-use crate::tls::Conn;
+use crate::tls::{Conn as Stream, ConnRead, ConnWrite};
 
-/// Requests one connection may have in flight before the server stops reading
-/// from it (back-pressure).
+/// Requests one connection may have unanswered (in flight, or replied to but the
+/// reply not yet written to its socket) before the server stops reading from it.
 pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 256;
-/// READ/WRITE data one connection may have buffered at once (requests beyond it
-/// wait before their payload is read): bounds memory whatever the client sends.
+/// READ/WRITE data one connection may have buffered at once, payloads read and
+/// replies not yet written (requests beyond it wait before their payload is
+/// read): bounds memory whatever the client sends.
 pub const MAX_BUFFERED_BYTES_PER_CONNECTION: usize = 128 << 20;
-const BUFFER_UNIT_BYTES: usize = 4096;
 /// On shutdown, how long a connection keeps answering new requests with ESHUTDOWN.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 /// … and how long the client may stay silent before the connection is closed.
@@ -57,7 +62,7 @@ pub struct Job {
     pub payload: Option<Vec<u8>>,
     pub volume: Arc<OpenVolume>,
     pub export: Arc<ExportInfo>,
-    pub reply: mpsc::UnboundedSender<Reply>,
+    pub reply: mpsc::UnboundedSender<Outgoing>,
     /// The connection's recycled reply buffers (large READs).
     pub buffers: Arc<ReplyBuffers>,
     pub volume_counters: Arc<IoCounters>,
@@ -65,8 +70,33 @@ pub struct Job {
     pub received_at: Instant,
     /// The QoS client (host) that sent it.
     pub client: ClientId,
-    _permit: OwnedSemaphorePermit,
-    _buffer: Option<OwnedSemaphorePermit>,
+    /// Its share of the connection's budgets, handed to the writer with the reply.
+    held: Mutex<Option<Held>>,
+}
+
+/// What a request holds of its connection's budgets: a request slot and, for a
+/// READ or WRITE, its data. Given back once its reply is written to the socket,
+/// not when the reply is queued: a client that pipelines requests and never
+/// reads the replies stops being read from after
+/// [`MAX_IN_FLIGHT_PER_CONNECTION`] requests or
+/// [`MAX_BUFFERED_BYTES_PER_CONNECTION`] of data, whatever it sends.
+pub struct Held {
+    _request: Taken,
+    _data: Option<DataHeld>,
+}
+
+/// A READ's or WRITE's data, counted against its connection's budget, its host's
+/// (`max_buffered_mib_per_host`) and the server's (`max_buffered_mib`).
+pub struct DataHeld {
+    _connection: Taken,
+    _host: Taken,
+    _server: Taken,
+}
+
+/// A reply on its way to the connection's writer, with what its request holds.
+pub struct Outgoing {
+    pub reply: Reply,
+    held: Option<Held>,
 }
 
 /// Large READ reply buffers of one connection, handed back by the writer once
@@ -165,7 +195,8 @@ pub fn deliver(job: &Job, reply: Reply, ok: bool) {
     let latency = job.received_at.elapsed().as_nanos() as u64;
     job.volume_counters.record(kind, bytes, latency, ok);
     job.host_counters.record(kind, bytes, latency, ok);
-    let _ = job.reply.send(reply);
+    let held = job.held.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let _ = job.reply.send(Outgoing { reply, held });
 }
 
 fn io_error(e: &io::Error, what: &str) -> NbdError {
@@ -723,75 +754,28 @@ impl ExportCatalog for SessionCatalog<'_> {
     }
 }
 
-/// Serves one connection until the client disconnects, breaks the protocol, or
-/// the server shuts down (in-flight requests are answered first).
+/// Serves one connection until the client disconnects, breaks the protocol,
+/// stays idle past `idle_timeout_s`, or the server shuts down (in-flight requests
+/// are answered first). `slot` counts it against the connection caps until the
+/// end, and gives it its host's and the server's data budgets.
 pub async fn run_session(
     state: Arc<ServerState>,
     stream: TcpStream,
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
+    slot: Slot,
 ) {
     let host = canonical(peer.ip());
     let _ = stream.set_nodelay(true);
-    let mut conn = Conn::Plain(stream);
-    let mut hs = ServerHandshake::with_tls(state.tls.policy());
-    let negotiated = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-        let mut buf = vec![0u8; 16 * 1024];
-        // The verified TLS client certificate's subject CN, once TLS is up.
-        let mut identity: Option<String> = None;
-        conn.write_all(&hs.take_output()).await.ok()?;
-        loop {
-            let n = tokio::select! {
-                r = conn.read(&mut buf) => r.ok()?,
-                // Shutting down: drop connections still haggling.
-                _ = shutdown.changed() => return None,
-            };
-            if n == 0 {
-                return None;
-            }
-            let event = hs.input(
-                &buf[..n],
-                &SessionCatalog {
-                    state: &state,
-                    peer: Peer {
-                        host,
-                        identity: identity.as_deref(),
-                    },
-                },
-            );
-            let out = hs.take_output();
-            if !out.is_empty() {
-                conn.write_all(&out).await.ok()?;
-            }
-            match event {
-                Ok(None) => {}
-                Ok(Some(HandshakeEvent::ExportChosen(info))) => return Some((info, conn)),
-                Ok(Some(HandshakeEvent::Aborted)) => return None,
-                Ok(Some(HandshakeEvent::StartTls)) => {
-                    conn = match state.tls.accept(conn).await {
-                        Ok(c) => c,
-                        Err(e) => {
-                            tracing::info!(%peer, "TLS handshake failed: {e}");
-                            return None;
-                        }
-                    };
-                    identity = conn.identity();
-                    tracing::debug!(%peer, ?identity, suite = ?conn.cipher_suite(), "TLS established");
-                    hs.tls_started();
-                }
-                Err(e) => {
-                    tracing::info!(%peer, "handshake failed: {e}");
-                    return None;
-                }
-            }
-        }
-    })
-    .await;
-    let Ok(Some((info, conn))) = negotiated else {
+    // The socket, for the writer to shut its read side when it gives up (it
+    // stays open as long as either half of the stream, plain or TLS, does).
+    let socket_fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+    let Some((info, leftover, stream)) =
+        negotiate(&state, host, peer, Stream::Plain(stream), &mut shutdown).await
+    else {
         return;
     };
-    let (rd, wr) = conn.split();
-    let leftover = hs.take_leftover();
+    let (rd, wr) = stream.split();
     let Some(volume) = state.store().open_volume(&info.name) else {
         return;
     };
@@ -800,227 +784,50 @@ pub async fn run_session(
         return;
     };
     let client = state.client_id(host);
-    let volume_counters = state.metrics.volume(&volume.name);
-    let host_counters = state.metrics.host(host);
-    let export = Arc::new(info);
     pool.host_connection(client, volume.id, true);
-
-    let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
-    let buffers = Arc::new(ReplyBuffers::default());
-    let recycle = buffers.clone();
-    let unanswered = Arc::new(AtomicUsize::new(0));
-    let answered = unanswered.clone();
-    let mut busy_poll = BusyPoll::new(state.busy_poll);
-    let writer = tokio::spawn(async move {
-        // Small replies that are ready together go out in one write.
-        let mut wr = tokio::io::BufWriter::with_capacity(64 * 1024, wr);
-        'replies: while let Some(reply) = rx.recv().await {
-            let mut next = Some(reply);
-            while let Some(reply) = next.take() {
-                match reply {
-                    Reply::Bytes(buf) => {
-                        if wr.write_all(&buf).await.is_err() {
-                            break 'replies;
-                        }
-                        recycle.give_back(buf);
-                    }
-                    Reply::FromFile {
-                        head,
-                        volume: _volume,
-                        fd,
-                        offset,
-                        length,
-                    } => {
-                        let sent = async {
-                            wr.write_all(&head).await?;
-                            if wr.get_ref().tcp().is_none() {
-                                // TLS: the data is encrypted in user space.
-                                return copy_file(&mut wr, fd, offset, length).await;
-                            }
-                            wr.flush().await?;
-                            match wr.get_ref().tcp() {
-                                Some(socket) => send_file(socket, fd, offset, length).await,
-                                None => Ok(()),
-                            }
-                        };
-                        if let Err(e) = sent.await {
-                            // Part of the reply may be out: the stream cannot go on.
-                            tracing::warn!(%peer, "closing connection: sending read data: {e}");
-                            break 'replies;
-                        }
-                    }
-                }
-                answered.fetch_sub(1, Ordering::Relaxed);
-                next = rx.try_recv().ok();
-            }
-            if wr.flush().await.is_err() {
-                break;
-            }
-        }
-        let _ = wr.shutdown().await;
-    });
-
-    let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
-    let buffer_budget = Arc::new(Semaphore::new(
-        MAX_BUFFERED_BYTES_PER_CONNECTION / BUFFER_UNIT_BYTES,
+    let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
+    let (host_data, server_data) = slot.data_budgets();
+    let conn = Conn {
+        peer,
+        volume_counters: state.metrics.volume(&volume.name),
+        host_counters: state.metrics.host(host),
+        export: Arc::new(info),
+        volume,
+        pool,
+        client,
+        tx,
+        buffers: Arc::new(ReplyBuffers::default()),
+        permits: Budget::new(MAX_IN_FLIGHT_PER_CONNECTION),
+        data_budget: Budget::new(MAX_BUFFERED_BYTES_PER_CONNECTION / BUFFER_UNIT_BYTES),
+        host_data,
+        server_data,
+        unanswered: Arc::new(AtomicUsize::new(0)),
+        idle: state.idle_timeout,
+    };
+    let writer = tokio::spawn(write_replies(
+        wr,
+        socket_fd,
+        rx,
+        conn.buffers.clone(),
+        conn.unanswered.clone(),
+        peer,
+        conn.idle,
     ));
     let mut reader = BufReader::with_capacity(256 * 1024, std::io::Cursor::new(leftover).chain(rd));
-    let max_payload = export.block_size.max_payload_bytes;
-    // Shutting down: requests still arriving are read and answered ESHUTDOWN
-    // (so the client sees a reply for everything it sent, not a reset), until the
-    // client goes quiet or the drain time is up.
-    let mut drain_until: Option<Instant> = None;
-    loop {
-        let permit = match drain_until {
-            Some(_) => match permits.clone().acquire_owned().await {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            None => tokio::select! {
-                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-                _ = shutdown.changed() => {
-                    drain_until = Some(Instant::now() + SHUTDOWN_DRAIN);
-                    continue;
-                }
-            },
-        };
-        let mut h = [0u8; REQUEST_HEADER_LEN];
-        match drain_until {
-            Some(until) => {
-                let quiet = SHUTDOWN_QUIET.min(until.saturating_duration_since(Instant::now()));
-                match tokio::time::timeout(quiet, reader.read_exact(&mut h)).await {
-                    Ok(Ok(_)) => {}
-                    _ => break,
-                }
-            }
-            None => {
-                // A client waiting on its last reply: poll before sleeping (busy_poll).
-                let window = busy_poll.window(unanswered.load(Ordering::Relaxed));
-                let started = Instant::now();
-                let read = std::pin::pin!(reader.read_exact(&mut h));
-                let deadline = started + window.unwrap_or_default();
-                tokio::select! {
-                    (r, waited) = poll_until(read, deadline) => {
-                        if r.is_err() {
-                            break;
-                        }
-                        busy_poll.request_read(waited.then(|| started.elapsed()), window.is_some());
-                    }
-                    _ = shutdown.changed() => {
-                        drain_until = Some(Instant::now() + SHUTDOWN_DRAIN);
-                        continue;
-                    }
-                }
-            }
-        }
-        let header = match RequestHeader::decode(&h) {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::info!(%peer, "closing connection: {e}");
-                break;
-            }
-        };
-        // Every request but DISC gets exactly one reply (the writer counts them out).
-        unanswered.fetch_add(1, Ordering::Relaxed);
-        let buffered =
-            matches!(header.command, CMD_READ | CMD_WRITE) && header.length <= max_payload;
-        let buffer = if buffered {
-            let units = (header.length as usize).div_ceil(BUFFER_UNIT_BYTES).max(1);
-            let units = units.min(MAX_BUFFERED_BYTES_PER_CONNECTION / BUFFER_UNIT_BYTES) as u32;
-            match buffer_budget.clone().acquire_many_owned(units).await {
-                Ok(p) => Some(p),
-                Err(_) => break,
-            }
-        } else {
-            None
-        };
-        let received_at = Instant::now();
-        let payload = if header.has_payload() {
-            if header.length <= max_payload {
-                // Read straight into spare capacity (no zeroing of the buffer first).
-                let mut p = Vec::with_capacity(header.length as usize);
-                match (&mut reader)
-                    .take(header.length as u64)
-                    .read_to_end(&mut p)
-                    .await
-                {
-                    Ok(n) if n == header.length as usize => Some(p),
-                    _ => break,
-                }
-            } else {
-                // Too big to accept: discard it as it arrives, then fail the request.
-                let mut sink = tokio::io::sink();
-                match tokio::io::copy(&mut (&mut reader).take(header.length as u64), &mut sink)
-                    .await
-                {
-                    Ok(n) if n == header.length as u64 => None,
-                    _ => break,
-                }
-            }
-        } else {
-            None
-        };
-        let request = Request { header, payload };
-        let valid = match validate(&request, &export) {
-            Ok(v) => v,
-            Err(e) => {
-                let mut out = Vec::new();
-                reply::error_reply(&mut out, &export, header.handle, &e);
-                host_counters.record(OpKind::Other, 0, 0, false);
-                volume_counters.record(OpKind::Other, 0, 0, false);
-                let _ = tx.send(out.into());
-                continue;
-            }
-        };
-        if valid.command == Command::Disconnect {
-            break;
-        }
-        if drain_until.is_some() {
-            let mut out = Vec::new();
-            reply::error_reply(
-                &mut out,
-                &export,
-                valid.handle,
-                &NbdError::new(ErrorCode::Shutdown, "the server is shutting down"),
-            );
-            host_counters.record(OpKind::Other, 0, 0, false);
-            volume_counters.record(OpKind::Other, 0, 0, false);
-            let _ = tx.send(out.into());
-            continue;
-        }
-        let job = Job {
-            handle: valid.handle,
-            command: valid.command,
-            payload: request.payload,
-            volume: volume.clone(),
-            export: export.clone(),
-            reply: tx.clone(),
-            buffers: buffers.clone(),
-            volume_counters: volume_counters.clone(),
-            host_counters: host_counters.clone(),
-            received_at,
-            client,
-            _permit: permit,
-            _buffer: buffer,
-        };
-        let task = Task::new(job);
-        if !pool.qos_enabled() {
-            // QoS off on this pool: straight to the backend.
-            execute_now(&pool, task);
-            continue;
-        }
-        let request = task.gate_request();
-        if let Err(rejected) = pool.submit(request, task) {
-            fail(
-                &rejected.payload,
-                NbdError::new(ErrorCode::Io, rejected.error.to_string()),
-            );
-        }
-    }
+    let ended = conn
+        .serve_requests(&mut reader, BusyPoll::new(state.busy_poll), &mut shutdown)
+        .await;
+    let Conn {
+        tx,
+        pool,
+        client,
+        volume,
+        ..
+    } = conn;
     // Stop reading; the writer finishes once every in-flight job has replied.
     drop(tx);
     let _ = writer.await;
-    if drain_until.is_some() {
+    if ended == Ended::Linger {
         // Our side is closed (FIN sent); read what the client still sends until it
         // closes too, so closing the socket does not reset replies in transit.
         let _ = tokio::time::timeout(SHUTDOWN_QUIET, async {
@@ -1031,6 +838,475 @@ pub async fn run_session(
     }
     pool.host_connection(client, volume.id, false);
     tracing::debug!(%peer, "connection closed");
+}
+
+/// Option haggling (within [`HANDSHAKE_TIMEOUT`]), STARTTLS included: the export
+/// chosen, the bytes already received after it, and the stream (TLS after
+/// STARTTLS), or `None` (the client left, aborted, or failed).
+async fn negotiate(
+    state: &ServerState,
+    host: IpAddr,
+    peer: SocketAddr,
+    mut stream: Stream,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<(ExportInfo, Vec<u8>, Stream)> {
+    let mut hs = ServerHandshake::with_tls(state.tls.policy());
+    let negotiated = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        let mut buf = vec![0u8; 16 * 1024];
+        // The verified TLS client certificate's subject CN, once TLS is up.
+        let mut identity: Option<String> = None;
+        stream.write_all(&hs.take_output()).await.ok()?;
+        loop {
+            let n = tokio::select! {
+                r = stream.read(&mut buf) => r.ok()?,
+                // Shutting down: drop connections still haggling.
+                _ = shutdown.changed() => return None,
+            };
+            if n == 0 {
+                return None;
+            }
+            let event = hs.input(
+                &buf[..n],
+                &SessionCatalog {
+                    state,
+                    peer: Peer {
+                        host,
+                        identity: identity.as_deref(),
+                    },
+                },
+            );
+            let out = hs.take_output();
+            if !out.is_empty() {
+                stream.write_all(&out).await.ok()?;
+            }
+            match event {
+                Ok(None) => {}
+                Ok(Some(HandshakeEvent::ExportChosen(info))) => return Some((info, stream)),
+                Ok(Some(HandshakeEvent::Aborted)) => return None,
+                Ok(Some(HandshakeEvent::StartTls)) => {
+                    stream = match state.tls.accept(stream).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::info!(%peer, "TLS handshake failed: {e}");
+                            return None;
+                        }
+                    };
+                    identity = stream.identity();
+                    tracing::debug!(%peer, ?identity, suite = ?stream.cipher_suite(), "TLS established");
+                    hs.tls_started();
+                }
+                Err(e) => {
+                    tracing::info!(%peer, "handshake failed: {e}");
+                    return None;
+                }
+            }
+        }
+    })
+    .await;
+    let (info, stream) = negotiated.ok()??;
+    Some((info, hs.take_leftover(), stream))
+}
+
+/// How a connection's request loop ended.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Ended {
+    /// The client left, broke the protocol, went idle, or stopped reading.
+    Closed,
+    /// We close while the client may still be sending (shutdown, a refused
+    /// request): read and drop its bytes for a moment so our replies arrive.
+    Linger,
+}
+
+/// What reading the next request header gave.
+enum Next {
+    Header([u8; REQUEST_HEADER_LEN]),
+    /// The server began shutting down: answer what still comes with ESHUTDOWN.
+    Drain,
+    Stop,
+}
+
+type ConnReader = BufReader<tokio::io::Chain<std::io::Cursor<Vec<u8>>, ConnRead>>;
+
+/// One connection in transmission: what every request needs.
+struct Conn {
+    peer: SocketAddr,
+    volume: Arc<OpenVolume>,
+    export: Arc<ExportInfo>,
+    pool: Arc<Pool>,
+    client: ClientId,
+    volume_counters: Arc<IoCounters>,
+    host_counters: Arc<IoCounters>,
+    tx: mpsc::UnboundedSender<Outgoing>,
+    buffers: Arc<ReplyBuffers>,
+    /// Requests whose replies are not yet written ([`MAX_IN_FLIGHT_PER_CONNECTION`]).
+    permits: Budget,
+    /// READ/WRITE data of those requests, in [`BUFFER_UNIT_BYTES`] units …
+    data_budget: Budget,
+    /// … and their share of the host's and the server's budgets.
+    host_data: Budget,
+    server_data: Budget,
+    /// Requests read and not yet answered (busy polling, idle detection).
+    unanswered: Arc<AtomicUsize>,
+    idle: Option<Duration>,
+}
+
+/// Sleeps `d`, or forever.
+async fn sleep_or_never(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `f`, failing with `TimedOut` if it takes longer than `limit`.
+async fn within<T>(
+    limit: Option<Duration>,
+    f: impl std::future::Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    match limit {
+        None => f.await,
+        Some(d) => tokio::time::timeout(d, f).await.unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no progress for {} s (idle_timeout_s)", d.as_secs()),
+            ))
+        }),
+    }
+}
+
+impl Conn {
+    /// Reads, validates and submits requests until the connection ends.
+    async fn serve_requests(
+        &self,
+        reader: &mut ConnReader,
+        mut busy_poll: BusyPoll,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Ended {
+        let max_payload = self.export.block_size.max_payload_bytes;
+        // Shutting down: requests still arriving are read and answered ESHUTDOWN
+        // (so the client sees a reply for everything it sent, not a reset), until
+        // the client goes quiet or the drain time is up.
+        let mut drain_until: Option<Instant> = None;
+        let closed = |drain: Option<Instant>| match drain {
+            Some(_) => Ended::Linger,
+            None => Ended::Closed,
+        };
+        loop {
+            // A request slot: held until its reply is written, so a client that
+            // does not read its replies stops being read from.
+            if self.tx.is_closed() {
+                // The writer gave up (the client reads nothing) or the socket broke.
+                return Ended::Closed;
+            }
+            let permit = match self.permits.try_take(1) {
+                Some(p) => p,
+                None => tokio::select! {
+                    p = self.permits.take(1) => p,
+                    _ = shutdown.changed(), if drain_until.is_none() => {
+                        drain_until = Some(Instant::now() + SHUTDOWN_DRAIN);
+                        continue;
+                    }
+                },
+            };
+            let h = match self
+                .next_header(reader, &mut busy_poll, shutdown, drain_until)
+                .await
+            {
+                Next::Header(h) => h,
+                Next::Drain => {
+                    drain_until = Some(Instant::now() + SHUTDOWN_DRAIN);
+                    continue;
+                }
+                Next::Stop => return closed(drain_until),
+            };
+            let header = match RequestHeader::decode(&h) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::info!(peer = %self.peer, "closing connection: {e}");
+                    return Ended::Closed;
+                }
+            };
+            // Every request but DISC gets exactly one reply (the writer counts them out).
+            self.unanswered.fetch_add(1, Ordering::Relaxed);
+            if header.has_payload() && header.length > max_payload {
+                self.refuse_payload(&header, permit);
+                return Ended::Linger;
+            }
+            let data = self.data_permit(&header, max_payload).await;
+            let held = Held {
+                _request: permit,
+                _data: data,
+            };
+            let received_at = Instant::now();
+            let payload = if header.has_payload() {
+                match self.read_payload(reader, header.length).await {
+                    Some(p) => Some(p),
+                    None => return Ended::Closed,
+                }
+            } else {
+                None
+            };
+            let request = Request { header, payload };
+            let valid = match validate(&request, &self.export) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.reply_error(header.handle, &e, held);
+                    continue;
+                }
+            };
+            if valid.command == Command::Disconnect {
+                return closed(drain_until);
+            }
+            if drain_until.is_some() {
+                let e = NbdError::new(ErrorCode::Shutdown, "the server is shutting down");
+                self.reply_error(valid.handle, &e, held);
+                continue;
+            }
+            self.submit(valid, request.payload, received_at, held);
+        }
+    }
+
+    /// The next request header: waits for it (busy polling when the client waits
+    /// on its last reply), at most `idle_timeout_s` when nothing is unanswered,
+    /// and while draining at most [`SHUTDOWN_QUIET`].
+    async fn next_header(
+        &self,
+        reader: &mut ConnReader,
+        busy_poll: &mut BusyPoll,
+        shutdown: &mut watch::Receiver<bool>,
+        drain_until: Option<Instant>,
+    ) -> Next {
+        let mut h = [0u8; REQUEST_HEADER_LEN];
+        if let Some(until) = drain_until {
+            let quiet = SHUTDOWN_QUIET.min(until.saturating_duration_since(Instant::now()));
+            return match tokio::time::timeout(quiet, reader.read_exact(&mut h)).await {
+                Ok(Ok(_)) => Next::Header(h),
+                _ => Next::Stop,
+            };
+        }
+        let unanswered = self.unanswered.load(Ordering::Relaxed);
+        // A client waiting on its last reply: poll before sleeping (busy_poll).
+        let window = busy_poll.window(unanswered);
+        let idle = self.idle.filter(|_| unanswered == 0);
+        let started = Instant::now();
+        let read = std::pin::pin!(reader.read_exact(&mut h));
+        let deadline = started + window.unwrap_or_default();
+        tokio::select! {
+            (r, waited) = poll_until(read, deadline) => {
+                if r.is_err() {
+                    return Next::Stop;
+                }
+                busy_poll.request_read(waited.then(|| started.elapsed()), window.is_some());
+                Next::Header(h)
+            }
+            _ = shutdown.changed() => Next::Drain,
+            _ = sleep_or_never(idle) => {
+                tracing::info!(peer = %self.peer, "closing idle connection (idle_timeout_s)");
+                Next::Stop
+            }
+        }
+    }
+
+    /// Budget for a READ's or WRITE's data, from the connection's, then the
+    /// host's, then the server's budget (always in that order; a request takes at
+    /// most a whole budget). `None`: the request carries no data.
+    async fn data_permit(&self, header: &RequestHeader, max_payload: u32) -> Option<DataHeld> {
+        if !(matches!(header.command, CMD_READ | CMD_WRITE) && header.length <= max_payload) {
+            return None;
+        }
+        let units = (header.length as usize).div_ceil(BUFFER_UNIT_BYTES).max(1);
+        let connection = match self.data_budget.try_take(units) {
+            Some(t) => t,
+            None => self.data_budget.take(units).await,
+        };
+        let host = match self.host_data.try_take(units) {
+            Some(t) => t,
+            None => self.host_data.take(units).await,
+        };
+        let server = match self.server_data.try_take(units) {
+            Some(t) => t,
+            None => self.server_data.take(units).await,
+        };
+        Some(DataHeld {
+            _connection: connection,
+            _host: host,
+            _server: server,
+        })
+    }
+
+    /// A WRITE's payload, read straight into spare capacity (no zeroing first).
+    async fn read_payload(&self, reader: &mut ConnReader, length: u32) -> Option<Vec<u8>> {
+        let mut p = Vec::with_capacity(length as usize);
+        let mut take = (&mut *reader).take(length as u64);
+        match within(self.idle, take.read_to_end(&mut p)).await {
+            Ok(n) if n == length as usize => Some(p),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::info!(peer = %self.peer, "closing connection: reading a payload: {e}");
+                None
+            }
+        }
+    }
+
+    /// A WRITE declaring more than the maximum payload: answered EINVAL, then the
+    /// connection closes (`proto.md` allows a hard disconnect for a payload deemed a
+    /// denial of service; reading and discarding up to 4 GiB is not done).
+    fn refuse_payload(&self, header: &RequestHeader, permit: Taken) {
+        let max = self.export.block_size.max_payload_bytes;
+        let e = NbdError::inval(format!(
+            "write of {} bytes exceeds the maximum payload of {max} bytes; closing the connection",
+            header.length
+        ));
+        tracing::info!(peer = %self.peer, "{e}");
+        let held = Held {
+            _request: permit,
+            _data: None,
+        };
+        self.reply_error(header.handle, &e, held);
+    }
+
+    /// Answers a request that fails before it reaches the gate.
+    fn reply_error(&self, handle: u64, e: &NbdError, held: Held) {
+        let mut out = Vec::new();
+        reply::error_reply(&mut out, &self.export, handle, e);
+        self.host_counters.record(OpKind::Other, 0, 0, false);
+        self.volume_counters.record(OpKind::Other, 0, 0, false);
+        let _ = self.tx.send(Outgoing {
+            reply: out.into(),
+            held: Some(held),
+        });
+    }
+
+    /// Hands a valid request to the pool's gate (or straight to the backend).
+    fn submit(
+        &self,
+        valid: ValidRequest,
+        payload: Option<Vec<u8>>,
+        received_at: Instant,
+        held: Held,
+    ) {
+        let job = Job {
+            handle: valid.handle,
+            command: valid.command,
+            payload,
+            volume: self.volume.clone(),
+            export: self.export.clone(),
+            reply: self.tx.clone(),
+            buffers: self.buffers.clone(),
+            volume_counters: self.volume_counters.clone(),
+            host_counters: self.host_counters.clone(),
+            received_at,
+            client: self.client,
+            held: Mutex::new(Some(held)),
+        };
+        let task = Task::new(job);
+        if !self.pool.qos_enabled() {
+            // QoS off on this pool: straight to the backend.
+            execute_now(&self.pool, task);
+            return;
+        }
+        let request = task.gate_request();
+        if let Err(rejected) = self.pool.submit(request, task) {
+            fail(
+                &rejected.payload,
+                NbdError::new(ErrorCode::Io, rejected.error.to_string()),
+            );
+        }
+    }
+}
+
+/// The connection's writer: sends replies in the order they complete and, once
+/// each is written, gives back what its request held. With `idle_timeout_s`, a
+/// client that reads nothing for that long is disconnected.
+async fn write_replies(
+    wr: ConnWrite,
+    socket: std::os::fd::RawFd,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    recycle: Arc<ReplyBuffers>,
+    answered: Arc<AtomicUsize>,
+    peer: SocketAddr,
+    idle: Option<Duration>,
+) {
+    // Small replies that are ready together go out in one write.
+    let mut wr = tokio::io::BufWriter::with_capacity(64 * 1024, wr);
+    while let Some(out) = rx.recv().await {
+        let mut next = Some(out);
+        while let Some(Outgoing { reply, held }) = next.take() {
+            if let Err(e) = write_reply(&mut wr, reply, &recycle, idle).await {
+                // Part of a reply may be out: the stream cannot go on.
+                tracing::info!(%peer, "closing connection: sending a reply: {e}");
+                return give_up(wr, socket, rx);
+            }
+            drop(held);
+            answered.fetch_sub(1, Ordering::Relaxed);
+            next = rx.try_recv().ok();
+        }
+        if let Err(e) = within(idle, wr.flush()).await {
+            tracing::info!(%peer, "closing connection: sending replies: {e}");
+            return give_up(wr, socket, rx);
+        }
+    }
+    let _ = within(idle, wr.shutdown()).await;
+}
+
+/// The writer cannot go on (the socket broke, or the client read nothing for
+/// `idle_timeout_s`): replies still queued are dropped with what their requests
+/// hold, and the socket's read side is shut so that the reader, wherever it
+/// waits, sees the end and stops.
+fn give_up(
+    wr: tokio::io::BufWriter<ConnWrite>,
+    socket: std::os::fd::RawFd,
+    rx: mpsc::UnboundedReceiver<Outgoing>,
+) {
+    drop(rx);
+    // SAFETY: shutdown(2) on the connection's socket, open while `wr` (a half of
+    // the stream that owns it, plain or TLS) is alive; no memory passed.
+    unsafe { libc::shutdown(socket, libc::SHUT_RD) };
+    drop(wr);
+}
+
+/// Writes one reply (within `idle`, when set: the client must take it in).
+async fn write_reply(
+    wr: &mut tokio::io::BufWriter<ConnWrite>,
+    reply: Reply,
+    recycle: &ReplyBuffers,
+    idle: Option<Duration>,
+) -> io::Result<()> {
+    match idle {
+        None => write_one(wr, reply, recycle).await,
+        Some(_) => within(idle, write_one(wr, reply, recycle)).await,
+    }
+}
+
+async fn write_one(
+    wr: &mut tokio::io::BufWriter<ConnWrite>,
+    reply: Reply,
+    recycle: &ReplyBuffers,
+) -> io::Result<()> {
+    match reply {
+        Reply::Bytes(buf) => {
+            wr.write_all(&buf).await?;
+            recycle.give_back(buf);
+        }
+        Reply::FromFile {
+            head,
+            volume: _volume,
+            fd,
+            offset,
+            length,
+        } => {
+            wr.write_all(&head).await?;
+            if wr.get_ref().tcp().is_none() {
+                // TLS: the data is encrypted in user space.
+                return copy_file(wr, fd, offset, length).await;
+            }
+            wr.flush().await?;
+            if let Some(socket) = wr.get_ref().tcp() {
+                send_file(socket, fd, offset, length).await?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes `length` bytes of the file `fd` from `offset` to `out` through a

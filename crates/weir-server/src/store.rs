@@ -1,7 +1,9 @@
 //! The volume store: volumes are sparse files in pool directories; metadata
 //! (volumes, sizes, policies, access groups) lives in `<data_dir>/weir-meta.json`,
 //! replaced crash-safely (write a temporary file, fsync it, rename it over the
-//! old one, fsync the directory).
+//! old one, fsync the directory) when its content changes — not at every start,
+//! so a server stopped on a full file system starts again. Files are created
+//! 0600 and directories 0700 (volumes hold tenants' data).
 //!
 //! On start the metadata file is loaded, then the configuration is merged in.
 //! The rule (decided for issue 3): the configuration is the floor of what
@@ -29,7 +31,8 @@ use weir_qos::{Policy, PolicyCatalog, VolumeId};
 use crate::access::{GroupRule, Peer, allowed};
 use crate::backend::{Backend, FileBackend};
 use crate::config::{
-    AccessGroupConfig, DEFAULT_POOL, PoolConfig, PoolFormat, WeirConfig, validate_name,
+    AccessGroupConfig, DEFAULT_POOL, PoolConfig, PoolFormat, WeirConfig, validate_description,
+    validate_name,
 };
 use crate::thin::{ThinBackend, ThinMeta, ThinState, thin_dir};
 use weir_thin::ThinVolume;
@@ -37,6 +40,37 @@ use weir_thin::ThinVolume;
 mod repl_ops;
 mod thin_ops;
 pub use thin_ops::{ThinPoolCheck, ThinSpace};
+
+/// Mode of the files the store creates (volumes, metadata).
+pub const FILE_MODE: u32 = 0o600;
+/// Mode of the directories the store creates (data dir, pools).
+pub const DIR_MODE: u32 = 0o700;
+
+/// A file an older version created readable by others becomes [`FILE_MODE`]
+/// (only a regular file of the data directory: not what a symlink points to).
+fn make_private(file: &File, path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::PermissionsExt;
+    let own = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file());
+    let mode = file
+        .metadata()
+        .map_err(|e| io_err(path.display(), e))?
+        .permissions()
+        .mode();
+    if own && mode & 0o077 != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))
+            .map_err(|e| io_err(format!("chmod 600 {}", path.display()), e))?;
+    }
+    Ok(())
+}
+
+/// `mkdir -p` with [`DIR_MODE`] for the directories it creates.
+fn create_dirs(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir)
+}
 
 pub const META_FILE: &str = "weir-meta.json";
 const META_VERSION: u32 = 1;
@@ -120,6 +154,13 @@ pub enum StoreError {
     Io(String),
 }
 
+/// Descriptions set through the API follow the configuration's rule (older
+/// metadata is not refused at start: the NBD layer sanitises what it sends).
+fn check_description(r: &VolumeRecord) -> Result<(), StoreError> {
+    validate_description(&r.description)
+        .map_err(|e| StoreError::Invalid(format!("volume {:?}: description {e}", r.name)))
+}
+
 fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> StoreError {
     StoreError::Io(format!("{what}: {e}"))
 }
@@ -157,17 +198,21 @@ impl VolumeStore {
     /// Opens (creating if needed) the data directory and every volume file.
     pub fn open(config: &WeirConfig) -> Result<VolumeStore, StoreError> {
         let data_dir = config.data_dir.clone();
-        std::fs::create_dir_all(&data_dir)
+        create_dirs(&data_dir)
             .map_err(|e| io_err(format!("creating {}", data_dir.display()), e))?;
         let meta_path = data_dir.join(META_FILE);
-        let mut meta = match std::fs::read(&meta_path) {
-            Ok(bytes) => serde_json::from_slice::<Meta>(&bytes)
+        let on_disk = match std::fs::read(&meta_path) {
+            Ok(bytes) => Some(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err(meta_path.display(), e)),
+        };
+        let mut meta = match &on_disk {
+            Some(bytes) => serde_json::from_slice::<Meta>(bytes)
                 .map_err(|e| StoreError::Invalid(format!("{}: {e}", meta_path.display())))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Meta {
+            None => Meta {
                 version: META_VERSION,
                 ..Meta::default()
             },
-            Err(e) => return Err(io_err(meta_path.display(), e)),
         };
         if meta.version != META_VERSION {
             return Err(StoreError::Invalid(format!(
@@ -245,7 +290,12 @@ impl VolumeStore {
         for snap in store.meta.thin.snapshots.clone() {
             store.open_snapshot(&snap)?;
         }
-        store.persist()?;
+        if on_disk.as_deref() != Some(store.meta_bytes()?.as_slice()) {
+            store.persist()?;
+        } else {
+            let f = File::open(&meta_path).map_err(|e| io_err(meta_path.display(), e))?;
+            make_private(&f, &meta_path)?;
+        }
         store.remove_orphan_layers();
         Ok(store)
     }
@@ -301,21 +351,22 @@ impl VolumeStore {
         r: &VolumeRecord,
         allow_existing: bool,
     ) -> Result<Arc<OpenVolume>, StoreError> {
+        use std::os::unix::fs::OpenOptionsExt;
         if let Some(top) = r.layer {
             return self.open_thin(r, top);
         }
         let dir = self.pool_dir(&r.pool);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
+        create_dirs(&dir).map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
         let path = self.volume_path(r);
         let mut opts = OpenOptions::new();
-        opts.read(true).write(true);
+        opts.read(true).write(true).mode(FILE_MODE);
         if allow_existing {
             opts.create(true);
         } else {
             opts.create_new(true);
         }
         let file = opts.open(&path).map_err(|e| io_err(path.display(), e))?;
+        make_private(&file, &path)?;
         let len = file
             .metadata()
             .map_err(|e| io_err(path.display(), e))?
@@ -324,9 +375,9 @@ impl VolumeStore {
             file.set_len(r.size_bytes)
                 .map_err(|e| io_err(format!("sizing {}", path.display()), e))?;
         }
-        let direct_io = self.pools.iter().any(|p| p.name == r.pool && p.direct_io);
+        let pool = self.pools.iter().find(|p| p.name == r.pool);
+        let direct_io = pool.is_some_and(|p| p.direct_io);
         let backend = if direct_io {
-            use std::os::unix::fs::OpenOptionsExt;
             match OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -349,19 +400,29 @@ impl VolumeStore {
             id: VolumeId(r.id),
             name: r.name.clone(),
             pool: r.pool.clone(),
-            backend: Arc::new(backend),
+            backend: crate::fault::wrap(Arc::new(backend), pool.map_or(&[][..], |p| &p.faults[..])),
             thin: None,
             deleted: AtomicBool::new(false),
         }))
     }
 
+    fn meta_bytes(&self) -> Result<Vec<u8>, StoreError> {
+        serde_json::to_vec_pretty(&self.meta).map_err(|e| StoreError::Io(e.to_string()))
+    }
+
     /// Writes the metadata crash-safely.
     fn persist(&self) -> Result<(), StoreError> {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = self.data_dir.join(META_FILE);
         let tmp = self.data_dir.join(format!("{META_FILE}.tmp"));
-        let bytes =
-            serde_json::to_vec_pretty(&self.meta).map_err(|e| StoreError::Io(e.to_string()))?;
-        let mut f = File::create(&tmp).map_err(|e| io_err(tmp.display(), e))?;
+        let bytes = self.meta_bytes()?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(FILE_MODE)
+            .open(&tmp)
+            .map_err(|e| io_err(tmp.display(), e))?;
         f.write_all(&bytes).map_err(|e| io_err(tmp.display(), e))?;
         f.sync_all().map_err(|e| io_err(tmp.display(), e))?;
         drop(f);
@@ -453,6 +514,7 @@ impl VolumeStore {
             origin: None,
         };
         self.check_record(&record)?;
+        check_description(&record)?;
         if self.is_thin(&record.pool) {
             return self.create_thin(record);
         }
@@ -535,6 +597,7 @@ impl VolumeStore {
             candidate.description = d;
         }
         self.check_record(&candidate)?;
+        check_description(&candidate)?;
         self.update(name, |r| *r = candidate)
     }
 

@@ -157,7 +157,7 @@ async fn nbdinfo_lists_visible_exports_and_describes_one() {
     assert_eq!(e["can_zero"], true);
     assert_eq!(e["can_fast_zero"], true);
     assert_eq!(e["can_cache"], true);
-    assert_eq!(e["block_size_maximum"], 32 << 20);
+    assert_eq!(e["block_size_maximum"], 64 << 20);
     let ro = run("nbdinfo", &["--json", &common::uri(&server, "ro")]).await;
     let v: serde_json::Value = serde_json::from_slice(&ro.stdout).unwrap();
     assert_eq!(v["exports"][0]["is_read_only"], true);

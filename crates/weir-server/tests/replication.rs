@@ -198,7 +198,7 @@ async fn nbdkit_memory_full_copy_then_changed_grains_only() {
         return;
     }
     let (_dir, server) = common::start_with("repl-nbdkit", &thin_config("64MiB")).await;
-    let admin = Client::new(server.admin_addr());
+    let admin = server.admin_client();
     let (_nbdkit, port) = start_daemon("nbdkit", |p| {
         [
             "-f",
@@ -339,7 +339,7 @@ async fn weir_target_goes_away_mid_cycle_and_the_cycle_resumes() {
     .unwrap();
     let target_addr = target.nbd_addr();
     let (_dir, server) = common::start_with("repl-resume", &thin_config("48MiB")).await;
-    let admin = Client::new(server.admin_addr());
+    let admin = server.admin_client();
     write(&server, 0, &bytes(3, (48 * MIB) as usize)).await;
     let to = format!("nbd://{target_addr}/dr");
     let first = admin.replicate("db", &once(&to)).await.unwrap();
@@ -394,7 +394,8 @@ async fn weir_target_goes_away_mid_cycle_and_the_cycle_resumes() {
     assert!(from >= cursor, "{c:?} vs cursor {cursor}");
     assert_eq!(c.shipped_bytes + c.zeroed_bytes, 48 * MIB - from, "{c:?}");
     // Reading the target back need not crawl at 4 MB/s.
-    Client::new(target.admin_addr())
+    target
+        .admin_client()
         .set_volume_policy("dr", "non-critical")
         .await
         .unwrap();
@@ -437,7 +438,7 @@ async fn configured_replication_runs_every_second_and_stops_cleanly() {
         target.nbd_addr()
     );
     let (_dir, server) = common::start_with("repl-cfg", &config).await;
-    let admin = Client::new(server.admin_addr());
+    let admin = server.admin_client();
     write(&server, MIB, &bytes(5, (2 * MIB) as usize)).await;
     let wrote_at = weir_server::replicate::now_unix_ms();
     // Wait for a cycle whose snapshot was taken after the write.
@@ -513,7 +514,7 @@ async fn bad_targets_and_requests_are_refused_clearly() {
         thin_config("4MiB")
     );
     let (_dir, server) = common::start_with("repl-refusals", &config).await;
-    let admin = Client::new(server.admin_addr());
+    let admin = server.admin_client();
     let to = format!("nbd://{}/dr", target.nbd_addr());
     let s = admin.replicate("db", &once(&to)).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -592,7 +593,7 @@ async fn qemu_nbd_dirty_target_gets_its_holes_zeroed() {
     });
     write(&server, 4 * MIB, &bytes(9, MIB as usize)).await;
     let to = format!("nbd://127.0.0.1:{port}/dr");
-    let s = cycle_once(&Client::new(server.admin_addr()), &to).await;
+    let s = cycle_once(&server.admin_client(), &to).await;
     let c = s.last_cycle.unwrap();
     assert_eq!((c.shipped_bytes, c.zeroed_bytes), (MIB, 15 * MIB), "{c:?}");
     qemu_img_compare(&common::uri(&server, "db@repl-1"), &to)
@@ -617,7 +618,7 @@ async fn cycles_stay_exact_across_rollback_flatten_growth_and_clones() {
     .await
     .unwrap();
     let (_dir, server) = common::start_with("repl-paths", &thin_config("8MiB")).await;
-    let admin = Client::new(server.admin_addr());
+    let admin = server.admin_client();
     let to = format!("nbd://{}/dr", target.nbd_addr());
     let exact = |snap: String, size: u64| {
         let (src, dst) = (server.nbd_addr(), target.nbd_addr());

@@ -8,8 +8,9 @@ use weir_server::config::TlsMode;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// TOML config (listen addresses, data directory, pools, volumes, policies, access
-    /// groups). Without it Weir serves an embedded default with five demo volumes.
+    /// TOML config (listen addresses, data directory, connection and memory limits,
+    /// pools, volumes, policies, access groups; see the README). Without it Weir
+    /// serves an embedded default with five demo volumes.
     #[arg(long, short, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Data directory (volumes and metadata); overrides the config's
@@ -70,6 +71,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
+        // Before the listeners exist: a SIGTERM from then on stops cleanly.
+        let mut signals = weir_server::server::StopSignals::install()
+            .context("installing the SIGINT/SIGTERM handlers")?;
         let data_dir = config.data_dir.clone();
         let scheme = if config.tls == TlsMode::Off {
             "nbd"
@@ -115,11 +119,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         }
         println!("Ctrl-C (or SIGTERM) stops cleanly.");
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
+        signals.recv().await;
         eprintln!("stopping: finishing in-flight requests, syncing data…");
         weir_server::shutdown_boxed(server).await
     })

@@ -71,8 +71,7 @@ impl VolumeStore {
 
     pub(super) fn open_chain(&mut self, pool: &str, top: u64) -> Result<Chain, StoreError> {
         let dir = self.thin_dir_of(pool);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
+        create_dirs(&dir).map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
         self.thin
             .chain(&self.meta.thin, &dir, top)
             .map_err(|e| io_err(format!("opening layer {top} of pool {pool:?}"), e))

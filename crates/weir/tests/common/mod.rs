@@ -38,6 +38,11 @@ impl Rng {
     }
 }
 
+/// The `weir` binary under test (`WEIR_BIN` overrides it).
+pub fn weir_bin() -> String {
+    std::env::var("WEIR_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_weir").to_string())
+}
+
 /// A `weir serve` child process on ephemeral ports (read from its banner).
 pub struct WeirProcess {
     pub child: Child,
@@ -66,6 +71,20 @@ impl WeirProcess {
 
     /// As [`WeirProcess::start`], with the data directory `data`.
     pub fn start_on(dir: &Path, config: &str, data: &Path) -> WeirProcess {
+        Self::spawn(dir, config, Command::new(env!("CARGO_BIN_EXE_weir")), data)
+    }
+
+    /// As [`WeirProcess::start`], through `sh -c script weir serve …`: the script
+    /// sets what the server runs under (an open-files limit, a mount namespace)
+    /// and ends with `exec "$0" "$@"`. `WEIR_BIN` overrides the binary (to
+    /// measure another build, e.g. before a fix).
+    pub fn start_with(dir: &Path, config: &str, script: &str) -> WeirProcess {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(script).arg(weir_bin());
+        Self::spawn(dir, config, cmd, &dir.join("data"))
+    }
+
+    fn spawn(dir: &Path, config: &str, mut cmd: Command, data: &Path) -> WeirProcess {
         let config_path = dir.join("weir.toml");
         let text = format!("listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{config}");
         std::fs::write(&config_path, text).unwrap();
@@ -74,7 +93,7 @@ impl WeirProcess {
             .append(true)
             .open(dir.join("weir.log"))
             .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        let mut child = cmd
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
