@@ -126,7 +126,7 @@ fn spawn_on_port(dir: &std::path::Path, port: u16) -> std::process::Child {
         .arg("--data-dir")
         .arg(dir.join("data"))
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("weir.log")).unwrap())
         .spawn()
         .unwrap()
 }
@@ -134,16 +134,32 @@ fn spawn_on_port(dir: &std::path::Path, port: u16) -> std::process::Child {
 #[test]
 fn sigterm_as_soon_as_the_listener_accepts_stops_cleanly() {
     use std::os::unix::process::ExitStatusExt;
-    for round in 0..3 {
+    let mut round = 0;
+    let mut port_races = 0;
+    while round < 3 {
         let dir = TempDir::new("early-sigterm");
         let port = free_port();
         let mut child = spawn_on_port(dir.path(), port);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let t = Instant::now();
+        let mut exited = false;
         while std::net::TcpStream::connect(addr).is_err() {
-            assert!(child.try_wait().unwrap().is_none(), "weir serve exited");
+            if child.try_wait().unwrap().is_some() {
+                exited = true;
+                break;
+            }
             assert!(t.elapsed() < Duration::from_secs(30), "never listened");
             std::thread::sleep(Duration::from_micros(200));
+        }
+        if exited {
+            // Another test took the free port between our probe and the bind.
+            let log = std::fs::read_to_string(dir.path().join("weir.log")).unwrap_or_default();
+            assert!(
+                log.contains("in use") && port_races < 5,
+                "weir serve exited before listening: {log}"
+            );
+            port_races += 1;
+            continue;
         }
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
@@ -151,6 +167,7 @@ fn sigterm_as_soon_as_the_listener_accepts_stops_cleanly() {
         println!("round {round}: SIGTERM right after the listener opened: {status}");
         assert_eq!(status.signal(), None, "killed by the signal: no clean stop");
         assert!(status.success(), "{status}");
+        round += 1;
     }
 }
 
