@@ -143,21 +143,14 @@ impl ThinVolume {
         off: u64,
         buf: &mut [u8],
     ) -> io::Result<bool> {
-        for layer in layers {
-            let map = layer.map();
-            match map.get(g) {
-                Entry::Unmapped => continue,
-                Entry::Zero => break,
-                Entry::Slot(s) => {
-                    return match &self.cache {
-                        Some(c) if layer.is_frozen() => Ok(c.read_hit(layer, s, off, buf)),
-                        _ => layer.read_slot_nowait(s, off, buf),
-                    };
-                }
-            }
-        }
-        buf.fill(0);
-        Ok(true)
+        let found = Self::with_grain(layers, g, |layer, s| match &self.cache {
+            Some(c) if layer.is_frozen() => Ok(c.read_hit(layer, s, off, buf)),
+            _ => layer.read_slot_nowait(s, off, buf),
+        });
+        found.unwrap_or_else(|| {
+            buf.fill(0);
+            Ok(true)
+        })
     }
 
     /// [`Self::write`] (not FUA) if every grain it touches is already the top's
@@ -195,47 +188,48 @@ impl ThinVolume {
         off: u64,
         buf: &mut [u8],
     ) -> io::Result<()> {
-        for layer in layers {
-            let map = layer.map();
-            match map.get(g) {
-                Entry::Unmapped => continue,
-                Entry::Zero => break,
-                Entry::Slot(s) => {
-                    return match &self.cache {
-                        Some(c) if layer.is_frozen() => c.read(layer, s, off, buf),
-                        _ => layer.read_slot(s, off, buf),
-                    };
-                }
-            }
-        }
-        buf.fill(0);
-        Ok(())
+        let found = Self::with_grain(layers, g, |layer, s| match &self.cache {
+            Some(c) if layer.is_frozen() => c.read(layer, s, off, buf),
+            _ => layer.read_slot(s, off, buf),
+        });
+        found.unwrap_or_else(|| {
+            buf.fill(0);
+            Ok(())
+        })
     }
 
     /// Reads grain `g` whole through `layers`, bypassing the cache.
     fn read_uncached(layers: &[Arc<Layer>], g: u64, buf: &mut [u8]) -> io::Result<()> {
-        for layer in layers {
-            let map = layer.map();
-            match map.get(g) {
-                Entry::Unmapped => continue,
-                Entry::Zero => break,
-                Entry::Slot(s) => return layer.read_slot(s, 0, buf),
-            }
-        }
-        buf.fill(0);
-        Ok(())
+        let found = Self::with_grain(layers, g, |layer, s| layer.read_slot(s, 0, buf));
+        found.unwrap_or_else(|| {
+            buf.fill(0);
+            Ok(())
+        })
     }
 
     /// Does any layer of `layers` hold data for grain `g` (before a zero marker)?
     fn has_data(layers: &[Arc<Layer>], g: u64) -> bool {
+        Self::with_grain(layers, g, |_, _| ()).is_some()
+    }
+
+    /// The walk down the chain for grain `g`: `found(layer, slot)` runs for the
+    /// first layer that stores it, with that layer's map read-locked (its slot
+    /// cannot be freed and reused meanwhile); `None` when the grain reads as
+    /// zeroes (a zero marker, or no layer has it).
+    fn with_grain<R>(
+        layers: &[Arc<Layer>],
+        g: u64,
+        found: impl FnOnce(&Arc<Layer>, u32) -> R,
+    ) -> Option<R> {
         for layer in layers {
-            match layer.map().get(g) {
+            let map = layer.map();
+            match map.get(g) {
                 Entry::Unmapped => continue,
-                Entry::Zero => return false,
-                Entry::Slot(_) => return true,
+                Entry::Zero => return None,
+                Entry::Slot(s) => return Some(found(layer, s)),
             }
         }
-        false
+        None
     }
 
     /// Writes `data` at `offset`; `fua`: durable before returning.
