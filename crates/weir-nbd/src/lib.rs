@@ -18,6 +18,7 @@ pub mod client;
 pub mod consts;
 pub mod error;
 pub mod export;
+pub mod fuzz;
 pub mod reply;
 pub mod request;
 pub mod server;

@@ -1,0 +1,4 @@
+//! libFuzzer target: `weir_nbd::fuzz::client` (see its documentation for the script format).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| weir_nbd::fuzz::client(data));
