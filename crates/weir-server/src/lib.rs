@@ -45,6 +45,7 @@ pub mod admin_auth;
 pub mod backend;
 pub mod budget;
 pub mod busy_poll;
+pub mod capacity;
 pub mod config;
 pub mod connections;
 pub mod device;
