@@ -90,6 +90,9 @@ pub struct VolumeStatsReport {
     /// The volume's pool's QoS gate now (device depth limit, pieces in flight).
     #[serde(default)]
     pub pool: PoolGauges,
+    /// The policy the QoS scheduler enforces for the volume now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_policy: Option<Policy>,
     /// The volume's asynchronous replication, if it has one (lag, last cycle).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<crate::replicate::ReplicationStatus>,
@@ -419,6 +422,7 @@ fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiErr
         .as_ref()
         .and_then(|p| p.volume_stats(VolumeId(volume.id)))
         .unwrap_or_default();
+    let applied_policy = pool.as_ref().and_then(|p| p.policy(VolumeId(volume.id)));
     let gauges = pool.map(|p| p.gauges()).unwrap_or_default();
     Ok(VolumeStatsReport {
         uptime_seconds: s.started.elapsed().as_secs_f64(),
@@ -428,6 +432,7 @@ fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiErr
         reservation_dispatches: sched.reservation_dispatches,
         dispatched_ios: sched.dispatched_ios,
         pool: gauges,
+        applied_policy,
         replication: s.replication.status(s, name).ok(),
         volume,
     })
@@ -485,6 +490,8 @@ fn decode(segment: &str) -> Option<String> {
 pub struct Client {
     addr: SocketAddr,
     token: Option<String>,
+    /// The `Host` header (default: the address).
+    host: Option<String>,
 }
 
 /// An admin call that failed: transport trouble or an error answer.
@@ -505,7 +512,37 @@ impl Client {
     /// A client without a token (every call but a refused one needs
     /// [`Client::with_token`]).
     pub fn new(addr: SocketAddr) -> Client {
-        Client { addr, token: None }
+        Client {
+            addr,
+            token: None,
+            host: None,
+        }
+    }
+
+    /// Sends `Host: <host>` (a name the server's `admin_hosts` accepts) instead
+    /// of the address.
+    pub fn with_host(mut self, host: impl Into<String>) -> Client {
+        self.host = Some(host.into());
+        self
+    }
+
+    /// The address it connects to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Which server answers (`GET /v1/server`).
+    pub async fn server_info(&self) -> Result<ServerInfo, ClientError> {
+        self.call("GET", "/v1/server", None::<&()>).await
+    }
+    /// Every pool's space (`GET /v1/capacity`).
+    pub async fn capacity(&self) -> Result<Vec<crate::capacity::PoolCapacity>, ClientError> {
+        self.call("GET", "/v1/capacity", None::<&()>).await
+    }
+    /// Replaces a user-defined policy; its volumes follow at once.
+    pub async fn update_policy(&self, policy: &Policy) -> Result<Policy, ClientError> {
+        let path = format!("/v1/policies/{}", encode(&policy.name));
+        self.call("PUT", &path, Some(policy)).await
     }
 
     /// Sends `Authorization: Bearer <token>` with every call.
@@ -744,7 +781,7 @@ impl Client {
         let body = body.unwrap_or_default();
         let mut req = format!(
             "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAccept: application/json\r\nContent-Length: {}\r\n",
-            self.addr,
+            self.host.clone().unwrap_or_else(|| self.addr.to_string()),
             body.len()
         );
         if !body.is_empty() || matches!(method, "POST" | "PUT" | "PATCH") {
