@@ -57,6 +57,7 @@ pub mod replicate;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod systemd;
 pub mod thin;
 pub mod tls;
 

@@ -418,15 +418,24 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
-    /// Binds both listeners (port 0 picks a free port) and starts serving.
+    /// Binds both listeners (port 0 picks a free port) and starts serving;
+    /// a listener systemd passed (socket activation, [`crate::systemd`]) is used
+    /// instead of binding its address.
     pub async fn start(config: WeirConfig) -> anyhow::Result<RunningServer> {
+        let inherited = crate::systemd::inherited_listeners()?;
         let state = Arc::new(ServerState::new(&config)?);
-        let nbd = TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("binding NBD listener {}", config.listen))?;
-        let admin = TcpListener::bind(config.admin_listen)
-            .await
-            .with_context(|| format!("binding admin listener {}", config.admin_listen))?;
+        let nbd = match inherited.nbd {
+            Some(l) => TcpListener::from_std(l).context("the NBD socket systemd passed")?,
+            None => TcpListener::bind(config.listen)
+                .await
+                .with_context(|| format!("binding NBD listener {}", config.listen))?,
+        };
+        let admin = match inherited.admin {
+            Some(l) => TcpListener::from_std(l).context("the admin socket systemd passed")?,
+            None => TcpListener::bind(config.admin_listen)
+                .await
+                .with_context(|| format!("binding admin listener {}", config.admin_listen))?,
+        };
         let nbd_addr = nbd.local_addr()?;
         let admin_addr = admin.local_addr()?;
         let _ = state.addrs.set((nbd_addr, admin_addr));
