@@ -12,9 +12,12 @@
 //! | POST | `/v1/volumes/{name}/policy` | `{"policy": "name"}` | `VolumeRecord` |
 //! | GET | `/v1/volumes/{name}/stats` | | `VolumeStatsReport` |
 //! | GET | `/v1/pools` | | `[PoolStatsReport]` |
+//! | GET | `/v1/capacity` | | `[PoolCapacity]` (space, provisioned, overcommit) |
+//! | GET | `/v1/server` | | `ServerInfo` (version, commit, host name, uptime) |
 //! | GET | `/v1/policies` | | `[Policy]` |
 //! | POST | `/v1/policies` | `Policy` | `Policy` (201) |
 //! | GET | `/v1/policies/{name}` | | `Policy` |
+//! | PUT | `/v1/policies/{name}` | `Policy` | `Policy` (replaces a user-defined one; its volumes follow at once) |
 //! | DELETE | `/v1/policies/{name}` | | `Policy` |
 //! | GET | `/v1/access-groups` | | `[AccessGroupConfig]` |
 //! | PUT | `/v1/access-groups/{name}` | `AccessGroupConfig` | `AccessGroupConfig` (create or replace) |
@@ -29,6 +32,9 @@
 //! Errors are `{"error": "message"}` with 400 (invalid; malformed JSON body), 404
 //! (not found), 405 (method not allowed on that path), 409 (conflict), 422 (JSON
 //! body of the wrong shape) or 500.
+//!
+//! Every request that changes something is logged (target `weir_audit`, info
+//! level): method, path, body and outcome.
 //!
 //! Every request first passes [`crate::admin_auth::AdminGuard`]: its own `Host`
 //! (401/403/415 otherwise), a same-origin `Origin` if any, `Authorization: Bearer
@@ -84,6 +90,9 @@ pub struct VolumeStatsReport {
     /// The volume's pool's QoS gate now (device depth limit, pieces in flight).
     #[serde(default)]
     pub pool: PoolGauges,
+    /// The policy the QoS scheduler enforces for the volume now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_policy: Option<Policy>,
     /// The volume's asynchronous replication, if it has one (lag, last cycle).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<crate::replicate::ReplicationStatus>,
@@ -132,6 +141,19 @@ pub struct CloneRequest {
     pub names: Vec<String>,
     #[serde(default)]
     pub policy: Option<String>,
+}
+
+/// `GET /v1/server`: which server answers (the CLI shows it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    pub version: String,
+    pub commit: String,
+    /// The machine's host name.
+    pub hostname: String,
+    pub nbd_listen: String,
+    pub admin_listen: String,
+    pub uptime_seconds: f64,
+    pub volumes: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -184,11 +206,52 @@ pub fn handle(s: &ServerState, request: &Request) -> Response {
             dispatch(s, &request.method, &segments, &request.body)
         }
     };
-    answer.unwrap_or_else(|ApiError(status, error)| Response {
+    let response = answer.unwrap_or_else(|ApiError(status, error)| Response {
         status,
         content_type: JSON,
         body: serde_json::to_vec(&ErrorBody { error }).unwrap_or_default(),
-    })
+    });
+    audit(request, &response);
+    response
+}
+
+/// Target of the log lines that record changes (admin API calls that change
+/// something, configuration applied at start): `weir` logs it at info level by
+/// default.
+pub const AUDIT_TARGET: &str = "weir_audit";
+
+/// Logs a request that changes something (any method but GET/HEAD): method,
+/// path, the body (JSON, at most 512 bytes) and the outcome.
+fn audit(request: &Request, response: &Response) {
+    if matches!(request.method.as_str(), "GET" | "HEAD") {
+        return;
+    }
+    let mut body: String = String::from_utf8_lossy(&request.body)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    if body.len() > 512 {
+        let cut = (0..=512)
+            .rev()
+            .find(|&i| body.is_char_boundary(i))
+            .unwrap_or(0);
+        body.truncate(cut);
+        body.push('…');
+    }
+    let status = response.status;
+    if (200..300).contains(&status) {
+        tracing::info!(target: AUDIT_TARGET, "admin: {} {} {body} -> {status}", request.method, request.path);
+    } else {
+        let error = serde_json::from_slice::<ErrorBody>(&response.body)
+            .map(|e| e.error)
+            .unwrap_or_default();
+        tracing::info!(
+            target: AUDIT_TARGET,
+            "admin: {} {} {body} -> {status} refused: {error}",
+            request.method,
+            request.path
+        );
+    }
 }
 
 const JSON: &str = "application/json";
@@ -217,7 +280,7 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
         ("DELETE", ["v1", "volumes", name]) => ok(&s.delete_volume(name)?),
         ("POST", ["v1", "volumes", name, "resize"]) => {
             let req: ResizeRequest = parse(body)?;
-            ok(&store().resize(name, req.size_bytes)?)
+            ok(&s.resize_volume(name, req.size_bytes)?)
         }
         ("POST", ["v1", "volumes", name, "policy"]) => {
             let req: SetPolicyRequest = parse(body)?;
@@ -254,12 +317,27 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
         }
         ("DELETE", ["v1", "volumes", name, "replication"]) => ok(&s.replication.stop(s, name)?),
         ("GET", ["v1", "pools"]) => ok(&s.pool_reports()),
+        ("GET", ["v1", "capacity"]) => ok(&crate::capacity::pools(&store())),
+        ("GET", ["v1", "server"]) => ok(&s.server_info()),
         ("GET", ["v1", "policies"]) => ok(&store().policies()),
         ("POST", ["v1", "policies"]) => {
             let p: Policy = parse(body)?;
             created(&store().create_policy(p)?)
         }
         ("GET", ["v1", "policies", name]) => ok(&store().policy(name)?),
+        ("PUT", ["v1", "policies", name]) => {
+            let p: Policy = parse(body)?;
+            if p.name != *name {
+                return Err(ApiError(
+                    400,
+                    format!(
+                        "policy name {:?} in the body does not match {name:?} in the path",
+                        p.name
+                    ),
+                ));
+            }
+            ok(&s.update_policy(p)?)
+        }
         ("DELETE", ["v1", "policies", name]) => ok(&store().delete_policy(name)?),
         ("GET", ["v1", "access-groups"]) => ok(&store().access_groups()),
         ("GET", ["v1", "access-groups", name]) => ok(&store().access_group(name)?),
@@ -277,17 +355,11 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             ok(&store().put_access_group(group)?)
         }
         ("DELETE", ["v1", "access-groups", name]) => ok(&store().delete_access_group(name)?),
-        ("GET", ["metrics"]) => {
-            let queued = s.queued_by_volume();
-            let pools = s.pool_gauges();
-            let mut text = s.metrics.render_prometheus(&queued, &pools);
-            text.push_str(&s.limits.render_prometheus());
-            Ok(Response {
-                status: 200,
-                content_type: "text/plain; version=0.0.4",
-                body: (text + &s.thin_metrics() + &s.replication.prometheus(s)).into_bytes(),
-            })
-        }
+        ("GET", ["metrics"]) => Ok(Response {
+            status: 200,
+            content_type: "text/plain; version=0.0.4",
+            body: metrics_text(s).into_bytes(),
+        }),
         (_, path) if is_route(path) => Err(ApiError(
             405,
             format!("method {method} is not allowed on /{}", path.join("/")),
@@ -305,7 +377,10 @@ fn is_route(path: &[&str]) -> bool {
         path,
         ["v1", "volumes" | "policies" | "access-groups" | "pools"]
             | ["v1", "volumes" | "policies" | "access-groups", _]
-            | ["v1", "snapshots" | "check" | "replications"]
+            | [
+                "v1",
+                "snapshots" | "check" | "replications" | "capacity" | "server"
+            ]
             | [
                 "v1",
                 "volumes",
@@ -324,6 +399,21 @@ fn is_route(path: &[&str]) -> bool {
     )
 }
 
+/// The Prometheus text of `/metrics`: every volume (from the start, with its
+/// size, policy figures and labels), host, pool and connection, thin space,
+/// replication, build info and `process_*`.
+pub fn metrics_text(s: &ServerState) -> String {
+    let volumes = s.volume_views();
+    let pools = s.pool_gauges();
+    let mut text = s.metrics.render_prometheus(&volumes, &pools);
+    text.push_str(&s.limits.render_prometheus());
+    text.push_str(&crate::capacity::render_prometheus(&s.store()));
+    text.push_str(&s.thin_metrics());
+    text.push_str(&s.replication.prometheus(s));
+    text.push_str(&crate::metrics::render_process());
+    text
+}
+
 fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiError> {
     let volume = s.store().get(name)?;
     let counters = s.metrics.volume(name).snapshot();
@@ -332,6 +422,7 @@ fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiErr
         .as_ref()
         .and_then(|p| p.volume_stats(VolumeId(volume.id)))
         .unwrap_or_default();
+    let applied_policy = pool.as_ref().and_then(|p| p.policy(VolumeId(volume.id)));
     let gauges = pool.map(|p| p.gauges()).unwrap_or_default();
     Ok(VolumeStatsReport {
         uptime_seconds: s.started.elapsed().as_secs_f64(),
@@ -341,6 +432,7 @@ fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiErr
         reservation_dispatches: sched.reservation_dispatches,
         dispatched_ios: sched.dispatched_ios,
         pool: gauges,
+        applied_policy,
         replication: s.replication.status(s, name).ok(),
         volume,
     })
@@ -398,6 +490,8 @@ fn decode(segment: &str) -> Option<String> {
 pub struct Client {
     addr: SocketAddr,
     token: Option<String>,
+    /// The `Host` header (default: the address).
+    host: Option<String>,
 }
 
 /// An admin call that failed: transport trouble or an error answer.
@@ -418,7 +512,37 @@ impl Client {
     /// A client without a token (every call but a refused one needs
     /// [`Client::with_token`]).
     pub fn new(addr: SocketAddr) -> Client {
-        Client { addr, token: None }
+        Client {
+            addr,
+            token: None,
+            host: None,
+        }
+    }
+
+    /// Sends `Host: <host>` (a name the server's `admin_hosts` accepts) instead
+    /// of the address.
+    pub fn with_host(mut self, host: impl Into<String>) -> Client {
+        self.host = Some(host.into());
+        self
+    }
+
+    /// The address it connects to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Which server answers (`GET /v1/server`).
+    pub async fn server_info(&self) -> Result<ServerInfo, ClientError> {
+        self.call("GET", "/v1/server", None::<&()>).await
+    }
+    /// Every pool's space (`GET /v1/capacity`).
+    pub async fn capacity(&self) -> Result<Vec<crate::capacity::PoolCapacity>, ClientError> {
+        self.call("GET", "/v1/capacity", None::<&()>).await
+    }
+    /// Replaces a user-defined policy; its volumes follow at once.
+    pub async fn update_policy(&self, policy: &Policy) -> Result<Policy, ClientError> {
+        let path = format!("/v1/policies/{}", encode(&policy.name));
+        self.call("PUT", &path, Some(policy)).await
     }
 
     /// Sends `Authorization: Bearer <token>` with every call.
@@ -657,7 +781,7 @@ impl Client {
         let body = body.unwrap_or_default();
         let mut req = format!(
             "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAccept: application/json\r\nContent-Length: {}\r\n",
-            self.addr,
+            self.host.clone().unwrap_or_else(|| self.addr.to_string()),
             body.len()
         );
         if !body.is_empty() || matches!(method, "POST" | "PUT" | "PATCH") {

@@ -194,7 +194,27 @@ impl ConnectionLimits {
             self.open(),
             self.max_total,
             self.refused()
-        )
+        ) + &self.render_per_host()
+    }
+
+    /// `weir_host_connections{host}`: connections open now, per client address.
+    fn render_per_host(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::from(
+            "# HELP weir_host_connections NBD connections open now, per client address.\n\
+             # TYPE weir_host_connections gauge\n",
+        );
+        let counts = self.counts();
+        let mut hosts: Vec<_> = counts.per_host.iter().collect();
+        hosts.sort_by_key(|(h, _)| **h);
+        for (host, e) in hosts {
+            let _ = writeln!(
+                out,
+                "weir_host_connections{{host=\"{host}\"}} {}",
+                e.connections
+            );
+        }
+        out
     }
 
     /// Admits a connection from `host` (canonical) or says how to turn it away.

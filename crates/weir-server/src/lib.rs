@@ -45,6 +45,7 @@ pub mod admin_auth;
 pub mod backend;
 pub mod budget;
 pub mod busy_poll;
+pub mod capacity;
 pub mod config;
 pub mod connections;
 pub mod device;
@@ -56,6 +57,7 @@ pub mod replicate;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod systemd;
 pub mod thin;
 pub mod tls;
 

@@ -9,12 +9,17 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::qos::PoolGauges;
+use weir_qos::{Policy, VolumeStats};
 
-/// Upper bounds of the latency histogram buckets, microseconds (then +Inf).
-pub const LATENCY_BUCKETS_US: [u64; 15] = [
-    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-    1_000_000, 2_500_000,
+use crate::qos::PoolGauges;
+use crate::store::VolumeRecord;
+
+/// Upper bounds of the latency histogram buckets, microseconds (then +Inf):
+/// 10 µs to 10 s, 1-2.5-5 steps (a page-cache read takes 10-50 µs, a
+/// throttled one seconds).
+pub const LATENCY_BUCKETS_US: [u64; 19] = [
+    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+    500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000,
 ];
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -34,6 +39,7 @@ pub struct IoCounters {
     write_bytes: AtomicU64,
     errors: AtomicU64,
     latency_sum_ns: AtomicU64,
+    qos_wait_ns: AtomicU64,
     buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
 }
 
@@ -47,7 +53,12 @@ pub struct CounterSnapshot {
     pub write_bytes: u64,
     pub errors: u64,
     pub latency_sum_ns: u64,
-    /// Counts per bucket (not cumulative), the last one for > 2.5 s.
+    /// Time requests waited in the QoS gate before their release (throttled by a
+    /// limit, behind others' reservations and shares, or for a device slot).
+    #[serde(default)]
+    pub qos_wait_ns: u64,
+    /// Counts per bucket of [`LATENCY_BUCKETS_US`] (not cumulative), the last one
+    /// for > 10 s.
     pub latency_buckets: Vec<u64>,
 }
 
@@ -83,12 +94,13 @@ impl IoCounters {
             self.errors.fetch_add(1, Relaxed);
         }
         self.latency_sum_ns.fetch_add(latency_ns, Relaxed);
-        let us = latency_ns / 1000;
-        let i = LATENCY_BUCKETS_US
-            .iter()
-            .position(|&b| us <= b)
-            .unwrap_or(LATENCY_BUCKETS_US.len());
+        let i = LATENCY_BUCKETS_US.partition_point(|&b| b * 1000 < latency_ns);
         self.buckets[i].fetch_add(1, Relaxed);
+    }
+
+    /// A request left the QoS gate `wait_ns` after it arrived.
+    pub fn record_qos_wait(&self, wait_ns: u64) {
+        self.qos_wait_ns.fetch_add(wait_ns, Relaxed);
     }
 
     pub fn snapshot(&self) -> CounterSnapshot {
@@ -100,6 +112,7 @@ impl IoCounters {
             write_bytes: self.write_bytes.load(Relaxed),
             errors: self.errors.load(Relaxed),
             latency_sum_ns: self.latency_sum_ns.load(Relaxed),
+            qos_wait_ns: self.qos_wait_ns.load(Relaxed),
             latency_buckets: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
         }
     }
@@ -111,6 +124,99 @@ pub struct Metrics {
     volumes: Mutex<BTreeMap<String, Arc<IoCounters>>>,
     hosts: Mutex<BTreeMap<IpAddr, Arc<IoCounters>>>,
 }
+
+/// What `/metrics` says of one volume besides its I/O counters: its record
+/// (size, pool, policy name), its policy's figures and its scheduler's counts.
+#[derive(Clone, Debug)]
+pub struct VolumeView {
+    pub record: VolumeRecord,
+    pub policy: Option<Policy>,
+    pub sched: VolumeStats,
+}
+
+/// Writes one metric family's `# HELP` and `# TYPE` lines.
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// A sample value: integers as such, `+Inf`/`NaN` as Prometheus spells them.
+fn value(v: f64) -> String {
+    if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.to_string()
+    } else if v.is_nan() {
+        "NaN".to_string()
+    } else {
+        format!("{v}")
+    }
+}
+
+type Figure = fn(&VolumeView) -> Option<f64>;
+
+/// Per-volume gauges of the policy and the scheduler: (name, type, help, value;
+/// `None`: no sample, e.g. no limit).
+const VOLUME_FIGURES: [(&str, &str, &str, Figure); 10] = [
+    (
+        "weir_volume_size_bytes",
+        "gauge",
+        "The volume's size (what clients see).",
+        |v| Some(v.record.size_bytes as f64),
+    ),
+    (
+        "weir_volume_reservation_iops",
+        "gauge",
+        "IOPS its policy reserves (0: none).",
+        |v| Some(v.policy.as_ref()?.reservation_iops.unwrap_or(0.0)),
+    ),
+    (
+        "weir_volume_reservation_bytes_per_second",
+        "gauge",
+        "Bandwidth its policy reserves (0: none).",
+        |v| Some(v.policy.as_ref()?.reservation_mbps.unwrap_or(0.0) * 1e6),
+    ),
+    (
+        "weir_volume_limit_iops",
+        "gauge",
+        "IOPS its policy allows at most (no sample: unlimited).",
+        |v| v.policy.as_ref()?.effective_limit_iops(),
+    ),
+    (
+        "weir_volume_limit_bytes_per_second",
+        "gauge",
+        "Bandwidth its policy allows at most (no sample: unlimited).",
+        |v| Some(v.policy.as_ref()?.limit_mbps? * 1e6),
+    ),
+    (
+        "weir_volume_latency_target_seconds",
+        "gauge",
+        "Its policy's latency target (no sample: none).",
+        |v| Some(v.policy.as_ref()?.latency_target_ms? / 1e3),
+    ),
+    (
+        "weir_volume_shares",
+        "gauge",
+        "Its policy's shares (proportional weight under contention).",
+        |v| Some(v.policy.as_ref()?.shares.get().into()),
+    ),
+    (
+        "weir_volume_queued",
+        "gauge",
+        "Requests waiting in the QoS scheduler.",
+        |v| Some(v.sched.queued as f64),
+    ),
+    (
+        "weir_volume_dispatches_total",
+        "counter",
+        "Requests (or pieces) the QoS scheduler released to the backend.",
+        |v| Some(v.sched.dispatched_ios as f64),
+    ),
+    (
+        "weir_volume_reservation_dispatches_total",
+        "counter",
+        "Releases made to meet the volume's reservation (the rest went by shares).",
+        |v| Some(v.sched.reservation_dispatches as f64),
+    ),
+];
 
 impl Metrics {
     pub fn volume(&self, name: &str) -> Arc<IoCounters> {
@@ -128,20 +234,23 @@ impl Metrics {
         h.entry(host).or_default().clone()
     }
 
-    /// Prometheus text exposition format (version 0.0.4), with the gauges of
-    /// each volume (`queued`: requests waiting in its pool's gate) and each pool's
+    /// Prometheus text exposition format (version 0.0.4): every volume of
+    /// `volumes` (with zeros before its first I/O), every host seen, each pool's
     /// gate (`pools`: in flight, device depth limit, its ceiling, queued).
     pub fn render_prometheus(
         &self,
-        queued: &BTreeMap<String, usize>,
+        volumes: &[VolumeView],
         pools: &BTreeMap<String, PoolGauges>,
     ) -> String {
-        let volumes: Vec<(String, CounterSnapshot)> = self
-            .volumes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let vols: Vec<(String, CounterSnapshot)> = volumes
             .iter()
-            .map(|(k, v)| (format!("volume=\"{}\"", escape(k)), v.snapshot()))
+            .map(|v| {
+                let name = &v.record.name;
+                (
+                    format!("volume=\"{}\"", escape(name)),
+                    self.volume(name).snapshot(),
+                )
+            })
             .collect();
         let hosts: Vec<(String, CounterSnapshot)> = self
             .hosts
@@ -151,126 +260,298 @@ impl Metrics {
             .map(|(k, v)| (format!("host=\"{k}\""), v.snapshot()))
             .collect();
         let mut out = String::new();
-        for (scope, rows) in [("volume", &volumes), ("host", &hosts)] {
-            let _ = writeln!(
-                out,
-                "# HELP weir_{scope}_ios_total I/Os completed, by operation."
-            );
-            let _ = writeln!(out, "# TYPE weir_{scope}_ios_total counter");
-            for (l, s) in rows {
-                let _ = writeln!(
-                    out,
-                    "weir_{scope}_ios_total{{{l},op=\"read\"}} {}",
-                    s.read_ios
-                );
-                let _ = writeln!(
-                    out,
-                    "weir_{scope}_ios_total{{{l},op=\"write\"}} {}",
-                    s.write_ios
-                );
-                let _ = writeln!(
-                    out,
-                    "weir_{scope}_ios_total{{{l},op=\"other\"}} {}",
-                    s.other_ios
-                );
-            }
-            let _ = writeln!(
-                out,
-                "# HELP weir_{scope}_bytes_total Bytes moved, by direction."
-            );
-            let _ = writeln!(out, "# TYPE weir_{scope}_bytes_total counter");
-            for (l, s) in rows {
-                let _ = writeln!(
-                    out,
-                    "weir_{scope}_bytes_total{{{l},op=\"read\"}} {}",
-                    s.read_bytes
-                );
-                let _ = writeln!(
-                    out,
-                    "weir_{scope}_bytes_total{{{l},op=\"write\"}} {}",
-                    s.write_bytes
-                );
-            }
-            let _ = writeln!(
-                out,
-                "# HELP weir_{scope}_errors_total Requests answered with an error."
-            );
-            let _ = writeln!(out, "# TYPE weir_{scope}_errors_total counter");
-            for (l, s) in rows {
-                let _ = writeln!(out, "weir_{scope}_errors_total{{{l}}} {}", s.errors);
-            }
-            let _ = writeln!(
-                out,
-                "# HELP weir_{scope}_latency_seconds Request latency (QoS queueing included)."
-            );
-            let _ = writeln!(out, "# TYPE weir_{scope}_latency_seconds histogram");
-            for (l, s) in rows {
-                let mut cumulative = 0;
-                for (i, count) in s.latency_buckets.iter().enumerate() {
-                    cumulative += count;
-                    let le = match LATENCY_BUCKETS_US.get(i) {
-                        Some(us) => format!("{}", *us as f64 / 1e6),
-                        None => "+Inf".to_string(),
-                    };
-                    let _ = writeln!(
-                        out,
-                        "weir_{scope}_latency_seconds_bucket{{{l},le=\"{le}\"}} {cumulative}"
-                    );
-                }
-                let _ = writeln!(
-                    out,
-                    "weir_{scope}_latency_seconds_sum{{{l}}} {}",
-                    s.latency_sum_ns as f64 / 1e9
-                );
-                let _ = writeln!(out, "weir_{scope}_latency_seconds_count{{{l}}} {}", s.ios());
-            }
+        render_volume_info(&mut out, volumes);
+        for (scope, rows) in [("volume", &vols), ("host", &hosts)] {
+            render_counters(&mut out, scope, rows);
         }
-        let _ = writeln!(
-            out,
-            "# HELP weir_volume_queued Requests waiting in the QoS scheduler."
+        family(
+            &mut out,
+            "weir_volume_qos_wait_seconds_total",
+            "counter",
+            "Time requests waited in the QoS gate before release (throttled by a limit, behind reservations and shares, or for a device slot).",
         );
-        let _ = writeln!(out, "# TYPE weir_volume_queued gauge");
-        for (name, q) in queued {
-            let _ = writeln!(out, "weir_volume_queued{{volume=\"{}\"}} {q}", escape(name));
+        for (l, s) in &vols {
+            let wait_s = s.qos_wait_ns as f64 / 1e9;
+            let _ = writeln!(out, "weir_volume_qos_wait_seconds_total{{{l}}} {wait_s}");
         }
-        type Gauge = fn(&PoolGauges) -> u64;
-        let gauges: [(&str, &str, Gauge); 4] = [
-            (
-                "in_flight",
-                "Pieces the pool's QoS gate has at the backend now.",
-                |g| g.in_flight.into(),
-            ),
-            (
-                "depth_limit",
-                "The pool's device in-flight limit now (adaptive depth).",
-                |g| g.depth_limit.into(),
-            ),
-            (
-                "max_in_flight",
-                "The pool's max_in_flight (the depth limit's ceiling).",
-                |g| g.max_in_flight.into(),
-            ),
-            ("queued", "Requests waiting in the pool's QoS gate.", |g| {
-                g.queued as u64
-            }),
-        ];
-        for (name, help, value) in gauges {
-            let _ = writeln!(out, "# HELP weir_pool_{name} {help}");
-            let _ = writeln!(out, "# TYPE weir_pool_{name} gauge");
-            for (pool, g) in pools {
-                let _ = writeln!(
-                    out,
-                    "weir_pool_{name}{{pool=\"{}\"}} {}",
-                    escape(pool),
-                    value(g)
-                );
+        for (name, kind, help, figure) in VOLUME_FIGURES {
+            family(&mut out, name, kind, help);
+            for (v, (l, _)) in volumes.iter().zip(&vols) {
+                if let Some(x) = figure(v) {
+                    let _ = writeln!(out, "{name}{{{l}}} {}", value(x));
+                }
             }
         }
+        render_pools(&mut out, pools);
         out
     }
 }
 
-fn escape(s: &str) -> String {
+/// `weir_volume_info`: 1 per volume, its pool, policy and service level as
+/// labels (join on `volume` to group any per-volume series by them).
+fn render_volume_info(out: &mut String, volumes: &[VolumeView]) {
+    family(
+        out,
+        "weir_volume_info",
+        "gauge",
+        "1 per volume; labels: pool, policy, service level, mode (rw or ro).",
+    );
+    for v in volumes {
+        let r = &v.record;
+        let level = v
+            .policy
+            .as_ref()
+            .and_then(|p| p.service_level)
+            .map_or("none", |l| l.name());
+        let mode = if r.read_only { "ro" } else { "rw" };
+        let _ = writeln!(
+            out,
+            "weir_volume_info{{volume=\"{}\",pool=\"{}\",policy=\"{}\",service_level=\"{level}\",mode=\"{mode}\"}} 1",
+            escape(&r.name),
+            escape(&r.pool),
+            escape(&r.policy)
+        );
+    }
+}
+
+/// I/O, byte and error counters and the latency histogram of each row.
+fn render_counters(out: &mut String, scope: &str, rows: &[(String, CounterSnapshot)]) {
+    family(
+        out,
+        &format!("weir_{scope}_ios_total"),
+        "counter",
+        "I/Os completed, by operation.",
+    );
+    for (l, s) in rows {
+        for (op, n) in [
+            ("read", s.read_ios),
+            ("write", s.write_ios),
+            ("other", s.other_ios),
+        ] {
+            let _ = writeln!(out, "weir_{scope}_ios_total{{{l},op=\"{op}\"}} {n}");
+        }
+    }
+    family(
+        out,
+        &format!("weir_{scope}_bytes_total"),
+        "counter",
+        "Bytes moved, by direction.",
+    );
+    for (l, s) in rows {
+        for (op, n) in [("read", s.read_bytes), ("write", s.write_bytes)] {
+            let _ = writeln!(out, "weir_{scope}_bytes_total{{{l},op=\"{op}\"}} {n}");
+        }
+    }
+    family(
+        out,
+        &format!("weir_{scope}_errors_total"),
+        "counter",
+        "Requests answered with an error.",
+    );
+    for (l, s) in rows {
+        let _ = writeln!(out, "weir_{scope}_errors_total{{{l}}} {}", s.errors);
+    }
+    family(
+        out,
+        &format!("weir_{scope}_latency_seconds"),
+        "histogram",
+        "Request latency (QoS queueing included).",
+    );
+    for (l, s) in rows {
+        let mut cumulative = 0;
+        for (i, count) in s.latency_buckets.iter().enumerate() {
+            cumulative += count;
+            let le = match LATENCY_BUCKETS_US.get(i) {
+                Some(us) => format!("{}", *us as f64 / 1e6),
+                None => "+Inf".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "weir_{scope}_latency_seconds_bucket{{{l},le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "weir_{scope}_latency_seconds_sum{{{l}}} {}",
+            s.latency_sum_ns as f64 / 1e9
+        );
+        let _ = writeln!(out, "weir_{scope}_latency_seconds_count{{{l}}} {}", s.ios());
+    }
+}
+
+fn render_pools(out: &mut String, pools: &BTreeMap<String, PoolGauges>) {
+    type Gauge = fn(&PoolGauges) -> u64;
+    let gauges: [(&str, &str, Gauge); 4] = [
+        (
+            "in_flight",
+            "Pieces the pool's QoS gate has at the backend now.",
+            |g| g.in_flight.into(),
+        ),
+        (
+            "depth_limit",
+            "The pool's device in-flight limit now (adaptive depth).",
+            |g| g.depth_limit.into(),
+        ),
+        (
+            "max_in_flight",
+            "The pool's max_in_flight (the depth limit's ceiling).",
+            |g| g.max_in_flight.into(),
+        ),
+        ("queued", "Requests waiting in the pool's QoS gate.", |g| {
+            g.queued as u64
+        }),
+    ];
+    for (name, help, get) in gauges {
+        family(out, &format!("weir_pool_{name}"), "gauge", help);
+        for (pool, g) in pools {
+            let _ = writeln!(
+                out,
+                "weir_pool_{name}{{pool=\"{}\"}} {}",
+                escape(pool),
+                get(g)
+            );
+        }
+    }
+}
+
+/// The commit the running binary was built from, set once by the program that
+/// embeds the server (`weir` knows it from its build script); "unknown" if not.
+static BUILD_COMMIT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Records the commit `weir_build_info` reports (the first call wins).
+pub fn set_build_commit(commit: &str) {
+    let _ = BUILD_COMMIT.set(commit.to_string());
+}
+
+pub fn build_commit() -> &'static str {
+    BUILD_COMMIT.get().map_or("unknown", String::as_str)
+}
+
+/// `weir_build_info` and the standard `process_*` metrics (CPU time, memory,
+/// descriptors, threads, start time) from `/proc/self`.
+pub fn render_process() -> String {
+    let mut out = String::new();
+    family(
+        &mut out,
+        "weir_build_info",
+        "gauge",
+        "1; labels: the server's version and commit.",
+    );
+    let _ = writeln!(
+        out,
+        "weir_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        escape(build_commit())
+    );
+    let Some(p) = ProcessFigures::read() else {
+        return out;
+    };
+    let rows: [(&str, &str, &str, f64); 7] = [
+        (
+            "process_cpu_seconds_total",
+            "counter",
+            "Total user and system CPU time spent in seconds.",
+            p.cpu_seconds,
+        ),
+        (
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes.",
+            p.resident_bytes,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory size in bytes.",
+            p.virtual_bytes,
+        ),
+        (
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds.",
+            p.start_time_s,
+        ),
+        (
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors.",
+            p.open_fds,
+        ),
+        (
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+            p.max_fds,
+        ),
+        (
+            "process_threads",
+            "gauge",
+            "Number of OS threads in the process.",
+            p.threads,
+        ),
+    ];
+    for (name, kind, help, v) in rows {
+        family(&mut out, name, kind, help);
+        let _ = writeln!(out, "{name} {}", value(v));
+    }
+    out
+}
+
+/// What `/proc/self` says of this process.
+struct ProcessFigures {
+    cpu_seconds: f64,
+    resident_bytes: f64,
+    virtual_bytes: f64,
+    start_time_s: f64,
+    open_fds: f64,
+    max_fds: f64,
+    threads: f64,
+}
+
+impl ProcessFigures {
+    fn read() -> Option<ProcessFigures> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name (which may hold spaces), from field 3.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let field = |n: usize| fields.get(n - 3)?.parse::<f64>().ok();
+        // SAFETY: sysconf reads a constant of the system.
+        let (ticks, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_CLK_TCK) as f64,
+                libc::sysconf(libc::_SC_PAGESIZE) as f64,
+            )
+        };
+        let boot_s = std::fs::read_to_string("/proc/stat")
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))?
+            .trim()
+            .parse::<f64>()
+            .ok()?;
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the struct it is given.
+        let max_fds = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+            limit.rlim_cur as f64
+        } else {
+            f64::NAN
+        };
+        let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as f64;
+        Some(ProcessFigures {
+            cpu_seconds: (field(14)? + field(15)?) / ticks,
+            threads: field(20)?,
+            start_time_s: boot_s + field(22)? / ticks,
+            virtual_bytes: field(23)?,
+            resident_bytes: field(24)? * page,
+            open_fds,
+            max_fds,
+        })
+    }
+}
+
+pub(crate) fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
@@ -280,14 +561,37 @@ fn escape(s: &str) -> String {
 mod tests {
     use super::*;
 
+    fn view(name: &str, policy: Policy, queued: usize) -> VolumeView {
+        VolumeView {
+            record: VolumeRecord {
+                id: 1,
+                name: name.into(),
+                pool: "default".into(),
+                size_bytes: 1 << 30,
+                policy: policy.name.clone(),
+                access_groups: vec![],
+                read_only: false,
+                description: String::new(),
+                layer: None,
+                origin: None,
+            },
+            policy: Some(policy),
+            sched: VolumeStats {
+                queued,
+                ..VolumeStats::default()
+            },
+        }
+    }
+
     #[test]
     fn counters_and_prometheus_text() {
         let m = Metrics::default();
         let v = m.volume("sql");
         v.record(OpKind::Read, 4096, 80_000, true); // 80 µs
         v.record(OpKind::Write, 8192, 3_000_000, false); // 3 ms
+        v.record(OpKind::Read, 4096, 7_000, true); // 7 µs: the 10 µs bucket
         m.host("127.0.0.1".parse().unwrap())
-            .record(OpKind::Other, 0, 10_000_000_000, true);
+            .record(OpKind::Other, 0, 20_000_000_000, true);
         let s = v.snapshot();
         assert_eq!(
             (
@@ -297,10 +601,12 @@ mod tests {
                 s.write_bytes,
                 s.errors
             ),
-            (1, 1, 4096, 8192, 1)
+            (2, 1, 8192, 8192, 1)
         );
-        assert_eq!(s.latency_buckets[1], 1);
-        assert_eq!(s.latency_buckets[6], 1);
+        assert_eq!(s.latency_buckets.len(), LATENCY_BUCKETS_US.len() + 1);
+        assert_eq!(s.latency_buckets[0], 1);
+        assert_eq!(s.latency_buckets[3], 1);
+        assert_eq!(s.latency_buckets[8], 1);
         let pools = BTreeMap::from([(
             "default".to_string(),
             PoolGauges {
@@ -310,20 +616,68 @@ mod tests {
                 queued: 7,
             },
         )]);
-        let text = m.render_prometheus(&BTreeMap::from([("sql".to_string(), 3)]), &pools);
+        let gold = Policy {
+            name: "gold".into(),
+            reservation_iops: Some(5000.0),
+            limit_mbps: Some(200.0),
+            ..Policy::best_effort("gold")
+        };
+        let volumes = [
+            view("sql", gold, 3),
+            view("idle", Policy::best_effort("plain"), 0),
+        ];
+        let text = m.render_prometheus(&volumes, &pools);
         assert!(text.contains("weir_pool_in_flight{pool=\"default\"} 5"));
         assert!(text.contains("weir_pool_depth_limit{pool=\"default\"} 48"));
         assert!(text.contains("weir_pool_max_in_flight{pool=\"default\"} 64"));
         assert!(text.contains("# TYPE weir_pool_queued gauge"));
-        assert!(text.contains("weir_volume_ios_total{volume=\"sql\",op=\"read\"} 1"));
+        assert!(text.contains("weir_volume_ios_total{volume=\"sql\",op=\"read\"} 2"));
         assert!(
-            text.contains("weir_volume_latency_seconds_bucket{volume=\"sql\",le=\"0.0001\"} 1")
+            text.contains("weir_volume_latency_seconds_bucket{volume=\"sql\",le=\"0.00001\"} 1"),
+            "{text}"
         );
-        assert!(text.contains("weir_volume_latency_seconds_bucket{volume=\"sql\",le=\"0.005\"} 2"));
-        assert!(text.contains("weir_volume_latency_seconds_count{volume=\"sql\"} 2"));
+        assert!(
+            text.contains("weir_volume_latency_seconds_bucket{volume=\"sql\",le=\"0.0001\"} 2")
+        );
+        assert!(text.contains("weir_volume_latency_seconds_bucket{volume=\"sql\",le=\"0.005\"} 3"));
+        assert!(text.contains("weir_volume_latency_seconds_bucket{volume=\"sql\",le=\"10\"} 3"));
+        assert!(text.contains("weir_volume_latency_seconds_count{volume=\"sql\"} 3"));
+        assert!(text.contains("weir_host_latency_seconds_bucket{host=\"127.0.0.1\",le=\"10\"} 0"));
         assert!(
             text.contains("weir_host_latency_seconds_bucket{host=\"127.0.0.1\",le=\"+Inf\"} 1")
         );
         assert!(text.contains("weir_volume_queued{volume=\"sql\"} 3"));
+        // A volume without I/O has every series, at zero.
+        assert!(text.contains("weir_volume_ios_total{volume=\"idle\",op=\"write\"} 0"));
+        assert!(text.contains("weir_volume_queued{volume=\"idle\"} 0"));
+        assert!(text.contains("weir_volume_size_bytes{volume=\"idle\"} 1073741824"));
+        assert!(text.contains(
+            "weir_volume_info{volume=\"sql\",pool=\"default\",policy=\"gold\",service_level=\"none\",mode=\"rw\"} 1"
+        ));
+        assert!(text.contains("weir_volume_reservation_iops{volume=\"sql\"} 5000"));
+        assert!(text.contains("weir_volume_reservation_iops{volume=\"idle\"} 0"));
+        assert!(text.contains("weir_volume_limit_bytes_per_second{volume=\"sql\"} 200000000"));
+        assert!(!text.contains("weir_volume_limit_bytes_per_second{volume=\"idle\"}"));
+        assert!(text.contains("weir_volume_qos_wait_seconds_total{volume=\"idle\"} 0"));
+    }
+
+    #[test]
+    fn build_info_and_process_metrics() {
+        let text = render_process();
+        assert!(text.contains("weir_build_info{version=\""), "{text}");
+        for name in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("no {name} in {text}"));
+            let v: f64 = line.split(' ').nth(1).unwrap().parse().unwrap();
+            assert!(v > 0.0, "{line}");
+        }
     }
 }

@@ -482,6 +482,11 @@ impl<P: Perform> QosPool<P> {
         }
     }
 
+    /// The policy the scheduler enforces for `volume` now.
+    pub fn policy(&self, volume: VolumeId) -> Option<weir_qos::Policy> {
+        self.lock().gate.policy(volume).cloned()
+    }
+
     pub fn volume_stats(&self, volume: VolumeId) -> Option<weir_qos::VolumeStats> {
         self.lock().gate.volume_stats(volume)
     }

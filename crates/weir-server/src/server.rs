@@ -39,6 +39,8 @@ pub struct ServerState {
     pub idle_timeout: Option<Duration>,
     /// NBD over TLS: the policy and the rustls acceptor.
     pub tls: crate::tls::NbdTls,
+    /// The bound NBD and admin addresses (set once the listeners are bound).
+    pub addrs: std::sync::OnceLock<(SocketAddr, SocketAddr)>,
     /// The admin API's token and request checks.
     pub admin_guard: Arc<crate::admin_auth::AdminGuard>,
     /// Asynchronous replication of thin volumes (tasks start with [`run`]).
@@ -113,6 +115,7 @@ impl ServerState {
                 .then(|| Duration::from_secs(config.idle_timeout_s.into())),
             tls,
             admin_guard: Arc::new(admin_guard),
+            addrs: std::sync::OnceLock::new(),
             replication: Default::default(),
         })
     }
@@ -147,7 +150,46 @@ impl ServerState {
         if let Some(pool) = self.pools.get(&r.pool) {
             pool.add_volume(VolumeId(r.id), policy);
         }
+        warn_if_overcommitted(&store, &r.pool);
         Ok(r)
+    }
+
+    /// Grows a volume; warns when its pool is then overcommitted.
+    pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeRecord, StoreError> {
+        let mut store = self.store();
+        let r = store.resize(name, size_bytes)?;
+        warn_if_overcommitted(&store, &r.pool);
+        Ok(r)
+    }
+
+    /// Replaces a user-defined policy; every volume that uses it follows at once
+    /// (queued and new I/O).
+    pub fn update_policy(&self, policy: Policy) -> Result<Policy, StoreError> {
+        let (p, users) = self.store().update_policy(policy)?;
+        for r in users {
+            if let Some(pool) = self.pools.get(&r.pool) {
+                pool.set_policy(VolumeId(r.id), p.clone());
+            }
+        }
+        Ok(p)
+    }
+
+    /// Which server this is (`GET /v1/server`).
+    pub fn server_info(&self) -> crate::admin::ServerInfo {
+        let (nbd, admin) = self
+            .addrs
+            .get()
+            .map(|(n, a)| (n.to_string(), a.to_string()))
+            .unwrap_or_default();
+        crate::admin::ServerInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            commit: crate::metrics::build_commit().to_string(),
+            hostname: hostname(),
+            nbd_listen: nbd,
+            admin_listen: admin,
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            volumes: self.store().list().len(),
+        }
     }
 
     pub fn delete_volume(&self, name: &str) -> Result<VolumeRecord, StoreError> {
@@ -176,6 +218,9 @@ impl ServerState {
             if let Some(pool) = self.pools.get(&r.pool) {
                 pool.add_volume(VolumeId(r.id), policy);
             }
+        }
+        if let Some(r) = records.first() {
+            warn_if_overcommitted(&store, &r.pool);
         }
         Ok(records)
     }
@@ -324,18 +369,43 @@ impl ServerState {
         v
     }
 
-    /// Requests queued in the schedulers, per volume name.
-    pub fn queued_by_volume(&self) -> BTreeMap<String, usize> {
-        let records = self.store().list();
-        records
+    /// Every volume with its policy and scheduler counts (`/metrics`).
+    pub fn volume_views(&self) -> Vec<crate::metrics::VolumeView> {
+        let pairs = self.store().volume_policies();
+        pairs
             .into_iter()
-            .filter_map(|r| {
-                let pool = self.pools.get(&r.pool)?;
-                let s = pool.volume_stats(VolumeId(r.id))?;
-                Some((r.name, s.queued))
+            .map(|(record, policy)| {
+                let sched = self
+                    .pools
+                    .get(&record.pool)
+                    .and_then(|p| p.volume_stats(VolumeId(record.id)))
+                    .unwrap_or_default();
+                crate::metrics::VolumeView {
+                    record,
+                    policy: Some(policy),
+                    sched,
+                }
             })
             .collect()
     }
+}
+
+/// Logs a warning when `pool` promises more than its file system can still hold.
+fn warn_if_overcommitted(store: &crate::store::VolumeStore, pool: &str) {
+    if let Some(w) = crate::capacity::overcommit_warning(store, pool) {
+        tracing::warn!("{w}");
+    }
+}
+
+/// The machine's host name (`gethostname`), or "unknown".
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// A server running in the background (tests, embedding). `weir serve` uses [`serve`].
@@ -348,17 +418,27 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
-    /// Binds both listeners (port 0 picks a free port) and starts serving.
+    /// Binds both listeners (port 0 picks a free port) and starts serving;
+    /// a listener systemd passed (socket activation, [`crate::systemd`]) is used
+    /// instead of binding its address.
     pub async fn start(config: WeirConfig) -> anyhow::Result<RunningServer> {
+        let inherited = crate::systemd::inherited_listeners()?;
         let state = Arc::new(ServerState::new(&config)?);
-        let nbd = TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("binding NBD listener {}", config.listen))?;
-        let admin = TcpListener::bind(config.admin_listen)
-            .await
-            .with_context(|| format!("binding admin listener {}", config.admin_listen))?;
+        let nbd = match inherited.nbd {
+            Some(l) => TcpListener::from_std(l).context("the NBD socket systemd passed")?,
+            None => TcpListener::bind(config.listen)
+                .await
+                .with_context(|| format!("binding NBD listener {}", config.listen))?,
+        };
+        let admin = match inherited.admin {
+            Some(l) => TcpListener::from_std(l).context("the admin socket systemd passed")?,
+            None => TcpListener::bind(config.admin_listen)
+                .await
+                .with_context(|| format!("binding admin listener {}", config.admin_listen))?,
+        };
         let nbd_addr = nbd.local_addr()?;
         let admin_addr = admin.local_addr()?;
+        let _ = state.addrs.set((nbd_addr, admin_addr));
         let (shutdown, rx) = watch::channel(false);
         let main = tokio::spawn(run(state.clone(), nbd, admin, rx));
         tracing::info!(%nbd_addr, %admin_addr, "weir serving");

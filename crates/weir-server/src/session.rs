@@ -639,6 +639,11 @@ impl Perform for Io {
             payload: task,
             ..
         } = release;
+        if piece.offset == charge(&task.job.command).1 {
+            // The request's first release: the time it waited in the gate.
+            let wait = task.job.received_at.elapsed().as_nanos() as u64;
+            task.job.volume_counters.record_qos_wait(wait);
+        }
         if let Some(device) = pool.device() {
             start_on_device(pool, device, task, Some(ticket), piece, urgent);
             return None;

@@ -12,11 +12,15 @@
 //!   the configuration's definition on every start: the file wins over an API
 //!   change or deletion of a declared one (edit the file to change those).
 //!   Policies and groups created through the API persist untouched.
-//! - Volumes the configuration declares are created when missing; an existing
-//!   volume keeps its metadata (size after `resize`, policy after `set-policy`,
-//!   access groups), so live API changes survive restarts. Volumes created
-//!   through the API persist; a declared volume deleted through the API comes
-//!   back (empty) on the next start while the file still declares it.
+//! - Volumes the configuration declares are created when missing. For one that
+//!   exists, the last change wins (issue 14): the metadata keeps what the file
+//!   said at the last start, so a value the file has changed since (size,
+//!   policy, access groups, read-only, description) is applied, logged as a diff
+//!   (target `weir_audit`), while a value changed through the API since is kept,
+//!   logged as kept. A file that shrinks a volume below its size or moves it to
+//!   another pool is refused with a message (no shrinking, no moves). Volumes
+//!   created through the API persist; a declared volume deleted through the API
+//!   comes back (empty) on the next start while the file still declares it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
@@ -140,6 +144,9 @@ pub(crate) struct Meta {
     /// Asynchronous replications (`crate::replicate`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     replications: Vec<crate::replicate::ReplicationRecord>,
+    /// What the configuration said of each declared volume at the last start.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    declared: BTreeMap<String, DeclaredVolume>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -181,6 +188,130 @@ impl OpenVolume {
     pub fn is_deleted(&self) -> bool {
         self.deleted.load(Ordering::Acquire)
     }
+}
+
+/// What the configuration file said of a volume at the last start (kept in the
+/// metadata to tell an edit of the file from a change made through the API).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DeclaredVolume {
+    size_bytes: u64,
+    policy: String,
+    access_groups: Vec<String>,
+    read_only: bool,
+    description: String,
+}
+
+impl DeclaredVolume {
+    fn of(v: &crate::config::VolumeConfig) -> DeclaredVolume {
+        DeclaredVolume {
+            size_bytes: v.size.0,
+            policy: v.policy.clone(),
+            access_groups: v.access_groups.clone(),
+            read_only: v.read_only,
+            description: v.description.clone(),
+        }
+    }
+}
+
+/// Merges a declared volume's configuration into its stored record (the rule is
+/// at the top of this module): a value the file changed since the last start is
+/// applied and logged as a diff; a value changed through the API while the file
+/// stayed the same is kept, with a note saying so. A size below the stored one
+/// and a pool change are refused with a message.
+fn apply_declared(
+    r: &mut VolumeRecord,
+    v: &crate::config::VolumeConfig,
+    last: Option<&DeclaredVolume>,
+) -> Result<(), StoreError> {
+    if v.pool != r.pool {
+        return Err(StoreError::Invalid(format!(
+            "volume {:?}: the configuration says pool {:?} but the volume is in pool {:?} (volumes do not move between pools: set pool = {:?})",
+            r.name, v.pool, r.pool, r.pool
+        )));
+    }
+    let now = DeclaredVolume::of(v);
+    let stored = DeclaredVolume {
+        size_bytes: r.size_bytes,
+        policy: r.policy.clone(),
+        access_groups: r.access_groups.clone(),
+        read_only: r.read_only,
+        description: r.description.clone(),
+    };
+    // No record of the file's last values (metadata of an older version): the
+    // file counts as unchanged.
+    let last = last.unwrap_or(&now);
+    if now.size_bytes != last.size_bytes && now.size_bytes < r.size_bytes {
+        return Err(StoreError::Invalid(format!(
+            "volume {:?}: the configuration now says size {} bytes but the volume is {} bytes; volumes never shrink (that would cut off data): set size to at least {} bytes",
+            r.name, now.size_bytes, r.size_bytes, r.size_bytes
+        )));
+    }
+    let mut applied = Vec::new();
+    let mut kept = Vec::new();
+    let mut field = |name: &str, new: String, old_file: String, have: String| {
+        if new == have {
+            return false;
+        }
+        if new != old_file {
+            applied.push(format!("{name} {have} -> {new}"));
+            true
+        } else {
+            kept.push(format!("{name} {have} (the file says {new})"));
+            false
+        }
+    };
+    if field(
+        "size",
+        now.size_bytes.to_string(),
+        last.size_bytes.to_string(),
+        stored.size_bytes.to_string(),
+    ) {
+        r.size_bytes = now.size_bytes;
+    }
+    if field(
+        "policy",
+        format!("{:?}", now.policy),
+        format!("{:?}", last.policy),
+        format!("{:?}", stored.policy),
+    ) {
+        r.policy = now.policy.clone();
+    }
+    if field(
+        "access_groups",
+        format!("{:?}", now.access_groups),
+        format!("{:?}", last.access_groups),
+        format!("{:?}", stored.access_groups),
+    ) {
+        r.access_groups = now.access_groups.clone();
+    }
+    if field(
+        "read_only",
+        now.read_only.to_string(),
+        last.read_only.to_string(),
+        stored.read_only.to_string(),
+    ) {
+        r.read_only = now.read_only;
+    }
+    if field(
+        "description",
+        format!("{:?}", now.description),
+        format!("{:?}", last.description),
+        format!("{:?}", stored.description),
+    ) {
+        r.description = now.description.clone();
+    }
+    if !applied.is_empty() {
+        tracing::info!(target: crate::admin::AUDIT_TARGET, "config: volume {:?}: applied {}", r.name, applied.join(", "));
+    }
+    if !kept.is_empty() {
+        tracing::info!(
+            target: crate::admin::AUDIT_TARGET,
+            "config: volume {:?}: keeping {} set through the admin API (the file's value is applied when the file changes it)",
+            r.name,
+            kept.join(", ")
+        );
+    }
+    Ok(())
 }
 
 pub struct VolumeStore {
@@ -256,7 +387,10 @@ impl VolumeStore {
             store.groups.insert(g.name.clone(), rule);
         }
         for v in &config.volumes {
-            if !meta.volumes.iter().any(|r| r.name == v.name) {
+            let last = meta.declared.get(&v.name);
+            if let Some(r) = meta.volumes.iter_mut().find(|r| r.name == v.name) {
+                apply_declared(r, v, last)?;
+            } else {
                 meta.next_volume_id += 1;
                 meta.volumes.push(VolumeRecord {
                     id: meta.next_volume_id,
@@ -272,8 +406,19 @@ impl VolumeStore {
                 });
             }
         }
+        meta.declared = config
+            .volumes
+            .iter()
+            .map(|v| (v.name.clone(), DeclaredVolume::of(v)))
+            .collect();
         for r in &meta.volumes {
             store.check_record(r)?;
+            // A declared size grown in the file: the thin top layer grows with it.
+            if let Some(top) = r.layer {
+                for l in meta.thin.layers.iter_mut().filter(|l| l.id == top) {
+                    l.size_bytes = l.size_bytes.max(r.size_bytes);
+                }
+            }
         }
         for r in &mut meta.volumes {
             if store.is_thin(&r.pool) && r.layer.is_none() {
@@ -715,6 +860,40 @@ impl VolumeStore {
             return Err(e);
         }
         Ok(policy)
+    }
+
+    /// Replaces a user-defined policy (built-ins are refused: create one); returns
+    /// it and the volumes that use it, whose schedulers must follow.
+    pub fn update_policy(
+        &mut self,
+        policy: Policy,
+    ) -> Result<(Policy, Vec<VolumeRecord>), StoreError> {
+        let old = self.policy(&policy.name)?;
+        if PolicyCatalog::is_builtin(&policy.name) {
+            return Err(StoreError::Conflict(format!(
+                "policy {:?} is built in and cannot be changed (create one of your own and `weir volume set-policy` to it)",
+                policy.name
+            )));
+        }
+        self.catalog
+            .insert(policy.clone())
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let before = self.meta.policies.clone();
+        self.meta.policies.retain(|p| p.name != policy.name);
+        self.meta.policies.push(policy.clone());
+        if let Err(e) = self.persist() {
+            self.meta.policies = before;
+            let _ = self.catalog.insert(old);
+            return Err(e);
+        }
+        let users = self
+            .meta
+            .volumes
+            .iter()
+            .filter(|r| r.policy == policy.name)
+            .cloned()
+            .collect();
+        Ok((policy, users))
     }
 
     pub fn delete_policy(&mut self, name: &str) -> Result<Policy, StoreError> {

@@ -2,27 +2,39 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use weir_qos::{Policy, ServiceLevel, Shares};
 use weir_report::{Column, Table};
+use weir_server::VolumeCreate;
 use weir_server::admin::{Client, ClientError, CloneRequest};
 use weir_server::admin_auth::{TOKEN_ENV, read_token_file, token_path};
 use weir_server::config::AccessGroupConfig;
 use weir_server::thin::SnapshotRecord;
-use weir_server::{VolumeCreate, parse_size};
 
-/// Where the admin API listens unless `--admin` says otherwise.
+use crate::target::{AdminEndpoint, confirm, parse_admin, parse_size_arg};
+
+/// Where the admin API listens unless `--admin` or `WEIR_ADMIN` says otherwise.
 const DEFAULT_ADMIN: &str = "127.0.0.1:10810";
 
 #[derive(clap::Args)]
 pub struct AdminTarget {
-    /// Admin API address of the running server
-    #[arg(long, global = true, value_name = "ADDR", default_value = DEFAULT_ADMIN)]
-    admin: SocketAddr,
-    /// Print JSON instead of tables
+    /// Admin API of the running server: HOST[:PORT], http://HOST[:PORT] or [IPv6]:PORT
+    /// (port 10810 if absent; host names are resolved and sent as Host, see admin_hosts)
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "WEIR_ADMIN",
+        default_value = DEFAULT_ADMIN
+    )]
+    admin: String,
+    /// Print JSON instead of tables (and no "server:" line on standard error)
     #[arg(long, global = true)]
     json: bool,
+    /// Answer yes to the confirmation of destructive commands (delete, rollback,
+    /// delete-snapshot); without it they ask on a terminal and refuse otherwise
+    #[arg(long, short = 'y', global = true)]
+    yes: bool,
     /// File holding the admin token (default: $WEIR_ADMIN_TOKEN, else the admin-token file of
     /// --data-dir)
     #[arg(long, global = true, value_name = "FILE")]
@@ -33,10 +45,21 @@ pub struct AdminTarget {
     data_dir: Option<PathBuf>,
 }
 
-/// Where the token comes from: `--admin-token-file`, `$WEIR_ADMIN_TOKEN`, or the
-/// `admin-token` file of `--data-dir` (default: the server's default data directory).
-fn admin_client(target: &AdminTarget) -> Result<Client> {
-    let client = Client::new(target.admin);
+impl AdminTarget {
+    pub fn json(&self) -> bool {
+        self.json
+    }
+    pub fn yes(&self) -> bool {
+        self.yes
+    }
+}
+
+/// A client of the endpoint `--admin` names, with the token from
+/// `--admin-token-file`, `$WEIR_ADMIN_TOKEN`, or the `admin-token` file of
+/// `--data-dir` (default: the server's default data directory).
+pub(crate) fn admin_client(target: &AdminTarget) -> Result<(Client, AdminEndpoint)> {
+    let endpoint = parse_admin(&target.admin)?;
+    let client = Client::new(endpoint.addr).with_host(endpoint.host_header.clone());
     if let Some(file) = &target.admin_token_file {
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("--admin-token-file {}", file.display()))?;
@@ -44,27 +67,73 @@ fn admin_client(target: &AdminTarget) -> Result<Client> {
         if token.is_empty() {
             bail!("--admin-token-file {} is empty", file.display());
         }
-        return Ok(client.with_token(token));
+        return Ok((client.with_token(token), endpoint));
     }
     if let Some(token) = std::env::var(TOKEN_ENV)
         .ok()
         .filter(|t| !t.trim().is_empty())
     {
-        return Ok(client.with_token(token.trim()));
+        return Ok((client.with_token(token.trim()), endpoint));
     }
     let dir = target
         .data_dir
         .clone()
         .unwrap_or_else(weir_server::config::default_data_dir);
     match read_token_file(&dir) {
-        Ok(token) => Ok(client.with_token(token)),
+        Ok(token) => Ok((client.with_token(token), endpoint)),
         // Explicitly named: say why it cannot be read.
         Err(e) if target.data_dir.is_some() => Err(anyhow::anyhow!(
             "reading the admin token {}: {e}",
             token_path(&dir).display()
         )),
         // The server may run elsewhere: try without (a refusal explains itself).
-        Err(_) => Ok(client),
+        Err(_) => Ok((client, endpoint)),
+    }
+}
+
+/// Says on standard error which server answers (unless `--json`): its URL,
+/// version, commit, host name and uptime. A server that cannot be reached or
+/// refuses the token fails the command here, before anything is changed.
+pub(crate) async fn announce(client: &Client, endpoint: &AdminEndpoint, json: bool) -> Result<()> {
+    match client.server_info().await {
+        Ok(info) => {
+            if !json {
+                eprintln!(
+                    "server: {} (weir {}, commit {}, host {}, up {:.0} s, {} volumes)",
+                    endpoint.url,
+                    info.version,
+                    info.commit,
+                    info.hostname,
+                    info.uptime_seconds,
+                    info.volumes
+                );
+            }
+            Ok(())
+        }
+        // A server older than /v1/server: it cannot say more.
+        Err(ClientError::Api { status: 404, .. }) => {
+            if !json {
+                eprintln!("server: {} (an older weir)", endpoint.url);
+            }
+            Ok(())
+        }
+        Err(e) => Err(explain(e)),
+    }
+}
+
+/// Warns on standard error when `pool` promises more than its disk can still hold.
+async fn warn_overcommit(client: &Client, pool: &str) {
+    let Ok(pools) = client.capacity().await else {
+        return;
+    };
+    for p in pools.iter().filter(|p| p.name == pool && p.overcommitted) {
+        eprintln!(
+            "warning: pool {:?} is overcommitted: its volumes total {}, {} of it allocated, {} free on its file system (writing them full would fail; see `weir pool list`)",
+            p.name,
+            human_size(p.provisioned_bytes),
+            human_size(p.allocated_bytes),
+            human_size(p.free_bytes)
+        );
     }
 }
 
@@ -72,10 +141,12 @@ fn admin_client(target: &AdminTarget) -> Result<Client> {
 pub enum VolumeCommand {
     /// Create a volume (a sparse file in a pool)
     Create {
+        /// The volume's name (letters, digits, '-', '_', '.')
         name: String,
-        /// Size, e.g. 20G, 512MiB, 1T
-        #[arg(long)]
-        size: String,
+        /// Size with a unit: 20G or 20GiB (2^30 bytes), 20GB (10^9), 512M, 4K, 1T; 4096B for
+        /// bytes (a bare number is refused)
+        #[arg(long, value_parser = parse_size_arg)]
+        size: u64,
         /// Policy name (built-in: mission-critical, business-critical, business-critical-2,
         /// non-critical, non-critical-2; or a user-defined one)
         #[arg(long, default_value = "non-critical")]
@@ -88,7 +159,7 @@ pub enum VolumeCommand {
         #[arg(long, value_delimiter = ',')]
         identities: Vec<String>,
         /// Pool (default: the server's first pool)
-        #[arg(long)]
+        #[arg(long, value_name = "POOL")]
         pool: Option<String>,
         /// Export it read-only
         #[arg(long)]
@@ -97,22 +168,41 @@ pub enum VolumeCommand {
     /// List volumes
     List,
     /// Show one volume
-    Show { name: String },
+    Show {
+        /// The volume (or VOLUME@SNAPSHOT)
+        name: String,
+    },
     /// Grow a volume (shrinking is refused)
     Resize {
+        /// The volume
         name: String,
-        #[arg(long)]
-        size: String,
+        /// New size with a unit: 40G (GiB), 40GB (10^9 bytes), … (a bare number is refused)
+        #[arg(long, value_parser = parse_size_arg)]
+        size: u64,
     },
-    /// Delete a volume and its data
-    Delete { name: String },
-    /// Change a volume's policy (applies to queued and new I/O at once)
-    SetPolicy { name: String, policy: String },
-    /// I/O counters; with --interval, the rates over that many seconds
-    Stats {
+    /// Delete a volume and its data (asks first; --yes does not)
+    Delete {
+        /// The volume
         name: String,
+    },
+    /// Change a volume's policy (applies to queued and new I/O at once)
+    SetPolicy {
+        /// The volume
+        name: String,
+        /// The policy (built-in or user-defined)
+        policy: String,
+    },
+    /// I/O counters since start; with --interval, the rates over each interval,
+    /// repeated until Ctrl-C (or --count reports)
+    Stats {
+        /// The volume
+        name: String,
+        /// Report the rates over this many seconds, again and again
         #[arg(long, value_name = "SECONDS")]
         interval: Option<f64>,
+        /// With --interval: stop after this many reports
+        #[arg(long, value_name = "N", requires = "interval")]
+        count: Option<u64>,
     },
     /// Take a snapshot of a thin volume (read-only, exported as VOLUME@SNAPSHOT)
     Snapshot {
@@ -122,11 +212,24 @@ pub enum VolumeCommand {
         snapshot: String,
     },
     /// List snapshots (of one volume, or of all)
-    Snapshots { volume: Option<String> },
-    /// Delete a snapshot (refused while linked clones read from it)
-    DeleteSnapshot { volume: String, snapshot: String },
-    /// Return a volume to a snapshot (writes since the snapshot are lost)
-    Rollback { volume: String, snapshot: String },
+    Snapshots {
+        /// Only this volume's
+        volume: Option<String>,
+    },
+    /// Delete a snapshot (refused while linked clones read from it; asks first)
+    DeleteSnapshot {
+        /// The volume
+        volume: String,
+        /// The snapshot
+        snapshot: String,
+    },
+    /// Return a volume to a snapshot (writes since the snapshot are lost; asks first)
+    Rollback {
+        /// The volume
+        volume: String,
+        /// The snapshot
+        snapshot: String,
+    },
     /// Create linked clones of a snapshot (writable volumes sharing its data)
     Clone {
         /// The snapshot, as VOLUME@SNAPSHOT
@@ -141,7 +244,10 @@ pub enum VolumeCommand {
         policy: Option<String>,
     },
     /// Copy what a clone reads from its snapshot into it (it becomes independent)
-    Flatten { volume: String },
+    Flatten {
+        /// The linked clone
+        volume: String,
+    },
     /// Verify every thin pool's maps, files and references
     Check,
     /// Replicate a thin volume to an NBD target: each cycle snapshots it and
@@ -167,40 +273,100 @@ pub enum VolumeCommand {
         stop: bool,
     },
     /// Replications: target, lag (RPO), last cycle (of one volume, or all)
-    Replications { volume: Option<String> },
+    Replications {
+        /// Only this volume's
+        volume: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum PolicyCommand {
-    /// Create (or replace) a user-defined policy
+    /// Create a user-defined policy (refused if one has the name: `policy update` changes it)
     Create {
+        /// The policy's name
         name: String,
+        /// mission-critical, business-critical or non-critical (serves first under overload)
         #[arg(long, value_parser = parse_level)]
         service_level: Option<ServiceLevel>,
-        #[arg(long)]
+        /// IOPS guaranteed to each volume with the policy
+        #[arg(long, value_name = "IOPS")]
         reservation_iops: Option<f64>,
-        #[arg(long)]
+        /// Bandwidth guaranteed to each volume, MB/s (10^6 bytes)
+        #[arg(long, value_name = "MBPS")]
         reservation_mbps: Option<f64>,
-        /// 16 to 2147483647 (the top means unlimited)
-        #[arg(long)]
+        /// IOPS ceiling: 16 to 2147483647 (the top means unlimited)
+        #[arg(long, value_name = "IOPS")]
         limit_iops: Option<f64>,
-        #[arg(long)]
+        /// Bandwidth ceiling, MB/s (10^6 bytes)
+        #[arg(long, value_name = "MBPS")]
         limit_mbps: Option<f64>,
         /// low (500), normal (1000), high (2000) or 200-4000
         #[arg(long, default_value = "normal", value_parser = parse_shares)]
         shares: Shares,
-        #[arg(long)]
+        /// Latency the volume should see, ms (protection under contention)
+        #[arg(long, value_name = "MS")]
         latency_target_ms: Option<f64>,
         /// Credit an idle volume may bank, in seconds of its rate
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
         burst_seconds: f64,
+    },
+    /// Change a user-defined policy live: every volume with it follows at once;
+    /// figures not given stay, `none` removes one
+    Update {
+        /// The policy's name
+        name: String,
+        /// mission-critical, business-critical, non-critical or none
+        #[arg(long, value_name = "LEVEL")]
+        service_level: Option<String>,
+        /// IOPS guaranteed to each volume, or none
+        #[arg(long, value_name = "IOPS", value_parser = parse_setting)]
+        reservation_iops: Option<Setting>,
+        /// Bandwidth guaranteed to each volume, MB/s, or none
+        #[arg(long, value_name = "MBPS", value_parser = parse_setting)]
+        reservation_mbps: Option<Setting>,
+        /// IOPS ceiling (16 to 2147483647), or none
+        #[arg(long, value_name = "IOPS", value_parser = parse_setting)]
+        limit_iops: Option<Setting>,
+        /// Bandwidth ceiling, MB/s, or none
+        #[arg(long, value_name = "MBPS", value_parser = parse_setting)]
+        limit_mbps: Option<Setting>,
+        /// low (500), normal (1000), high (2000) or 200-4000
+        #[arg(long, value_parser = parse_shares)]
+        shares: Option<Shares>,
+        /// Latency target, ms, or none
+        #[arg(long, value_name = "MS", value_parser = parse_setting)]
+        latency_target_ms: Option<Setting>,
+        /// Credit an idle volume may bank, in seconds of its rate
+        #[arg(long, value_name = "SECONDS")]
+        burst_seconds: Option<f64>,
     },
     /// List policies (built-in and user-defined)
     List,
     /// Show one policy
-    Show { name: String },
-    /// Delete a user-defined policy (built-ins cannot be deleted)
-    Delete { name: String },
+    Show {
+        /// The policy's name
+        name: String,
+    },
+    /// Delete a user-defined policy (built-ins cannot be deleted; asks first)
+    Delete {
+        /// The policy's name
+        name: String,
+    },
+}
+
+/// A figure of `policy update`: a number, or `none` to remove it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Setting(Option<f64>);
+
+fn parse_setting(text: &str) -> Result<Setting, String> {
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(Setting(None));
+    }
+    text.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(|v| Setting(Some(v)))
+        .ok_or_else(|| format!("expected a number or none, not {text:?}"))
 }
 
 fn parse_level(text: &str) -> Result<ServiceLevel, String> {
@@ -242,10 +408,12 @@ fn opt(v: Option<f64>) -> String {
 }
 
 /// Turns an admin client error into what a person needs to read.
-pub(crate) fn explain(e: ClientError) -> anyhow::Error {
+pub fn explain(e: ClientError) -> anyhow::Error {
     match e {
         ClientError::Connect { .. } => {
-            anyhow::anyhow!("{e} (is `weir serve` running? --admin ADDR picks another address)")
+            anyhow::anyhow!(
+                "{e} (is `weir serve` running there? --admin URL or WEIR_ADMIN names another server)"
+            )
         }
         ClientError::Api { status: 401, .. } => anyhow::anyhow!(
             "the admin API refused the token (or its absence): run the CLI where it can read the server's \
@@ -257,14 +425,14 @@ pub(crate) fn explain(e: ClientError) -> anyhow::Error {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")
 }
 
-fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
+pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
@@ -372,8 +540,9 @@ fn volume_table(volumes: &[weir_server::VolumeRecord]) -> Table {
 }
 
 pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
-    let client = admin_client(&target)?;
+    let (client, endpoint) = admin_client(&target)?;
     runtime()?.block_on(async {
+        announce(&client, &endpoint, target.json).await?;
         match command {
             VolumeCommand::Create {
                 name,
@@ -384,9 +553,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 pool,
                 read_only,
             } => {
-                let size_bytes = parse_size(&size)
-                    .map_err(anyhow::Error::msg)
-                    .context("--size")?;
+                let size_bytes = size;
                 let mut access_groups = Vec::new();
                 if !hosts.is_empty() || !identities.is_empty() {
                     let group = format!("{name}-hosts");
@@ -415,6 +582,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     description: String::new(),
                 };
                 let v = client.create_volume(&req).await.map_err(explain)?;
+                warn_overcommit(&client, &v.pool).await;
                 show_volume(target.json, v)
             }
             VolumeCommand::List => {
@@ -426,16 +594,22 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 show_volume(target.json, v)
             }
             VolumeCommand::Resize { name, size } => {
-                let size_bytes = parse_size(&size)
-                    .map_err(anyhow::Error::msg)
-                    .context("--size")?;
-                let v = client
-                    .resize_volume(&name, size_bytes)
-                    .await
-                    .map_err(explain)?;
+                let v = client.resize_volume(&name, size).await.map_err(explain)?;
+                warn_overcommit(&client, &v.pool).await;
                 show_volume(target.json, v)
             }
             VolumeCommand::Delete { name } => {
+                let v = client.show_volume(&name).await.map_err(explain)?;
+                confirm(
+                    target.yes,
+                    &format!(
+                        "Delete volume {:?} ({}, pool {}) and all its data on {}?",
+                        v.name,
+                        human_size(v.size_bytes),
+                        v.pool,
+                        endpoint.url
+                    ),
+                )?;
                 let v = client.delete_volume(&name).await.map_err(explain)?;
                 if target.json {
                     print_json(&v)
@@ -453,6 +627,10 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 show_snapshots(target.json, &s)
             }
             VolumeCommand::DeleteSnapshot { volume, snapshot } => {
+                confirm(
+                    target.yes,
+                    &format!("Delete snapshot {volume}@{snapshot} on {}?", endpoint.url),
+                )?;
                 let s = client
                     .delete_snapshot(&volume, &snapshot)
                     .await
@@ -465,6 +643,13 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 }
             }
             VolumeCommand::Rollback { volume, snapshot } => {
+                confirm(
+                    target.yes,
+                    &format!(
+                        "Return volume {volume:?} to snapshot {snapshot:?} on {}? Writes since the snapshot are lost.",
+                        endpoint.url
+                    ),
+                )?;
                 let v = client.rollback(&volume, &snapshot).await.map_err(explain)?;
                 show_volume(target.json, v)
             }
@@ -483,6 +668,9 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     .clone_snapshot(volume, snapshot, &req)
                     .await
                     .map_err(explain)?;
+                if let Some(v) = vs.first() {
+                    warn_overcommit(&client, &v.pool).await;
+                }
                 if target.json || vs.len() <= 20 {
                     show_volumes(target.json, &vs)
                 } else {
@@ -540,86 +728,127 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     .map_err(explain)?;
                 show_volume(target.json, v)
             }
-            VolumeCommand::Stats { name, interval } => {
-                let first = client.volume_stats(&name).await.map_err(explain)?;
-                let (stats, window_s, counters) = match interval {
-                    Some(secs) if secs > 0.0 && secs.is_finite() => {
-                        tokio::time::sleep(std::time::Duration::from_secs_f64(secs)).await;
-                        let second = client.volume_stats(&name).await.map_err(explain)?;
-                        let d = delta(&first.counters, &second.counters);
-                        let w = second.uptime_seconds - first.uptime_seconds;
-                        (second, w, d)
-                    }
-                    Some(secs) => {
-                        bail!("--interval must be a positive number of seconds, not {secs}")
-                    }
-                    None => {
-                        let c = first.counters.clone();
-                        (first.clone(), first.uptime_seconds, c)
-                    }
-                };
-                if target.json {
-                    return print_json(&stats);
-                }
-                let per_s = |x: u64| {
-                    if window_s > 0.0 {
-                        x as f64 / window_s
-                    } else {
-                        0.0
-                    }
-                };
-                let mut table = Table::new(vec![Column::left("metric"), Column::right("value")]);
-                let label = if interval.is_some() {
-                    format!("last {window_s:.1} s")
-                } else {
-                    format!("since start ({window_s:.0} s)")
-                };
-                table.add_row([
-                    "volume".to_string(),
-                    format!("{} ({})", stats.volume.name, stats.volume.policy),
-                ]);
-                table.add_row(["window".to_string(), label]);
-                table.add_row([
-                    "IOPS".to_string(),
-                    weir_report::fmt_iops(per_s(counters.ios())),
-                ]);
-                table.add_row([
-                    "read IOPS".to_string(),
-                    weir_report::fmt_iops(per_s(counters.read_ios)),
-                ]);
-                table.add_row([
-                    "write IOPS".to_string(),
-                    weir_report::fmt_iops(per_s(counters.write_ios)),
-                ]);
-                table.add_row([
-                    "MB/s".to_string(),
-                    weir_report::fmt_mbps(per_s(counters.read_bytes + counters.write_bytes) / 1e6),
-                ]);
-                table.add_row([
-                    "mean latency ms".to_string(),
-                    weir_report::fmt_ms(counters.mean_latency_ms()),
-                ]);
-                table.add_row(["errors".to_string(), counters.errors.to_string()]);
-                table.add_row(["queued now".to_string(), stats.queued.to_string()]);
-                table.add_row([
-                    "pool in flight / depth".to_string(),
-                    format!(
-                        "{} / {} (max {})",
-                        stats.pool.in_flight, stats.pool.depth_limit, stats.pool.max_in_flight
-                    ),
-                ]);
-                for row in stats
-                    .replication
-                    .iter()
-                    .flat_map(crate::replicate::stats_rows)
-                {
-                    table.add_row(row);
-                }
-                print!("{table}");
-                Ok(())
-            }
+            VolumeCommand::Stats {
+                name,
+                interval,
+                count,
+            } => stats(&client, target.json, &name, interval, count).await,
         }
     })
+}
+
+/// `volume stats`: since start, or the rates over each `interval` seconds,
+/// repeated (`count` times, or until interrupted).
+async fn stats(
+    client: &Client,
+    json: bool,
+    name: &str,
+    interval: Option<f64>,
+    count: Option<u64>,
+) -> Result<()> {
+    let mut last = client.volume_stats(name).await.map_err(explain)?;
+    let Some(secs) = interval else {
+        let counters = last.counters.clone();
+        let window_s = last.uptime_seconds;
+        return print_stats(json, &last, &counters, window_s, false);
+    };
+    if !(secs > 0.0 && secs.is_finite()) {
+        bail!("--interval must be a positive number of seconds, not {secs}");
+    }
+    if count == Some(0) {
+        bail!("--count must be at least 1");
+    }
+    let mut reports = 0;
+    while count.is_none_or(|n| reports < n) {
+        tokio::time::sleep(std::time::Duration::from_secs_f64(secs)).await;
+        let now = client.volume_stats(name).await.map_err(explain)?;
+        let d = delta(&last.counters, &now.counters);
+        let w = now.uptime_seconds - last.uptime_seconds;
+        print_stats(json, &now, &d, w, true)?;
+        use std::io::Write as _;
+        std::io::stdout().flush().ok();
+        last = now;
+        reports += 1;
+    }
+    Ok(())
+}
+
+fn print_stats(
+    json: bool,
+    stats: &weir_server::admin::VolumeStatsReport,
+    counters: &weir_server::metrics::CounterSnapshot,
+    window_s: f64,
+    interval: bool,
+) -> Result<()> {
+    if json {
+        // One line per report: a stream of JSON documents.
+        println!("{}", serde_json::to_string(stats)?);
+        return Ok(());
+    }
+    let per_s = |x: u64| {
+        if window_s > 0.0 {
+            x as f64 / window_s
+        } else {
+            0.0
+        }
+    };
+    let mut table = Table::new(vec![Column::left("metric"), Column::right("value")]);
+    let label = if interval {
+        format!("last {window_s:.1} s")
+    } else {
+        format!("since start ({window_s:.0} s)")
+    };
+    table.add_row([
+        "volume".to_string(),
+        format!("{} ({})", stats.volume.name, stats.volume.policy),
+    ]);
+    table.add_row(["window".to_string(), label]);
+    table.add_row([
+        "IOPS".to_string(),
+        weir_report::fmt_iops(per_s(counters.ios())),
+    ]);
+    table.add_row([
+        "read IOPS".to_string(),
+        weir_report::fmt_iops(per_s(counters.read_ios)),
+    ]);
+    table.add_row([
+        "write IOPS".to_string(),
+        weir_report::fmt_iops(per_s(counters.write_ios)),
+    ]);
+    table.add_row([
+        "MB/s".to_string(),
+        weir_report::fmt_mbps(per_s(counters.read_bytes + counters.write_bytes) / 1e6),
+    ]);
+    table.add_row([
+        "mean latency ms".to_string(),
+        weir_report::fmt_ms(counters.mean_latency_ms()),
+    ]);
+    table.add_row([
+        "QoS wait ms / request".to_string(),
+        weir_report::fmt_ms(if counters.ios() == 0 {
+            0.0
+        } else {
+            counters.qos_wait_ns as f64 / counters.ios() as f64 / 1e6
+        }),
+    ]);
+    table.add_row(["errors".to_string(), counters.errors.to_string()]);
+    table.add_row(["queued now".to_string(), stats.queued.to_string()]);
+    table.add_row([
+        "pool in flight / depth".to_string(),
+        format!(
+            "{} / {} (max {})",
+            stats.pool.in_flight, stats.pool.depth_limit, stats.pool.max_in_flight
+        ),
+    ]);
+    for row in stats
+        .replication
+        .iter()
+        .flat_map(crate::replicate::stats_rows)
+    {
+        table.add_row(row);
+    }
+    print!("{table}");
+    Ok(())
 }
 
 fn delta(
@@ -634,6 +863,7 @@ fn delta(
         write_bytes: b.write_bytes.saturating_sub(a.write_bytes),
         errors: b.errors.saturating_sub(a.errors),
         latency_sum_ns: b.latency_sum_ns.saturating_sub(a.latency_sum_ns),
+        qos_wait_ns: b.qos_wait_ns.saturating_sub(a.qos_wait_ns),
         latency_buckets: b
             .latency_buckets
             .iter()
@@ -672,8 +902,9 @@ fn policy_table(policies: &[Policy]) -> Table {
 }
 
 pub fn policy(target: AdminTarget, command: PolicyCommand) -> Result<()> {
-    let client = admin_client(&target)?;
+    let (client, endpoint) = admin_client(&target)?;
     runtime()?.block_on(async {
+        announce(&client, &endpoint, target.json).await?;
         let shown = match command {
             PolicyCommand::Create {
                 name,
@@ -698,11 +929,34 @@ pub fn policy(target: AdminTarget, command: PolicyCommand) -> Result<()> {
                     burst_seconds,
                 };
                 policy.validate()?;
-                vec![client.create_policy(&policy).await.map_err(explain)?]
+                match client.create_policy(&policy).await {
+                    Ok(p) => vec![p],
+                    Err(ClientError::Api {
+                        status: 409,
+                        message,
+                    }) => bail!("{message} (`weir policy update` changes it live)"),
+                    Err(e) => return Err(explain(e)),
+                }
+            }
+            PolicyCommand::Update { ref name, .. } => {
+                let current = client.show_policy(name).await.map_err(explain)?;
+                if weir_qos::PolicyCatalog::is_builtin(&current.name) {
+                    bail!(
+                        "policy {:?} is built in and cannot be changed (create one of your own and `weir volume set-policy` to it)",
+                        current.name
+                    );
+                }
+                let policy = updated_policy(current, command_changes(command))?;
+                vec![client.update_policy(&policy).await.map_err(explain)?]
             }
             PolicyCommand::List => client.list_policies().await.map_err(explain)?,
             PolicyCommand::Show { name } => vec![client.show_policy(&name).await.map_err(explain)?],
             PolicyCommand::Delete { name } => {
+                let p = client.show_policy(&name).await.map_err(explain)?;
+                confirm(
+                    target.yes,
+                    &format!("Delete policy {:?} on {}?", p.name, endpoint.url),
+                )?;
                 let p = client.delete_policy(&name).await.map_err(explain)?;
                 println!("deleted policy {}", p.name);
                 return Ok(());
@@ -715,4 +969,80 @@ pub fn policy(target: AdminTarget, command: PolicyCommand) -> Result<()> {
             Ok(())
         }
     })
+}
+
+/// The figures `policy update` was given (`None`: unchanged).
+#[derive(Default)]
+struct PolicyChanges {
+    service_level: Option<String>,
+    reservation_iops: Option<Setting>,
+    reservation_mbps: Option<Setting>,
+    limit_iops: Option<Setting>,
+    limit_mbps: Option<Setting>,
+    shares: Option<Shares>,
+    latency_target_ms: Option<Setting>,
+    burst_seconds: Option<f64>,
+}
+
+fn command_changes(command: PolicyCommand) -> PolicyChanges {
+    match command {
+        PolicyCommand::Update {
+            service_level,
+            reservation_iops,
+            reservation_mbps,
+            limit_iops,
+            limit_mbps,
+            shares,
+            latency_target_ms,
+            burst_seconds,
+            ..
+        } => PolicyChanges {
+            service_level,
+            reservation_iops,
+            reservation_mbps,
+            limit_iops,
+            limit_mbps,
+            shares,
+            latency_target_ms,
+            burst_seconds,
+        },
+        _ => PolicyChanges::default(),
+    }
+}
+
+/// `current` with the changes applied (refused when nothing changes or the
+/// result is invalid).
+fn updated_policy(current: Policy, c: PolicyChanges) -> Result<Policy> {
+    let mut p = current.clone();
+    if let Some(level) = c.service_level {
+        p.service_level = if level.eq_ignore_ascii_case("none") {
+            None
+        } else {
+            Some(parse_level(&level).map_err(anyhow::Error::msg)?)
+        };
+    }
+    let set = |field: &mut Option<f64>, s: Option<Setting>| {
+        if let Some(Setting(v)) = s {
+            *field = v;
+        }
+    };
+    set(&mut p.reservation_iops, c.reservation_iops);
+    set(&mut p.reservation_mbps, c.reservation_mbps);
+    set(&mut p.limit_iops, c.limit_iops);
+    set(&mut p.limit_mbps, c.limit_mbps);
+    set(&mut p.latency_target_ms, c.latency_target_ms);
+    if let Some(s) = c.shares {
+        p.shares = s;
+    }
+    if let Some(b) = c.burst_seconds {
+        p.burst_seconds = b;
+    }
+    if p == current {
+        bail!(
+            "policy update {:?}: no change given (--limit-iops, --reservation-iops, --shares, …; `none` removes a figure)",
+            current.name
+        );
+    }
+    p.validate()?;
+    Ok(p)
 }

@@ -10,18 +10,30 @@
 //! their crates so that they *are* compiled here, cheaply.
 
 mod admin;
+mod groups;
 mod load;
+mod ops;
+mod pools;
 mod replicate;
 mod serve;
 mod sim;
+mod target;
 
 use clap::{Parser, Subcommand};
+
+/// `--version`: the crate version and the commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("WEIR_COMMIT"),
+    ")"
+);
 use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(
     name = "weir",
-    version,
+    version = VERSION,
     about = "Weir: storage QoS for virtualized data centers — serve volumes over NBD, simulate a storage stack, drive workloads",
     long_about = None
 )]
@@ -45,24 +57,55 @@ enum Command {
         #[command(subcommand)]
         command: admin::VolumeCommand,
     },
-    /// Manage QoS policies on a running server
+    /// Manage QoS policies on a running server (`update` changes one live)
     Policy {
         #[command(flatten)]
         target: admin::AdminTarget,
         #[command(subcommand)]
         command: admin::PolicyCommand,
     },
+    /// Manage access groups (which hosts and TLS identities reach a volume)
+    AccessGroup {
+        #[command(flatten)]
+        target: admin::AdminTarget,
+        #[command(subcommand)]
+        command: groups::AccessGroupCommand,
+    },
+    /// Pools of a running server: capacity, free, allocated, provisioned, overcommit
+    Pool {
+        #[command(flatten)]
+        target: admin::AdminTarget,
+        #[command(subcommand)]
+        command: pools::PoolCommand,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions(ops::CompletionsArgs),
+    /// Write man pages (weir.1 and one per subcommand) generated from this CLI
+    Man(ops::ManArgs),
+}
+
+/// The command-line definition (completions, man pages, tests).
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 /// Logs to stderr; `RUST_LOG` takes `level` or `target=level,…` (e.g.
-/// `RUST_LOG=weir_server=debug`); unset or unreadable: warnings only.
+/// `RUST_LOG=weir_server=debug`); unset or unreadable: warnings only, plus the
+/// audit log (`weir_audit` at info: admin changes, configuration diffs).
 fn init_logging() {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::prelude::*;
-    let filter = std::env::var("RUST_LOG")
-        .ok()
+    let configured = std::env::var("RUST_LOG").ok();
+    let mut filter = configured
+        .as_deref()
         .and_then(|s| s.parse::<Targets>().ok())
         .unwrap_or_else(|| Targets::new().with_default(LevelFilter::WARN));
+    // Admin changes and configuration diffs are logged unless RUST_LOG says
+    // otherwise of them.
+    let audit = weir_server::admin::AUDIT_TARGET;
+    if !configured.is_some_and(|c| c.contains(audit)) {
+        filter = filter.with_target(audit, LevelFilter::INFO);
+    }
     tracing_subscriber::registry()
         .with(
             tracing_subscriber::fmt::layer()
@@ -77,6 +120,7 @@ fn init_logging() {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
+    weir_server::metrics::set_build_commit(env!("WEIR_COMMIT"));
     let result = match cli.command {
         Command::Sim(args) => sim::run(args),
         Command::Serve(args) => serve::run(args),
@@ -89,6 +133,10 @@ pub fn main() -> ExitCode {
         },
         Command::Volume { target, command } => admin::volume(target, command),
         Command::Policy { target, command } => admin::policy(target, command),
+        Command::AccessGroup { target, command } => groups::run(target, command),
+        Command::Pool { target, command } => pools::run(target, command),
+        Command::Completions(args) => ops::completions(args),
+        Command::Man(args) => ops::man(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -96,5 +144,42 @@ pub fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every command, argument and option says what it is for in `--help` (and
+    /// so in the man pages and completions).
+    #[test]
+    fn every_option_and_command_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", cmd.get_name());
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") || arg.is_hide_set() {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() && sub.get_name() != "help" {
+                    missing.push(format!("{path} {} (command)", sub.get_name()));
+                }
+                walk(sub, &path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::command(), "", &mut missing);
+        assert!(missing.is_empty(), "no help for: {missing:#?}");
+    }
+
+    #[test]
+    fn version_names_the_commit() {
+        let v = super::command().render_version();
+        assert!(v.contains("(commit "), "{v}");
+        assert!(!env!("WEIR_COMMIT").is_empty());
     }
 }

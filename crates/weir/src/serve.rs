@@ -119,7 +119,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         }
         println!("Ctrl-C (or SIGTERM) stops cleanly.");
+        use std::io::Write as _;
+        std::io::stdout().flush().ok();
+        // systemd (Type=notify): serving now.
+        let status = format!("READY=1\nSTATUS=serving NBD on {nbd}, {} volumes", volumes.len());
+        if let Err(e) = weir_server::systemd::notify(&status) {
+            tracing::warn!("sd_notify READY: {e}");
+        }
         signals.recv().await;
+        let _ = weir_server::systemd::notify("STOPPING=1");
         eprintln!("stopping: finishing in-flight requests, syncing data…");
         weir_server::shutdown_boxed(server).await
     })

@@ -83,6 +83,7 @@ fn cli_reads_the_admin_token_from_the_data_directory() {
             "volume",
             "delete",
             "cli-vol",
+            "--yes",
             "--admin",
             &admin,
             "--data-dir",
