@@ -1,8 +1,8 @@
 //! The backend layer chain: where a validated, QoS-released request meets
 //! storage. A [`Backend`] is blocking (it runs on tokio's blocking pool);
-//! layers wrap another backend, as nbdkit filters do (an emulated-device layer
-//! that completes I/Os no earlier than a `weir_model::Component` says, caches, …),
-//! and the file backend sits at the bottom.
+//! layers wrap another backend, as nbdkit filters do, over a bottom backend
+//! (this file's [`FileBackend`], `crate::thin`, `crate::upstream`). The order
+//! of the stack and where it is built: `crate::stack`.
 
 use std::fs::File;
 use std::io;
@@ -18,6 +18,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Fills `buf` from `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// A write that is durable when it returns (NBD FUA): by default a write,
+    /// then a flush; a backend that can do better (an upstream NBD server
+    /// advertising FUA) overrides it.
+    fn write_fua(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.write(offset, data)?;
+        self.flush()
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Tries a read that never blocks (served from the page cache); `Ok(false)`:

@@ -55,9 +55,11 @@ pub mod qos;
 pub mod replicate;
 pub mod server;
 pub mod session;
+pub mod stack;
 pub mod store;
 pub mod thin;
 pub mod tls;
+pub mod upstream;
 
 pub use config::{ConfigError, WeirConfig, parse_size};
 pub use server::{RunningServer, ServerState, serve};

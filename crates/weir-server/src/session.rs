@@ -331,9 +331,12 @@ pub fn perform(job: &Job) -> (Reply, bool) {
         }
         Command::Write { offset, fua, .. } => {
             let data = job.payload.as_deref().unwrap_or_default();
-            b.write(offset, data)
-                .and_then(|()| if fua { b.flush() } else { Ok(()) })
-                .map_err(|e| io_error(&e, "write"))
+            if fua {
+                b.write_fua(offset, data)
+            } else {
+                b.write(offset, data)
+            }
+            .map_err(|e| io_error(&e, "write"))
         }
         Command::Flush => b.flush().map_err(|e| io_error(&e, "flush")),
         Command::Trim {
