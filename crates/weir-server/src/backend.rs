@@ -12,9 +12,35 @@ use std::os::unix::fs::FileExt;
 use weir_nbd::Extent;
 use weir_nbd::consts::{STATE_HOLE, STATE_ZERO};
 
+/// A READ or WRITE started with [`Backend::start_async`].
+pub enum AsyncOp<'a> {
+    Read {
+        offset: u64,
+        length: u32,
+    },
+    Write {
+        offset: u64,
+        data: &'a [u8],
+        fua: bool,
+    },
+}
+
+/// Called once when an [`AsyncOp`] is done, inside the tokio runtime: the READ's
+/// data (empty for a WRITE), the error, or `None`: perform it the blocking way
+/// now (the backend could not finish it asynchronously, e.g. its connection
+/// broke; the blocking call retries).
+pub type AsyncDone = Box<dyn FnOnce(Option<io::Result<Vec<u8>>>) + Send>;
+
 /// Storage operations on one volume. Offsets and lengths are already validated
 /// against the volume size.
 pub trait Backend: Send + Sync + 'static {
+    /// Starts a READ or WRITE that another thread completes (an upstream NBD
+    /// server's reply), with no blocking thread waiting for it; `Err(done)`: not
+    /// possible here (use the blocking calls). Layers that must see every I/O do
+    /// not forward it.
+    fn start_async(&self, _op: AsyncOp<'_>, done: AsyncDone) -> Result<(), AsyncDone> {
+        Err(done)
+    }
     /// Fills `buf` from `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()>;

@@ -62,6 +62,12 @@
 //! # ops = ["write"]                 # read write flush trim zero cache block_status
 //! # every = 100                     # every 100th matching I/O, or rate = 0.01 (seed = …)
 //!
+//! # [[pools]]                       # gateway mode (crate::upstream, docs/GATEWAY.md):
+//! # name = "san"                    # volumes are exports of an NBD server (the
+//! # upstream = "nbd://storage1"     # volume's name or its `export`), sized by it
+//! # upstream_connections = 4        # 1-64 per volume, requests pipelined over them
+//! # upstream_timeout_s = 30         # per request, retries after reconnects included
+//!
 //! [[policies]]                      # user-defined, beside the five built-ins
 //! name = "gold"
 //! reservation_iops = 5000
@@ -81,6 +87,7 @@
 //! access_groups = ["lab"]           # empty or absent: every host may reach it
 //! read_only = false
 //! description = "OLTP database"     # at most 4096 bytes, no control characters
+//! # export = "sql-lun"              # upstream pools: the upstream export (size optional)
 //!
 //! [[replications]]                  # asynchronous replication of a thin volume
 //! volume = "db"                     # (in a pool with format = "thin")

@@ -45,7 +45,7 @@ use weir_nbd::{
     NbdError, ReplyData,
 };
 
-use crate::backend::Backend;
+use crate::backend::{AsyncDone, AsyncOp, Backend};
 
 /// Default `upstream_connections`.
 pub const DEFAULT_CONNECTIONS: u32 = 4;
@@ -62,6 +62,11 @@ const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Bytes read from a connection at once.
 const READ_CHUNK: usize = 256 << 10;
+/// Largest WRITE sent by [`Backend::start_async`]; larger ones take the
+/// blocking path.
+const ASYNC_MAX_WRITE_BYTES: usize = 256 << 10;
+/// How often a reader thread checks its connection's oldest request.
+const WATCHDOG: Duration = Duration::from_secs(1);
 /// Longest range one TRIM/WRITE_ZEROES/CACHE/BLOCK_STATUS request covers.
 const MAX_RANGE: u64 = 1 << 30;
 
@@ -134,9 +139,30 @@ enum Answer {
     Lost,
 }
 
+/// Who waits for a reply: a blocked caller, or a callback (`start_async`) run
+/// by the reader thread.
+enum Waiter {
+    Blocked(SyncSender<Answer>),
+    Callback {
+        since: Instant,
+        done: Box<dyn FnOnce(Answer) + Send>,
+    },
+}
+
+impl Waiter {
+    fn answer(self, a: Answer) {
+        match self {
+            Waiter::Blocked(tx) => {
+                let _ = tx.try_send(a);
+            }
+            Waiter::Callback { done, .. } => done(a),
+        }
+    }
+}
+
 struct ConnState {
     session: ClientSession,
-    waiters: HashMap<u64, SyncSender<Answer>>,
+    waiters: HashMap<u64, Waiter>,
     alive: bool,
 }
 
@@ -166,29 +192,58 @@ impl Conn {
         };
         let _ = self.socket.shutdown(Shutdown::Both);
         for (_, w) in waiters {
-            let _ = w.try_send(Answer::Lost);
+            w.answer(Answer::Lost);
         }
     }
 
-    fn reader(self: Arc<Self>, mut stream: TcpStream) {
+    /// Decodes replies and hands each to its waiter (outside the lock: a
+    /// callback may start the next request on this connection). Wakes every
+    /// [`WATCHDOG`] to close a connection whose oldest callback request has
+    /// waited longer than `timeout` (blocked callers time out by themselves).
+    fn reader(self: Arc<Self>, mut stream: TcpStream, timeout: Duration) {
         let mut buf = vec![0u8; READ_CHUNK];
+        let mut answered = Vec::new();
+        let _ = stream.set_read_timeout(Some(WATCHDOG.min(timeout)));
         loop {
             let n = match stream.read(&mut buf) {
-                Ok(0) | Err(_) => break,
+                Ok(0) => break,
                 Ok(n) => n,
-            };
-            let mut st = self.lock();
-            if !st.alive {
-                break;
-            }
-            if let Err(e) = st.session.input(&buf[..n]) {
-                tracing::warn!("upstream: protocol error, reconnecting: {e}");
-                break;
-            }
-            while let Some(c) = st.session.poll_completion() {
-                if let Some(w) = st.waiters.remove(&c.handle) {
-                    let _ = w.try_send(Answer::Done(c.result));
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    let st = self.lock();
+                    let stale = st.waiters.values().any(|w| {
+                        matches!(w, Waiter::Callback { since, .. } if since.elapsed() > timeout)
+                    });
+                    if !st.alive || stale {
+                        break;
+                    }
+                    continue;
                 }
+                Err(_) => break,
+            };
+            {
+                let mut st = self.lock();
+                if !st.alive {
+                    break;
+                }
+                if let Err(e) = st.session.input(&buf[..n]) {
+                    tracing::warn!("upstream: protocol error, reconnecting: {e}");
+                    break;
+                }
+                while let Some(c) = st.session.poll_completion() {
+                    if let Some(w) = st.waiters.remove(&c.handle) {
+                        answered.push((w, c.result));
+                    }
+                }
+            }
+            for (w, r) in answered.drain(..) {
+                w.answer(Answer::Done(r));
             }
         }
         self.kill();
@@ -419,9 +474,10 @@ impl UpstreamBackend {
             socket: stream.try_clone()?,
         });
         let reader = conn.clone();
+        let timeout = self.timeout;
         std::thread::Builder::new()
             .name(format!("weir-upstream-{}", self.export))
-            .spawn(move || reader.reader(stream))?;
+            .spawn(move || reader.reader(stream, timeout))?;
         Ok(conn)
     }
 
@@ -520,7 +576,7 @@ impl UpstreamBackend {
                     continue;
                 }
                 let handle = encode(&mut st.session);
-                st.waiters.insert(handle, tx);
+                st.waiters.insert(handle, Waiter::Blocked(tx));
                 st.session.take_output()
             };
             let written = conn
@@ -576,7 +632,7 @@ impl UpstreamBackend {
                         return Err(eio("upstream connection lost during a flush".into()));
                     }
                     let h = st.session.flush();
-                    st.waiters.insert(h, tx);
+                    st.waiters.insert(h, Waiter::Blocked(tx));
                     st.session.take_output()
                 };
                 if conn
@@ -646,6 +702,63 @@ impl Drop for UpstreamBackend {
 }
 
 impl Backend for UpstreamBackend {
+    /// READ and WRITE on a live connection, answered by its reader thread; on a
+    /// broken connection (or none live, or a FUA the upstream lacks) the caller
+    /// falls back to the blocking calls, which reconnect and retry.
+    fn start_async(&self, op: AsyncOp<'_>, done: AsyncDone) -> Result<(), AsyncDone> {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(done);
+        };
+        match op {
+            AsyncOp::Write { fua: true, .. } if !self.has(FLAG_SEND_FUA) => return Err(done),
+            // Written by the calling (runtime) thread: only small payloads, which
+            // the socket buffer takes at once.
+            AsyncOp::Write { data, .. } if data.len() > ASYNC_MAX_WRITE_BYTES => return Err(done),
+            _ => {}
+        }
+        let n = self.slots.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let Some(conn) = (0..n).find_map(|k| self.slots[(start + k) % n].live()) else {
+            return Err(done);
+        };
+        let waiter = Waiter::Callback {
+            since: Instant::now(),
+            done: Box::new(move |answer| {
+                let _in_runtime = runtime.enter();
+                match answer {
+                    Answer::Done(Ok(ReplyData::Read(data))) => done(Some(Ok(data))),
+                    Answer::Done(Ok(_)) => done(Some(Ok(Vec::new()))),
+                    Answer::Done(Err(e)) => done(Some(Err(nbd_to_io(e)))),
+                    Answer::Lost => done(None),
+                }
+            }),
+        };
+        let bytes = {
+            let mut st = conn.lock();
+            if !st.alive {
+                drop(st);
+                // Answered like a lost request: the caller goes the blocking way.
+                waiter.answer(Answer::Lost);
+                return Ok(());
+            }
+            let handle = match op {
+                AsyncOp::Read { offset, length } => st.session.read(offset, length),
+                AsyncOp::Write { offset, data, fua } => st.session.write(offset, data, fua),
+            };
+            st.waiters.insert(handle, waiter);
+            st.session.take_output()
+        };
+        let written = conn
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .write_all(&bytes);
+        if written.is_err() {
+            conn.kill();
+        }
+        Ok(())
+    }
+
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let len = buf.len() as u32;
         match self.call(true, &|s| s.read(offset, len))? {
