@@ -167,11 +167,11 @@ fn gateway_survives_an_upstream_kill_without_losing_acknowledged_writes() {
     ));
     rt.block_on(check(upstream.nbd_addr, &acked, &failed, "on the upstream"));
 
-    fio_verify_through(&gateway);
+    fio_verify_through(&gateway, gw_dir.path());
 }
 
 /// `fio --verify` (crc32c) through the gateway, if fio has its nbd engine.
-fn fio_verify_through(gateway: &WeirProcess) {
+fn fio_verify_through(gateway: &WeirProcess, dir: &std::path::Path) {
     let fio_ok = std::process::Command::new("fio")
         .arg("--enghelp")
         .output()
@@ -193,7 +193,9 @@ fn fio_verify_through(gateway: &WeirProcess) {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            "--verify_state_save=0",
         ])
+        .current_dir(dir)
         .output()
         .expect("running fio");
     let text =
