@@ -1,8 +1,8 @@
 //! The backend layer chain: where a validated, QoS-released request meets
 //! storage. A [`Backend`] is blocking (it runs on tokio's blocking pool);
-//! layers wrap another backend, as nbdkit filters do (an emulated-device layer
-//! that completes I/Os no earlier than a `weir_model::Component` says, caches, …),
-//! and the file backend sits at the bottom.
+//! layers wrap another backend, as nbdkit filters do, over a bottom backend
+//! (this file's [`FileBackend`], `crate::thin`, `crate::upstream`). The order
+//! of the stack and where it is built: `crate::stack`.
 
 use std::fs::File;
 use std::io;
@@ -12,12 +12,45 @@ use std::os::unix::fs::FileExt;
 use weir_nbd::Extent;
 use weir_nbd::consts::{STATE_HOLE, STATE_ZERO};
 
+/// A READ or WRITE started with [`Backend::start_async`].
+pub enum AsyncOp<'a> {
+    Read {
+        offset: u64,
+        length: u32,
+    },
+    Write {
+        offset: u64,
+        data: &'a [u8],
+        fua: bool,
+    },
+}
+
+/// Called once when an [`AsyncOp`] is done, inside the tokio runtime: the READ's
+/// data (empty for a WRITE), the error, or `None`: perform it the blocking way
+/// now (the backend could not finish it asynchronously, e.g. its connection
+/// broke; the blocking call retries).
+pub type AsyncDone = Box<dyn FnOnce(Option<io::Result<Vec<u8>>>) + Send>;
+
 /// Storage operations on one volume. Offsets and lengths are already validated
 /// against the volume size.
 pub trait Backend: Send + Sync + 'static {
+    /// Starts a READ or WRITE that another thread completes (an upstream NBD
+    /// server's reply), with no blocking thread waiting for it; `Err(done)`: not
+    /// possible here (use the blocking calls). Layers that must see every I/O do
+    /// not forward it.
+    fn start_async(&self, _op: AsyncOp<'_>, done: AsyncDone) -> Result<(), AsyncDone> {
+        Err(done)
+    }
     /// Fills `buf` from `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// A write that is durable when it returns (NBD FUA): by default a write,
+    /// then a flush; a backend that can do better (an upstream NBD server
+    /// advertising FUA) overrides it.
+    fn write_fua(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.write(offset, data)?;
+        self.flush()
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Tries a read that never blocks (served from the page cache); `Ok(false)`:

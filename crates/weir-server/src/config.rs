@@ -62,6 +62,12 @@
 //! # ops = ["write"]                 # read write flush trim zero cache block_status
 //! # every = 100                     # every 100th matching I/O, or rate = 0.01 (seed = …)
 //!
+//! # [[pools]]                       # gateway mode (crate::upstream, docs/GATEWAY.md):
+//! # name = "san"                    # volumes are exports of an NBD server (the
+//! # upstream = "nbd://storage1"     # volume's name or its `export`), sized by it
+//! # upstream_connections = 4        # 1-64 per volume, requests pipelined over them
+//! # upstream_timeout_s = 30         # per request, retries after reconnects included
+//!
 //! [[policies]]                      # user-defined, beside the five built-ins
 //! name = "gold"
 //! reservation_iops = 5000
@@ -81,6 +87,7 @@
 //! access_groups = ["lab"]           # empty or absent: every host may reach it
 //! read_only = false
 //! description = "OLTP database"     # at most 4096 bytes, no control characters
+//! # export = "sql-lun"              # upstream pools: the upstream export (size optional)
 //!
 //! [[replications]]                  # asynchronous replication of a thin volume
 //! volume = "db"                     # (in a pool with format = "thin")
@@ -268,6 +275,36 @@ pub struct PoolConfig {
     /// clones and measured faster for small random reads (docs/THIN.md).
     #[serde(default = "default_clone_cache")]
     pub clone_cache: ByteSize,
+    /// Gateway mode: the pool's volumes live on a remote NBD server
+    /// (`nbd://HOST[:PORT]`); each volume is the upstream export of its name, or
+    /// its `export` (crate::upstream, docs/GATEWAY.md).
+    #[serde(default)]
+    pub upstream: Option<String>,
+    /// Upstream pools: connections per volume to the upstream (requests are
+    /// pipelined over them).
+    #[serde(default = "default_upstream_connections")]
+    pub upstream_connections: u32,
+    /// Upstream pools: how long a request may take, retries after reconnects
+    /// included, before it fails with EIO.
+    #[serde(default = "default_upstream_timeout_s")]
+    pub upstream_timeout_s: u32,
+}
+
+impl PoolConfig {
+    /// The pool's upstream (`upstream = "nbd://…"`), parsed.
+    pub fn upstream_target(&self) -> Result<Option<crate::upstream::UpstreamTarget>, String> {
+        self.upstream
+            .as_deref()
+            .map(crate::upstream::UpstreamTarget::parse)
+            .transpose()
+    }
+}
+
+fn default_upstream_connections() -> u32 {
+    crate::upstream::DEFAULT_CONNECTIONS
+}
+fn default_upstream_timeout_s() -> u32 {
+    crate::upstream::DEFAULT_TIMEOUT_S
 }
 
 /// A pool's volume format.
@@ -299,6 +336,9 @@ pub struct AccessGroupConfig {
 #[serde(deny_unknown_fields)]
 pub struct VolumeConfig {
     pub name: String,
+    /// Required, except in an upstream pool (the size is the upstream export's;
+    /// if given it must match).
+    #[serde(default)]
     pub size: ByteSize,
     pub policy: String,
     #[serde(default = "default_pool_name")]
@@ -309,10 +349,13 @@ pub struct VolumeConfig {
     pub read_only: bool,
     #[serde(default)]
     pub description: String,
+    /// Upstream pools: the upstream export this volume is (default: its name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<String>,
 }
 
 /// A size in bytes; in TOML a number or a string like `"10GiB"`, `"512MB"`, `"4k"`.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct ByteSize(pub u64);
 
 impl Serialize for ByteSize {
@@ -429,6 +472,9 @@ fn default_pools() -> Vec<PoolConfig> {
         faults: Vec::new(),
         format: PoolFormat::File,
         clone_cache: default_clone_cache(),
+        upstream: None,
+        upstream_connections: default_upstream_connections(),
+        upstream_timeout_s: default_upstream_timeout_s(),
     }]
 }
 
@@ -660,6 +706,8 @@ impl WeirConfig {
                 f.validate()
                     .map_err(|e| (at(&p.name), format!("pools[{i}].faults[{j}].{e}")))?;
             }
+            crate::stack::validate_pool(p)
+                .map_err(|(field, e)| (Some(field.into()), format!("pools[{i}].{field}: {e}")))?;
         }
         let mut groups = std::collections::BTreeSet::new();
         for (i, g) in self.access_groups.iter().enumerate() {
@@ -696,8 +744,24 @@ impl WeirConfig {
             if !volumes.insert(v.name.as_str()) {
                 return Err(here("name", "duplicate volume".into()));
             }
-            if v.size.0 == 0 {
+            let upstream = self
+                .pools
+                .iter()
+                .any(|p| p.name == v.pool && p.upstream.is_some());
+            if v.size.0 == 0 && !upstream {
                 return Err(here("size", "must be more than 0 bytes".into()));
+            }
+            if let Some(e) = &v.export {
+                if !upstream {
+                    return Err(here(
+                        "export",
+                        format!(
+                            "only for volumes in a pool with upstream = \"nbd://…\" ({:?} has none)",
+                            v.pool
+                        ),
+                    ));
+                }
+                crate::upstream::validate_export_name(e).map_err(|m| here("export", m))?;
             }
             validate_description(&v.description).map_err(|e| here("description", e))?;
             catalog

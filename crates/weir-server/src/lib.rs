@@ -4,8 +4,8 @@
 //! (export, client host, cost of the command) → [`qos::QosPool::submit`] (a
 //! `weir_qos::Gate` per pool: host windows, tags, paced pieces, device depth
 //! limit, limit timers) → the session performs each released piece on the
-//! backend layer chain ([`backend::Backend`]: file, optionally beside an emulated
-//! device) → piece completed at the gate → reply encoded once the request's last
+//! backend layer stack ([`stack`]: file, thin or upstream NBD at the bottom,
+//! faults above, optionally beside an emulated device) → piece completed at the gate → reply encoded once the request's last
 //! piece is done → writer task → socket.
 //!
 //! The request path avoids hand-offs: the session submits, the pool releases
@@ -19,7 +19,10 @@
 //! enables datastore-wide congestion control (a `HostWindow` per client host),
 //! `device = "…"` emulates a device model, `trim_cost_factor` and
 //! `zero_cost_factor` scale what TRIM and WRITE_ZEROES are charged, `[pools.depth]`
-//! tunes the adaptive device depth under `max_in_flight`.
+//! tunes the adaptive device depth under `max_in_flight`, `upstream = "nbd://…"`
+//! makes the pool a gateway to another NBD server ([`upstream`]). Each volume's
+//! backend is a layer stack built by [`stack`] (bottom file, thin or upstream;
+//! faults and the emulated device above).
 //!
 //! Bounded whatever clients do ([`connections`], docs/HARDENING.md): a request
 //! holds its connection's slot and data budget until its reply is written to
@@ -56,10 +59,12 @@ pub mod qos;
 pub mod replicate;
 pub mod server;
 pub mod session;
+pub mod stack;
 pub mod store;
 pub mod systemd;
 pub mod thin;
 pub mod tls;
+pub mod upstream;
 
 pub use config::{ConfigError, WeirConfig, parse_size};
 pub use server::{RunningServer, ServerState, serve};

@@ -331,9 +331,12 @@ pub fn perform(job: &Job) -> (Reply, bool) {
         }
         Command::Write { offset, fua, .. } => {
             let data = job.payload.as_deref().unwrap_or_default();
-            b.write(offset, data)
-                .and_then(|()| if fua { b.flush() } else { Ok(()) })
-                .map_err(|e| io_error(&e, "write"))
+            if fua {
+                b.write_fua(offset, data)
+            } else {
+                b.write(offset, data)
+            }
+            .map_err(|e| io_error(&e, "write"))
         }
         Command::Flush => b.flush().map_err(|e| io_error(&e, "flush")),
         Command::Trim {
@@ -657,6 +660,9 @@ impl Perform for Io {
                     outcome: Outcome::Whole(reply, ok),
                 });
             }
+            if try_start_async(&pool, Some(ticket), &task) {
+                return None;
+            }
             tokio::task::spawn_blocking(move || {
                 let (reply, ok) = perform(&task.job);
                 pool.complete(Performed {
@@ -695,6 +701,64 @@ impl Perform for Io {
     }
 }
 
+/// A whole request's reply: to the gate (`ticket`), or straight out.
+fn finish_whole(pool: &Arc<Pool>, ticket: Option<Ticket>, task: Arc<Task>, reply: Reply, ok: bool) {
+    match ticket {
+        Some(ticket) => pool.complete(Performed {
+            ticket,
+            payload: task,
+            outcome: Outcome::Whole(reply, ok),
+        }),
+        None => deliver(&task.job, reply, ok),
+    }
+}
+
+/// Starts a whole READ or WRITE on a backend that completes it from another
+/// thread ([`crate::backend::Backend::start_async`]: an upstream NBD server),
+/// so no blocking thread waits on it; `false`: perform it the usual way.
+fn try_start_async(pool: &Arc<Pool>, ticket: Option<Ticket>, task: &Arc<Task>) -> bool {
+    use crate::backend::{AsyncDone, AsyncOp};
+    let job = &task.job;
+    if job.volume.is_deleted() {
+        return false;
+    }
+    let op = match job.command {
+        Command::Read { offset, length, .. } => AsyncOp::Read { offset, length },
+        Command::Write { offset, fua, .. } => AsyncOp::Write {
+            offset,
+            data: job.payload.as_deref().unwrap_or_default(),
+            fua,
+        },
+        _ => return false,
+    };
+    let (t, p) = (task.clone(), pool.clone());
+    let done: AsyncDone = Box::new(move |result| {
+        let Some(result) = result else {
+            tokio::task::spawn_blocking(move || {
+                let (reply, ok) = perform(&t.job);
+                finish_whole(&p, ticket, t, reply, ok);
+            });
+            return;
+        };
+        let (reply, ok) = match (result, &t.job.command) {
+            (Ok(data), &Command::Read { offset, length, .. }) if data.len() == length as usize => {
+                let (mut out, start) = read_reply_buffer(&t.job, offset, length);
+                out[start..].copy_from_slice(&data);
+                (out.into(), true)
+            }
+            (Ok(_), Command::Read { .. }) => {
+                let e = NbdError::new(ErrorCode::Io, "read: a reply of the wrong length");
+                (error_reply(&t.job, &e), false)
+            }
+            (Ok(_), _) => (ok_reply(&t.job), true),
+            (Err(e), Command::Read { .. }) => (error_reply(&t.job, &io_error(&e, "read")), false),
+            (Err(e), _) => (error_reply(&t.job, &io_error(&e, "write")), false),
+        };
+        finish_whole(&p, ticket, t, reply, ok);
+    });
+    job.volume.backend.start_async(op, done).is_ok()
+}
+
 /// Runs a request at once, past the gate (a pool with `qos = false`, or
 /// shutdown), and replies.
 pub fn execute_now(pool: &Arc<Pool>, task: Arc<Task>) {
@@ -712,6 +776,9 @@ pub fn execute_now(pool: &Arc<Pool>, task: Arc<Task>) {
     }
     if let Some((reply, ok)) = try_perform_inline(&task.job) {
         deliver(&task.job, reply, ok);
+        return;
+    }
+    if try_start_async(pool, None, &task) {
         return;
     }
     tokio::task::spawn_blocking(move || {

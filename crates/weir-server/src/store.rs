@@ -43,6 +43,7 @@ use weir_thin::ThinVolume;
 
 mod repl_ops;
 mod thin_ops;
+mod upstream_ops;
 pub use thin_ops::{ThinPoolCheck, ThinSpace};
 
 /// Mode of the files the store creates (volumes, metadata).
@@ -323,6 +324,9 @@ pub struct VolumeStore {
     /// Open volumes and snapshot exports (`volume@snapshot`), by export name.
     open: HashMap<String, Arc<OpenVolume>>,
     thin: ThinState,
+    /// Upstream pools: the export of each volume the configuration maps
+    /// (`export = …`); others are the export of their name.
+    upstream_exports: HashMap<String, String>,
 }
 
 impl VolumeStore {
@@ -369,6 +373,11 @@ impl VolumeStore {
             groups: HashMap::new(),
             open: HashMap::new(),
             thin: ThinState::default(),
+            upstream_exports: config
+                .volumes
+                .iter()
+                .filter_map(|v| Some((v.name.clone(), v.export.clone()?)))
+                .collect(),
         };
         for p in &config.pools {
             if p.format == PoolFormat::Thin {
@@ -411,6 +420,7 @@ impl VolumeStore {
             .iter()
             .map(|v| (v.name.clone(), DeclaredVolume::of(v)))
             .collect();
+        let mut upstream = store.open_upstreams(&mut meta.volumes, config)?;
         for r in &meta.volumes {
             store.check_record(r)?;
             // A declared size grown in the file: the thin top layer grows with it.
@@ -428,7 +438,10 @@ impl VolumeStore {
         store.meta = meta;
         store.collect_layers()?;
         for r in store.meta.volumes.clone() {
-            let volume = store.open_file(&r, true)?;
+            let volume = match upstream.remove(&r.name) {
+                Some(b) => store.upstream_volume(&r, b),
+                None => store.open_file(&r, true)?,
+            };
             store.open.insert(r.name.clone(), volume);
         }
         store.merge_replication_config(&config.replications)?;
@@ -485,6 +498,11 @@ impl VolumeStore {
     pub fn pools(&self) -> &[PoolConfig] {
         &self.pools
     }
+    /// A volume's backend stack over its bottom backend (`crate::stack`).
+    pub(crate) fn stack(&self, pool: &str, bottom: Arc<dyn Backend>) -> Arc<dyn Backend> {
+        crate::stack::build(self.pools.iter().find(|p| p.name == pool), bottom)
+    }
+
     pub(crate) fn is_thin(&self, pool: &str) -> bool {
         self.pools
             .iter()
@@ -545,7 +563,7 @@ impl VolumeStore {
             id: VolumeId(r.id),
             name: r.name.clone(),
             pool: r.pool.clone(),
-            backend: crate::fault::wrap(Arc::new(backend), pool.map_or(&[][..], |p| &p.faults[..])),
+            backend: crate::stack::build(pool, Arc::new(backend)),
             thin: None,
             deleted: AtomicBool::new(false),
         }))
@@ -658,10 +676,15 @@ impl VolumeStore {
             layer: None,
             origin: None,
         };
-        self.check_record(&record)?;
+        if self.upstream_pool(&record.pool).is_none() {
+            self.check_record(&record)?;
+        }
         check_description(&record)?;
         if self.is_thin(&record.pool) {
             return self.create_thin(record);
+        }
+        if self.upstream_pool(&record.pool).is_some() {
+            return self.create_upstream(record);
         }
         let volume = self.open_file(&record, false).map_err(|e| match e {
             StoreError::Io(m) if m.contains("exists") => StoreError::Conflict(format!(
@@ -691,6 +714,9 @@ impl VolumeStore {
         if record.layer.is_some() {
             return self.delete_thin(record);
         }
+        if self.upstream_pool(&record.pool).is_some() {
+            return self.delete_upstream(record);
+        }
         self.meta.volumes.retain(|r| r.name != name);
         self.persist()?;
         let open = self.open.remove(name);
@@ -713,6 +739,14 @@ impl VolumeStore {
         }
         if record.layer.is_some() {
             return self.resize_thin(record, size_bytes);
+        }
+        if let Some(p) = self.upstream_pool(&record.pool) {
+            return Err(StoreError::Invalid(format!(
+                "volume {name:?} is in pool {:?}, whose volumes are exports of {}: resize the \
+                 export there, then restart this server (it takes the upstream's size)",
+                p.name,
+                p.upstream.as_deref().unwrap_or_default()
+            )));
         }
         let path = self.volume_path(&record);
         let f = OpenOptions::new()

@@ -428,6 +428,7 @@ async fn files_are_private_and_metadata_is_not_rewritten_at_start() {
         access_groups: vec![],
         read_only: false,
         description: String::new(),
+        export: None,
     });
     let server = weir_server::RunningServer::start(more).await.unwrap();
     server.shutdown().await.unwrap();

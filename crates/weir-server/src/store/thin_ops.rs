@@ -93,9 +93,12 @@ impl VolumeStore {
             id: VolumeId(r.id),
             name: r.name.clone(),
             pool: r.pool.clone(),
-            backend: Arc::new(ThinBackend {
-                volume: volume.clone(),
-            }),
+            backend: self.stack(
+                &r.pool,
+                Arc::new(ThinBackend {
+                    volume: volume.clone(),
+                }),
+            ),
             thin: Some(volume),
             deleted: AtomicBool::new(false),
         }))
@@ -118,10 +121,13 @@ impl VolumeStore {
             Arc::new(OpenVolume {
                 id: VolumeId(v.id),
                 name,
-                pool: v.pool,
-                backend: Arc::new(ThinBackend {
-                    volume: volume.clone(),
-                }),
+                pool: v.pool.clone(),
+                backend: self.stack(
+                    &v.pool,
+                    Arc::new(ThinBackend {
+                        volume: volume.clone(),
+                    }),
+                ),
                 thin: Some(volume),
                 deleted: AtomicBool::new(false),
             }),

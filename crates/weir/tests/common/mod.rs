@@ -74,6 +74,13 @@ impl WeirProcess {
         Self::spawn(dir, config, Command::new(env!("CARGO_BIN_EXE_weir")), data)
     }
 
+    /// As [`WeirProcess::start`], with the NBD listener on `listen` (to restart
+    /// a server on the port its clients know).
+    pub fn start_listening(dir: &Path, config: &str, listen: SocketAddr) -> WeirProcess {
+        let cmd = Command::new(env!("CARGO_BIN_EXE_weir"));
+        Self::spawn_at(dir, config, cmd, &dir.join("data"), listen)
+    }
+
     /// As [`WeirProcess::start`], through `sh -c script weir serve …`: the script
     /// sets what the server runs under (an open-files limit, a mount namespace)
     /// and ends with `exec "$0" "$@"`. `WEIR_BIN` overrides the binary (to
@@ -84,9 +91,19 @@ impl WeirProcess {
         Self::spawn(dir, config, cmd, &dir.join("data"))
     }
 
-    fn spawn(dir: &Path, config: &str, mut cmd: Command, data: &Path) -> WeirProcess {
+    fn spawn(dir: &Path, config: &str, cmd: Command, data: &Path) -> WeirProcess {
+        Self::spawn_at(dir, config, cmd, data, "127.0.0.1:0".parse().unwrap())
+    }
+
+    fn spawn_at(
+        dir: &Path,
+        config: &str,
+        mut cmd: Command,
+        data: &Path,
+        listen: SocketAddr,
+    ) -> WeirProcess {
         let config_path = dir.join("weir.toml");
-        let text = format!("listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{config}");
+        let text = format!("listen = \"{listen}\"\nadmin_listen = \"127.0.0.1:0\"\n{config}");
         std::fs::write(&config_path, text).unwrap();
         let log = std::fs::OpenOptions::new()
             .create(true)

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Gateway mode (issue 12): fio (nbd engine) 4 KiB randread QD32 against a weir
+# serve directly, and through a second weir serve whose pool is
+# `upstream = "nbd://…"` in front of it, on loopback, in the same run.
+#   bench/gateway.sh                  # REPS=5 RUNTIME=10 by default
+#   DEVICE=15k-sas-raid5x24 bench/gateway.sh   # the upstream pool on an emulated array
+#   CONNS=8 bench/gateway.sh          # upstream_connections (default 4)
+# Prints IOPS per rep and the medians, and gateway ÷ direct. Both servers run
+# with QoS on (a best-effort policy); the gateway's volume file never exists:
+# every READ crosses both servers. On a machine with few cores the three
+# processes (fio, gateway, upstream) share them, so the gateway's CPU per I/O
+# is what separates the two figures.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPS="${REPS:-5}"
+RUNTIME="${RUNTIME:-10}"
+CONNS="${CONNS:-4}"
+DEVICE="${DEVICE:-}"
+BS="${BS:-4k}"
+QD="${QD:-32}"
+WORK="${WORK:-${TMPDIR:-/tmp}/weir-gateway-bench}"
+command -v fio >/dev/null || { echo "fio is not installed"; exit 1; }
+fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio has no nbd engine (needs libnbd)"; exit 1; }
+
+cargo build --release -p weir >/dev/null < /dev/null
+WEIR="$PWD/target/release/weir"
+rm -rf "$WORK"; mkdir -p "$WORK/up/pools/default" "$WORK/gw"
+head -c 1073741824 /dev/urandom > "$WORK/up/pools/default/vol.img"
+chmod 600 "$WORK/up/pools/default/vol.img"
+
+P_UP=10929; P_UPA=10930; P_GW=10931; P_GWA=10932
+cat > "$WORK/up.toml" <<CONF
+listen = "127.0.0.1:$P_UP"
+admin_listen = "127.0.0.1:$P_UPA"
+data_dir = "$WORK/up"
+[[pools]]
+name = "default"
+${DEVICE:+device = \"$DEVICE\"}
+[[policies]]
+name = "best-effort"
+[[volumes]]
+name = "vol"
+size = "1GiB"
+policy = "best-effort"
+CONF
+cat > "$WORK/gw.toml" <<CONF
+listen = "127.0.0.1:$P_GW"
+admin_listen = "127.0.0.1:$P_GWA"
+data_dir = "$WORK/gw"
+[[pools]]
+name = "gw"
+upstream = "nbd://127.0.0.1:$P_UP"
+upstream_connections = $CONNS
+[[policies]]
+name = "best-effort"
+[[volumes]]
+name = "vol"
+policy = "best-effort"
+pool = "gw"
+CONF
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return; sleep 0.1; done; echo "port $1 not open"; exit 1; }
+"$WEIR" serve --config "$WORK/up.toml" > "$WORK/up.out" 2> "$WORK/up.log" & pids+=($!)
+wait_port $P_UP
+"$WEIR" serve --config "$WORK/gw.toml" > "$WORK/gw.out" 2> "$WORK/gw.log" & pids+=($!)
+wait_port $P_GW
+# Warm the upstream's page cache (both paths read the same file).
+fio --name=warm --ioengine=nbd --uri="nbd://127.0.0.1:$P_UP/vol" --rw=read --bs=1m --iodepth=4 \
+  --size=1g --output-format=terse >/dev/null 2>&1 || true
+
+run() {
+  fio --name=gw --ioengine=nbd --uri="$1" --rw=randread --bs="$BS" --iodepth="$QD" --size=1g \
+    --time_based --runtime="$RUNTIME" --ramp_time=1 --output-format=json 2>/dev/null |
+    python3 -c 'import json,sys; t=sys.stdin.read(); print("%.0f" % json.loads(t[t.index("{"):])["jobs"][0]["read"]["iops"])'
+}
+echo "uptime: $(uptime)"
+echo "fio ${BS} randread QD${QD}, ${RUNTIME}s x ${REPS}; upstream_connections = $CONNS${DEVICE:+; upstream device = $DEVICE}"
+direct=(); gw=()
+for rep in $(seq "$REPS"); do
+  # Alternate which goes first.
+  if [ $((rep % 2)) -eq 1 ]; then
+    d=$(run "nbd://127.0.0.1:$P_UP/vol"); g=$(run "nbd://127.0.0.1:$P_GW/vol")
+  else
+    g=$(run "nbd://127.0.0.1:$P_GW/vol"); d=$(run "nbd://127.0.0.1:$P_UP/vol")
+  fi
+  direct+=("$d"); gw+=("$g")
+  echo "rep $rep: direct $d IOPS, gateway $g IOPS"
+done
+python3 - "${direct[*]}" "${gw[*]}" <<'PY'
+import statistics, sys
+d = [float(x) for x in sys.argv[1].split()]; g = [float(x) for x in sys.argv[2].split()]
+md, mg = statistics.median(d), statistics.median(g)
+print(f"median: direct {md:.0f} IOPS, gateway {mg:.0f} IOPS, gateway/direct {mg/md:.3f} (overhead {100*(1-mg/md):.1f} %)")
+PY

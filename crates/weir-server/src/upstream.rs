@@ -1,0 +1,927 @@
+//! The upstream NBD backend (gateway mode): a volume of a pool with
+//! `upstream = "nbd://HOST[:PORT]"` is an export of that server, reached over
+//! `upstream_connections` TCP connections on which requests are pipelined.
+//!
+//! The protocol is `weir_nbd`'s client state machines ([`ClientHandshake`],
+//! [`ClientSession`]), the same ones `crate::nbd_client` (replication) and
+//! `weir load` drive; this module only drives them with blocking sockets, as the
+//! [`Backend`] trait is blocking: the calling thread encodes its request and
+//! writes it under the connection's write lock, a reader thread per connection
+//! decodes replies and hands each to its waiting caller.
+//!
+//! Failures:
+//! - an error reply (EIO, ENOSPC, EPERM, …) is returned as that errno, so the
+//!   gateway's client sees the upstream's NBD error;
+//! - a lost connection (upstream killed, restarted, network cut) fails its
+//!   in-flight requests over to another connection, reconnecting (backoff 50 ms
+//!   to 1 s), and retries them until `upstream_timeout_s` after the request
+//!   started, then fails them with EIO. Retrying is safe: a READ, WRITE, TRIM or
+//!   WRITE_ZEROES that may or may not have reached the upstream is idempotent,
+//!   and its client has no acknowledgement yet (NBD gives no order between
+//!   overlapping requests in flight). A write is acknowledged only after the
+//!   upstream acknowledged it. A FLUSH is retried only on an upstream that
+//!   advertises `NBD_FLAG_CAN_MULTI_CONN` (a flush on any connection covers every
+//!   connection's completed writes); otherwise it fails with EIO;
+//! - a request unanswered for `upstream_timeout_s` fails with EIO and its
+//!   connection is closed (its other requests fail over).
+//!
+//! FLUSH, FUA, TRIM, WRITE_ZEROES (and FAST_ZERO), CACHE and BLOCK_STATUS
+//! (`base:allocation`) go upstream when it advertises them; otherwise FLUSH,
+//! TRIM and CACHE succeed doing nothing (nothing to flush; advisory), FUA becomes
+//! a WRITE then a FLUSH, WRITE_ZEROES is written as zeroes (or fails ENOTSUP for
+//! a fast zero), and BLOCK_STATUS reports the range allocated.
+
+use std::collections::HashMap;
+use std::io::{self, Read as _, Write as _};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use weir_nbd::consts::*;
+use weir_nbd::{
+    ClientConfig, ClientExport, ClientHandshake, ClientOutcome, ClientSession, ErrorCode, Extent,
+    NbdError, ReplyData,
+};
+
+use crate::backend::{AsyncDone, AsyncOp, Backend};
+
+/// Default `upstream_connections`.
+pub const DEFAULT_CONNECTIONS: u32 = 4;
+/// Most `upstream_connections`.
+pub const MAX_CONNECTIONS: u32 = 64;
+/// Default `upstream_timeout_s`.
+pub const DEFAULT_TIMEOUT_S: u32 = 30;
+/// Most `upstream_timeout_s`.
+pub const MAX_TIMEOUT_S: u32 = 3600;
+/// Connecting and the handshake each give up after this long.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Reconnect backoff: first and longest wait between attempts.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Bytes read from a connection at once.
+const READ_CHUNK: usize = 256 << 10;
+/// Largest WRITE sent by [`Backend::start_async`]; larger ones take the
+/// blocking path.
+const ASYNC_MAX_WRITE_BYTES: usize = 256 << 10;
+/// How often a reader thread checks its connection's oldest request.
+const WATCHDOG: Duration = Duration::from_secs(1);
+/// Longest range one TRIM/WRITE_ZEROES/CACHE/BLOCK_STATUS request covers.
+const MAX_RANGE: u64 = 1 << 30;
+
+/// `nbd://HOST[:PORT]` (TCP; port 10809 by default). A path is refused: the
+/// export is per volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpstreamTarget {
+    pub host: String,
+    pub port: u16,
+}
+
+impl UpstreamTarget {
+    pub fn parse(text: &str) -> Result<UpstreamTarget, String> {
+        // The replication target's parser, with an export to satisfy it.
+        let url = crate::replicate::NbdUrl::parse(&format!("{}/x", text.trim_end_matches('/')))
+            .map_err(|e| e.replace("/EXPORT", "").replace(&format!("{text}/x"), text))?;
+        let rest = text.split_once("://").map_or("", |(_, r)| r);
+        if rest.trim_end_matches('/').contains('/') {
+            return Err(format!(
+                "{text:?}: no export in the pool's upstream (nbd://HOST[:PORT]); each volume \
+                 is the export of its name, or its `export`"
+            ));
+        }
+        Ok(UpstreamTarget {
+            host: url.host,
+            port: url.port,
+        })
+    }
+
+    fn addrs(&self) -> io::Result<Vec<SocketAddr>> {
+        Ok((self.host.as_str(), self.port).to_socket_addrs()?.collect())
+    }
+}
+
+impl std::fmt::Display for UpstreamTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "nbd://[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "nbd://{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// An export name the NBD protocol can carry (at most 4096 bytes, no NUL).
+pub fn validate_export_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 4096 || name.contains('\0') {
+        return Err(format!(
+            "{name:?}: an export name is 1-4096 bytes without NUL"
+        ));
+    }
+    Ok(())
+}
+
+/// Counters of one upstream volume (metrics).
+#[derive(Default, Debug)]
+pub struct UpstreamStats {
+    /// Connections opened after the first.
+    pub reconnects: AtomicU64,
+    /// Requests sent again after their connection was lost.
+    pub retries: AtomicU64,
+    /// Requests failed because the upstream was unreachable or silent.
+    pub unreachable: AtomicU64,
+}
+
+/// The result a reader thread hands a waiting caller.
+enum Answer {
+    Done(Result<ReplyData, NbdError>),
+    /// The connection broke before the reply came.
+    Lost,
+}
+
+/// Who waits for a reply: a blocked caller, or a callback (`start_async`) run
+/// by the reader thread.
+enum Waiter {
+    Blocked(SyncSender<Answer>),
+    Callback {
+        since: Instant,
+        done: Box<dyn FnOnce(Answer) + Send>,
+    },
+}
+
+impl Waiter {
+    fn answer(self, a: Answer) {
+        match self {
+            Waiter::Blocked(tx) => {
+                let _ = tx.try_send(a);
+            }
+            Waiter::Callback { done, .. } => done(a),
+        }
+    }
+}
+
+struct ConnState {
+    session: ClientSession,
+    waiters: HashMap<u64, Waiter>,
+    alive: bool,
+}
+
+/// One connection: the protocol state shared by callers and the reader thread.
+struct Conn {
+    state: Mutex<ConnState>,
+    writer: Mutex<TcpStream>,
+    /// For shutting the socket down from any thread.
+    socket: TcpStream,
+}
+
+impl Conn {
+    fn lock(&self) -> MutexGuard<'_, ConnState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_alive(&self) -> bool {
+        self.lock().alive
+    }
+
+    /// Marks the connection dead and fails every waiting request over.
+    fn kill(&self) {
+        let waiters = {
+            let mut st = self.lock();
+            st.alive = false;
+            std::mem::take(&mut st.waiters)
+        };
+        let _ = self.socket.shutdown(Shutdown::Both);
+        for (_, w) in waiters {
+            w.answer(Answer::Lost);
+        }
+    }
+
+    /// Decodes replies and hands each to its waiter (outside the lock: a
+    /// callback may start the next request on this connection). Wakes every
+    /// [`WATCHDOG`] to close a connection whose oldest callback request has
+    /// waited longer than `timeout` (blocked callers time out by themselves).
+    fn reader(self: Arc<Self>, mut stream: TcpStream, timeout: Duration) {
+        let mut buf = vec![0u8; READ_CHUNK];
+        let mut answered = Vec::new();
+        let _ = stream.set_read_timeout(Some(WATCHDOG.min(timeout)));
+        loop {
+            let n = match stream.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    let st = self.lock();
+                    let stale = st.waiters.values().any(|w| {
+                        matches!(w, Waiter::Callback { since, .. } if since.elapsed() > timeout)
+                    });
+                    if !st.alive || stale {
+                        break;
+                    }
+                    continue;
+                }
+                Err(_) => break,
+            };
+            {
+                let mut st = self.lock();
+                if !st.alive {
+                    break;
+                }
+                if let Err(e) = st.session.input(&buf[..n]) {
+                    tracing::warn!("upstream: protocol error, reconnecting: {e}");
+                    break;
+                }
+                while let Some(c) = st.session.poll_completion() {
+                    if let Some(w) = st.waiters.remove(&c.handle) {
+                        answered.push((w, c.result));
+                    }
+                }
+            }
+            for (w, r) in answered.drain(..) {
+                w.answer(Answer::Done(r));
+            }
+        }
+        self.kill();
+    }
+}
+
+struct Slot {
+    conn: Mutex<Option<Arc<Conn>>>,
+    /// A background reconnect of this slot is under way.
+    reconnecting: AtomicBool,
+}
+
+impl Slot {
+    fn live(&self) -> Option<Arc<Conn>> {
+        let c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        c.as_ref().filter(|c| c.is_alive()).cloned()
+    }
+}
+
+/// What the upstream advertised for the export.
+#[derive(Clone, Copy, Debug)]
+struct Negotiated {
+    flags: u16,
+    base_allocation: Option<u32>,
+}
+
+/// One volume's upstream export.
+pub struct UpstreamBackend {
+    target: UpstreamTarget,
+    export: String,
+    size_bytes: u64,
+    negotiated: Mutex<Option<Negotiated>>,
+    slots: Vec<Slot>,
+    next: AtomicUsize,
+    timeout: Duration,
+    pub stats: UpstreamStats,
+    /// Weak self, for background reconnects.
+    me: std::sync::Weak<UpstreamBackend>,
+}
+
+fn io_other(msg: String) -> io::Error {
+    io::Error::other(msg)
+}
+
+/// An NBD error reply as the errno that the gateway's session maps back to it.
+fn nbd_to_io(e: NbdError) -> io::Error {
+    let errno = match e.code {
+        ErrorCode::Perm => libc::EPERM,
+        ErrorCode::Io => libc::EIO,
+        ErrorCode::NoMem => libc::ENOMEM,
+        ErrorCode::Inval => libc::EINVAL,
+        ErrorCode::NoSpc => libc::ENOSPC,
+        ErrorCode::Overflow => libc::EOVERFLOW,
+        ErrorCode::NotSup => libc::EOPNOTSUPP,
+        ErrorCode::Shutdown => libc::ESHUTDOWN,
+    };
+    io::Error::from_raw_os_error(errno)
+}
+
+/// A failure without an error reply (the session sends it as EIO).
+fn eio(what: String) -> io::Error {
+    io::Error::other(UpstreamFailure(what))
+}
+
+/// Why a request to the upstream failed without an error reply.
+#[derive(Debug)]
+struct UpstreamFailure(String);
+impl std::fmt::Display for UpstreamFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for UpstreamFailure {}
+
+/// Connects and opens `export` (blocking, bounded by [`CONNECT_TIMEOUT`] per step).
+fn connect(
+    target: &UpstreamTarget,
+    export: &str,
+) -> io::Result<(TcpStream, ClientExport, Vec<u8>)> {
+    let mut last = None;
+    let mut stream = None;
+    for a in target.addrs()? {
+        match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let mut stream = stream
+        .ok_or_else(|| last.unwrap_or_else(|| io_other(format!("{}: no address", target.host))))?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+    stream.set_write_timeout(Some(CONNECT_TIMEOUT))?;
+    let mut hs = ClientHandshake::new(ClientConfig::go(export));
+    let mut buf = vec![0u8; 64 << 10];
+    let outcome = loop {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Err(io_other(
+                "the upstream closed the connection during the handshake".into(),
+            ));
+        }
+        let outcome = hs
+            .input(&buf[..n])
+            .map_err(|e| io_other(format!("handshake: {e}")))?;
+        let out = hs.take_output();
+        if !out.is_empty() {
+            stream.write_all(&out)?;
+        }
+        if let Some(o) = outcome {
+            break o;
+        }
+    };
+    let ClientOutcome::Connected(ex) = outcome else {
+        return Err(io_other("the handshake ended without an export".into()));
+    };
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    Ok((stream, ex, hs.take_leftover()))
+}
+
+impl UpstreamBackend {
+    /// Opens `export` on `target` (one connection now, to learn its size and
+    /// flags; the others on first use). `known_size`: the size stored from an
+    /// earlier start, used (with a warning) when the upstream cannot be reached
+    /// now; without it an unreachable upstream is an error.
+    pub fn open(
+        target: &UpstreamTarget,
+        export: &str,
+        connections: u32,
+        timeout: Duration,
+        known_size: Option<u64>,
+    ) -> Result<Arc<UpstreamBackend>, String> {
+        let first = connect(target, export);
+        let (size_bytes, first) = match first {
+            Ok((stream, ex, leftover)) => (ex.size_bytes, Some((stream, ex, leftover))),
+            Err(e) => match known_size.filter(|&s| s > 0) {
+                Some(size) => {
+                    tracing::warn!(
+                        "upstream {target} export {export:?}: {e}; serving its last known size \
+                         ({size} bytes) and reconnecting on demand"
+                    );
+                    (size, None)
+                }
+                None => {
+                    return Err(format!(
+                        "upstream {target}, export {export:?}: {e} (the export must exist \
+                         upstream: its size is the volume's)"
+                    ));
+                }
+            },
+        };
+        let backend = Arc::new_cyclic(|me| UpstreamBackend {
+            target: target.clone(),
+            export: export.to_string(),
+            size_bytes,
+            negotiated: Mutex::new(None),
+            slots: (0..connections.max(1))
+                .map(|_| Slot {
+                    conn: Mutex::new(None),
+                    reconnecting: AtomicBool::new(false),
+                })
+                .collect(),
+            next: AtomicUsize::new(0),
+            timeout,
+            stats: UpstreamStats::default(),
+            me: me.clone(),
+        });
+        if let Some(first) = first {
+            let conn = backend.adopt(first).map_err(|e| e.to_string())?;
+            *backend.slots[0]
+                .conn
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(conn);
+        }
+        Ok(backend)
+    }
+
+    /// The export's size (the volume's).
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    pub fn target(&self) -> &UpstreamTarget {
+        &self.target
+    }
+    pub fn export(&self) -> &str {
+        &self.export
+    }
+
+    fn negotiated(&self) -> Option<Negotiated> {
+        *self.negotiated.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the upstream advertised `flag` (before any connection: no).
+    fn has(&self, flag: u16) -> bool {
+        self.negotiated().is_some_and(|n| n.flags & flag != 0)
+    }
+
+    /// Starts a connection from a finished handshake.
+    fn adopt(
+        &self,
+        (stream, ex, leftover): (TcpStream, ClientExport, Vec<u8>),
+    ) -> io::Result<Arc<Conn>> {
+        if ex.size_bytes < self.size_bytes {
+            return Err(io_other(format!(
+                "upstream {} export {:?} shrank to {} bytes (the volume is {})",
+                self.target, self.export, ex.size_bytes, self.size_bytes
+            )));
+        }
+        let info = ex.export_info();
+        *self.negotiated.lock().unwrap_or_else(|e| e.into_inner()) = Some(Negotiated {
+            flags: ex.transmission_flags,
+            base_allocation: info.base_allocation_id,
+        });
+        let mut session = ClientSession::new(info);
+        session
+            .input(&leftover)
+            .map_err(|e| io_other(format!("upstream: {e}")))?;
+        let conn = Arc::new(Conn {
+            state: Mutex::new(ConnState {
+                session,
+                waiters: HashMap::new(),
+                alive: true,
+            }),
+            writer: Mutex::new(stream.try_clone()?),
+            socket: stream.try_clone()?,
+        });
+        let reader = conn.clone();
+        let timeout = self.timeout;
+        std::thread::Builder::new()
+            .name(format!("weir-upstream-{}", self.export))
+            .spawn(move || reader.reader(stream, timeout))?;
+        Ok(conn)
+    }
+
+    /// (Re)connects slot `i`.
+    fn reconnect(&self, i: usize) -> io::Result<Arc<Conn>> {
+        let slot = &self.slots[i];
+        let mut c = slot.conn.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(conn) = c.as_ref().filter(|c| c.is_alive()) {
+            return Ok(conn.clone());
+        }
+        let had = c.is_some();
+        let conn = self.adopt(connect(&self.target, &self.export)?)?;
+        if had {
+            self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                "upstream {} export {:?}: reconnected",
+                self.target,
+                self.export
+            );
+        }
+        *c = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Reconnects slot `i` on a thread of its own (at most one per slot).
+    fn reconnect_in_background(&self, i: usize) {
+        if self.slots[i].reconnecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        let spawned = std::thread::Builder::new()
+            .name("weir-upstream-reconnect".into())
+            .spawn(move || {
+                let _ = me.reconnect(i);
+                me.slots[i].reconnecting.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            self.slots[i].reconnecting.store(false, Ordering::Release);
+        }
+    }
+
+    /// A live connection: the next one round robin, or any live one (the dead
+    /// one reconnecting in the background), or a new one (backing off until
+    /// `deadline`).
+    fn pick(&self, deadline: Instant) -> io::Result<Arc<Conn>> {
+        let n = self.slots.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        if let Some(c) = self.slots[start].live() {
+            return Ok(c);
+        }
+        for k in 1..n {
+            if let Some(c) = self.slots[(start + k) % n].live() {
+                self.reconnect_in_background(start);
+                return Ok(c);
+            }
+        }
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            match self.reconnect(start) {
+                Ok(c) => return Ok(c),
+                Err(e) => {
+                    let now = Instant::now();
+                    if now + backoff >= deadline {
+                        self.stats.unreachable.fetch_add(1, Ordering::Relaxed);
+                        return Err(eio(format!(
+                            "upstream {} export {:?} unreachable: {e}",
+                            self.target, self.export
+                        )));
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    /// Sends one request (encoded by `encode` on a live connection) and waits
+    /// for its reply, failing over to another connection when its own breaks.
+    fn call(
+        &self,
+        retry: bool,
+        encode: &dyn Fn(&mut ClientSession) -> u64,
+    ) -> io::Result<ReplyData> {
+        let deadline = Instant::now() + self.timeout;
+        let mut attempt = 0u32;
+        loop {
+            let conn = self.pick(deadline)?;
+            if attempt > 0 {
+                self.stats.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            attempt += 1;
+            let (tx, rx) = sync_channel(1);
+            let bytes = {
+                let mut st = conn.lock();
+                if !st.alive {
+                    continue;
+                }
+                let handle = encode(&mut st.session);
+                st.waiters.insert(handle, Waiter::Blocked(tx));
+                st.session.take_output()
+            };
+            let written = conn
+                .writer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .write_all(&bytes);
+            drop(bytes);
+            if written.is_err() {
+                conn.kill();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(Answer::Done(r)) => return r.map_err(nbd_to_io),
+                Ok(Answer::Lost) | Err(RecvTimeoutError::Disconnected) => {
+                    if !retry {
+                        return Err(eio(format!(
+                            "upstream {} export {:?}: connection lost (not retried)",
+                            self.target, self.export
+                        )));
+                    }
+                    if Instant::now() >= deadline {
+                        self.stats.unreachable.fetch_add(1, Ordering::Relaxed);
+                        return Err(eio(format!(
+                            "upstream {} export {:?}: connection lost, no answer within {:?}",
+                            self.target, self.export, self.timeout
+                        )));
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    // A silent upstream: close the connection (its other requests
+                    // fail over) and give up on this one.
+                    conn.kill();
+                    self.stats.unreachable.fetch_add(1, Ordering::Relaxed);
+                    return Err(eio(format!(
+                        "upstream {} export {:?}: no answer within {:?}",
+                        self.target, self.export, self.timeout
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Flushes on every live connection (an upstream without multi-conn
+    /// consistency covers only the writes of the connection flushed).
+    fn flush_each(&self) -> io::Result<()> {
+        for slot in &self.slots {
+            if let Some(conn) = slot.live() {
+                let (tx, rx) = sync_channel(1);
+                let bytes = {
+                    let mut st = conn.lock();
+                    if !st.alive {
+                        return Err(eio("upstream connection lost during a flush".into()));
+                    }
+                    let h = st.session.flush();
+                    st.waiters.insert(h, Waiter::Blocked(tx));
+                    st.session.take_output()
+                };
+                if conn
+                    .writer
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .write_all(&bytes)
+                    .is_err()
+                {
+                    conn.kill();
+                }
+                match rx.recv_timeout(self.timeout) {
+                    Ok(Answer::Done(r)) => r.map(|_| ()).map_err(nbd_to_io)?,
+                    Ok(Answer::Lost) | Err(_) => {
+                        conn.kill();
+                        return Err(eio(
+                            "upstream connection lost during a flush (the upstream has no \
+                             multi-conn: not retried)"
+                                .into(),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_flags(&self, data: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.call(true, &|s| s.write(offset, data, fua)).map(|_| ())
+    }
+
+    /// Splits a long range into requests of at most [`MAX_RANGE`].
+    fn each_range(
+        &self,
+        offset: u64,
+        length: u64,
+        mut f: impl FnMut(u64, u32) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut at = offset;
+        let end = offset + length;
+        while at < end {
+            let n = (end - at).min(MAX_RANGE);
+            f(at, n as u32)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Makes sure the flags are known (a first connection), for the decisions
+    /// that depend on what the upstream advertises.
+    fn ensure_negotiated(&self) -> io::Result<()> {
+        if self.negotiated().is_none() {
+            self.pick(Instant::now() + self.timeout)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for UpstreamBackend {
+    fn drop(&mut self) {
+        for slot in &self.slots {
+            if let Some(c) = slot.conn.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                c.kill();
+            }
+        }
+    }
+}
+
+impl Backend for UpstreamBackend {
+    /// READ and WRITE on a live connection, answered by its reader thread; on a
+    /// broken connection (or none live, or a FUA the upstream lacks) the caller
+    /// falls back to the blocking calls, which reconnect and retry.
+    fn start_async(&self, op: AsyncOp<'_>, done: AsyncDone) -> Result<(), AsyncDone> {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(done);
+        };
+        match op {
+            AsyncOp::Write { fua: true, .. } if !self.has(FLAG_SEND_FUA) => return Err(done),
+            // Written by the calling (runtime) thread: only small payloads, which
+            // the socket buffer takes at once.
+            AsyncOp::Write { data, .. } if data.len() > ASYNC_MAX_WRITE_BYTES => return Err(done),
+            _ => {}
+        }
+        let n = self.slots.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let Some(conn) = (0..n).find_map(|k| self.slots[(start + k) % n].live()) else {
+            return Err(done);
+        };
+        let waiter = Waiter::Callback {
+            since: Instant::now(),
+            done: Box::new(move |answer| {
+                let _in_runtime = runtime.enter();
+                match answer {
+                    Answer::Done(Ok(ReplyData::Read(data))) => done(Some(Ok(data))),
+                    Answer::Done(Ok(_)) => done(Some(Ok(Vec::new()))),
+                    Answer::Done(Err(e)) => done(Some(Err(nbd_to_io(e)))),
+                    Answer::Lost => done(None),
+                }
+            }),
+        };
+        let bytes = {
+            let mut st = conn.lock();
+            if !st.alive {
+                drop(st);
+                // Answered like a lost request: the caller goes the blocking way.
+                waiter.answer(Answer::Lost);
+                return Ok(());
+            }
+            let handle = match op {
+                AsyncOp::Read { offset, length } => st.session.read(offset, length),
+                AsyncOp::Write { offset, data, fua } => st.session.write(offset, data, fua),
+            };
+            st.waiters.insert(handle, waiter);
+            st.session.take_output()
+        };
+        let written = conn
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .write_all(&bytes);
+        if written.is_err() {
+            conn.kill();
+        }
+        Ok(())
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let len = buf.len() as u32;
+        match self.call(true, &|s| s.read(offset, len))? {
+            ReplyData::Read(data) if data.len() == buf.len() => {
+                buf.copy_from_slice(&data);
+                Ok(())
+            }
+            _ => Err(eio("upstream: a read reply of the wrong length".into())),
+        }
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.write_flags(data, offset, false)
+    }
+
+    fn write_fua(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.ensure_negotiated()?;
+        if self.has(FLAG_SEND_FUA) {
+            self.write_flags(data, offset, true)
+        } else {
+            self.write(offset, data)?;
+            self.flush()
+        }
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.ensure_negotiated()?;
+        if !self.has(FLAG_SEND_FLUSH) {
+            return Ok(());
+        }
+        if self.has(FLAG_CAN_MULTI_CONN) {
+            self.call(true, &|s| s.flush()).map(|_| ())
+        } else {
+            self.flush_each()
+        }
+    }
+
+    fn trim(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.ensure_negotiated()?;
+        if !self.has(FLAG_SEND_TRIM) {
+            return Ok(());
+        }
+        self.each_range(offset, length, |at, n| {
+            self.call(true, &|s| s.trim(at, n)).map(|_| ())
+        })
+    }
+
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        may_punch: bool,
+        fast_only: bool,
+    ) -> io::Result<()> {
+        self.ensure_negotiated()?;
+        if self.has(FLAG_SEND_WRITE_ZEROES) {
+            if fast_only && !self.has(FLAG_SEND_FAST_ZERO) {
+                return Err(io::Error::from(io::ErrorKind::Unsupported));
+            }
+            let mut flags = 0;
+            if !may_punch {
+                flags |= CMD_FLAG_NO_HOLE;
+            }
+            if fast_only {
+                flags |= CMD_FLAG_FAST_ZERO;
+            }
+            return self.each_range(offset, length, |at, n| {
+                self.call(true, &|s| s.send_raw(CMD_WRITE_ZEROES, flags, at, n, &[]))
+                    .map(|_| ())
+            });
+        }
+        if fast_only {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        }
+        let zeroes = vec![0u8; length.min(1 << 20) as usize];
+        let mut at = offset;
+        while at < offset + length {
+            let n = (offset + length - at).min(zeroes.len() as u64) as usize;
+            self.write(at, &zeroes[..n])?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+
+    fn block_status(&self, offset: u64, length: u64) -> io::Result<Vec<Extent>> {
+        self.ensure_negotiated()?;
+        let all = |length: u64| {
+            vec![Extent {
+                length: length.min(u32::MAX as u64 & !4095).max(1) as u32,
+                flags: 0,
+            }]
+        };
+        let Some(id) = self.negotiated().and_then(|n| n.base_allocation) else {
+            return Ok(all(length));
+        };
+        let n = length.min(MAX_RANGE) as u32;
+        match self.call(true, &|s| s.block_status(offset, n, false))? {
+            ReplyData::BlockStatus(contexts) => Ok(contexts
+                .into_iter()
+                .find(|(c, _)| *c == id)
+                .map(|(_, e)| e)
+                .filter(|e| !e.is_empty())
+                .unwrap_or_else(|| all(length))),
+            _ => Ok(all(length)),
+        }
+    }
+
+    fn cache(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.ensure_negotiated()?;
+        if !self.has(FLAG_SEND_CACHE) {
+            return Ok(());
+        }
+        self.each_range(offset, length, |at, n| {
+            self.call(true, &|s| s.cache(at, n)).map(|_| ())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_with_clear_errors() {
+        let t = UpstreamTarget::parse("nbd://storage:10900").unwrap();
+        assert_eq!((t.host.as_str(), t.port), ("storage", 10900));
+        assert_eq!(UpstreamTarget::parse("nbd://s").unwrap().port, 10809);
+        assert_eq!(UpstreamTarget::parse("nbd://[::1]:7").unwrap().host, "::1");
+        assert_eq!(
+            UpstreamTarget::parse("nbd://[::1]:7").unwrap().to_string(),
+            "nbd://[::1]:7"
+        );
+        let e = UpstreamTarget::parse("nbd://s/vol").unwrap_err();
+        assert!(e.contains("no export"), "{e}");
+        let e = UpstreamTarget::parse("nbds://s").unwrap_err();
+        assert!(e.contains("only plain nbd://"), "{e}");
+        let e = UpstreamTarget::parse("http://s").unwrap_err();
+        assert!(e.contains("scheme"), "{e}");
+        let e = UpstreamTarget::parse("nbd://s:0").unwrap_err();
+        assert!(e.contains("port"), "{e}");
+        assert!(validate_export_name("").is_err());
+    }
+
+    #[test]
+    fn an_unreachable_upstream_without_a_known_size_is_an_error() {
+        // A port nothing listens on: connection refused at once.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        let t = UpstreamTarget::parse(&format!("nbd://127.0.0.1:{port}")).unwrap();
+        let e = UpstreamBackend::open(&t, "vol", 2, Duration::from_secs(1), None)
+            .err()
+            .unwrap();
+        assert!(e.contains("must exist upstream"), "{e}");
+        // With a known size the volume opens, and I/O fails with EIO after the
+        // timeout (backing off between attempts).
+        let b =
+            UpstreamBackend::open(&t, "vol", 2, Duration::from_millis(300), Some(1 << 20)).unwrap();
+        assert_eq!(b.size_bytes(), 1 << 20);
+        let mut buf = [0u8; 512];
+        let e = b.read(0, &mut buf).unwrap_err();
+        assert_eq!(e.raw_os_error(), None, "sent as EIO");
+        assert!(e.to_string().contains("unreachable"), "{e}");
+        assert!(b.stats.unreachable.load(Ordering::Relaxed) >= 1);
+    }
+}

@@ -1,0 +1,287 @@
+//! Gateway mode (issue 12): a pool whose volumes are exports of an upstream
+//! NBD server (here another weir server in the same process). Data, errors and
+//! the optional commands pass through; sizes come from the upstream; volume
+//! management on an upstream pool gives clear errors. Killing and restarting
+//! the upstream: crates/weir/tests/gateway.rs.
+
+mod common;
+
+use weir_nbd::consts::*;
+use weir_nbd::{ClientConfig, ErrorCode, ReplyData};
+use weir_server::RunningServer;
+use weir_server::nbd_client::NbdClient;
+use weir_server::store::VolumeCreate;
+
+const UPSTREAM: &str = r#"
+[[pools]]
+name = "default"
+[[pools]]
+name = "bad"
+[[pools.faults]]
+kind = "eio"
+ops = ["write"]
+every = 1
+[[pools]]
+name = "full"
+[[pools.faults]]
+kind = "enospc"
+ops = ["write"]
+every = 1
+[[volumes]]
+name = "vol"
+size = "16MiB"
+policy = "mission-critical"
+[[volumes]]
+name = "other"
+size = "2MiB"
+policy = "non-critical"
+[[volumes]]
+name = "bad"
+size = "1MiB"
+policy = "non-critical"
+pool = "bad"
+[[volumes]]
+name = "full"
+size = "1MiB"
+policy = "non-critical"
+pool = "full"
+"#;
+
+fn gateway_toml(upstream: &RunningServer, volumes: &str) -> String {
+    format!(
+        r#"
+[[pools]]
+name = "gw"
+upstream = "nbd://{}"
+upstream_connections = 3
+upstream_timeout_s = 5
+{volumes}"#,
+        upstream.nbd_addr()
+    )
+}
+
+const GATEWAY_VOLUMES: &str = r#"
+[[volumes]]
+name = "vol"
+policy = "mission-critical"
+pool = "gw"
+[[volumes]]
+name = "alias"
+export = "vol"
+size = "16MiB"
+policy = "business-critical"
+pool = "gw"
+[[volumes]]
+name = "bad"
+policy = "non-critical"
+pool = "gw"
+[[volumes]]
+name = "full"
+policy = "non-critical"
+pool = "gw"
+"#;
+
+fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_flags_and_errors_pass_through_the_gateway() {
+    let (_up_dir, upstream) = common::start_with("gw-upstream", UPSTREAM).await;
+    let (_gw_dir, gateway) =
+        common::start_with("gw-gateway", &gateway_toml(&upstream, GATEWAY_VOLUMES)).await;
+
+    let (mut gw, export) = common::connect(&gateway, "vol").await;
+    assert_eq!(export.size_bytes, 16 << 20, "the size comes from upstream");
+    let (mut alias, _) = common::connect(&gateway, "alias").await;
+    let (mut direct, _) = common::connect(&upstream, "vol").await;
+
+    // Writes through the gateway are on the upstream, and the other way round.
+    let a = pattern(1, 1 << 20);
+    gw.write(1 << 20, &a, false).await.unwrap().unwrap();
+    assert_eq!(direct.read(1 << 20, 1 << 20).await.unwrap().unwrap(), a);
+    let b = pattern(2, 8192);
+    direct.write(5 << 20, &b, false).await.unwrap().unwrap();
+    assert_eq!(gw.read(5 << 20, 8192).await.unwrap().unwrap(), b);
+    assert_eq!(
+        alias.read(5 << 20, 8192).await.unwrap().unwrap(),
+        b,
+        "`export` maps another name to the same upstream export"
+    );
+    // FUA, FLUSH.
+    let c = pattern(3, 4096);
+    gw.write(7 << 20, &c, true).await.unwrap().unwrap();
+    gw.flush().await.unwrap().unwrap();
+    assert_eq!(direct.read(7 << 20, 4096).await.unwrap().unwrap(), c);
+
+    // Pipelined: many requests in flight on one client connection, spread
+    // over the gateway's upstream connections, each answered with its data.
+    let mut handles = Vec::new();
+    for i in 0..64u64 {
+        handles.push((i, gw.session().read((1 << 20) + i * 4096, 4096)));
+    }
+    for (i, h) in handles {
+        let Ok(ReplyData::Read(data)) = gw.wait(h).await.unwrap() else {
+            panic!("read {i} failed");
+        };
+        let at = (i * 4096) as usize;
+        assert_eq!(data, a[at..at + 4096], "read {i}");
+    }
+
+    // TRIM and WRITE_ZEROES reach the upstream (weir advertises both).
+    let h = gw.session().write_zeroes(1 << 20, 65536, false);
+    gw.wait(h).await.unwrap().unwrap();
+    assert_eq!(
+        direct.read(1 << 20, 65536).await.unwrap().unwrap(),
+        vec![0u8; 65536]
+    );
+    let h = gw.session().trim(2 << 20, 1 << 20);
+    gw.wait(h).await.unwrap().unwrap();
+    assert_eq!(
+        direct.read(2 << 20, 4096).await.unwrap().unwrap(),
+        vec![0u8; 4096]
+    );
+    // BLOCK_STATUS: the upstream's allocation (written data is not a hole).
+    let h = gw.session().block_status(5 << 20, 8192, false);
+    match gw.wait(h).await.unwrap().unwrap() {
+        ReplyData::BlockStatus(ctx) => {
+            let (_, extents) = &ctx[0];
+            assert_eq!(extents[0].flags & STATE_HOLE, 0, "{extents:?}");
+        }
+        other => panic!("block status answered {other:?}"),
+    }
+    // An upstream hole reads as one through the gateway.
+    let h = gw.session().block_status(12 << 20, 65536, false);
+    match gw.wait(h).await.unwrap().unwrap() {
+        ReplyData::BlockStatus(ctx) => {
+            assert_ne!(ctx[0].1[0].flags & STATE_HOLE, 0, "{ctx:?}")
+        }
+        other => panic!("block status answered {other:?}"),
+    }
+
+    // Upstream errors come back as the same NBD errors; reads still work.
+    let (mut bad, _) = common::connect(&gateway, "bad").await;
+    let e = bad.write(0, &[1; 4096], false).await.unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::Io, "{e}");
+    assert_eq!(bad.read(0, 4096).await.unwrap().unwrap(), vec![0; 4096]);
+    let (mut full, _) = common::connect(&gateway, "full").await;
+    let e = full.write(0, &[1; 4096], false).await.unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoSpc, "{e}");
+    // Bounds are checked by the gateway against the upstream's size.
+    let e = gw
+        .write((16 << 20) - 10, &[1; 20], false)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoSpc);
+
+    // Volume management on an upstream pool.
+    {
+        let mut store = gateway.state().store();
+        let create = |name: &str, size: u64| VolumeCreate {
+            name: name.into(),
+            size_bytes: size,
+            policy: "non-critical".into(),
+            pool: Some("gw".into()),
+            access_groups: vec![],
+            read_only: false,
+            description: String::new(),
+        };
+        let r = store.create(create("other", 0)).unwrap();
+        assert_eq!(r.size_bytes, 2 << 20, "size 0: the upstream's");
+        store.delete("other").unwrap();
+        let e = store.create(create("other", 1 << 20)).unwrap_err();
+        assert!(
+            e.to_string().contains("size comes from the upstream"),
+            "{e}"
+        );
+        let e = store.create(create("nosuch", 0)).unwrap_err();
+        assert!(e.to_string().contains("must exist upstream"), "{e}");
+        let e = store.resize("vol", 32 << 20).unwrap_err();
+        assert!(e.to_string().contains("resize the export there"), "{e}");
+    }
+    // Deleting forgets the mapping only: the upstream keeps the data.
+    assert_eq!(direct.read(7 << 20, 4096).await.unwrap().unwrap(), c);
+
+    for c in [gw, alias, direct, bad, full] {
+        c.disconnect().await.unwrap();
+    }
+    gateway.shutdown().await.unwrap();
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_gateway_configurations_are_refused_clearly() {
+    let (_up_dir, upstream) = common::start_with("gw-upstream-cfg", UPSTREAM).await;
+    // A declared size must match the upstream's.
+    let dir = common::TempDir::new("gw-size");
+    let toml = gateway_toml(
+        &upstream,
+        "[[volumes]]\nname = \"vol\"\nsize = \"8MiB\"\npolicy = \"non-critical\"\npool = \"gw\"\n",
+    );
+    let e = RunningServer::start(common::config_from(&toml, dir.path()))
+        .await
+        .err()
+        .unwrap();
+    let msg = format!("{e:#}");
+    assert!(msg.contains("size = 8388608 declared"), "{msg}");
+    // An export the upstream does not have.
+    let toml = gateway_toml(
+        &upstream,
+        "[[volumes]]\nname = \"nosuch\"\npolicy = \"non-critical\"\npool = \"gw\"\n",
+    );
+    let dir = common::TempDir::new("gw-nosuch");
+    let e = RunningServer::start(common::config_from(&toml, dir.path()))
+        .await
+        .err()
+        .unwrap();
+    assert!(format!("{e:#}").contains("must exist upstream"), "{e:#}");
+    // Keys checked when the file is read.
+    for (toml, want) in [
+        (
+            "[[pools]]\nname = \"g\"\nupstream = \"nbd://h/vol\"\n",
+            "no export in the pool's upstream",
+        ),
+        (
+            "[[pools]]\nname = \"g\"\nupstream = \"nbds://h\"\n",
+            "only plain nbd://",
+        ),
+        (
+            "[[pools]]\nname = \"g\"\nupstream = \"nbd://h\"\nformat = \"thin\"\n",
+            "is for local pools",
+        ),
+        (
+            "[[pools]]\nname = \"g\"\nupstream = \"nbd://h\"\nupstream_connections = 0\n",
+            "upstream_connections: must be 1-64",
+        ),
+        (
+            "[[pools]]\nname = \"g\"\n[[volumes]]\nname = \"v\"\npolicy = \"non-critical\"\npool = \"g\"\n",
+            "size: must be more than 0 bytes",
+        ),
+        (
+            "[[pools]]\nname = \"g\"\n[[volumes]]\nname = \"v\"\nsize = 4096\nexport = \"x\"\npolicy = \"non-critical\"\npool = \"g\"\n",
+            "export: only for volumes in a pool with upstream",
+        ),
+    ] {
+        let e = weir_server::WeirConfig::from_toml_str(toml, "w.toml").unwrap_err();
+        assert!(e.to_string().contains(want), "{toml}: {e}");
+    }
+    // A client of a gateway volume sees the flags the gateway serves.
+    let (_gw_dir, gateway) = common::start_with(
+        "gw-flags",
+        &gateway_toml(
+            &upstream,
+            "[[volumes]]\nname = \"vol\"\npolicy = \"non-critical\"\npool = \"gw\"\n",
+        ),
+    )
+    .await;
+    let (c, export) = NbdClient::connect(gateway.nbd_addr(), ClientConfig::go("vol"))
+        .await
+        .unwrap();
+    assert_ne!(export.transmission_flags & FLAG_SEND_FUA, 0);
+    c.disconnect().await.unwrap();
+    gateway.shutdown().await.unwrap();
+    upstream.shutdown().await.unwrap();
+}

@@ -1,0 +1,208 @@
+//! A gateway (`weir serve` with an upstream pool) in front of another `weir
+//! serve`, under a pipelined write workload, while the upstream is killed with
+//! SIGKILL and restarted on the same port: the gateway reconnects by itself,
+//! requests in flight are retried or fail with an error, and no acknowledged
+//! write is lost (read back through the gateway and from the upstream directly).
+//! Then, when fio is installed, `fio --verify` through the gateway.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::WeirProcess;
+use weir_nbd::{ClientConfig, ReplyData};
+use weir_server::nbd_client::NbdClient;
+
+const BLOCK: usize = 4096;
+const BLOCKS: u64 = 2000;
+const QUEUE_DEPTH: usize = 8;
+const KILL_AFTER: u64 = 300;
+
+const UPSTREAM: &str = r#"
+[[volumes]]
+name = "vol"
+size = "16MiB"
+policy = "non-critical"
+"#;
+
+fn gateway_config(upstream: &WeirProcess) -> String {
+    format!(
+        r#"
+[[pools]]
+name = "gw"
+upstream = "nbd://{}"
+upstream_connections = 4
+upstream_timeout_s = 30
+[[volumes]]
+name = "vol"
+policy = "non-critical"
+pool = "gw"
+"#,
+        upstream.nbd_addr
+    )
+}
+
+fn pattern(block: u64) -> Vec<u8> {
+    let mut b = vec![0u8; BLOCK];
+    let mut x = block.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in b.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    b
+}
+
+/// Writes every block once, `QUEUE_DEPTH` at a time; returns the blocks whose
+/// write was acknowledged and those that failed.
+async fn write_all(
+    addr: std::net::SocketAddr,
+    done: Arc<AtomicU64>,
+) -> (HashSet<u64>, HashSet<u64>) {
+    let (mut c, _) = NbdClient::connect(addr, ClientConfig::go("vol"))
+        .await
+        .expect("gateway connection");
+    let mut in_flight: HashMap<u64, u64> = HashMap::new();
+    let (mut acked, mut failed) = (HashSet::new(), HashSet::new());
+    let mut next = 0u64;
+    while next < BLOCKS || !in_flight.is_empty() {
+        while next < BLOCKS && in_flight.len() < QUEUE_DEPTH {
+            let h = c
+                .session()
+                .write(next * BLOCK as u64, &pattern(next), false);
+            in_flight.insert(h, next);
+            next += 1;
+        }
+        let comp = c.next_completion().await.expect("the gateway stays up");
+        let block = in_flight.remove(&comp.handle).expect("known handle");
+        match comp.result {
+            Ok(_) => acked.insert(block),
+            Err(_) => failed.insert(block),
+        };
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+    c.flush().await.unwrap().expect("flush after the restart");
+    c.disconnect().await.unwrap();
+    (acked, failed)
+}
+
+async fn check(
+    addr: std::net::SocketAddr,
+    acked: &HashSet<u64>,
+    failed: &HashSet<u64>,
+    what: &str,
+) {
+    let (mut c, _) = NbdClient::connect(addr, ClientConfig::go("vol"))
+        .await
+        .unwrap();
+    for block in 0..BLOCKS {
+        let h = c.session().read(block * BLOCK as u64, BLOCK as u32);
+        let Ok(ReplyData::Read(data)) = c.wait(h).await.unwrap() else {
+            panic!("{what}: reading block {block} failed");
+        };
+        if acked.contains(&block) {
+            assert!(
+                data == pattern(block),
+                "{what}: acknowledged write of block {block} lost"
+            );
+        } else {
+            assert!(failed.contains(&block));
+            assert!(
+                data == pattern(block) || data.iter().all(|&b| b == 0),
+                "{what}: block {block} holds neither its write nor zeroes"
+            );
+        }
+    }
+    c.disconnect().await.unwrap();
+}
+
+#[test]
+fn gateway_survives_an_upstream_kill_without_losing_acknowledged_writes() {
+    let up_dir = common::TempDir::new("gw-kill-upstream");
+    let gw_dir = common::TempDir::new("gw-kill-gateway");
+    let mut upstream = WeirProcess::start(up_dir.path(), UPSTREAM);
+    let upstream_addr = upstream.nbd_addr;
+    let gateway = WeirProcess::start(gw_dir.path(), &gateway_config(&upstream));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let done = Arc::new(AtomicU64::new(0));
+    let writer = rt.spawn(write_all(gateway.nbd_addr, done.clone()));
+
+    let start = Instant::now();
+    while done.load(Ordering::Relaxed) < KILL_AFTER {
+        assert!(start.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    upstream.kill();
+    let at_kill = done.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(300));
+    let upstream = WeirProcess::start_listening(up_dir.path(), UPSTREAM, upstream_addr);
+    let (acked, failed) = rt.block_on(writer).unwrap();
+    assert_eq!(acked.len() + failed.len(), BLOCKS as usize);
+    assert!(at_kill < BLOCKS, "the kill came too late to test anything");
+    assert!(
+        acked.len() as u64 > at_kill,
+        "no write acknowledged after the restart: the gateway did not reconnect \
+         ({} acknowledged, {} failed)",
+        acked.len(),
+        failed.len()
+    );
+    println!(
+        "{} writes acknowledged, {} failed; {at_kill} done at the kill",
+        acked.len(),
+        failed.len()
+    );
+    rt.block_on(check(
+        gateway.nbd_addr,
+        &acked,
+        &failed,
+        "through the gateway",
+    ));
+    rt.block_on(check(upstream.nbd_addr, &acked, &failed, "on the upstream"));
+
+    fio_verify_through(&gateway, gw_dir.path());
+}
+
+/// `fio --verify` (crc32c) through the gateway, if fio has its nbd engine.
+fn fio_verify_through(gateway: &WeirProcess, dir: &std::path::Path) {
+    let fio_ok = std::process::Command::new("fio")
+        .arg("--enghelp")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("nbd"));
+    if !fio_ok {
+        println!("skipped: fio with the nbd engine is not installed");
+        return;
+    }
+    let uri = format!("nbd://{}/vol", gateway.nbd_addr);
+    let out = std::process::Command::new("fio")
+        .args([
+            "--name=gw-verify",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=16",
+            "--size=8m",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+        ])
+        .current_dir(dir)
+        .output()
+        .expect("running fio");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "fio verify through the gateway:\n{text}"
+    );
+    assert!(!text.contains("verify: bad"), "{text}");
+}
