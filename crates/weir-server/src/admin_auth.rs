@@ -301,6 +301,7 @@ mod tests {
                 .map(|(n, v)| (n.to_string(), v.to_string()))
                 .collect(),
             body: body.as_bytes().to_vec(),
+            ..Request::default()
         }
     }
 

@@ -35,7 +35,7 @@ pub struct AdminTarget {
 
 /// Where the token comes from: `--admin-token-file`, `$WEIR_ADMIN_TOKEN`, or the
 /// `admin-token` file of `--data-dir` (default: the server's default data directory).
-fn admin_client(target: &AdminTarget) -> Result<Client> {
+pub(crate) fn admin_client(target: &AdminTarget) -> Result<Client> {
     let client = Client::new(target.admin);
     if let Some(file) = &target.admin_token_file {
         let text = std::fs::read_to_string(file)
@@ -111,8 +111,12 @@ pub enum VolumeCommand {
     /// I/O counters; with --interval, the rates over that many seconds
     Stats {
         name: String,
-        #[arg(long, value_name = "SECONDS")]
+        #[arg(long, value_name = "SECONDS", conflicts_with = "since")]
         interval: Option<f64>,
+        /// History instead: the last DURATION (90s, 15m, 1h, 7d; at most 30d) from the
+        /// server's history store, about 60 rows
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
     },
     /// Take a snapshot of a thin volume (read-only, exported as VOLUME@SNAPSHOT)
     Snapshot {
@@ -257,7 +261,7 @@ pub(crate) fn explain(e: ClientError) -> anyhow::Error {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -540,7 +544,12 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     .map_err(explain)?;
                 show_volume(target.json, v)
             }
-            VolumeCommand::Stats { name, interval } => {
+            VolumeCommand::Stats {
+                name,
+                since: Some(since),
+                ..
+            } => crate::history::print(&client, &name, &since, target.json).await,
+            VolumeCommand::Stats { name, interval, .. } => {
                 let first = client.volume_stats(&name).await.map_err(explain)?;
                 let (stats, window_s, counters) = match interval {
                     Some(secs) if secs > 0.0 && secs.is_finite() => {

@@ -10,6 +10,7 @@
 //! their crates so that they *are* compiled here, cheaply.
 
 mod admin;
+mod history;
 mod load;
 mod replicate;
 mod serve;
