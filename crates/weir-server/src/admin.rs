@@ -15,6 +15,7 @@
 //! | GET | `/v1/policies` | | `[Policy]` |
 //! | POST | `/v1/policies` | `Policy` | `Policy` (201) |
 //! | GET | `/v1/policies/{name}` | | `Policy` |
+//! | PUT | `/v1/policies/{name}` | `Policy` | `Policy` (replaces a user-defined one; its volumes follow at once) |
 //! | DELETE | `/v1/policies/{name}` | | `Policy` |
 //! | GET | `/v1/access-groups` | | `[AccessGroupConfig]` |
 //! | PUT | `/v1/access-groups/{name}` | `AccessGroupConfig` | `AccessGroupConfig` (create or replace) |
@@ -171,7 +172,10 @@ pub fn spawn(
     let guard = state.admin_guard.clone();
     weir_http::spawn(
         listener,
-        Arc::new(move |request| guard.serve(&request, |r| handle(&state, r))),
+        Arc::new(move |request| match crate::dashboard::asset(&request) {
+            Some(page) if guard.host_ok(&request) => page,
+            _ => guard.serve(&request, |r| handle(&state, r)),
+        }),
         Box::pin(async move {
             let _ = shutdown.wait_for(|s| *s).await;
         }),
@@ -267,6 +271,19 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             created(&store().create_policy(p)?)
         }
         ("GET", ["v1", "policies", name]) => ok(&store().policy(name)?),
+        ("PUT", ["v1", "policies", name]) => {
+            let p: Policy = parse(body)?;
+            if p.name != *name {
+                return Err(ApiError(
+                    400,
+                    format!(
+                        "policy name {:?} in the body does not match {name:?} in the path",
+                        p.name
+                    ),
+                ));
+            }
+            ok(&s.update_policy(p)?)
+        }
         ("DELETE", ["v1", "policies", name]) => ok(&store().delete_policy(name)?),
         ("GET", ["v1", "access-groups"]) => ok(&store().access_groups()),
         ("GET", ["v1", "access-groups", name]) => ok(&store().access_group(name)?),

@@ -47,6 +47,7 @@ pub mod budget;
 pub mod busy_poll;
 pub mod config;
 pub mod connections;
+pub mod dashboard;
 pub mod device;
 pub mod fault;
 pub mod history;

@@ -291,6 +291,18 @@ impl ServerState {
         out
     }
 
+    /// Replaces a user-defined policy; every volume that uses it follows at once
+    /// (queued and new I/O).
+    pub fn update_policy(&self, policy: Policy) -> Result<Policy, StoreError> {
+        let (p, users) = self.store().update_policy(policy)?;
+        for r in users {
+            if let Some(pool) = self.pools.get(&r.pool) {
+                pool.set_policy(VolumeId(r.id), p.clone());
+            }
+        }
+        Ok(p)
+    }
+
     /// Changes a volume's policy; queued and future requests follow it at once.
     pub fn set_volume_policy(&self, name: &str, policy: &str) -> Result<VolumeRecord, StoreError> {
         let (r, p): (VolumeRecord, Policy) = self.store().set_policy(name, policy)?;

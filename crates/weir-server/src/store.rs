@@ -717,6 +717,40 @@ impl VolumeStore {
         Ok(policy)
     }
 
+    /// Replaces a user-defined policy (built-ins are refused: create one); returns
+    /// it and the volumes that use it, whose schedulers must follow.
+    pub fn update_policy(
+        &mut self,
+        policy: Policy,
+    ) -> Result<(Policy, Vec<VolumeRecord>), StoreError> {
+        let old = self.policy(&policy.name)?;
+        if PolicyCatalog::is_builtin(&policy.name) {
+            return Err(StoreError::Conflict(format!(
+                "policy {:?} is built in and cannot be changed (create one of your own and `weir volume set-policy` to it)",
+                policy.name
+            )));
+        }
+        self.catalog
+            .insert(policy.clone())
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let before = self.meta.policies.clone();
+        self.meta.policies.retain(|p| p.name != policy.name);
+        self.meta.policies.push(policy.clone());
+        if let Err(e) = self.persist() {
+            self.meta.policies = before;
+            let _ = self.catalog.insert(old);
+            return Err(e);
+        }
+        let users = self
+            .meta
+            .volumes
+            .iter()
+            .filter(|r| r.policy == policy.name)
+            .cloned()
+            .collect();
+        Ok((policy, users))
+    }
+
     pub fn delete_policy(&mut self, name: &str) -> Result<Policy, StoreError> {
         let canonical = self.policy(name)?.name;
         if PolicyCatalog::is_builtin(name) {

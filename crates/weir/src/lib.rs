@@ -15,6 +15,7 @@ mod load;
 mod replicate;
 mod serve;
 mod sim;
+mod top;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -45,6 +46,13 @@ enum Command {
         target: admin::AdminTarget,
         #[command(subcommand)]
         command: admin::VolumeCommand,
+    },
+    /// Live view of every volume (or host, or policy) on a running server, like esxtop
+    Top {
+        #[command(flatten)]
+        target: admin::AdminTarget,
+        #[command(flatten)]
+        args: top::TopArgs,
     },
     /// Manage QoS policies on a running server
     Policy {
@@ -90,6 +98,7 @@ pub fn main() -> ExitCode {
         },
         Command::Volume { target, command } => admin::volume(target, command),
         Command::Policy { target, command } => admin::policy(target, command),
+        Command::Top { target, args } => top::run(target, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
