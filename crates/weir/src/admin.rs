@@ -22,7 +22,7 @@ pub struct AdminTarget {
     admin: SocketAddr,
     /// Print JSON instead of tables
     #[arg(long, global = true)]
-    json: bool,
+    pub(crate) json: bool,
     /// File holding the admin token (default: $WEIR_ADMIN_TOKEN, else the admin-token file of
     /// --data-dir)
     #[arg(long, global = true, value_name = "FILE")]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use ratatui::Terminal;
-use ratatui::backend::{Backend, TestBackend};
+use ratatui::backend::Backend;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Color, Modifier, Style};
@@ -31,8 +31,9 @@ pub struct TopArgs {
     /// Print frames as text instead of the interactive view (like esxtop -b)
     #[arg(long, short = 'b')]
     batch: bool,
-    /// With --batch: stop after this many frames (default: 1)
-    #[arg(long, short = 'n', value_name = "N", requires = "batch")]
+    /// With --batch (or --json: one JSON document of every volume and host a frame):
+    /// stop after this many frames (default: 1)
+    #[arg(long, short = 'n', value_name = "N")]
     iterations: Option<u64>,
 }
 
@@ -248,12 +249,7 @@ fn sort_rows(rows: &mut [RowData], key: SortKey, descending: bool) {
 
 /// Draws one frame of `live` as `view` says.
 pub fn draw(frame: &mut ratatui::Frame, view: &View, live: &LiveStats) {
-    let (header, mut rows) = match view.mode {
-        Mode::Volumes => volume_rows(live),
-        Mode::Hosts => host_rows(live),
-        Mode::Policies => policy_rows(live),
-    };
-    sort_rows(&mut rows, view.sort, view.descending);
+    let (header, rows) = rows_of(view, live);
     let [top, body, keys] = Layout::vertical([
         Constraint::Length(2),
         Constraint::Min(1),
@@ -319,9 +315,10 @@ fn summary(view: &View, live: &LiveStats) -> Vec<Line<'static>> {
     ]
 }
 
-/// One frame as text lines (batch mode, tests).
+/// One frame as the screen shows it, as text lines (the TestBackend tests).
+#[cfg(test)]
 pub fn render_text(view: &View, live: &LiveStats, width: u16, height: u16) -> Result<String> {
-    let mut terminal = Terminal::new(TestBackend::new(width, height))?;
+    let mut terminal = Terminal::new(ratatui::backend::TestBackend::new(width, height))?;
     terminal.draw(|f| draw(f, view, live))?;
     let buffer = terminal.backend().buffer().clone();
     let mut out = String::new();
@@ -374,8 +371,14 @@ pub fn run(target: crate::admin::AdminTarget, args: TopArgs) -> Result<()> {
         offset: 0,
     };
     let delay = Duration::from_secs_f64(args.delay);
-    if args.batch {
-        return batch(&view, fetch, delay, args.iterations.unwrap_or(1));
+    if args.batch || target.json {
+        return batch(
+            &view,
+            fetch,
+            delay,
+            args.iterations.unwrap_or(1),
+            target.json,
+        );
     }
     let mut terminal = ratatui::init();
     let result = interactive(&mut terminal, &mut view, fetch, delay);
@@ -383,19 +386,57 @@ pub fn run(target: crate::admin::AdminTarget, args: TopArgs) -> Result<()> {
     result
 }
 
+/// Every row of a frame as plain text: the summary, the header, all rows (no
+/// screen to fit, so no ratatui buffer: its area is limited to 65,535 cells).
+pub fn batch_text(view: &View, live: &LiveStats) -> String {
+    let (header, rows) = rows_of(view, live);
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, (c, h)) in cells.iter().zip(&header).enumerate() {
+            let w = if i == 0 { 24 } else { h.len().max(8) };
+            out.push_str(&format!("{c:<w$} "));
+        }
+        out.trim_end().to_string() + "\n"
+    };
+    let mut out: String = summary(view, live)
+        .iter()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    out.push_str(&line(header.clone()));
+    for r in &rows {
+        out.push_str(&line(r.cells.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+fn rows_of(view: &View, live: &LiveStats) -> (Vec<&'static str>, Vec<RowData>) {
+    let (header, mut rows) = match view.mode {
+        Mode::Volumes => volume_rows(live),
+        Mode::Hosts => host_rows(live),
+        Mode::Policies => policy_rows(live),
+    };
+    sort_rows(&mut rows, view.sort, view.descending);
+    (header, rows)
+}
+
 fn batch(
     view: &View,
     fetch: impl Fn() -> Result<LiveStats>,
     delay: Duration,
     n: u64,
+    json: bool,
 ) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     for i in 0..n {
         let started = Instant::now();
         let live = fetch()?;
-        let rows = live.volumes.len().max(live.hosts.len()) as u16;
-        let text = render_text(view, &live, 150, rows.saturating_add(5))?;
+        let text = if json {
+            serde_json::to_string(&live)?
+        } else {
+            batch_text(view, &live)
+        };
         writeln!(stdout, "{text}").context("writing to stdout")?;
+
         if i + 1 < n {
             std::thread::sleep(delay.saturating_sub(started.elapsed()));
         }
@@ -547,6 +588,23 @@ mod tests {
             "{bronze}"
         );
         assert!(row_of(&l, "gold") < row_of(&l, "bronze"));
+    }
+
+    #[test]
+    fn batch_frames_list_every_row() {
+        let mut live = snapshot();
+        live.volumes = (0..2000)
+            .map(|i| volume(&format!("vol-{i:04}"), "gold", i as f32, 1.0, true))
+            .collect();
+        let text = batch_text(&view(Mode::Volumes, SortKey::Iops), &live);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2 + 1 + 2000);
+        assert!(
+            lines[2].starts_with("VOLUME") && lines[3].starts_with("vol-1999"),
+            "{}",
+            lines[3]
+        );
+        assert!(lines[2002].starts_with("vol-0000") && lines[2002].contains("gold"));
     }
 
     #[test]

@@ -184,8 +184,8 @@ function pushLive(live) {
 
 function levelCharts(levels) {
   return [
-    chart("IOPS by service level", levels.map((l) => ({ label: l })), 1),
-    chart("worst p99 / latency target by service level", levels.map((l) => ({ label: l })), 2),
+    chart("IOPS by service level", levels.map((l) => ({ label: l })), 0),
+    chart("worst p99 latency, % of its target, by service level", levels.map((l) => ({ label: l })), 1),
   ];
 }
 
@@ -196,7 +196,7 @@ function updateLevelCharts(levels) {
   const iops = levels.map((lvl) => state.live.map((l) => sum(of(lvl, l), "iops")));
   const ratio = levels.map((lvl) => state.live.map((l) => {
     const r = of(lvl, l).filter((v) => v.latency_target_ms && v.iops > 0).map((v) => v.p99_ms / v.latency_target_ms);
-    return r.length ? Math.max(...r) : null;
+    return r.length ? 100 * Math.max(...r) : null;
   }));
   state.charts[0].setData([t, ...iops]);
   state.charts[1].setData([t, ...ratio]);
@@ -210,7 +210,7 @@ function chart(title, series, digits) {
     title, width: 560, height: 220,
     scales: { x: { time: true } },
     series: [{}, ...series.map((s, i) => ({ label: s.label, stroke: s.stroke || COLORS[i % COLORS.length], dash: s.dash, width: 1.5, value: (u, v) => v === null ? "–" : fmt(v, digits) }))],
-    axes: [{}, { size: 60, values: (u, vals) => vals.map((v) => fmt(v, digits)) }],
+    axes: [{}, { size: 80, values: (u, vals) => vals.map((v) => fmt(v, digits)) }],
   };
   const el = h("div", { class: "chart" });
   const u = new uPlot(opts, [[], ...series.map(() => [])], el);
