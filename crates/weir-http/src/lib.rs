@@ -25,12 +25,14 @@ use tokio::task::JoinHandle;
 /// Largest request body accepted (larger: 413).
 pub const MAX_BODY_BYTES: usize = 2 << 20;
 
-/// One request: method (`GET`, …), path (still percent-encoded, no query),
-/// headers (names in lower case, values that are not visible ASCII dropped), body.
+/// One request: method (`GET`, …), path (still percent-encoded), query (what
+/// follows `?`, still encoded; empty without one), headers (names in lower case,
+/// values that are not visible ASCII dropped), body.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Request {
     pub method: String,
     pub path: String,
+    pub query: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
@@ -85,6 +87,7 @@ pub fn spawn(
 async fn answer(handler: Handler, request: axum::extract::Request) -> HttpResponse {
     let method = request.method().as_str().to_string();
     let path = request.uri().path().to_string();
+    let query = request.uri().query().unwrap_or_default().to_string();
     let headers = request
         .headers()
         .iter()
@@ -103,6 +106,7 @@ async fn answer(handler: Handler, request: axum::extract::Request) -> HttpRespon
     let request = Request {
         method,
         path,
+        query,
         headers,
         body,
     };

@@ -27,7 +27,10 @@
 //! | GET | `/v1/volumes/{name}/replication` | | `ReplicationStatus` |
 //! | POST | `/v1/volumes/{name}/replication` | `ReplicationRequest` | `ReplicationStatus` (201 when new) |
 //! | DELETE | `/v1/volumes/{name}/replication` | | `ReplicationStatus` (stopped) |
+//! | GET | `/v1/stats` | | `LiveStats`: every volume's and host's last second (`weir top`, the dashboard) |
+//! | GET | `/v1/volumes/{name}/history?since=1h&step=1m` | | `Series` (the history store, docs/HISTORY.md) |
 //! | GET | `/metrics` | | Prometheus text |
+//! | GET | `/`, `/ui/…` | | the dashboard (no token needed for these static files; docs/DASHBOARD.md) |
 //!
 //! Errors are `{"error": "message"}` with 400 (invalid; malformed JSON body), 404
 //! (not found), 405 (method not allowed on that path), 409 (conflict), 422 (JSON
@@ -190,7 +193,10 @@ pub fn spawn(
     let guard = state.admin_guard.clone();
     weir_http::spawn(
         listener,
-        Arc::new(move |request| guard.serve(&request, |r| handle(&state, r))),
+        Arc::new(move |request| match crate::dashboard::asset(&request) {
+            Some(page) if guard.host_ok(&request) => page,
+            _ => guard.serve(&request, |r| handle(&state, r)),
+        }),
         Box::pin(async move {
             let _ = shutdown.wait_for(|s| *s).await;
         }),
@@ -203,6 +209,10 @@ pub fn handle(s: &ServerState, request: &Request) -> Response {
         Err(e) => Err(e),
         Ok(segments) => {
             let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+            if let Some(answer) = crate::sampler::api(s, &request.method, &segments, &request.query)
+            {
+                return answer;
+            }
             dispatch(s, &request.method, &segments, &request.body)
         }
     };
@@ -829,6 +839,27 @@ impl Client {
     ) -> Result<crate::replicate::ReplicationStatus, ClientError> {
         let path = format!("/v1/volumes/{}/replication", encode(volume));
         self.call("DELETE", &path, None::<&()>).await
+    }
+}
+
+/// Live figures and history (`crate::sampler`, `crate::history`).
+impl Client {
+    /// Every volume's and host's last second (`GET /v1/stats`).
+    pub async fn live_stats(&self) -> Result<crate::sampler::LiveStats, ClientError> {
+        self.call("GET", "/v1/stats", None::<&()>).await
+    }
+    /// A volume's history over the last `since_s` seconds, a point every `step_s`.
+    pub async fn volume_history(
+        &self,
+        name: &str,
+        since_s: u64,
+        step_s: u64,
+    ) -> Result<crate::history::Series, ClientError> {
+        let path = format!(
+            "/v1/volumes/{}/history?since={since_s}&step={step_s}",
+            encode(name)
+        );
+        self.call("GET", &path, None::<&()>).await
     }
 }
 

@@ -135,6 +135,13 @@ impl AdminGuard {
         Ok(())
     }
 
+    /// Whether `request` names this server in one `Host` header (all the
+    /// dashboard's static files need: they hold no data and no token).
+    pub fn host_ok(&self, request: &Request) -> bool {
+        request.header_count("host") == 1
+            && self.host_allowed(request.header("host").unwrap_or_default())
+    }
+
     fn host_allowed(&self, host: &str) -> bool {
         let name = host_name(host).to_ascii_lowercase();
         if name.is_empty() {
@@ -301,6 +308,7 @@ mod tests {
                 .map(|(n, v)| (n.to_string(), v.to_string()))
                 .collect(),
             body: body.as_bytes().to_vec(),
+            ..Request::default()
         }
     }
 

@@ -233,6 +233,11 @@ impl Metrics {
         let mut h = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
         h.entry(host).or_default().clone()
     }
+    /// Every host's counters now (the sampler's per-host rates).
+    pub fn host_snapshots(&self) -> Vec<(IpAddr, CounterSnapshot)> {
+        let h = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
+        h.iter().map(|(ip, c)| (*ip, c.snapshot())).collect()
+    }
 
     /// Prometheus text exposition format (version 0.0.4): every volume of
     /// `volumes` (with zeros before its first I/O), every host seen, each pool's

@@ -45,6 +45,8 @@ pub struct ServerState {
     pub admin_guard: Arc<crate::admin_auth::AdminGuard>,
     /// Asynchronous replication of thin volumes (tasks start with [`run`]).
     pub replication: crate::replicate::Replicator,
+    /// History and the last second of every volume (the sampler starts with [`run`]).
+    pub recorder: crate::sampler::Recorder,
 }
 
 impl ServerState {
@@ -117,6 +119,7 @@ impl ServerState {
             admin_guard: Arc::new(admin_guard),
             addrs: std::sync::OnceLock::new(),
             replication: Default::default(),
+            recorder: crate::sampler::Recorder::open(&config.data_dir),
         })
     }
 
@@ -507,6 +510,7 @@ async fn run(
         .collect();
     let admin_task = crate::admin::spawn(state.clone(), admin, shutdown.clone());
     state.replication.start(&state);
+    let sampler = crate::sampler::start(state.clone());
     let mut sessions = JoinSet::new();
     let mut acceptor = Acceptor::new(state.clone(), shutdown.clone());
     loop {
@@ -542,6 +546,7 @@ async fn run(
     let _ = admin_task.await;
     // Cycles in progress stop here and resume at the next start.
     state.replication.shutdown().await;
+    drop(sampler);
     drop(dispatchers);
     drop(device_drivers);
     for t in tasks {

@@ -30,7 +30,7 @@ pub struct AdminTarget {
     admin: String,
     /// Print JSON instead of tables (and no "server:" line on standard error)
     #[arg(long, global = true)]
-    json: bool,
+    pub(crate) json: bool,
     /// Answer yes to the confirmation of destructive commands (delete, rollback,
     /// delete-snapshot); without it they ask on a terminal and refuse otherwise
     #[arg(long, short = 'y', global = true)]
@@ -198,11 +198,15 @@ pub enum VolumeCommand {
         /// The volume
         name: String,
         /// Report the rates over this many seconds, again and again
-        #[arg(long, value_name = "SECONDS")]
+        #[arg(long, value_name = "SECONDS", conflicts_with = "since")]
         interval: Option<f64>,
         /// With --interval: stop after this many reports
         #[arg(long, value_name = "N", requires = "interval")]
         count: Option<u64>,
+        /// History instead: the last DURATION (90s, 15m, 1h, 7d; at most 30d) from the
+        /// server's history store, about 60 rows
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
     },
     /// Take a snapshot of a thin volume (read-only, exported as VOLUME@SNAPSHOT)
     Snapshot {
@@ -730,8 +734,14 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
             }
             VolumeCommand::Stats {
                 name,
+                since: Some(since),
+                ..
+            } => crate::history::print(&client, &name, &since, target.json).await,
+            VolumeCommand::Stats {
+                name,
                 interval,
                 count,
+                since: None,
             } => stats(&client, target.json, &name, interval, count).await,
         }
     })

@@ -11,6 +11,7 @@
 
 mod admin;
 mod groups;
+mod history;
 mod load;
 mod ops;
 mod pools;
@@ -18,6 +19,7 @@ mod replicate;
 mod serve;
 mod sim;
 mod target;
+mod top;
 
 use clap::{Parser, Subcommand};
 
@@ -56,6 +58,13 @@ enum Command {
         target: admin::AdminTarget,
         #[command(subcommand)]
         command: admin::VolumeCommand,
+    },
+    /// Live view of every volume (or host, or policy) on a running server, like esxtop
+    Top {
+        #[command(flatten)]
+        target: admin::AdminTarget,
+        #[command(flatten)]
+        args: top::TopArgs,
     },
     /// Manage QoS policies on a running server (`update` changes one live)
     Policy {
@@ -137,6 +146,7 @@ pub fn main() -> ExitCode {
         Command::Pool { target, command } => pools::run(target, command),
         Command::Completions(args) => ops::completions(args),
         Command::Man(args) => ops::man(args),
+        Command::Top { target, args } => top::run(target, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

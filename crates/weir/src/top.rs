@@ -1,0 +1,629 @@
+//! `weir top`: an esxtop-like view of every volume, refreshed from the server's
+//! `GET /v1/stats` (the sampler's last second: one request per refresh, whatever
+//! the number of volumes). Modes: volumes, hosts, policies (volumes summed per
+//! policy); sortable by any figure; `--batch` prints frames as text (scripts,
+//! the CPU benchmark).
+
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use ratatui::Terminal;
+use ratatui::backend::Backend;
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind};
+use ratatui::layout::{Constraint, Layout};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Cell, Paragraph, Row, Table};
+use weir_server::sampler::{LiveStats, VolumeLive};
+
+#[derive(clap::Args)]
+pub struct TopArgs {
+    /// Seconds between refreshes
+    #[arg(long, short = 'd', value_name = "SECONDS", default_value = "1")]
+    delay: f64,
+    /// What rows show first (keys v, h, p switch)
+    #[arg(long, value_enum, default_value = "volumes")]
+    mode: Mode,
+    /// The column rows are sorted by first (keys: s cycles, r reverses)
+    #[arg(long, value_enum, default_value = "iops")]
+    sort: SortKey,
+    /// Print frames as text instead of the interactive view (like esxtop -b)
+    #[arg(long, short = 'b')]
+    batch: bool,
+    /// With --batch (or --json: one JSON document of every volume and host a frame):
+    /// stop after this many frames (default: 1)
+    #[arg(long, short = 'n', value_name = "N")]
+    iterations: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Volumes,
+    Hosts,
+    Policies,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SortKey {
+    Name,
+    Iops,
+    Mbps,
+    P99,
+    Queued,
+    Throttled,
+}
+
+impl SortKey {
+    const ALL: [SortKey; 6] = [
+        SortKey::Name,
+        SortKey::Iops,
+        SortKey::Mbps,
+        SortKey::P99,
+        SortKey::Queued,
+        SortKey::Throttled,
+    ];
+    fn next(self) -> SortKey {
+        let i = Self::ALL.iter().position(|&k| k == self).unwrap_or(0);
+        Self::ALL[(i + 1) % Self::ALL.len()]
+    }
+}
+
+/// What the screen shows (changed by keys).
+#[derive(Clone, Debug, PartialEq)]
+pub struct View {
+    pub mode: Mode,
+    pub sort: SortKey,
+    pub descending: bool,
+    /// First row shown (scrolling).
+    pub offset: usize,
+}
+
+/// One row of any mode: a label, figures, a verdict.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct RowData {
+    cells: Vec<String>,
+    name: String,
+    iops: f64,
+    mbps: f64,
+    p99: f64,
+    queued: f64,
+    throttled: f64,
+    /// `Some(true)`: busy and meeting its targets; `Some(false)`: missing one.
+    meets: Option<bool>,
+}
+
+fn meets(v: &VolumeLive) -> Option<bool> {
+    (v.sample.iops > 0.0).then_some(v.sample.target_met >= 1.0 && v.sample.reservation_met >= 1.0)
+}
+
+fn f(x: f64, digits: usize) -> String {
+    format!("{x:.digits$}")
+}
+
+fn volume_rows(live: &LiveStats) -> (Vec<&'static str>, Vec<RowData>) {
+    let header = vec![
+        "VOLUME", "POOL", "POLICY", "IOPS", "MB/s", "P50ms", "P99ms", "TGTms", "QUEUED", "THRTL%",
+        "RESV", "OK",
+    ];
+    let rows = live
+        .volumes
+        .iter()
+        .map(|v| {
+            let s = &v.sample;
+            let m = meets(v);
+            RowData {
+                cells: vec![
+                    v.name.clone(),
+                    v.pool.clone(),
+                    v.policy.clone(),
+                    f(s.iops.into(), 0),
+                    f(s.mbps.into(), 1),
+                    f(s.p50_ms.into(), 2),
+                    f(s.p99_ms.into(), 2),
+                    v.latency_target_ms.map_or("-".into(), |t| f(t, 0)),
+                    f(s.queued.into(), 1),
+                    f(f64::from(s.throttled) * 100.0, 0),
+                    if s.reservation_met >= 1.0 {
+                        "met"
+                    } else {
+                        "MISS"
+                    }
+                    .into(),
+                    match m {
+                        None => "idle",
+                        Some(true) => "yes",
+                        Some(false) => "NO",
+                    }
+                    .into(),
+                ],
+                name: v.name.clone(),
+                iops: s.iops.into(),
+                mbps: s.mbps.into(),
+                p99: s.p99_ms.into(),
+                queued: s.queued.into(),
+                throttled: s.throttled.into(),
+                meets: m,
+            }
+        })
+        .collect();
+    (header, rows)
+}
+
+fn host_rows(live: &LiveStats) -> (Vec<&'static str>, Vec<RowData>) {
+    let header = vec!["HOST", "IOPS", "MB/s", "MEANms"];
+    let rows = live
+        .hosts
+        .iter()
+        .map(|h| RowData {
+            cells: vec![
+                h.host.clone(),
+                f(h.iops.into(), 0),
+                f(h.mbps.into(), 1),
+                f(h.mean_ms.into(), 2),
+            ],
+            name: h.host.clone(),
+            iops: h.iops.into(),
+            mbps: h.mbps.into(),
+            p99: h.mean_ms.into(),
+            ..RowData::default()
+        })
+        .collect();
+    (header, rows)
+}
+
+fn policy_rows(live: &LiveStats) -> (Vec<&'static str>, Vec<RowData>) {
+    let header = vec![
+        "POLICY", "LEVEL", "VOLUMES", "BUSY", "MEETING", "IOPS", "MB/s", "WORSTP99", "TGTms",
+        "QUEUED",
+    ];
+    let mut groups: std::collections::BTreeMap<&str, Vec<&VolumeLive>> = Default::default();
+    for v in &live.volumes {
+        groups.entry(v.policy.as_str()).or_default().push(v);
+    }
+    let rows = groups
+        .into_iter()
+        .map(|(policy, vs)| {
+            let sum = |g: fn(&VolumeLive) -> f32| vs.iter().map(|v| f64::from(g(v))).sum::<f64>();
+            let busy = vs.iter().filter(|v| meets(v).is_some()).count();
+            let meeting = vs.iter().filter(|v| meets(v) == Some(true)).count();
+            let worst = vs
+                .iter()
+                .map(|v| f64::from(v.sample.p99_ms))
+                .fold(0.0, f64::max);
+            let (iops, mbps, queued) = (
+                sum(|v| v.sample.iops),
+                sum(|v| v.sample.mbps),
+                sum(|v| v.sample.queued),
+            );
+            let level = vs[0]
+                .service_level
+                .map_or("-".to_string(), |l| format!("{l:?}"));
+            RowData {
+                cells: vec![
+                    policy.to_string(),
+                    level,
+                    vs.len().to_string(),
+                    busy.to_string(),
+                    format!("{meeting}/{busy}"),
+                    f(iops, 0),
+                    f(mbps, 1),
+                    f(worst, 2),
+                    vs[0].latency_target_ms.map_or("-".into(), |t| f(t, 0)),
+                    f(queued, 1),
+                ],
+                name: policy.to_string(),
+                iops,
+                mbps,
+                p99: worst,
+                queued,
+                meets: (busy > 0).then_some(meeting == busy),
+                ..RowData::default()
+            }
+        })
+        .collect();
+    (header, rows)
+}
+
+fn sort_rows(rows: &mut [RowData], key: SortKey, descending: bool) {
+    let k = |r: &RowData| match key {
+        SortKey::Name => 0.0,
+        SortKey::Iops => r.iops,
+        SortKey::Mbps => r.mbps,
+        SortKey::P99 => r.p99,
+        SortKey::Queued => r.queued,
+        SortKey::Throttled => r.throttled,
+    };
+    rows.sort_by(|a, b| {
+        let order = k(a).total_cmp(&k(b)).then_with(|| a.name.cmp(&b.name));
+        if descending && key != SortKey::Name {
+            order.reverse()
+        } else {
+            order
+        }
+    });
+    if descending && key == SortKey::Name {
+        rows.reverse();
+    }
+}
+
+/// Draws one frame of `live` as `view` says.
+pub fn draw(frame: &mut ratatui::Frame, view: &View, live: &LiveStats) {
+    let (header, rows) = rows_of(view, live);
+    let [top, body, keys] = Layout::vertical([
+        Constraint::Length(2),
+        Constraint::Min(1),
+        Constraint::Length(1),
+    ])
+    .areas(frame.area());
+    frame.render_widget(Paragraph::new(summary(view, live)), top);
+    let visible = usize::from(body.height.saturating_sub(1));
+    let offset = view.offset.min(rows.len().saturating_sub(visible));
+    let widths: Vec<Constraint> = header
+        .iter()
+        .enumerate()
+        .map(|(i, h)| Constraint::Length(if i == 0 { 24 } else { (h.len() as u16).max(8) }))
+        .collect();
+    let table = Table::new(
+        rows.iter().skip(offset).take(visible).map(row_widget),
+        widths,
+    )
+    .header(Row::new(header.clone()).style(Style::new().add_modifier(Modifier::REVERSED)));
+    frame.render_widget(table, body);
+    let help = "q quit  v volumes  h hosts  p policies  s sort  r reverse  ↑↓ PgUp PgDn scroll";
+    frame.render_widget(Paragraph::new(help), keys);
+}
+
+fn row_widget(r: &RowData) -> Row<'static> {
+    let style = match r.meets {
+        Some(false) => Style::new().fg(Color::Red),
+        _ => Style::new(),
+    };
+    Row::new(r.cells.iter().cloned().map(Cell::from)).style(style)
+}
+
+fn summary(view: &View, live: &LiveStats) -> Vec<Line<'static>> {
+    let busy = live.volumes.iter().filter(|v| meets(v).is_some()).count();
+    let meeting = live
+        .volumes
+        .iter()
+        .filter(|v| meets(v) == Some(true))
+        .count();
+    let iops: f64 = live.volumes.iter().map(|v| f64::from(v.sample.iops)).sum();
+    let mbps: f64 = live.volumes.iter().map(|v| f64::from(v.sample.mbps)).sum();
+    let time = if live.time == 0 {
+        "-".into()
+    } else {
+        crate::history::utc(live.time)
+    };
+    vec![
+        Line::from(format!(
+            "weir top — {time} UTC  {} volumes  {} hosts  {iops:.0} IOPS  {mbps:.1} MB/s  {meeting}/{busy} busy volumes meet their targets",
+            live.volumes.len(),
+            live.hosts.len()
+        )),
+        Line::from(format!(
+            "mode: {:?}  sort: {:?} {}",
+            view.mode,
+            view.sort,
+            if view.descending {
+                "(descending)"
+            } else {
+                "(ascending)"
+            }
+        )),
+    ]
+}
+
+/// One frame as the screen shows it, as text lines (the TestBackend tests).
+#[cfg(test)]
+pub fn render_text(view: &View, live: &LiveStats, width: u16, height: u16) -> Result<String> {
+    let mut terminal = Terminal::new(ratatui::backend::TestBackend::new(width, height))?;
+    terminal.draw(|f| draw(f, view, live))?;
+    let buffer = terminal.backend().buffer().clone();
+    let mut out = String::new();
+    for y in 0..height {
+        let line: String = (0..width)
+            .map(|x| buffer[(x, y)].symbol().to_string())
+            .collect();
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// Applies a key; `false`: quit.
+pub fn on_key(view: &mut View, key: KeyCode, page: usize) -> bool {
+    match key {
+        KeyCode::Char('q') | KeyCode::Esc => return false,
+        KeyCode::Char('v') => (view.mode, view.offset) = (Mode::Volumes, 0),
+        KeyCode::Char('h') => (view.mode, view.offset) = (Mode::Hosts, 0),
+        KeyCode::Char('p') => (view.mode, view.offset) = (Mode::Policies, 0),
+        KeyCode::Char('s') => view.sort = view.sort.next(),
+        KeyCode::Char('r') => view.descending = !view.descending,
+        KeyCode::Down => view.offset += 1,
+        KeyCode::Up => view.offset = view.offset.saturating_sub(1),
+        KeyCode::PageDown => view.offset += page,
+        KeyCode::PageUp => view.offset = view.offset.saturating_sub(page),
+        _ => {}
+    }
+    true
+}
+
+/// `weir top`.
+pub fn run(target: crate::admin::AdminTarget, args: TopArgs) -> Result<()> {
+    if !(args.delay > 0.0 && args.delay.is_finite()) {
+        bail!(
+            "--delay must be a positive number of seconds, not {}",
+            args.delay
+        );
+    }
+    let (client, _endpoint) = crate::admin::admin_client(&target)?;
+    let rt = crate::admin::runtime()?;
+    let fetch = || {
+        rt.block_on(client.live_stats())
+            .map_err(crate::admin::explain)
+    };
+    let mut view = View {
+        mode: args.mode,
+        sort: args.sort,
+        descending: args.sort != SortKey::Name,
+        offset: 0,
+    };
+    let delay = Duration::from_secs_f64(args.delay);
+    if args.batch || target.json {
+        return batch(
+            &view,
+            fetch,
+            delay,
+            args.iterations.unwrap_or(1),
+            target.json,
+        );
+    }
+    let mut terminal = ratatui::init();
+    let result = interactive(&mut terminal, &mut view, fetch, delay);
+    ratatui::restore();
+    result
+}
+
+/// Every row of a frame as plain text: the summary, the header, all rows (no
+/// screen to fit, so no ratatui buffer: its area is limited to 65,535 cells).
+pub fn batch_text(view: &View, live: &LiveStats) -> String {
+    let (header, rows) = rows_of(view, live);
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, (c, h)) in cells.iter().zip(&header).enumerate() {
+            let w = if i == 0 { 24 } else { h.len().max(8) };
+            out.push_str(&format!("{c:<w$} "));
+        }
+        out.trim_end().to_string() + "\n"
+    };
+    let mut out: String = summary(view, live)
+        .iter()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    out.push_str(&line(header.clone()));
+    for r in &rows {
+        out.push_str(&line(r.cells.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+fn rows_of(view: &View, live: &LiveStats) -> (Vec<&'static str>, Vec<RowData>) {
+    let (header, mut rows) = match view.mode {
+        Mode::Volumes => volume_rows(live),
+        Mode::Hosts => host_rows(live),
+        Mode::Policies => policy_rows(live),
+    };
+    sort_rows(&mut rows, view.sort, view.descending);
+    (header, rows)
+}
+
+fn batch(
+    view: &View,
+    fetch: impl Fn() -> Result<LiveStats>,
+    delay: Duration,
+    n: u64,
+    json: bool,
+) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    for i in 0..n {
+        let started = Instant::now();
+        let live = fetch()?;
+        let text = if json {
+            serde_json::to_string(&live)?
+        } else {
+            batch_text(view, &live)
+        };
+        writeln!(stdout, "{text}").context("writing to stdout")?;
+
+        if i + 1 < n {
+            std::thread::sleep(delay.saturating_sub(started.elapsed()));
+        }
+    }
+    Ok(())
+}
+
+fn interactive<B: Backend>(
+    terminal: &mut Terminal<B>,
+    view: &mut View,
+    fetch: impl Fn() -> Result<LiveStats>,
+    delay: Duration,
+) -> Result<()> {
+    let mut live = fetch()?;
+    let mut next = Instant::now() + delay;
+    loop {
+        terminal.draw(|f| draw(f, view, &live))?;
+        let page = usize::from(terminal.size()?.height.saturating_sub(4)).max(1);
+        if event::poll(next.saturating_duration_since(Instant::now()))?
+            && let Event::Key(k) = event::read()?
+            && k.kind == KeyEventKind::Press
+            && !on_key(view, k.code, page)
+        {
+            return Ok(());
+        }
+        if Instant::now() >= next {
+            live = fetch()?;
+            next = Instant::now() + delay;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_server::history::Sample;
+    use weir_server::sampler::HostLive;
+
+    fn volume(name: &str, policy: &str, iops: f32, p99: f32, met: bool) -> VolumeLive {
+        VolumeLive {
+            name: name.into(),
+            pool: "default".into(),
+            policy: policy.into(),
+            size_bytes: 1 << 30,
+            latency_target_ms: Some(10.0),
+            sample: Sample {
+                iops,
+                mbps: iops * 4096.0 / 1e6,
+                p50_ms: p99 / 2.0,
+                p99_ms: p99,
+                target_met: if met { 1.0 } else { 0.0 },
+                reservation_met: 1.0,
+                ..Sample::default()
+            },
+            ..VolumeLive::default()
+        }
+    }
+
+    fn snapshot() -> LiveStats {
+        LiveStats {
+            time: 1_700_000_000,
+            interval_s: 1.0,
+            volumes: vec![
+                volume("sql", "gold", 5000.0, 2.0, true),
+                volume("vdi-0001", "bronze", 900.0, 40.0, false),
+                volume("vdi-0002", "bronze", 1200.0, 3.0, true),
+                volume("idle", "gold", 0.0, 0.0, true),
+            ],
+            hosts: vec![HostLive {
+                host: "10.1.0.7".into(),
+                iops: 7100.0,
+                mbps: 29.1,
+                mean_ms: 1.5,
+            }],
+        }
+    }
+
+    fn view(mode: Mode, sort: SortKey) -> View {
+        View {
+            mode,
+            sort,
+            descending: true,
+            offset: 0,
+        }
+    }
+
+    fn lines(v: &View) -> Vec<String> {
+        render_text(v, &snapshot(), 150, 12)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn row_of(lines: &[String], name: &str) -> usize {
+        lines
+            .iter()
+            .position(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} in {lines:#?}"))
+    }
+
+    #[test]
+    fn volumes_sorted_by_iops_with_verdicts() {
+        let l = lines(&view(Mode::Volumes, SortKey::Iops));
+        assert!(
+            l[0].contains("4 volumes")
+                && l[0].contains("7100 IOPS")
+                && l[0].contains("2/3 busy volumes meet"),
+            "{l:#?}"
+        );
+        assert!(l[0].contains("2023-11-14 22:13:20"), "{}", l[0]);
+        assert!(
+            l[2].starts_with("VOLUME") && l[2].contains("P99ms"),
+            "{}",
+            l[2]
+        );
+        let order: Vec<usize> = ["sql", "vdi-0002", "vdi-0001", "idle"]
+            .iter()
+            .map(|n| row_of(&l, n))
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{l:#?}");
+        let slow = &l[row_of(&l, "vdi-0001")];
+        assert!(
+            slow.contains("40.00") && slow.trim_end().ends_with("NO"),
+            "{slow}"
+        );
+        assert!(l[row_of(&l, "idle")].trim_end().ends_with("idle"));
+        // By p99, ascending.
+        let mut v = view(Mode::Volumes, SortKey::P99);
+        v.descending = false;
+        let l = lines(&v);
+        assert!(
+            row_of(&l, "idle") < row_of(&l, "vdi-0002")
+                && row_of(&l, "sql") < row_of(&l, "vdi-0001")
+        );
+    }
+
+    #[test]
+    fn hosts_and_policies_modes() {
+        let l = lines(&view(Mode::Hosts, SortKey::Iops));
+        assert!(l[2].starts_with("HOST"), "{l:#?}");
+        assert!(l[row_of(&l, "10.1.0.7")].contains("7100"));
+        let l = lines(&view(Mode::Policies, SortKey::Iops));
+        let gold = &l[row_of(&l, "gold")];
+        assert!(gold.contains("1/1") && gold.contains("5000"), "{gold}");
+        let bronze = &l[row_of(&l, "bronze")];
+        assert!(
+            bronze.contains("1/2") && bronze.contains("2100") && bronze.contains("40.00"),
+            "{bronze}"
+        );
+        assert!(row_of(&l, "gold") < row_of(&l, "bronze"));
+    }
+
+    #[test]
+    fn batch_frames_list_every_row() {
+        let mut live = snapshot();
+        live.volumes = (0..2000)
+            .map(|i| volume(&format!("vol-{i:04}"), "gold", i as f32, 1.0, true))
+            .collect();
+        let text = batch_text(&view(Mode::Volumes, SortKey::Iops), &live);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2 + 1 + 2000);
+        assert!(
+            lines[2].starts_with("VOLUME") && lines[3].starts_with("vol-1999"),
+            "{}",
+            lines[3]
+        );
+        assert!(lines[2002].starts_with("vol-0000") && lines[2002].contains("gold"));
+    }
+
+    #[test]
+    fn keys_switch_modes_sort_and_scroll() {
+        let mut v = view(Mode::Volumes, SortKey::Iops);
+        assert!(on_key(&mut v, KeyCode::Char('p'), 10));
+        assert_eq!(v.mode, Mode::Policies);
+        assert!(on_key(&mut v, KeyCode::Char('s'), 10));
+        assert_eq!(v.sort, SortKey::Mbps);
+        on_key(&mut v, KeyCode::Char('r'), 10);
+        assert!(!v.descending);
+        on_key(&mut v, KeyCode::PageDown, 10);
+        on_key(&mut v, KeyCode::Up, 10);
+        assert_eq!(v.offset, 9);
+        assert!(!on_key(&mut v, KeyCode::Char('q'), 10));
+        // Scrolling past the end still shows the last rows.
+        let mut v = view(Mode::Volumes, SortKey::Name);
+        v.offset = 100;
+        let l = lines(&v);
+        assert!(l.iter().any(|x| x.starts_with("idle")), "{l:#?}");
+    }
+}
