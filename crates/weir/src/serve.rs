@@ -37,6 +37,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
+    limit_malloc_arenas();
     let mut config = match &args.config {
         Some(path) => WeirConfig::load(path)?,
         None => WeirConfig::embedded_default(),
@@ -131,4 +132,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
         eprintln!("stopping: finishing in-flight requests, syncing data…");
         weir_server::shutdown_boxed(server).await
     })
+}
+
+/// glibc gives each new thread (tokio's blocking pool starts and ends them) an
+/// arena of its own, up to 8 per CPU, and each keeps the high-water mark of the
+/// transient buffers it served: 1,000,000 fuzzed sessions left 14 arenas holding
+/// 14-32 MB each (RSS 515 MB, `malloc_trim` gave back only 78 MB). Two arenas
+/// bound that; the server's threads share them (`MALLOC_ARENA_MAX` still wins
+/// when set).
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets an allocator parameter; called before the
+        // server starts any thread.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+    }
 }

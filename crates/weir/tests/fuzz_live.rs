@@ -283,6 +283,10 @@ fn live_sessions_fuzzed() {
             rss_warm = rss;
         }
         rss_peak = rss_peak.max(rss);
+        println!(
+            "live fuzz: {end} of {sessions} sessions after {:.0} s; server RSS {rss:.1} MiB",
+            started.elapsed().as_secs_f64()
+        );
     }
     let elapsed = started.elapsed().as_secs_f64();
     let log = std::fs::read_to_string(dir.join("weir.log")).unwrap_or_default();
