@@ -772,7 +772,7 @@ async fn stats(
     while count.is_none_or(|n| reports < n) {
         tokio::time::sleep(std::time::Duration::from_secs_f64(secs)).await;
         let now = client.volume_stats(name).await.map_err(explain)?;
-        let d = delta(&last.counters, &now.counters);
+        let d = weir_server::sampler::delta(&last.counters, &now.counters);
         let w = now.uptime_seconds - last.uptime_seconds;
         print_stats(json, &now, &d, w, true)?;
         use std::io::Write as _;
@@ -859,28 +859,6 @@ fn print_stats(
     }
     print!("{table}");
     Ok(())
-}
-
-fn delta(
-    a: &weir_server::metrics::CounterSnapshot,
-    b: &weir_server::metrics::CounterSnapshot,
-) -> weir_server::metrics::CounterSnapshot {
-    weir_server::metrics::CounterSnapshot {
-        read_ios: b.read_ios.saturating_sub(a.read_ios),
-        write_ios: b.write_ios.saturating_sub(a.write_ios),
-        other_ios: b.other_ios.saturating_sub(a.other_ios),
-        read_bytes: b.read_bytes.saturating_sub(a.read_bytes),
-        write_bytes: b.write_bytes.saturating_sub(a.write_bytes),
-        errors: b.errors.saturating_sub(a.errors),
-        latency_sum_ns: b.latency_sum_ns.saturating_sub(a.latency_sum_ns),
-        qos_wait_ns: b.qos_wait_ns.saturating_sub(a.qos_wait_ns),
-        latency_buckets: b
-            .latency_buckets
-            .iter()
-            .zip(a.latency_buckets.iter().chain(std::iter::repeat(&0)))
-            .map(|(y, x)| y.saturating_sub(*x))
-            .collect(),
-    }
 }
 
 fn policy_table(policies: &[Policy]) -> Table {

@@ -19,7 +19,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Rng, TempDir, WeirProcess};
+use common::{Rng, TempDir, WeirProcess, rss_mib};
 use weir_nbd::consts::*;
 use weir_nbd::{ClientConfig, RequestHeader};
 use weir_server::nbd_client::NbdClient;
@@ -188,16 +188,6 @@ fn play(addr: SocketAddr, bytes: &[u8], rng: &mut Rng) -> Result<bool, String> {
         let _ = stream.shutdown(Shutdown::Write);
         drain.join().unwrap()
     })
-}
-
-/// Resident memory of process `pid`, MiB.
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 /// A well-behaved client writes and reads back a block on the volume no fuzzed

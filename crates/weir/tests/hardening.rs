@@ -18,7 +18,7 @@ mod common;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use common::{TempDir, WeirProcess};
+use common::{TempDir, WeirProcess, rss_mib};
 use tokio::net::{TcpSocket, TcpStream};
 use weir_nbd::ClientConfig;
 use weir_server::nbd_client::NbdClient;
@@ -47,16 +47,6 @@ fn cpu_seconds(pid: u32) -> f64 {
     let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
     // SAFETY: sysconf has no preconditions.
     ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-}
-
-/// Resident memory of process `pid`, MiB.
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 /// A well-behaved client from `from`: opens `volume` and reads 4 KiB. `Ok(true)`:
