@@ -32,6 +32,9 @@ mod queue;
 mod scenario;
 pub mod topology;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+
 pub use hw::IdealArraySpec;
 pub use scenario::{Scenario, ScenarioError};
 pub use weir_report::ScenarioReport;
@@ -109,36 +112,113 @@ impl Scenario {
     pub fn run_with_faults(
         &self,
         seed: Option<u64>,
-        faults: &dyn Fn(&str, u64) -> Box<dyn fault::FaultInjector>,
+        faults: &FaultBuilder,
+        progress: &mut dyn FnMut(Progress),
+    ) -> ScenarioReport {
+        self.run_jobs(seed, 1, faults, progress)
+    }
+
+    /// Like [`Scenario::run_with_faults`], running up to `jobs` cases at once, each
+    /// on its own thread. Cases share nothing (each builds its own engine from its
+    /// plan and the seed), and the report lists them in the file's order, so the
+    /// report is byte-identical whatever `jobs` is; only progress interleaves.
+    /// `Progress::cases_done` counts the cases finished so far.
+    pub fn run_jobs(
+        &self,
+        seed: Option<u64>,
+        jobs: usize,
+        faults: &FaultBuilder,
         progress: &mut dyn FnMut(Progress),
     ) -> ScenarioReport {
         let seed = seed.unwrap_or(self.seed);
         let total = self.cases.len();
-        let mut cases = Vec::with_capacity(total);
-        for (i, plan) in self.cases.iter().enumerate() {
-            let report = match engine::Engine::new(plan, seed, faults(&plan.name, seed)) {
-                Ok(engine) => engine.run(progress, i, total),
-                Err(e) => weir_report::CaseReport {
-                    name: plan.name.clone(),
-                    description: format!("could not build this case: {e}"),
-                    params: plan.params.clone(),
-                    ..Default::default()
-                },
-            };
-            progress(Progress {
-                cases_done: i + 1,
-                cases_total: total,
-                case: plan.name.clone(),
-                simulated_s: report.duration_s,
-                case_simulated_s: (plan.warmup_ns + plan.duration_ns) as f64 / 1e9,
-            });
-            cases.push(report);
-        }
+        let workers = jobs.clamp(1, total.max(1));
+        let next = AtomicUsize::new(0);
+        let mut reports: Vec<Option<weir_report::CaseReport>> = vec![None; total];
+        // Bounded: a worker waits while the caller draws its progress.
+        let (tx, rx) = mpsc::sync_channel::<Event>(64 * workers);
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                let tx = tx.clone();
+                let next = &next;
+                scope.spawn(move || {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(plan) = self.cases.get(i) else { break };
+                        let mut send = |p: Progress| {
+                            let _ = tx.send(Event::Progress(p));
+                        };
+                        let report = run_case(plan, seed, faults, &mut send, i, total);
+                        if tx.send(Event::Done(i, Box::new(report))).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            let mut done = 0;
+            for event in rx {
+                match event {
+                    Event::Progress(p) => progress(Progress {
+                        cases_done: done,
+                        ..p
+                    }),
+                    Event::Done(i, report) => {
+                        done += 1;
+                        let plan = &self.cases[i];
+                        progress(Progress {
+                            cases_done: done,
+                            cases_total: total,
+                            case: plan.name.clone(),
+                            simulated_s: report.duration_s,
+                            case_simulated_s: (plan.warmup_ns + plan.duration_ns) as f64 / 1e9,
+                        });
+                        debug_assert!(reports[i].is_none(), "case {i} ran twice");
+                        reports[i] = Some(*report);
+                    }
+                }
+            }
+        });
+        let cases: Vec<_> = reports
+            .into_iter()
+            .map(|r| r.expect("every case reports once"))
+            .collect();
+        assert_eq!(cases.len(), total);
         ScenarioReport {
             scenario: self.name.clone(),
             description: self.description.clone(),
             seed,
             cases,
         }
+    }
+}
+
+/// Builds a case's fault injector from its name and the seed; shared by the
+/// threads that run cases, hence `Sync`.
+pub type FaultBuilder = dyn Fn(&str, u64) -> Box<dyn fault::FaultInjector> + Sync;
+
+/// What a case's thread tells the caller.
+enum Event {
+    Progress(Progress),
+    Done(usize, Box<weir_report::CaseReport>),
+}
+
+/// Runs one case: its engine, or a report saying why it could not be built.
+fn run_case(
+    plan: &scenario::CasePlan,
+    seed: u64,
+    faults: &FaultBuilder,
+    progress: &mut dyn FnMut(Progress),
+    index: usize,
+    total: usize,
+) -> weir_report::CaseReport {
+    match engine::Engine::new(plan, seed, faults(&plan.name, seed)) {
+        Ok(engine) => engine.run(progress, index, total),
+        Err(e) => weir_report::CaseReport {
+            name: plan.name.clone(),
+            description: format!("could not build this case: {e}"),
+            params: plan.params.clone(),
+            ..Default::default()
+        },
     }
 }

@@ -34,6 +34,10 @@ pub struct SimArgs {
     /// No progress bar
     #[arg(long, short)]
     quiet: bool,
+    /// Run up to N cases at once, one per thread (default: the machine's cores);
+    /// the report is the same whatever N is
+    #[arg(long, short, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    jobs: Option<u16>,
 }
 
 fn load(name_or_path: &str) -> Result<Scenario> {
@@ -100,7 +104,13 @@ pub fn run(args: SimArgs) -> Result<()> {
             bar.set_message(p.case.clone());
         }
     };
-    let report = scenario.run(args.seed, &mut on_progress);
+    let jobs = args.jobs.map(usize::from).unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let no_faults = |_: &str, _: u64| -> Box<dyn weir_sim::fault::FaultInjector> {
+        Box::new(weir_sim::fault::NoFaults)
+    };
+    let report = scenario.run_jobs(args.seed, jobs, &no_faults, &mut on_progress);
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
