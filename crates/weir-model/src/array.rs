@@ -249,25 +249,32 @@ impl ArraySpec {
 }
 
 #[derive(Clone, Debug)]
-enum Drive {
+pub(crate) enum Drive {
     Hdd(Box<Hdd>),
     Ssd(Box<Ssd>),
 }
 
 impl Drive {
-    fn as_component(&mut self) -> &mut dyn Component {
+    /// A drive as its spec describes it.
+    pub(crate) fn new(spec: &DriveSpec) -> Result<Self, ModelError> {
+        Ok(match spec {
+            DriveSpec::Hdd(h) => Drive::Hdd(Box::new(Hdd::new(h)?)),
+            DriveSpec::Ssd(s) => Drive::Ssd(Box::new(Ssd::new(s)?)),
+        })
+    }
+    pub(crate) fn as_component(&mut self) -> &mut dyn Component {
         match self {
             Drive::Hdd(h) => h.as_mut(),
             Drive::Ssd(s) => s.as_mut(),
         }
     }
-    fn next_event_ns(&self) -> Option<Nanos> {
+    pub(crate) fn next_event_ns(&self) -> Option<Nanos> {
         match self {
             Drive::Hdd(h) => h.next_event_ns(),
             Drive::Ssd(s) => s.next_event_ns(),
         }
     }
-    fn stats(&self) -> DriveStats {
+    pub(crate) fn stats(&self) -> DriveStats {
         match self {
             Drive::Hdd(h) => h.stats(),
             Drive::Ssd(s) => s.stats(),
@@ -597,10 +604,7 @@ impl Array {
         let layout = RaidLayout::new(&spec.raid, drive_spec.capacity_bytes())?;
         let mut drives = Vec::with_capacity(spec.raid.drives as usize);
         for _ in 0..spec.raid.drives {
-            drives.push(match &drive_spec {
-                DriveSpec::Hdd(h) => Drive::Hdd(Box::new(Hdd::new(h)?)),
-                DriveSpec::Ssd(s) => Drive::Ssd(Box::new(Ssd::new(s)?)),
-            });
+            drives.push(Drive::new(&drive_spec)?);
         }
         let cache_bytes = controller.cache_mib as u64 * (1 << 20);
         let clone = match &spec.clone_cache {

@@ -81,6 +81,7 @@
 
 mod array;
 mod block_cache;
+mod ceph;
 mod clone_cache;
 mod controller;
 mod error;
@@ -98,6 +99,7 @@ pub use array::{
     PolicyOverride,
 };
 pub use block_cache::{BlockCache, CachePolicy};
+pub use ceph::{CephCluster, CephSpec, LinkRef, OsdStats};
 pub use read_cache::{Lookup, ReadCache, ReadCacheStats};
 
 /// Where volume `volume_id` starts on a device of `capacity_bytes` when volumes are

@@ -2,18 +2,24 @@
 //!
 //! `[array]` is a weir-model `ArraySpec` (`controller`, `raid`, `drive`, `policy`), or
 //! `preset = "15k-sas-raid5x24"` (a weir-model array preset), or
-//! `ideal = { servers, service_us, mbps }` (an [`IdealArraySpec`]). Links are
+//! `ideal = { servers, service_us, mbps }` (an [`IdealArraySpec`]), or
+//! `ceph = { osds, replicas, drive, … }` (a weir-model `CephSpec`: a RADOS pool
+//! behind the hosts, which are then its RBD gateways). Links are
 //! weir-model `LinkSpec`s: a preset name (`fc-4g`, `fc-8g`, `10gbe`, `1gbe`) or a
 //! table (`bandwidth_mbps`, `latency_us`); `"none"` means no link at all.
 
 use std::collections::VecDeque;
-use weir_model::{Array, ArraySpec, Completion, Component, DeviceIo, IoDir, Link, LinkSpec, Nanos};
+use weir_model::{
+    Array, ArraySpec, CephCluster, CephSpec, Completion, Component, DeviceIo, IoDir, Link,
+    LinkSpec, Nanos,
+};
 
 /// Every simulated component, statically dispatched.
 pub(crate) enum Hw {
     Link(Link),
     Ideal(IdealArray),
     Array(Box<Array>),
+    Ceph(Box<CephCluster>),
 }
 
 /// A component's counters at one moment (for utilisation over the measured interval).
@@ -31,6 +37,7 @@ impl Hw {
     pub(crate) fn capacity_bytes(&self) -> Option<u64> {
         match self {
             Hw::Array(a) => Some(a.capacity_bytes()),
+            Hw::Ceph(c) => Some(c.capacity_bytes()),
             _ => None,
         }
     }
@@ -60,6 +67,29 @@ impl Hw {
                 }
                 parts
             }
+            Hw::Ceph(c) => c
+                .osd_stats()
+                .iter()
+                .enumerate()
+                .flat_map(|(i, o)| {
+                    [
+                        PartSnapshot {
+                            name: format!("osd {i} cpu"),
+                            kind: "osd-cpu",
+                            busy_ns: o.cpu_busy_ns / c.spec().cores_per_osd as u64,
+                            ios: 0,
+                            bytes: 0,
+                        },
+                        PartSnapshot {
+                            name: format!("osd {i} drive"),
+                            kind: "drive",
+                            busy_ns: o.drive_busy_ns,
+                            ios: o.drive_ios,
+                            bytes: o.drive_bytes,
+                        },
+                    ]
+                })
+                .collect(),
             _ => Vec::new(),
         }
     }
@@ -71,6 +101,7 @@ impl Component for Hw {
             Hw::Link(l) => l.submit(now, io, token),
             Hw::Ideal(a) => a.submit(now, io, token),
             Hw::Array(a) => a.submit(now, io, token),
+            Hw::Ceph(c) => c.submit(now, io, token),
         }
     }
     fn submit_urgent(&mut self, now: Nanos, io: DeviceIo, token: u64) {
@@ -78,6 +109,7 @@ impl Component for Hw {
             Hw::Link(l) => l.submit_urgent(now, io, token),
             Hw::Ideal(a) => a.submit_urgent(now, io, token),
             Hw::Array(a) => a.submit_urgent(now, io, token),
+            Hw::Ceph(c) => c.submit_urgent(now, io, token),
         }
     }
     fn next_event_ns(&self) -> Option<Nanos> {
@@ -85,6 +117,7 @@ impl Component for Hw {
             Hw::Link(l) => l.next_event_ns(),
             Hw::Ideal(a) => a.next_event_ns(),
             Hw::Array(a) => a.next_event_ns(),
+            Hw::Ceph(c) => c.next_event_ns(),
         }
     }
     fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>) {
@@ -92,6 +125,7 @@ impl Component for Hw {
             Hw::Link(l) => l.advance(now, done),
             Hw::Ideal(a) => a.advance(now, done),
             Hw::Array(a) => a.advance(now, done),
+            Hw::Ceph(c) => c.advance(now, done),
         }
     }
     fn busy_ns(&self) -> Nanos {
@@ -99,6 +133,7 @@ impl Component for Hw {
             Hw::Link(l) => l.busy_ns(),
             Hw::Ideal(a) => a.busy_ns(),
             Hw::Array(a) => a.busy_ns(),
+            Hw::Ceph(c) => c.busy_ns(),
         }
     }
 }
@@ -142,6 +177,17 @@ pub(crate) fn build_array(spec: &toml::Table, seed: u64, needed_bytes: u64) -> R
             .map_err(|e: toml::de::Error| format!("ideal: {}", e.message()))?;
         return Ok(Hw::Ideal(IdealArray::new(&ideal)?));
     }
+    if let Some(ceph) = spec.get("ceph") {
+        if spec.len() != 1 {
+            return Err("a `ceph` cluster takes no other keys".into());
+        }
+        let ceph: CephSpec = ceph
+            .clone()
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("ceph: {}", e.message()))?;
+        let cluster = CephCluster::new(&ceph).map_err(|e| format!("ceph: {e}"))?;
+        return fits(Hw::Ceph(Box::new(cluster)), needed_bytes);
+    }
     let array_spec = match spec.get("preset") {
         Some(p) => {
             if spec.len() != 1 {
@@ -155,14 +201,20 @@ pub(crate) fn build_array(spec: &toml::Table, seed: u64, needed_bytes: u64) -> R
             .map_err(|e| e.message().to_string())?,
     };
     let array = Array::new(&array_spec, seed).map_err(|e| e.to_string())?;
-    if needed_bytes > array.capacity_bytes() {
+    fits(Hw::Array(Box::new(array)), needed_bytes)
+}
+
+/// The array, if the VMs' disks fit on it.
+fn fits(array: Hw, needed_bytes: u64) -> Result<Hw, String> {
+    let capacity = array.capacity_bytes().unwrap_or(u64::MAX);
+    if needed_bytes > capacity {
         return Err(format!(
             "the VMs' disks need {:.1} GiB but the array holds {:.1} GiB",
             needed_bytes as f64 / (1u64 << 30) as f64,
-            array.capacity_bytes() as f64 / (1u64 << 30) as f64
+            capacity as f64 / (1u64 << 30) as f64
         ));
     }
-    Ok(Hw::Array(Box::new(array)))
+    Ok(array)
 }
 
 /// An array of identical parallel servers: each request takes

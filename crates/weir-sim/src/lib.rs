@@ -87,6 +87,10 @@ pub fn builtin_scenarios() -> &'static [(&'static str, &'static str)] {
         ),
         ("vdi-week", include_str!("../../../scenarios/vdi-week.toml")),
         ("qos-gate", include_str!("../../../scenarios/qos-gate.toml")),
+        (
+            "ceph-gateways",
+            include_str!("../../../scenarios/ceph-gateways.toml"),
+        ),
     ]
 }
 
