@@ -60,6 +60,13 @@ pub struct Response {
     pub body: Vec<u8>,
 }
 
+/// Sent with every answer (the dashboard's page and files, the API's JSON): the page
+/// runs only its own scripts and styles from this origin, talks only to this
+/// origin, and is never framed by another page (clickjacking).
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
+     style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
+     base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
 /// What answers requests.
 pub type Handler = Arc<dyn Fn(Request) -> Response + Send + Sync>;
 
@@ -116,7 +123,13 @@ async fn answer(handler: Handler, request: axum::extract::Request) -> HttpRespon
                 StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             (
                 status,
-                [(header::CONTENT_TYPE, r.content_type)],
+                [
+                    (header::CONTENT_TYPE, r.content_type),
+                    (header::X_FRAME_OPTIONS, "DENY"),
+                    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                    (header::REFERRER_POLICY, "no-referrer"),
+                    (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+                ],
                 Body::from(r.body),
             )
                 .into_response()
@@ -177,6 +190,16 @@ mod tests {
             "{a}"
         );
         assert!(a.ends_with("POST /v1/x%20y yes hello"), "{a}");
+        let lower = a.to_ascii_lowercase();
+        for header in [
+            "x-frame-options: deny",
+            "x-content-type-options: nosniff",
+            "referrer-policy: no-referrer",
+            "content-security-policy: default-src 'self';",
+        ] {
+            assert!(lower.contains(header), "no {header:?} in {a}");
+        }
+        assert!(lower.contains("frame-ancestors 'none'"), "{a}");
         let a = exchange(
             addr,
             "GET /missing HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
