@@ -26,7 +26,8 @@ use weir_report::{
     TimelineSeries, WindowResult, WorkloadResult,
 };
 use weir_workload::{
-    AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric, SharedRegion,
+    AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric, ScheduleLog,
+    SharedRegion, peak_concurrent,
 };
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -1400,6 +1401,54 @@ impl<'p> Engine<'p> {
         out
     }
 
+    /// Each model's schedule measured over all its instances (every `[[vm]]`
+    /// running it, every copy) in `[from, to)`: the most clone creations and
+    /// power-ons running at once, and the logins started with the time from the
+    /// first start to the last. Source: the `[[model]]`'s name.
+    fn schedule_metrics(&self, from: Nanos, to: Nanos) -> Vec<ModelMetricResult> {
+        let mut logs: Vec<(&str, ScheduleLog)> = Vec::new();
+        for v in &self.vms {
+            let (Some(m), Some(log)) = (&v.plan.model, v.generator.schedule()) else {
+                continue;
+            };
+            match logs.iter_mut().find(|l| l.0 == m.name()) {
+                Some(l) => l.1.merge(&log),
+                None => logs.push((m.name(), log)),
+            }
+        }
+        let mut out = Vec::new();
+        for (model, log) in logs {
+            let mut push = |name: &str, value: f64, unit: &str| {
+                out.push(ModelMetricResult {
+                    source: model.to_string(),
+                    kind: "vdi".into(),
+                    window: String::new(),
+                    name: name.into(),
+                    value,
+                    unit: unit.into(),
+                })
+            };
+            for (name, spans) in [
+                ("create_peak_concurrent", &log.creates),
+                ("power_on_peak_concurrent", &log.power_ons),
+            ] {
+                let peak = peak_concurrent(spans, from, to);
+                if peak > 0 {
+                    push(name, peak as f64, "desktops");
+                }
+            }
+            let starts = log.login_starts.iter().filter(|&&t| t >= from && t < to);
+            let (n, first, last) = starts.fold((0u64, Nanos::MAX, 0), |(n, a, b), &t| {
+                (n + 1, a.min(t), b.max(t))
+            });
+            if n > 0 {
+                push("logins_started", n as f64, "count");
+                push("login_window_s", (last - first) as f64 / 1e9, "s");
+            }
+        }
+        out
+    }
+
     /// The models' user-facing figures per timeline interval ("per phase and over
     /// time"): OLTP orders per minute and order latency, Exchange RPC latency, the
     /// Login VSI response time. Named `model:<vm> <metric>`; an
@@ -1635,6 +1684,7 @@ impl<'p> Engine<'p> {
         }
         timeline.extend(self.model_timeline(used));
         let mut model_metrics = self.model_metrics("", self.measure_start, now);
+        model_metrics.extend(self.schedule_metrics(self.measure_start, now));
         let mut windows = Vec::new();
         // A window the run never reached (e.g. with --scale-duration) is not
         // measured at all: its figures would read as zeroes.
@@ -1794,11 +1844,17 @@ pub(crate) fn check_metric(
                 "metric {metric:?} must look like `model:<vm>.<metric>`"
             ));
         };
-        return if vms.iter().any(|v| v.base == vm && v.model.is_some()) {
+        // A `[[vm]]` running a model, or a `[[model]]` some VM runs (its
+        // model-wide schedule figures).
+        return if vms.iter().any(|v| {
+            v.model
+                .as_ref()
+                .is_some_and(|m| v.base == vm || m.name() == vm)
+        }) {
             Ok(())
         } else {
             Err(format!(
-                "metric {metric:?}: no [[vm]] named {vm:?} runs a model"
+                "metric {metric:?}: no [[vm]] named {vm:?} runs a model, and no VM runs a [[model]] of that name"
             ))
         };
     }

@@ -75,9 +75,14 @@ pub(crate) struct VmPlan {
     pub spec: AccessSpec,
     /// An application model instead of `spec`.
     pub model: Option<ModelSpec>,
-    /// This VM's index among the copies of its `[[vm]]` (`count`), and their number.
+    /// This VM's index among all the copies of its model (every `[[vm]]` that runs
+    /// the same `[[model]]`, each `count` times), and their number: the model's
+    /// schedule (login interval, power-on and clone slots) is split across them so
+    /// that together they run it once.
     pub instance: u32,
     pub instances: u32,
+    /// Copies of this `[[vm]]` entry (`count`).
+    pub copies: u32,
     /// The `[[vm]]` name (without the copy suffix).
     pub base: String,
     pub host_cache: bool,
@@ -714,6 +719,16 @@ pub(crate) fn plan_case(
         let rest = capacity.saturating_sub(fixed as u64);
         rest.checked_div(fill_vms).unwrap_or(0) / (1 << 20) * (1 << 20)
     };
+    // A model's schedule is the model's, not each `[[vm]]` entry's: every copy of
+    // every `[[vm]]` running it is one instance of it (numbered in file order).
+    let model_copies = |name: &str| -> u32 {
+        file.vm
+            .iter()
+            .filter(|v| v.workload == name)
+            .map(|v| v.count)
+            .sum()
+    };
+    let mut model_seen: BTreeMap<&str, u32> = BTreeMap::new();
     for (i, v) in file.vm.iter().enumerate() {
         let at = |f: &str| vec![key("vm"), Seg::Index(i), key(f)];
         if !valid_name(&v.name) {
@@ -789,6 +804,15 @@ pub(crate) fn plan_case(
                 "the other VMs' disks leave no room on the array".into(),
             ));
         }
+        let (first_instance, instances) = match &model {
+            Some(_) => {
+                let seen = model_seen.entry(v.workload.as_str()).or_insert(0);
+                let first = *seen;
+                *seen += v.count;
+                (first, model_copies(&v.workload))
+            }
+            None => (0, v.count),
+        };
         for k in 0..v.count {
             let vm_name = if v.count == 1 {
                 v.name.clone()
@@ -814,7 +838,7 @@ pub(crate) fn plan_case(
                 .map_err(|e| err(at("limit_iops"), e.to_string()))?;
             match &model {
                 Some(m) => {
-                    if let Err(e) = m.build(disk_bytes, 0, k, v.count) {
+                    if let Err(e) = m.build(disk_bytes, 0, first_instance + k, instances) {
                         return Err(err(at("workload"), format!("model {:?}: {e}", v.workload)));
                     }
                 }
@@ -853,8 +877,9 @@ pub(crate) fn plan_case(
                 policy,
                 spec: spec.clone(),
                 model: model.clone(),
-                instance: k,
-                instances: v.count,
+                instance: first_instance + k,
+                instances,
+                copies: v.count,
                 base: v.name.clone(),
                 host_cache: v.host_cache,
                 prewarm_bytes,
@@ -867,7 +892,7 @@ pub(crate) fn plan_case(
     let in_flight: u64 = vms
         .iter()
         .map(|v| match &v.model {
-            Some(m) => m.max_outstanding() / v.instances.max(1) as u64,
+            Some(m) => m.max_outstanding() / v.copies.max(1) as u64,
             None => v.spec.workers as u64 * v.spec.outstanding_ios as u64,
         })
         .sum();

@@ -34,7 +34,7 @@ mod sweep;
 mod vdi;
 
 pub use access::{AccessSpec, DEFAULT_DATASET_FRACTION, MAX_TRANSFER_BYTES, TransferLine};
-pub use generator::{AccessGenerator, IoGenerator, IoRequest, Issue};
+pub use generator::{AccessGenerator, IoGenerator, IoRequest, Issue, ScheduleLog, peak_concurrent};
 pub use model::{
     ExchangeSpec, LoginKind, ModelMetric, ModelSpec, OltpSpec, SharedRegion, SizeDist, VdiSpec,
 };
