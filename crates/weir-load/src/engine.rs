@@ -1361,6 +1361,7 @@ fn build_outcome(
         description: description.join("; "),
         params: Default::default(),
         duration_s: measured_s,
+        warmup_s: 0.0,
         workloads,
         total: Some(total_result),
         comparisons: vec![],

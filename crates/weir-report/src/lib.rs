@@ -65,6 +65,10 @@ pub struct CaseReport {
     /// Simulated (or wall) seconds measured, after ramp-up.
     #[serde(deserialize_with = "nan::f64_or_null")]
     pub duration_s: f64,
+    /// Simulated seconds run before measuring (ramp-up); the timeline starts with
+    /// them, the figures leave them out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warmup_s: f64,
     pub workloads: Vec<WorkloadResult>,
     /// Totals over all workloads of the case.
     pub total: Option<WorkloadResult>,
@@ -246,14 +250,78 @@ pub struct Comparison {
     pub weir: f64,
     #[serde(deserialize_with = "nan::f64_or_null")]
     pub seed: f64,
-    /// Where the seed figure comes from, e.g. "003 usage model 2, table".
+    /// Where the seed figure comes from, e.g. "003 usage model 2, table" (the
+    /// renderers cite the document by title: [`seed_title`]).
     pub source: String,
+    /// The compared figure as the scenario names it (`total.mbps`, `vm-1.iops`), so
+    /// that charts of that figure can carry the seed's.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub expr: String,
     /// Why they differ when they do (which model term is missing).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub note: String,
 }
 
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+/// The seed documents the scenarios quote, by the number their sources start with,
+/// with the titles the reports cite them by.
+pub const SEED_DOCUMENTS: [(&str, &str); 5] = [
+    (
+        "000",
+        "Fusion-io Virtualization Reference Architecture: Deploying Server and Desktop Virtualization on Fusion ioControl Hybrid Storage, Cisco UCS and VMware (Principled Technologies)",
+    ),
+    (
+        "001",
+        "Lab Review: 8Gbps FC SAN Bolsters VOE (openBench Labs, QLogic 2500 Series HBAs)",
+    ),
+    (
+        "002",
+        "Cisco UCS C-Series I/O Characterization (white paper, May 2013)",
+    ),
+    (
+        "003",
+        "Intel Cloud Builders Guide: Storage I/O Control: 10Gb Intel Ethernet with VMware vSphere 5.0 SIOC",
+    ),
+    (
+        "004",
+        "NetApp and VMware View 5,000-Seat Performance Report (NetApp TR-3949, August 2011)",
+    ),
+];
+
+/// The title of the seed document a comparison's `source` starts with (`"003 usage
+/// model 2"` → 003's title), if it names one.
+pub fn seed_title(source: &str) -> Option<(&'static str, &'static str)> {
+    let number: String = source.chars().take_while(char::is_ascii_digit).collect();
+    SEED_DOCUMENTS.iter().copied().find(|(n, _)| *n == number)
+}
+
+/// `source` with its leading seed number spelled out as the document's title:
+/// `"003 usage model 2, summary table"` → `"Storage I/O Control: … (003): usage model
+/// 2, summary table"`. Sources that name no seed are returned as they are.
+pub fn cite_source(source: &str) -> String {
+    match seed_title(source) {
+        Some((number, title)) => {
+            let rest = source[number.len()..].trim_start_matches([':', ',', ' ']);
+            if rest.is_empty() {
+                format!("{title} ({number})")
+            } else {
+                format!("{title} ({number}): {rest}")
+            }
+        }
+        None => source.to_string(),
+    }
+}
+
 impl Comparison {
+    /// Not measured: the figure could not be taken in this run (e.g. its window
+    /// starts after a shortened run ends).
+    pub fn not_measured(&self) -> bool {
+        !self.weir.is_finite()
+    }
+
     /// weir / seed (NaN when the seed figure is 0).
     pub fn ratio(&self) -> f64 {
         if self.seed == 0.0 {

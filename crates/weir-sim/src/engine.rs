@@ -1757,6 +1757,7 @@ impl<'p> Engine<'p> {
             description: plan.description.clone(),
             params: plan.params.clone(),
             duration_s,
+            warmup_s: self.measure_start.min(now) as f64 / 1e9,
             workloads,
             total: Some(total),
             comparisons: Vec::new(),
@@ -1779,6 +1780,7 @@ impl<'p> Engine<'p> {
                 weir: metric_value(&report, &c.metric).unwrap_or(f64::NAN),
                 seed: c.seed,
                 source: c.source.clone(),
+                expr: c.metric.clone(),
                 note: match unreached
                     .iter()
                     .find(|w| metric_windows(&c.metric).any(|m| m == **w))

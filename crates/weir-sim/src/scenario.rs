@@ -358,6 +358,14 @@ impl Scenario {
         }
     }
 
+    /// Simulated seconds each case runs (warm-up + duration), in run order.
+    pub fn case_simulated_s(&self) -> Vec<f64> {
+        self.cases
+            .iter()
+            .map(|c| (c.warmup_ns + c.duration_ns) as f64 / 1e9)
+            .collect()
+    }
+
     /// Keeps only the cases whose name contains `pattern`.
     pub fn retain_cases(&mut self, pattern: &str) {
         self.cases.retain(|c| c.name.contains(pattern));
