@@ -437,4 +437,17 @@ fn acceptance_vdi_week_full() {
     assert!(i > m && m > t && (t / st - 1.0).abs() < 0.25);
     let p = |c: &str| model(case(&r, c), "pool1", "power_on_time_s", "");
     assert!(p("mon-power-on/8.1-clone-aware") < p("mon-power-on/8.0.1-per-clone-cache"));
+    // The file's schedule, across the four pools (issue 16): vCenter's 128 power-ons
+    // and 8 clones at a time, 2,500 logins over 26 minutes.
+    let acme = |c: &str, m: &str| model(case(&r, c), "acme", m, "");
+    assert_eq!(
+        acme("mon-power-on/8.1-clone-aware", "power_on_peak_concurrent"),
+        128.0
+    );
+    assert_eq!(acme("sun-creation", "create_peak_concurrent"), 8.0);
+    for c in ["mon-initial-login", "tue-login", "mon-login-after-reboot"] {
+        assert_eq!(acme(c, "logins_started"), 2500.0, "{c}");
+        let w = acme(c, "login_window_s");
+        assert!((w - 2499.0 * 0.624).abs() < 1.0, "{c}: {w} s");
+    }
 }
