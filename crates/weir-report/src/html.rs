@@ -1,9 +1,16 @@
 //! One self-contained HTML page (inline CSS and SVG, no scripts, no network).
 //!
 //! Layout: a summary header (scenario, seed, cases, how many seed figures Weir matches
-//! within ±20%, links to cases); for sweeps, charts of MB/s, IOPS and latency against
-//! each swept parameter plus a sweep table; then per case a workloads table, Weir-vs-
-//! seed paired bars and table, line charts over time (one per unit), utilisation bars.
+//! within ±20% and how many the run did not measure, the seed documents by title,
+//! links to cases); for sweeps, charts of MB/s, IOPS and latency against each swept
+//! parameter (axis titles in words, the seeds' figures for the charted total as
+//! diamonds) plus a sweep table; without sweeps and with three cases or more, bars of
+//! each case's IOPS, MB/s and latency beside the seed's; then per case a workloads
+//! table, Weir-vs-seed paired bars and table (sources by title), line charts over time
+//! (one per unit, the warm-up shaded, identical series drawn once), utilisation bars.
+//!
+//! Series of a sweep: a case the simulator named `<case>/<param>=<value>` belongs to
+//! the series `<case>`; the rule below applies to other names.
 //!
 //! Cases from application models add: headline tiles of the key model metrics (orders
 //! per minute, RPC latency, login and launch times, VSIbase / VSImax, power-on time;

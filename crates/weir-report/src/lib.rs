@@ -4,14 +4,17 @@
 //! Producers (the simulator, the load generator) fill it in; this crate renders it as
 //! terminal tables, JSON, or a self-contained HTML page with charts.
 //!
-//! * [`render_text`] — terminal tables per case (workloads with a total line, "Weir vs
-//!   seed" with a `!! >20%` marker, components, timeline sparklines) and, for sweeps,
-//!   a table with one row per case and the parameters as columns.
+//! * [`render_text`] — a summary first (the seed tally with the figures a shortened
+//!   run did not measure, the seed documents by title, one row per case), then
+//!   terminal tables per case (workloads with a total line, "Weir vs seed" with a
+//!   `!! >20%` marker, components, timeline sparklines scaled from zero); fitted to
+//!   a width ([`TextOptions::width`]) or the summary alone ([`TextOptions::summary`]).
 //! * [`render_json`] / [`parse_json`] — pretty, deterministic JSON; non-finite numbers
 //!   are written as `null` and read back as NaN.
 //! * [`render_html`] — one self-contained page (inline CSS and SVG, no scripts): paired
-//!   Weir-vs-seed bars, line charts over time, utilisation bars, sweep charts (see the
-//!   grouping rule in the `html` module docs).
+//!   Weir-vs-seed bars, line charts over time (warm-up shaded), utilisation bars,
+//!   sweep charts with the seeds' figures (see the grouping rule in the `html` module
+//!   docs), the cases side by side when there is no sweep.
 //! * [`Table`] — a generic aligned terminal table for other crates (`weir volume list`),
 //!   with the number formatters [`fmt_iops`], [`fmt_mbps`], [`fmt_ms`], [`fmt_pct`]…
 //! * [`UxGrade`] — good / fair / poor grades of the VDI study's thresholds.

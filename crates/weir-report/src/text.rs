@@ -1,10 +1,12 @@
-//! Terminal rendering: per case a workloads table with a total line, "Weir vs seed",
-//! components, timeline sparklines; then, when the case carries them, the application
-//! metrics (grouped by source, the whole run and each named window as columns), the
-//! user-experience grades (good / fair / poor shares with a bar), the named windows
-//! (per volume, service level and total, windows side by side) and the I/O size
-//! histogram with the random / sequential split; for sweeps a compact table with one
-//! row per case.
+//! Terminal rendering: first the summary (seed tally, seed documents by title, one
+//! row per case with its parameters unless its name spells them); then per case a
+//! workloads table with a total line, "Weir vs seed", components, timeline
+//! sparklines; then, when the case carries them, the application metrics (grouped by
+//! source, the whole run and each named window as columns), the user-experience
+//! grades (good / fair / poor shares with a bar), the named windows (per volume,
+//! service level and total, windows side by side) and the I/O size histogram with the
+//! random / sequential split. Tables fit [`TextOptions::width`] by narrowing text
+//! columns and leaving out droppable ones.
 
 use crate::app;
 use crate::format::{
