@@ -7,8 +7,8 @@
 //!   application models: `kind = "vdi" | "oltp" | "exchange"`) and `[[vm]]` (name,
 //!   workload or model, disk_gib, count, volume). A VM's `workload` names a
 //!   `[[workload]]`, a `[[model]]` or a built-in profile; `model = "…"` is accepted
-//!   too. The `count` copies of a VM running a model are instances `i` of `count` of
-//!   it (they split its schedule, as in the simulator). The simulated hardware (`[array]`, `[[host]]`,
+//!   too. Every copy of every VM running a model is one instance of it: together they
+//!   run its schedule once (logins, power-on and clone slots), as in the simulator. The simulated hardware (`[array]`, `[[host]]`,
 //!   `[datastore]`, `[array_qos]`, `[[policy]]`, `[[volume]]`) and `[[case]]` are ignored
 //!   and listed in [`LoadScenario::notes`]; per-VM QoS and cache fields (shares,
 //!   limits, `host_cache`, `prewarm_cache`) are the target's business and ignored too. A VM's `volume` picks the target whose export
@@ -23,8 +23,8 @@ use crate::LoadError;
 use std::path::{Path, PathBuf};
 use weir_workload::{AccessSpec, ModelSpec, profile, profile_names};
 
-/// Most VMs a run may hold.
-pub const MAX_VMS: usize = 100_000;
+/// Most VMs a run may hold (the simulator's limit too).
+pub use weir_workload::MAX_VMS;
 
 /// Where the workload comes from.
 #[derive(Clone, Debug, PartialEq)]
@@ -413,7 +413,21 @@ impl LoadScenario {
         }
         let mut vms = Vec::new();
         let mut ignored_vm_fields = std::collections::BTreeSet::new();
-        for (i, v) in array("vm")?.into_iter().enumerate() {
+        // A model's schedule is the whole model's (as in the simulator): every copy
+        // of every [[vm]] running it is one instance, numbered in file order.
+        let vm_tables = array("vm")?;
+        let runs = |t: &toml::Table, model: &str| {
+            ["workload", "model"]
+                .iter()
+                .any(|k| t.get(*k).and_then(toml::Value::as_str) == Some(model))
+        };
+        let copies = |t: &toml::Table| match t.get("count") {
+            Some(toml::Value::Integer(c)) if *c >= 0 => *c as u32,
+            Some(_) => 0,
+            None => 1,
+        };
+        let mut seen: std::collections::BTreeMap<String, u32> = Default::default();
+        for (i, v) in vm_tables.iter().cloned().enumerate() {
             let at = format!("vm[{i}]");
             let vname = get_str(&v, "name", &at)?
                 .ok_or_else(|| scen_err(file, format!("{at}.name: missing")))?;
@@ -494,13 +508,18 @@ impl LoadScenario {
                 }
                 let mut run = template.clone();
                 if let VmWorkload::Model {
+                    spec,
                     instance,
                     instances,
-                    ..
                 } = &mut run
                 {
-                    *instance = k as u32;
-                    *instances = count as u32;
+                    let first = *seen.entry(spec.name().to_string()).or_insert(0);
+                    *instance = first + k as u32;
+                    *instances = vm_tables
+                        .iter()
+                        .filter(|t| runs(t, spec.name()))
+                        .map(copies)
+                        .sum();
                 }
                 vms.push(LoadVm {
                     name,
@@ -513,6 +532,9 @@ impl LoadScenario {
                 if vms.len() > MAX_VMS {
                     return Err(scen_err(file, format!("more than {MAX_VMS} VMs")));
                 }
+            }
+            if let VmWorkload::Model { spec, .. } = &template {
+                *seen.entry(spec.name().to_string()).or_insert(0) += count as u32;
             }
         }
         if !ignored_vm_fields.is_empty() {
@@ -723,6 +745,23 @@ model = "mail"
         let text = text.split("[[vm]]\nname = \"both\"").next().unwrap();
         let s = LoadScenario::from_toml_str("m.toml", text).unwrap();
         assert_eq!(s.vms.len(), 3);
+        // A second [[vm]] of the same model continues the numbering: the five
+        // copies are instances 0-4 of 5 (one schedule for the model).
+        let two = format!("{text}\n[[vm]]\nname = \"ex2\"\nworkload = \"mail\"\ncount = 2\n");
+        let s2 = LoadScenario::from_toml_str("m.toml", &two).unwrap();
+        let numbers: Vec<(u32, u32)> = s2
+            .vms
+            .iter()
+            .map(|v| match &v.run {
+                VmWorkload::Model {
+                    instance,
+                    instances,
+                    ..
+                } => (*instance, *instances),
+                other => panic!("expected a model, got {other:?}"),
+            })
+            .collect();
+        assert_eq!(numbers, [(0, 5), (1, 5), (2, 5), (3, 5), (4, 5)]);
         match &s.vms[2].run {
             VmWorkload::Model {
                 spec,

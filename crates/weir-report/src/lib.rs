@@ -230,6 +230,60 @@ pub struct WorkloadResult {
     pub errors: u64,
 }
 
+/// What a producer counted for one workload (or a volume, or the total) over the
+/// measured time; [`WorkloadResult::from_counts`] turns it into figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct IoCounts {
+    pub ios: u64,
+    pub reads: u64,
+    pub writes: u64,
+    /// Bytes read and written.
+    pub bytes: u64,
+    pub errors: u64,
+}
+
+impl WorkloadResult {
+    /// The one rule by which the simulator and `weir load` turn counts into figures:
+    /// rates per second of `duration_s` (NaN when it is not positive: no time was
+    /// measured); latencies from `latency` only when there is a sample — with none,
+    /// every latency figure is NaN (`null` in JSON, `n/a` in the text), never 0 ms.
+    pub fn from_counts(
+        name: String,
+        duration_s: f64,
+        counts: IoCounts,
+        latency: impl FnOnce() -> LatencySummary,
+    ) -> WorkloadResult {
+        let d = if duration_s > 0.0 {
+            duration_s
+        } else {
+            f64::NAN
+        };
+        let latency_ms = if counts.ios == 0 {
+            LatencySummary {
+                mean: f64::NAN,
+                p50: f64::NAN,
+                p95: f64::NAN,
+                p99: f64::NAN,
+                max: f64::NAN,
+            }
+        } else {
+            latency()
+        };
+        WorkloadResult {
+            name,
+            volume: None,
+            host: None,
+            iops: counts.ios as f64 / d,
+            mbps: counts.bytes as f64 / 1e6 / d,
+            latency_ms,
+            read_iops: counts.reads as f64 / d,
+            write_iops: counts.writes as f64 / d,
+            ios: counts.ios,
+            errors: counts.errors,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct LatencySummary {
     #[serde(deserialize_with = "nan::f64_or_null")]
@@ -389,4 +443,48 @@ pub struct TimelineSeries {
     pub interval_s: f64,
     #[serde(deserialize_with = "nan::vec_f64_or_null")]
     pub values: Vec<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_become_figures_by_one_rule() {
+        let lat = || LatencySummary {
+            mean: 2.0,
+            p50: 1.5,
+            p95: 4.0,
+            p99: 6.0,
+            max: 9.0,
+        };
+        let counts = IoCounts {
+            ios: 10,
+            reads: 7,
+            writes: 3,
+            bytes: 10 * 4096,
+            errors: 1,
+        };
+        let r = WorkloadResult::from_counts("vm".into(), 2.0, counts, lat);
+        assert_eq!(
+            (r.iops, r.read_iops, r.write_iops, r.ios),
+            (5.0, 3.5, 1.5, 10)
+        );
+        assert!((r.mbps - 0.02048).abs() < 1e-12);
+        assert_eq!((r.latency_ms.mean, r.errors), (2.0, 1));
+        // No sample: no latency (not 0 ms), zero rates; the closure is not asked.
+        let idle = WorkloadResult::from_counts("idle".into(), 2.0, IoCounts::default(), || {
+            panic!("no latency without a sample")
+        });
+        assert_eq!((idle.iops, idle.mbps), (0.0, 0.0));
+        let l = idle.latency_ms;
+        assert!(
+            [l.mean, l.p50, l.p95, l.p99, l.max]
+                .iter()
+                .all(|x| x.is_nan())
+        );
+        // No measured time: no rates.
+        let none = WorkloadResult::from_counts("x".into(), 0.0, counts, lat);
+        assert!(none.iops.is_nan() && none.mbps.is_nan() && none.read_iops.is_nan());
+    }
 }

@@ -22,8 +22,8 @@ use weir_qos::{
     Nanos, Piece, Release, SchedulerConfig, Ticket, VolumeId,
 };
 use weir_report::{
-    CaseReport, Comparison, ComponentResult, IoSizeHistogram, LatencySummary, ModelMetricResult,
-    TimelineSeries, WindowResult, WorkloadResult,
+    CaseReport, Comparison, ComponentResult, IoCounts, IoSizeHistogram, LatencySummary,
+    ModelMetricResult, TimelineSeries, WindowResult, WorkloadResult,
 };
 use weir_workload::{
     AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric, ScheduleLog,
@@ -271,39 +271,23 @@ impl Stats {
         self.latency_sum_ns += latency_ns as u128;
     }
     fn result(&self, name: String, duration_s: f64) -> WorkloadResult {
-        let q = |p: f64| {
-            if self.ios == 0 {
-                0.0
-            } else {
-                self.hist.value_at_quantile(p) as f64 / 1000.0
-            }
+        let counts = IoCounts {
+            ios: self.ios,
+            reads: self.reads,
+            writes: self.writes,
+            bytes: self.bytes,
+            errors: self.errors,
         };
-        WorkloadResult {
-            name,
-            volume: None,
-            host: None,
-            iops: self.ios as f64 / duration_s,
-            mbps: self.bytes as f64 / 1e6 / duration_s,
-            latency_ms: LatencySummary {
-                mean: if self.ios == 0 {
-                    0.0
-                } else {
-                    self.latency_sum_ns as f64 / self.ios as f64 / 1e6
-                },
+        WorkloadResult::from_counts(name, duration_s, counts, || {
+            let q = |p: f64| self.hist.value_at_quantile(p) as f64 / 1000.0;
+            LatencySummary {
+                mean: self.latency_sum_ns as f64 / self.ios as f64 / 1e6,
                 p50: q(0.5),
                 p95: q(0.95),
                 p99: q(0.99),
-                max: if self.ios == 0 {
-                    0.0
-                } else {
-                    self.hist.max() as f64 / 1000.0
-                },
-            },
-            read_iops: self.reads as f64 / duration_s,
-            write_iops: self.writes as f64 / duration_s,
-            ios: self.ios,
-            errors: self.errors,
-        }
+                max: self.hist.max() as f64 / 1000.0,
+            }
+        })
     }
 }
 

@@ -795,10 +795,14 @@ pub(crate) fn plan_case(
                 ),
             ));
         }
-        if v.count > 10_000 {
+        let total: u64 = file.vm[..=i].iter().map(|v| v.count as u64).sum();
+        if total > weir_workload::MAX_VMS as u64 {
             return Err(err(
                 at("count"),
-                format!("must be 0-10000, got {}", v.count),
+                format!(
+                    "the scenario's VMs (every count together) must be at most {}, got {total}",
+                    weir_workload::MAX_VMS
+                ),
             ));
         }
         let disk_bytes = if v.disk_gib == 0.0 {

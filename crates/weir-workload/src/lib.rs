@@ -45,6 +45,10 @@ pub use vdi::{Activity, VsiSummary, vsi_summary};
 /// Nanoseconds on the driver's clock.
 pub type Nanos = u64;
 
+/// Most VMs one scenario may hold (every `[[vm]]`'s `count` together): the same limit
+/// for the simulator and `weir load`.
+pub const MAX_VMS: usize = 100_000;
+
 /// Direction of a request.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
