@@ -472,6 +472,12 @@ const MAX_IN_FLIGHT: u64 = 4_000_000;
 /// Most per-VM timeline points of one case (memory bound).
 const MAX_TIMELINE_POINTS: u64 = 5_000_000;
 
+/// A VM's disk in GiB as the simulator sizes it (the file's, or the default).
+fn disk_gib(v: &crate::topology::VmSpec) -> f64 {
+    v.disk_gib
+        .unwrap_or(crate::topology::VmSpec::DEFAULT_DISK_GIB)
+}
+
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
@@ -504,13 +510,25 @@ pub(crate) fn plan_case(
             ))
         }
     };
-    let duration_ns = secs("duration_s", h.duration_s, true)?;
+    let duration_s = h.duration_s.ok_or_else(|| {
+        err(
+            vec![key("scenario"), key("duration_s")],
+            "missing: the simulator needs the measured time, s".into(),
+        )
+    })?;
+    let duration_ns = secs("duration_s", duration_s, true)?;
     let warmup_ns = secs("warmup_s", h.warmup_s, false)?;
     let interval_ns = secs("timeline_interval_s", h.timeline_interval_s, true)?;
     if h.name.is_empty() {
         return Err(err(
             vec![key("scenario"), key("name")],
-            "must not be empty".into(),
+            "must not be empty (the simulator needs a name)".into(),
+        ));
+    }
+    if file.array.is_empty() {
+        return Err(err(
+            vec![key("array")],
+            "missing: the simulator needs an [array]".into(),
         ));
     }
     if (duration_ns + warmup_ns) / interval_ns > 100_000 {
@@ -708,7 +726,7 @@ pub(crate) fn plan_case(
     let fill_vms: u64 = file
         .vm
         .iter()
-        .filter(|v| v.disk_gib == 0.0)
+        .filter(|v| disk_gib(v) == 0.0)
         .map(|v| v.count as u64)
         .sum();
     let fill_bytes = if fill_vms == 0 {
@@ -721,8 +739,8 @@ pub(crate) fn plan_case(
         let fixed: f64 = file
             .vm
             .iter()
-            .filter(|v| v.disk_gib > 0.0)
-            .map(|v| v.disk_gib * v.count as f64 * (1u64 << 30) as f64)
+            .filter(|v| disk_gib(v) > 0.0)
+            .map(|v| disk_gib(v) * v.count as f64 * (1u64 << 30) as f64)
             .sum();
         let rest = capacity.saturating_sub(fixed as u64);
         rest.checked_div(fill_vms).unwrap_or(0) / (1 << 20) * (1 << 20)
@@ -746,6 +764,12 @@ pub(crate) fn plan_case(
                     "names are 1-64 characters of [A-Za-z0-9_-], got {:?}",
                     v.name
                 ),
+            ));
+        }
+        if v.host.is_empty() {
+            return Err(err(
+                at("host"),
+                "missing: the simulator places every VM on a [[host]]".into(),
             ));
         }
         let host = hosts
@@ -786,13 +810,11 @@ pub(crate) fn plan_case(
                 }
             }
         };
-        if !(v.disk_gib.is_finite() && v.disk_gib >= 0.0 && v.disk_gib <= 1e6) {
+        let gib = disk_gib(v);
+        if !(gib.is_finite() && (0.0..=1e6).contains(&gib)) {
             return Err(err(
                 at("disk_gib"),
-                format!(
-                    "must be in [0, 1e6] (0: the rest of the array), got {}",
-                    v.disk_gib
-                ),
+                format!("must be in [0, 1e6] (0: the rest of the array), got {gib}"),
             ));
         }
         let total: u64 = file.vm[..=i].iter().map(|v| v.count as u64).sum();
@@ -805,10 +827,10 @@ pub(crate) fn plan_case(
                 ),
             ));
         }
-        let disk_bytes = if v.disk_gib == 0.0 {
+        let disk_bytes = if gib == 0.0 {
             fill_bytes
         } else {
-            (v.disk_gib * (1u64 << 30) as f64) as u64 / 4096 * 4096
+            (gib * (1u64 << 30) as f64) as u64 / 4096 * 4096
         };
         if disk_bytes == 0 {
             return Err(err(
