@@ -1361,6 +1361,8 @@ fn build_outcome(
         description: description.join("; "),
         params: Default::default(),
         duration_s: measured_s,
+        // The timeline runs in wall seconds from the start, warm-up included.
+        warmup_s: scenario.warmup_s / opts.time_scale,
         workloads,
         total: Some(total_result),
         comparisons: vec![],

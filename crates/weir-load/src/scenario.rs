@@ -1,18 +1,21 @@
 //! What `weir load` runs: VMs with their access specifications.
 //!
 //! Three sources ([`ScenarioSource`]):
-//! - a scenario file in `weir sim`'s format (scenarios/README.md), of which only the
-//!   workload part is used: `[scenario]` (name, description, seed, duration_s,
-//!   warmup_s, timeline_interval_s), `[[workload]]`, `[[model]]` (weir-workload's
-//!   application models: `kind = "vdi" | "oltp" | "exchange"`) and `[[vm]]` (name,
-//!   workload or model, disk_gib, count, volume). A VM's `workload` names a
-//!   `[[workload]]`, a `[[model]]` or a built-in profile; `model = "…"` is accepted
-//!   too. The `count` copies of a VM running a model are instances `i` of `count` of
-//!   it (they split its schedule, as in the simulator). The simulated hardware (`[array]`, `[[host]]`,
-//!   `[datastore]`, `[array_qos]`, `[[policy]]`, `[[volume]]`) and `[[case]]` are ignored
-//!   and listed in [`LoadScenario::notes`]; per-VM QoS and cache fields (shares,
-//!   limits, `host_cache`, `prewarm_cache`) are the target's business and ignored too. A VM's `volume` picks the target whose export
-//!   has that name, when there is one.
+//! - a scenario file in `weir sim`'s format (scenarios/README.md), deserialised as
+//!   the simulator's own types (crate weir-scenario: the same fields, defaults, VM
+//!   limit and errors), of which only the workload part is used: `[scenario]` (name,
+//!   description, seed, duration_s, warmup_s, timeline_interval_s, window),
+//!   `[[workload]]`, `[[model]]` and `[[vm]]` (name, workload — or `model = "…"` —,
+//!   disk_gib, count, volume). A file may leave out what only the simulator needs
+//!   (the name, the duration, `[array]`, `[[host]]`, a VM's host). Every copy of
+//!   every VM running a model is one instance of it: together they run its schedule
+//!   once (logins, power-on and clone slots), as in the simulator. The simulated
+//!   hardware (`[array]`, `[[host]]`, `[datastore]`, `[array_qos]`, `[[policy]]`,
+//!   `[[volume]]`) and `[[case]]` are ignored and listed in [`LoadScenario::notes`];
+//!   per-VM QoS and cache fields (host, shares, limits, `host_cache`,
+//!   `prewarm_cache`) are the target's business and ignored too. A VM's `volume`
+//!   picks the target whose export has that name, when there is one; a VM without
+//!   `disk_gib` gets an equal part of the export (the simulator: 100 GiB).
 //! - a built-in application profile name (`oltp`, `vdi-boot`, … of weir-workload),
 //!   one VM, optionally followed by overrides: `oltp,vms=8,qd=4`;
 //! - a simple access specification: `bs=4k,read=70,random=100,qd=32,workers=1,vms=4`,
@@ -21,10 +24,11 @@
 
 use crate::LoadError;
 use std::path::{Path, PathBuf};
+use weir_scenario::ScenarioFile;
 use weir_workload::{AccessSpec, ModelSpec, profile, profile_names};
 
-/// Most VMs a run may hold.
-pub const MAX_VMS: usize = 100_000;
+/// Most VMs a run may hold (the simulator's limit too).
+pub use weir_workload::MAX_VMS;
 
 /// Where the workload comes from.
 #[derive(Clone, Debug, PartialEq)]
@@ -255,9 +259,13 @@ impl LoadScenario {
         })
     }
 
-    /// The workload part of a `weir sim` scenario file (module docs).
+    /// The workload part of a `weir sim` scenario file (module docs), deserialised
+    /// as the simulator's own types (crate weir-scenario): one schema, one set of
+    /// defaults and field names.
     #[inline]
     pub fn from_toml_str(file: &str, text: &str) -> Result<LoadScenario, LoadError> {
+        let doc: ScenarioFile =
+            toml::from_str(text).map_err(|e| scen_err(file, toml_message(text, &e)))?;
         let root: toml::Table =
             toml::from_str(text).map_err(|e| scen_err(file, toml_message(text, &e)))?;
         let mut notes = Vec::new();
@@ -272,135 +280,58 @@ impl LoadScenario {
                 ignored.join(", ")
             ));
         }
-        let scenario = match root.get("scenario") {
-            Some(toml::Value::Table(t)) => t.clone(),
-            Some(_) => return Err(scen_err(file, "scenario: must be a table")),
-            None => toml::Table::new(),
-        };
-        let get_str = |t: &toml::Table, k: &str, at: &str| -> Result<Option<String>, LoadError> {
-            match t.get(k) {
-                None => Ok(None),
-                Some(toml::Value::String(s)) => Ok(Some(s.clone())),
-                Some(_) => Err(scen_err(file, format!("{at}.{k}: must be a string"))),
-            }
-        };
-        let get_num = |t: &toml::Table, k: &str, at: &str| -> Result<Option<f64>, LoadError> {
-            match t.get(k) {
-                None => Ok(None),
-                Some(toml::Value::Integer(i)) => Ok(Some(*i as f64)),
-                Some(toml::Value::Float(f)) if f.is_finite() => Ok(Some(*f)),
-                Some(_) => Err(scen_err(file, format!("{at}.{k}: must be a number"))),
-            }
-        };
-        let non_neg = |v: Option<f64>, k: &str| -> Result<Option<f64>, LoadError> {
-            match v {
-                Some(x) if x < 0.0 => Err(scen_err(
-                    file,
-                    format!("scenario.{k}: must be ≥ 0, got {x}"),
-                )),
-                other => Ok(other),
-            }
-        };
-        let name = get_str(&scenario, "name", "scenario")?.unwrap_or_else(|| {
+        let h = &doc.scenario;
+        let name = if h.name.is_empty() {
             Path::new(file)
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| file.to_string())
-        });
-        let description = get_str(&scenario, "description", "scenario")?.unwrap_or_default();
-        let seed = match scenario.get("seed") {
-            None => 1,
-            Some(toml::Value::Integer(i)) if *i >= 0 => *i as u64,
-            Some(_) => return Err(scen_err(file, "scenario.seed: must be an integer ≥ 0")),
+        } else {
+            h.name.clone()
         };
-        let duration_s = non_neg(get_num(&scenario, "duration_s", "scenario")?, "duration_s")?;
-        let warmup_s =
-            non_neg(get_num(&scenario, "warmup_s", "scenario")?, "warmup_s")?.unwrap_or(0.0);
-        let timeline_interval_s = get_num(&scenario, "timeline_interval_s", "scenario")?;
-        if let Some(i) = timeline_interval_s
-            && i <= 0.0
-        {
-            return Err(scen_err(
-                file,
-                format!("scenario.timeline_interval_s: must be > 0, got {i}"),
-            ));
-        }
-
-        let mut windows = Vec::new();
-        match scenario.get("window") {
-            None => {}
-            Some(toml::Value::Array(a)) => {
-                for (i, w) in a.iter().enumerate() {
-                    let at = format!("scenario.window[{i}]");
-                    let toml::Value::Table(t) = w else {
-                        return Err(scen_err(file, format!("{at}: must be a table")));
-                    };
-                    let name = get_str(t, "name", &at)?
-                        .ok_or_else(|| scen_err(file, format!("{at}.name: missing")))?;
-                    let start_s = get_num(t, "start_s", &at)?
-                        .ok_or_else(|| scen_err(file, format!("{at}.start_s: missing")))?;
-                    let end_s = get_num(t, "end_s", &at)?
-                        .ok_or_else(|| scen_err(file, format!("{at}.end_s: missing")))?;
-                    if !(start_s >= 0.0 && end_s > start_s) {
-                        return Err(scen_err(
-                            file,
-                            format!("{at}: needs 0 ≤ start_s < end_s, got {start_s}..{end_s}"),
-                        ));
-                    }
-                    windows.push(Window {
-                        name,
-                        start_s,
-                        end_s,
-                    });
-                }
-            }
-            Some(_) => {
+        for (k, v) in [
+            ("duration_s", h.duration_s.unwrap_or(0.0)),
+            ("warmup_s", h.warmup_s),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
                 return Err(scen_err(
                     file,
-                    "scenario.window: must be an array of tables",
+                    format!("scenario.{k}: must be ≥ 0, got {v}"),
                 ));
             }
         }
-        let array = |k: &str| -> Result<Vec<toml::Table>, LoadError> {
-            match root.get(k) {
-                None => Ok(vec![]),
-                Some(toml::Value::Array(a)) => a
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| match v {
-                        toml::Value::Table(t) => Ok(t.clone()),
-                        _ => Err(scen_err(
-                            file,
-                            format!("{k}[{i}]: must be a table ([[{k}]])"),
-                        )),
-                    })
-                    .collect(),
-                Some(_) => Err(scen_err(
-                    file,
-                    format!("{k}: must be an array of tables ([[{k}]])"),
-                )),
-            }
-        };
-        let mut workloads: Vec<(String, AccessSpec)> = Vec::new();
-        for (i, w) in array("workload")?.into_iter().enumerate() {
-            let wname = get_str(&w, "name", &format!("workload[{i}]"))?
-                .ok_or_else(|| scen_err(file, format!("workload[{i}].name: missing")))?;
-            let spec: AccessSpec =
-                toml::Value::Table(w)
-                    .try_into()
-                    .map_err(|e: toml::de::Error| {
-                        scen_err(file, format!("workload[{wname}]: {}", e.message()))
-                    })?;
-            workloads.push((wname, spec));
+        if !(h.timeline_interval_s.is_finite() && h.timeline_interval_s > 0.0) {
+            return Err(scen_err(
+                file,
+                format!(
+                    "scenario.timeline_interval_s: must be > 0, got {}",
+                    h.timeline_interval_s
+                ),
+            ));
         }
-        let mut models: Vec<ModelSpec> = Vec::new();
-        for (i, m) in array("model")?.into_iter().enumerate() {
-            let spec: ModelSpec =
-                toml::Value::Table(m)
-                    .try_into()
-                    .map_err(|e: toml::de::Error| {
-                        scen_err(file, format!("model[{i}]: {}", e.message()))
-                    })?;
+        let interval_given = root
+            .get("scenario")
+            .and_then(toml::Value::as_table)
+            .is_some_and(|t| t.contains_key("timeline_interval_s"));
+        let mut windows = Vec::new();
+        for (i, w) in h.window.iter().enumerate() {
+            if !(w.start_s >= 0.0 && w.end_s > w.start_s) {
+                return Err(scen_err(
+                    file,
+                    format!(
+                        "scenario.window[{i}]: needs 0 ≤ start_s < end_s, got {}..{}",
+                        w.start_s, w.end_s
+                    ),
+                ));
+            }
+            windows.push(Window {
+                name: w.name.clone(),
+                start_s: w.start_s,
+                end_s: w.end_s,
+            });
+        }
+        let mut models: Vec<&ModelSpec> = Vec::new();
+        for (i, spec) in doc.model.iter().enumerate() {
             spec.validate()
                 .map_err(|e| scen_err(file, format!("model[{}]: {e}", spec.name())))?;
             if models.iter().any(|x| x.name() == spec.name()) {
@@ -411,44 +342,46 @@ impl LoadScenario {
             }
             models.push(spec);
         }
+        // A model's schedule is the whole model's (as in the simulator): every copy
+        // of every [[vm]] running it is one instance, numbered in file order.
+        let copies = |model: &str| -> u32 {
+            doc.vm
+                .iter()
+                .filter(|v| v.workload == model)
+                .map(|v| v.count)
+                .sum()
+        };
+        let mut seen: std::collections::BTreeMap<&str, u32> = Default::default();
         let mut vms = Vec::new();
         let mut ignored_vm_fields = std::collections::BTreeSet::new();
-        for (i, v) in array("vm")?.into_iter().enumerate() {
-            let at = format!("vm[{i}]");
-            let vname = get_str(&v, "name", &at)?
-                .ok_or_else(|| scen_err(file, format!("{at}.name: missing")))?;
-            let at = format!("vm[{vname}]");
-            for k in v.keys() {
-                match k.as_str() {
-                    "name" | "workload" | "model" | "disk_gib" | "count" | "volume" => {}
-                    "host" | "shares" | "limit_iops" | "reservation_iops" | "host_cache"
-                    | "prewarm_cache" => {
-                        ignored_vm_fields.insert(k.clone());
-                    }
-                    other => {
-                        return Err(scen_err(file, format!("{at}.{other}: unknown field")));
-                    }
+        for v in &doc.vm {
+            let at = format!("vm[{}]", v.name);
+            if !v.host.is_empty() {
+                ignored_vm_fields.insert("host");
+            }
+            if v.shares != Default::default() {
+                ignored_vm_fields.insert("shares");
+            }
+            for (field, set) in [
+                ("limit_iops", v.limit_iops.is_some()),
+                ("reservation_iops", v.reservation_iops.is_some()),
+                ("host_cache", v.host_cache),
+                ("prewarm_cache", v.prewarm_cache),
+            ] {
+                if set {
+                    ignored_vm_fields.insert(field);
                 }
             }
-            let workload = match (get_str(&v, "workload", &at)?, get_str(&v, "model", &at)?) {
-                (Some(w), None) | (None, Some(w)) => w,
-                (Some(_), Some(_)) => {
-                    return Err(scen_err(
-                        file,
-                        format!("{at}: give workload or model, not both"),
-                    ));
-                }
-                (None, None) => return Err(scen_err(file, format!("{at}.workload: missing"))),
-            };
-            let template = match workloads.iter().find(|(n, _)| *n == workload) {
-                Some((_, s)) => VmWorkload::Access(s.clone()),
+            let workload = &v.workload;
+            let template = match doc.workload.iter().find(|w| &w.name == workload) {
+                Some(w) => VmWorkload::Access(w.clone()),
                 None => match models.iter().find(|m| m.name() == workload) {
                     Some(m) => VmWorkload::Model {
-                        spec: Box::new(m.clone()),
+                        spec: Box::new((*m).clone()),
                         instance: 0,
                         instances: 1,
                     },
-                    None => VmWorkload::Access(profile(&workload).map(|p| p.spec).map_err(|_| {
+                    None => VmWorkload::Access(profile(workload).map(|p| p.spec).map_err(|_| {
                         scen_err(
                             file,
                             format!(
@@ -459,7 +392,7 @@ impl LoadScenario {
                     })?),
                 },
             };
-            let disk_gib = get_num(&v, "disk_gib", &at)?.unwrap_or(0.0);
+            let disk_gib = v.disk_gib.unwrap_or(0.0);
             if !(0.0..=1e6).contains(&disk_gib) {
                 return Err(scen_err(
                     file,
@@ -469,22 +402,13 @@ impl LoadScenario {
             let disk_bytes = (disk_gib > 0.0)
                 .then(|| (disk_gib * (1u64 << 30) as f64) as u64 / 4096 * 4096)
                 .filter(|&b| b > 0);
-            let count = match v.get("count") {
-                None => 1,
-                Some(toml::Value::Integer(c)) if (0..=MAX_VMS as i64).contains(c) => *c as usize,
-                Some(_) => {
-                    return Err(scen_err(
-                        file,
-                        format!("{at}.count: must be an integer 0..={MAX_VMS}"),
-                    ));
-                }
-            };
-            let volume = get_str(&v, "volume", &at)?;
+            let count = v.count as usize;
+            let first = seen.get(workload.as_str()).copied().unwrap_or(0);
             for k in 0..count {
                 let name = if count == 1 {
-                    vname.clone()
+                    v.name.clone()
                 } else {
-                    format!("{vname}-{}", k + 1)
+                    format!("{}-{}", v.name, k + 1)
                 };
                 if vms.iter().any(|x: &LoadVm| x.name == name) {
                     return Err(scen_err(
@@ -499,21 +423,22 @@ impl LoadScenario {
                     ..
                 } = &mut run
                 {
-                    *instance = k as u32;
-                    *instances = count as u32;
+                    *instance = first + k as u32;
+                    *instances = copies(workload);
                 }
                 vms.push(LoadVm {
                     name,
-                    base: vname.clone(),
+                    base: v.name.clone(),
                     workload: workload.clone(),
                     run,
                     disk_bytes,
-                    volume: volume.clone(),
+                    volume: v.volume.clone(),
                 });
                 if vms.len() > MAX_VMS {
                     return Err(scen_err(file, format!("more than {MAX_VMS} VMs")));
                 }
             }
+            *seen.entry(workload.as_str()).or_insert(0) += v.count;
         }
         if !ignored_vm_fields.is_empty() {
             notes.push(format!(
@@ -526,11 +451,11 @@ impl LoadScenario {
         }
         Ok(LoadScenario {
             name,
-            description,
-            seed,
-            duration_s,
-            warmup_s,
-            timeline_interval_s,
+            description: h.description.clone(),
+            seed: h.seed,
+            duration_s: h.duration_s,
+            warmup_s: h.warmup_s,
+            timeline_interval_s: interval_given.then_some(h.timeline_interval_s),
             windows,
             vms,
             notes,
@@ -692,7 +617,8 @@ volume = "vol-b"
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("vm[x].sharez: unknown field"), "{e}");
+        // The simulator's own types: the same fields, the same rejection.
+        assert!(e.contains("t.toml: 4:1: unknown field `sharez`"), "{e}");
         let e = LoadScenario::from_toml_str("t.toml", "[scenario\n")
             .unwrap_err()
             .to_string();
@@ -719,10 +645,28 @@ model = "mail"
         let e = LoadScenario::from_toml_str("m.toml", text)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("not both"), "{e}");
+        // `model = "…"` is the simulator's alias of `workload`: not both.
+        assert!(e.contains("duplicate field `workload`"), "{e}");
         let text = text.split("[[vm]]\nname = \"both\"").next().unwrap();
         let s = LoadScenario::from_toml_str("m.toml", text).unwrap();
         assert_eq!(s.vms.len(), 3);
+        // A second [[vm]] of the same model continues the numbering: the five
+        // copies are instances 0-4 of 5 (one schedule for the model).
+        let two = format!("{text}\n[[vm]]\nname = \"ex2\"\nworkload = \"mail\"\ncount = 2\n");
+        let s2 = LoadScenario::from_toml_str("m.toml", &two).unwrap();
+        let numbers: Vec<(u32, u32)> = s2
+            .vms
+            .iter()
+            .map(|v| match &v.run {
+                VmWorkload::Model {
+                    instance,
+                    instances,
+                    ..
+                } => (*instance, *instances),
+                other => panic!("expected a model, got {other:?}"),
+            })
+            .collect();
+        assert_eq!(numbers, [(0, 5), (1, 5), (2, 5), (3, 5), (4, 5)]);
         match &s.vms[2].run {
             VmWorkload::Model {
                 spec,
@@ -737,7 +681,7 @@ model = "mail"
         let e = LoadScenario::from_toml_str("m.toml", "[[model]]\nkind = \"tape\"\nname = \"x\"\n")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("model[0]"), "{e}");
+        assert!(e.contains("m.toml: 2:") && e.contains("tape"), "{e}");
     }
 
     #[test]
@@ -754,6 +698,42 @@ model = "mail"
             }
         }
         assert!(n >= 5, "found {n} scenario files");
+    }
+
+    /// One schema: the simulator's shipped week, read by weir load, has the same
+    /// VMs, and its four pools are the four instances of one model (as the
+    /// simulator runs them), not four models of one instance each.
+    #[test]
+    fn the_simulators_files_read_the_same_way() {
+        let s = LoadScenario::load(&ScenarioSource::parse(
+            "vdi-week",
+            weir_sim::builtin_scenarios(),
+        ))
+        .unwrap();
+        assert_eq!(s.name, "vdi-week");
+        assert_eq!(s.duration_s, Some(1800.0));
+        let pools: Vec<(&str, u32, u32)> = s
+            .vms
+            .iter()
+            .map(|v| match &v.run {
+                VmWorkload::Model {
+                    instance,
+                    instances,
+                    ..
+                } => (v.name.as_str(), *instance, *instances),
+                other => panic!("expected a model, got {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            pools,
+            [
+                ("pool1", 0, 4),
+                ("pool2", 1, 4),
+                ("pool3", 2, 4),
+                ("pool4", 3, 4)
+            ]
+        );
+        assert_eq!(s.vms[0].disk_bytes, Some(200 << 30));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Counters and latency histograms, turned into a `ScenarioReport` at the end.
 
 use hdrhistogram::Histogram;
-use weir_report::{LatencySummary, TimelineSeries, WorkloadResult};
+use weir_report::{IoCounts, LatencySummary, TimelineSeries, WorkloadResult};
 use weir_workload::Direction;
 
 /// Latencies are recorded in microseconds, up to an hour.
@@ -60,42 +60,22 @@ impl Counters {
     }
 
     pub fn result(&self, name: &str, duration_s: f64) -> WorkloadResult {
-        let d = if duration_s > 0.0 {
-            duration_s
-        } else {
-            f64::NAN
+        let counts = IoCounts {
+            ios: self.ios(),
+            reads: self.reads,
+            writes: self.writes,
+            bytes: self.read_bytes + self.write_bytes,
+            errors: self.errors + self.mismatched_reads,
         };
         let h = &self.latency_us;
         let ms = |us: f64| us / 1000.0;
-        let latency_ms = if h.is_empty() {
-            LatencySummary {
-                mean: f64::NAN,
-                p50: f64::NAN,
-                p95: f64::NAN,
-                p99: f64::NAN,
-                max: f64::NAN,
-            }
-        } else {
-            LatencySummary {
-                mean: ms(h.mean()),
-                p50: ms(h.value_at_quantile(0.50) as f64),
-                p95: ms(h.value_at_quantile(0.95) as f64),
-                p99: ms(h.value_at_quantile(0.99) as f64),
-                max: ms(h.max() as f64),
-            }
-        };
-        WorkloadResult {
-            name: name.to_string(),
-            volume: None,
-            host: None,
-            iops: self.ios() as f64 / d,
-            mbps: (self.read_bytes + self.write_bytes) as f64 / 1e6 / d,
-            latency_ms,
-            read_iops: self.reads as f64 / d,
-            write_iops: self.writes as f64 / d,
-            ios: self.ios(),
-            errors: self.errors + self.mismatched_reads,
-        }
+        WorkloadResult::from_counts(name.to_string(), duration_s, counts, || LatencySummary {
+            mean: ms(h.mean()),
+            p50: ms(h.value_at_quantile(0.50) as f64),
+            p95: ms(h.value_at_quantile(0.95) as f64),
+            p99: ms(h.value_at_quantile(0.99) as f64),
+            max: ms(h.max() as f64),
+        })
     }
 
     pub fn merge(&mut self, other: &Counters) {

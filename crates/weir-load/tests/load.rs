@@ -189,7 +189,14 @@ fn null_plugin_run_fills_the_report() {
     // The document renders like any simulator report.
     let text = weir_report::render_text(&out.report, &Default::default());
     assert!(text.contains("vm-1"), "{text}");
-    assert!(weir_report::render_html(&out.report).contains("vm-2 IOPS"));
+    // vm-2's series in the legend of the I/O rate chart (the chart names the unit).
+    let html = weir_report::render_html(&out.report);
+    let iops_chart = html
+        .split("I/O rate (IOPS) over time")
+        .nth(1)
+        .and_then(|c| c.split("</figure>").next())
+        .expect("an IOPS chart");
+    assert!(iops_chart.contains(">vm-2</text>"), "{iops_chart}");
     let json = weir_report::render_json(&out.report);
     assert_eq!(
         weir_report::parse_json(&json).unwrap().cases[0]

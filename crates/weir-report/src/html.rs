@@ -1,9 +1,16 @@
 //! One self-contained HTML page (inline CSS and SVG, no scripts, no network).
 //!
 //! Layout: a summary header (scenario, seed, cases, how many seed figures Weir matches
-//! within ±20%, links to cases); for sweeps, charts of MB/s, IOPS and latency against
-//! each swept parameter plus a sweep table; then per case a workloads table, Weir-vs-
-//! seed paired bars and table, line charts over time (one per unit), utilisation bars.
+//! within ±20% and how many the run did not measure, the seed documents by title,
+//! links to cases); for sweeps, charts of MB/s, IOPS and latency against each swept
+//! parameter (axis titles in words, the seeds' figures for the charted total as
+//! diamonds) plus a sweep table; without sweeps and with three cases or more, bars of
+//! each case's IOPS, MB/s and latency beside the seed's; then per case a workloads
+//! table, Weir-vs-seed paired bars and table (sources by title), line charts over time
+//! (one per unit, the warm-up shaded, identical series drawn once), utilisation bars.
+//!
+//! Series of a sweep: a case the simulator named `<case>/<param>=<value>` belongs to
+//! the series `<case>`; the rule below applies to other names.
 //!
 //! Cases from application models add: headline tiles of the key model metrics (orders
 //! per minute, RPC latency, login and launch times, VSIbase / VSImax, power-on time;
@@ -37,11 +44,15 @@ use crate::format::{
     fmt_count, fmt_iops, fmt_mbps, fmt_ms, fmt_number, fmt_param, fmt_pct, fmt_ratio, fmt_thousands,
 };
 use crate::svg::{
-    AMBER, BAD, BarSeries, GOOD, LineChart, LineSeries, PALETTE, Pair, Segment, ShareRow, XScale,
-    esc, grouped_bars, paired_bars, share_bars, utilisation_bars, utilisation_colour,
+    AMBER, BAD, BarSeries, GOOD, LineChart, LineSeries, PALETTE, Pair, SeedPoint, Segment, Shade,
+    ShareRow, XScale, esc, grouped_bars, paired_bars, share_bars, utilisation_bars,
+    utilisation_colour,
 };
 use crate::text::fmt_span;
-use crate::{CaseReport, IoSizeHistogram, ScenarioReport, TimelineSeries, UxGrade, WorkloadResult};
+use crate::{
+    CaseReport, Comparison, IoSizeHistogram, ScenarioReport, TimelineSeries, UxGrade,
+    WorkloadResult,
+};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
@@ -167,6 +178,8 @@ pub fn render_html(report: &ScenarioReport) -> String {
     }
     if report.is_sweep() {
         sweep_section(&mut out, report);
+    } else {
+        cases_section(&mut out, report);
     }
     let open = !report.is_sweep() || report.cases.len() <= 4;
     for (index, case) in report.cases.iter().enumerate() {
@@ -214,6 +227,7 @@ fn header(out: &mut String, report: &ScenarioReport) {
     let comparisons: Vec<_> = report.cases.iter().flat_map(|c| &c.comparisons).collect();
     if !comparisons.is_empty() {
         let within = comparisons.iter().filter(|c| !c.differs()).count();
+        let unmeasured = comparisons.iter().filter(|c| c.not_measured()).count();
         let class = if within == comparisons.len() {
             "ok"
         } else {
@@ -225,12 +239,37 @@ fn header(out: &mut String, report: &ScenarioReport) {
             &format!("{within} / {}", comparisons.len()),
             "seed figures matched within ±20%",
         );
+        if unmeasured > 0 {
+            kpi(
+                out,
+                "off",
+                &fmt_count(unmeasured as u64),
+                "seed figures not measured in this run (too short?)",
+            );
+        }
     }
+
     let swept = swept_parameters(report);
     if !swept.is_empty() {
-        kpi(out, "", &swept.join(", "), "swept");
+        let names: Vec<String> = swept.iter().map(|k| param_name(k)).collect();
+        kpi(out, "", &names.join(", "), "swept");
     }
     out.push_str("</div>\n");
+    let cited: BTreeSet<(&str, &str)> = comparisons
+        .iter()
+        .filter_map(|c| crate::seed_title(&c.source))
+        .collect();
+    if !cited.is_empty() {
+        let list: Vec<String> = cited
+            .iter()
+            .map(|(n, t)| format!("<i>{}</i> ({n})", esc(t)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "<p class=\"desc sources\">Seed documents: {}</p>",
+            list.join("; ")
+        );
+    }
     if report.cases.len() > 1 {
         out.push_str("<nav class=\"cases\">");
         if report.is_sweep() {
@@ -321,6 +360,13 @@ fn case_section(out: &mut String, case: &CaseReport, index: usize, open: bool) {
         "<span class=\"chip\">measured {} s</span>",
         esc(&fmt_number(case.duration_s))
     );
+    if case.warmup_s > 0.0 {
+        let _ = write!(
+            out,
+            "<span class=\"chip\">after {} s of warm-up (shaded in the charts)</span>",
+            esc(&fmt_number(case.warmup_s))
+        );
+    }
     if case.events > 0 {
         let _ = write!(
             out,
@@ -373,17 +419,20 @@ fn case_section(out: &mut String, case: &CaseReport, index: usize, open: bool) {
     if !case.timeline.is_empty() {
         out.push_str("<h3>Over time</h3>\n<div class=\"charts\">\n");
         for (unit, series) in timeline_groups(&case.timeline) {
+            let timed = series.iter().all(|s| valid_interval(s.interval_s));
+            let names = legend_names(&series);
             let chart = LineChart {
-                x_label: if series.iter().all(|s| valid_interval(s.interval_s)) {
-                    "time (s)".to_string()
+                x_label: if timed {
+                    "simulated time (s)".to_string()
                 } else {
                     "interval".to_string()
                 },
                 y_label: unit.to_string(),
                 series: series
                     .iter()
-                    .map(|s| LineSeries {
-                        name: s.name.clone(),
+                    .zip(names)
+                    .map(|(s, name)| LineSeries {
+                        name,
                         points: timeline_points(s),
                     })
                     .collect(),
@@ -391,6 +440,12 @@ fn case_section(out: &mut String, case: &CaseReport, index: usize, open: bool) {
                 ticks_at_data: false,
                 y_from_zero: true,
                 x_name: "t =".to_string(),
+                seeds: Vec::new(),
+                shade: (timed && case.warmup_s > 0.0).then(|| Shade {
+                    from: 0.0,
+                    to: case.warmup_s,
+                    label: format!("warm-up {} s, not measured", fmt_number(case.warmup_s)),
+                }),
             };
             let _ = writeln!(
                 out,
@@ -432,6 +487,28 @@ fn timeline_points(series: &TimelineSeries) -> Vec<(f64, f64)> {
         .iter()
         .enumerate()
         .map(|(i, v)| (i as f64 * step, *v))
+        .collect()
+}
+
+/// Legend names of one chart's series: the word every name ends with when it only
+/// repeats the chart's quantity (`app04 MB/s`, `app05 MB/s` → `app04`, `app05`), and
+/// `model:` prefixes, left out.
+fn legend_names(series: &[&TimelineSeries]) -> Vec<String> {
+    let names: Vec<&str> = series
+        .iter()
+        .map(|s| s.name.strip_prefix("model:").unwrap_or(&s.name))
+        .collect();
+    let last = |n: &str| n.rsplit_once(' ').map(|(_, w)| w.to_string());
+    let common = names
+        .first()
+        .and_then(|n| last(n))
+        .filter(|w| names.iter().all(|n| last(n).as_deref() == Some(w.as_str())));
+    names
+        .iter()
+        .map(|n| match &common {
+            Some(w) => n[..n.len() - w.len()].trim_end().to_string(),
+            None => n.to_string(),
+        })
         .collect()
 }
 
@@ -565,6 +642,8 @@ fn comparisons_table(out: &mut String, case: &CaseReport) {
         td_num(out, &fmt_ratio(c.ratio()));
         let (class, label) = if !c.differs() {
             ("ok", "within 20%")
+        } else if c.not_measured() {
+            ("off", "not measured")
         } else if c.ratio().is_finite() {
             ("off", "differs >20%")
         } else {
@@ -575,7 +654,11 @@ fn comparisons_table(out: &mut String, case: &CaseReport) {
             "<td><span class=\"badge {class}\">{}</span></td>",
             esc(label)
         );
-        let _ = write!(out, "<td class=\"src\">{}</td>", esc(&c.source));
+        let _ = write!(
+            out,
+            "<td class=\"src\">{}</td>",
+            esc(&crate::cite_source(&c.source))
+        );
         let _ = write!(out, "<td class=\"note\">{}</td>", esc(&c.note));
         out.push_str("</tr>");
     }
@@ -1146,6 +1229,83 @@ fn sizes_section(out: &mut String, h: &IoSizeHistogram) {
     out.push_str("</div>\n");
 }
 
+// ---------------------------------------------------------------- across cases
+
+/// Cases of a report without sweeps side by side (e.g. the nine application
+/// profiles of 002 Table 15): per headline figure a bar per case, with the seed's
+/// figure beside it where the case compares that figure. Three cases at least.
+fn cases_section(out: &mut String, report: &ScenarioReport) {
+    let cases: Vec<(usize, &CaseReport, &WorkloadResult)> = report
+        .cases
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| Some((i, c, c.headline()?)))
+        .collect();
+    if cases.len() < 3 {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "<section class=\"card\" id=\"across\">\n<h2>Across the cases</h2>\n<p class=\"hint\">\
+         {} cases side by side: each case's total (or only workload) figure, and the seed \
+         document's figure beside it where the case compares one.</p>\n<div class=\"charts\">",
+        cases.len()
+    );
+    let groups: Vec<String> = cases.iter().map(|(i, c, _)| case_title(c, *i)).collect();
+    type Metric = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&WorkloadResult) -> f64,
+    );
+    let metrics: [Metric; 3] = [
+        ("I/O rate", "IOPS", "iops", |w| w.iops),
+        ("Throughput", "MB/s", "mbps", |w| w.mbps),
+        ("Mean latency", "ms", "latency_mean_ms", |w| {
+            w.latency_ms.mean
+        }),
+    ];
+    for (title, unit, field, value) in metrics {
+        let weir: Vec<f64> = cases.iter().map(|(_, _, w)| value(w)).collect();
+        let seed: Vec<f64> = cases
+            .iter()
+            .map(|(_, c, _)| {
+                headline_comparisons(c)
+                    .into_iter()
+                    .find(|(f, _)| *f == field)
+                    .map_or(f64::NAN, |(_, c)| c.seed)
+            })
+            .collect();
+        let tips = |v: &[f64]| -> Vec<String> {
+            v.iter()
+                .map(|x| format!("{} {unit}", fmt_number(*x)))
+                .collect()
+        };
+        let mut series = vec![BarSeries {
+            name: "Weir".into(),
+            colour: PALETTE[0],
+            tooltips: tips(&weir),
+            values: weir,
+        }];
+        if seed.iter().any(|x| x.is_finite()) {
+            series.push(BarSeries {
+                name: "seed document".into(),
+                colour: PALETTE[1],
+                tooltips: tips(&seed),
+                values: seed,
+            });
+        }
+        let _ = writeln!(
+            out,
+            "<figure><figcaption>{} per case<span>{}</span></figcaption>{}</figure>",
+            esc(title),
+            esc(unit),
+            grouped_bars(&groups, &series, unit)
+        );
+    }
+    out.push_str("</div>\n</section>\n");
+}
+
 // ---------------------------------------------------------------- sweeps
 
 /// Parameters with at least two distinct finite values across the cases, sorted.
@@ -1172,6 +1332,85 @@ pub(crate) struct SweepSeries<'a> {
     pub label: String,
     /// (parameter value, headline figure), sorted by value.
     pub points: Vec<(f64, &'a WorkloadResult)>,
+    /// The seed figures compared with a headline figure of these cases (`total.mbps`),
+    /// at the case's parameter value.
+    pub seeds: Vec<(f64, &'a Comparison)>,
+}
+
+/// The base name of a swept case: the simulator names the cases of a `[[case]]`'s
+/// sweep `<case>/<param>=<value>[,<param>=<value>…]`; that suffix, when it spells
+/// exactly the case's parameters, is cut off (`8g/eight-vms/block_kib=8` →
+/// `8g/eight-vms`).
+pub(crate) fn sweep_base<'a>(
+    name: &'a str,
+    params: &std::collections::BTreeMap<String, f64>,
+) -> Option<&'a str> {
+    let (base, suffix) = name.rsplit_once('/')?;
+    let spelled: Vec<(&str, &str)> = suffix
+        .split(',')
+        .map(|kv| kv.split_once('='))
+        .collect::<Option<_>>()?;
+    let exact = spelled.len() == params.len()
+        && spelled.iter().all(|(k, v)| {
+            params
+                .get(*k)
+                .is_some_and(|x| v.parse::<f64>().ok() == Some(*x))
+        });
+    (exact && !base.is_empty()).then_some(base)
+}
+
+/// Comparisons of `case` that compare its headline figure (`total.<field>`, or
+/// `<workload>.<field>` when the case has that one workload), as `(field,
+/// comparison)`.
+fn headline_comparisons(case: &CaseReport) -> Vec<(&str, &Comparison)> {
+    if case.headline().is_none() {
+        return Vec::new();
+    }
+    let only = match case.workloads.as_slice() {
+        [w] => Some(w.name.as_str()),
+        _ => None,
+    };
+    case.comparisons
+        .iter()
+        .filter(|c| !c.expr.contains('@') && !c.expr.contains(" / "))
+        .filter_map(|c| {
+            let (subject, field) = c.expr.rsplit_once('.')?;
+            let headline = (subject == "total" && case.total.is_some()) || Some(subject) == only;
+            headline.then_some((field, c))
+        })
+        .collect()
+}
+
+/// A swept parameter as an axis title: `block_kib` → `block size (KiB)`; dotted paths
+/// name their last part and keep the path (`drives (array.raid.drives)`).
+pub(crate) fn param_label(key: &str) -> String {
+    let known = match key {
+        "block_kib" => "block size (KiB)",
+        "size_bytes" => "transfer size (bytes)",
+        "queue_depth" => "outstanding I/Os per worker",
+        "workers" => "workers per VM",
+        "read_pct" => "reads (%)",
+        "random_pct" => "random (%)",
+        "burst_ios" => "I/Os per burst",
+        "burst_delay_ms" => "delay between bursts (ms)",
+        _ => "",
+    };
+    if !known.is_empty() {
+        return known.to_string();
+    }
+    match key.rsplit_once('.') {
+        Some((_, last)) => format!("{} ({key})", last.replace('_', " ")),
+        None => key.replace('_', " "),
+    }
+}
+
+/// [`param_label`] without its unit: `block size`.
+fn param_name(key: &str) -> String {
+    let label = param_label(key);
+    match label.split_once(" (") {
+        Some((name, _)) if !key.contains('.') => name.to_string(),
+        _ => label,
+    }
 }
 
 /// The digits that spell `value` in a name: `64`, `0.5`.
@@ -1241,6 +1480,7 @@ pub(crate) fn sweep_series<'a>(cases: &'a [CaseReport], key: &str) -> Vec<SweepS
         name_key: String,
         param_key: String,
         headline: &'a WorkloadResult,
+        case: &'a CaseReport,
     }
     let members: Vec<Member<'a>> = cases
         .iter()
@@ -1251,9 +1491,13 @@ pub(crate) fn sweep_series<'a>(cases: &'a [CaseReport], key: &str) -> Vec<SweepS
             }
             Some(Member {
                 x,
-                name_key: name_key(&case.name, key, x),
+                name_key: match sweep_base(&case.name, &case.params) {
+                    Some(base) => base.to_string(),
+                    None => name_key(&case.name, key, x),
+                },
                 param_key: param_key(case, key),
                 headline: case.headline()?,
+                case,
             })
         })
         .collect();
@@ -1312,6 +1556,15 @@ pub(crate) fn sweep_series<'a>(cases: &'a [CaseReport], key: &str) -> Vec<SweepS
                 .map(|&i| (members[i].x, members[i].headline))
                 .collect();
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut seeds = Vec::new();
+            for &i in &idx {
+                let m = &members[i];
+                seeds.extend(
+                    headline_comparisons(m.case)
+                        .into_iter()
+                        .map(|(_, c)| (m.x, c)),
+                );
+            }
             let label = if label.is_empty() {
                 if single {
                     "all cases".to_string()
@@ -1321,7 +1574,11 @@ pub(crate) fn sweep_series<'a>(cases: &'a [CaseReport], key: &str) -> Vec<SweepS
             } else {
                 label
             };
-            SweepSeries { label, points }
+            SweepSeries {
+                label,
+                points,
+                seeds,
+            }
         })
         .collect()
 }
@@ -1334,12 +1591,19 @@ fn sweep_section(out: &mut String, report: &ScenarioReport) {
             "<p class=\"hint\">The cases carry parameters, but none of them varies.</p>\n",
         );
     }
-    type Metric = (&'static str, &'static str, fn(&WorkloadResult) -> f64);
+    type Metric = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&WorkloadResult) -> f64,
+    );
     let metrics: [Metric; 4] = [
-        ("MB/s", "MB/s", |w| w.mbps),
-        ("IOPS", "IOPS", |w| w.iops),
-        ("Mean latency", "ms", |w| w.latency_ms.mean),
-        ("p99 latency", "ms", |w| w.latency_ms.p99),
+        ("Throughput", "MB/s", "mbps", |w| w.mbps),
+        ("I/O rate", "IOPS", "iops", |w| w.iops),
+        ("Mean latency", "ms", "latency_mean_ms", |w| {
+            w.latency_ms.mean
+        }),
+        ("p99 latency", "ms", "latency_p99_ms", |w| w.latency_ms.p99),
     ];
     for key in &swept {
         let series = sweep_series(&report.cases, key);
@@ -1360,8 +1624,9 @@ fn sweep_section(out: &mut String, report: &ScenarioReport) {
         let _ = writeln!(
             out,
             "<h3>Against {}</h3>\n<p class=\"hint\">{} series; each point is one case's \
-             total (or only workload) figure.{}</p>\n<div class=\"charts\">",
-            esc(key),
+             total (or only workload) figure; hollow diamonds are the seed documents' \
+             figures for it.{}</p>\n<div class=\"charts\">",
+            esc(&param_name(key)),
             series.len(),
             if x_scale == XScale::Log2 {
                 " The x axis is logarithmic (base 2)."
@@ -1369,9 +1634,29 @@ fn sweep_section(out: &mut String, report: &ScenarioReport) {
                 ""
             }
         );
-        for (title, unit, value) in metrics {
+        for (title, unit, field, value) in metrics {
+            let seeds = series
+                .iter()
+                .enumerate()
+                .flat_map(|(i, s)| {
+                    s.seeds
+                        .iter()
+                        .filter(|(_, c)| c.expr.ends_with(&format!(".{field}")))
+                        .map(move |(x, c)| SeedPoint {
+                            series: i,
+                            x: *x,
+                            y: c.seed,
+                            label: format!(
+                                "{}: seed {} — {}",
+                                c.metric,
+                                fmt_number(c.seed),
+                                crate::cite_source(&c.source)
+                            ),
+                        })
+                })
+                .collect();
             let chart = LineChart {
-                x_label: key.clone(),
+                x_label: param_label(key),
                 y_label: unit.to_string(),
                 series: series
                     .iter()
@@ -1383,13 +1668,15 @@ fn sweep_section(out: &mut String, report: &ScenarioReport) {
                 x_scale,
                 ticks_at_data: true,
                 y_from_zero: true,
-                x_name: format!("{key} ="),
+                x_name: format!("{} =", param_name(key)),
+                seeds,
+                shade: None,
             };
             let _ = writeln!(
                 out,
                 "<figure><figcaption>{} vs {}<span>{}</span></figcaption>{}</figure>",
                 esc(title),
-                esc(key),
+                esc(&param_name(key)),
                 esc(unit),
                 chart.render()
             );

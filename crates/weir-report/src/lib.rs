@@ -4,14 +4,17 @@
 //! Producers (the simulator, the load generator) fill it in; this crate renders it as
 //! terminal tables, JSON, or a self-contained HTML page with charts.
 //!
-//! * [`render_text`] — terminal tables per case (workloads with a total line, "Weir vs
-//!   seed" with a `!! >20%` marker, components, timeline sparklines) and, for sweeps,
-//!   a table with one row per case and the parameters as columns.
+//! * [`render_text`] — a summary first (the seed tally with the figures a shortened
+//!   run did not measure, the seed documents by title, one row per case), then
+//!   terminal tables per case (workloads with a total line, "Weir vs seed" with a
+//!   `!! >20%` marker, components, timeline sparklines scaled from zero); fitted to
+//!   a width ([`TextOptions::width`]) or the summary alone ([`TextOptions::summary`]).
 //! * [`render_json`] / [`parse_json`] — pretty, deterministic JSON; non-finite numbers
 //!   are written as `null` and read back as NaN.
 //! * [`render_html`] — one self-contained page (inline CSS and SVG, no scripts): paired
-//!   Weir-vs-seed bars, line charts over time, utilisation bars, sweep charts (see the
-//!   grouping rule in the `html` module docs).
+//!   Weir-vs-seed bars, line charts over time (warm-up shaded), utilisation bars,
+//!   sweep charts with the seeds' figures (see the grouping rule in the `html` module
+//!   docs), the cases side by side when there is no sweep.
 //! * [`Table`] — a generic aligned terminal table for other crates (`weir volume list`),
 //!   with the number formatters [`fmt_iops`], [`fmt_mbps`], [`fmt_ms`], [`fmt_pct`]…
 //! * [`UxGrade`] — good / fair / poor grades of the VDI study's thresholds.
@@ -65,6 +68,10 @@ pub struct CaseReport {
     /// Simulated (or wall) seconds measured, after ramp-up.
     #[serde(deserialize_with = "nan::f64_or_null")]
     pub duration_s: f64,
+    /// Simulated seconds run before measuring (ramp-up); the timeline starts with
+    /// them, the figures leave them out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warmup_s: f64,
     pub workloads: Vec<WorkloadResult>,
     /// Totals over all workloads of the case.
     pub total: Option<WorkloadResult>,
@@ -223,6 +230,60 @@ pub struct WorkloadResult {
     pub errors: u64,
 }
 
+/// What a producer counted for one workload (or a volume, or the total) over the
+/// measured time; [`WorkloadResult::from_counts`] turns it into figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct IoCounts {
+    pub ios: u64,
+    pub reads: u64,
+    pub writes: u64,
+    /// Bytes read and written.
+    pub bytes: u64,
+    pub errors: u64,
+}
+
+impl WorkloadResult {
+    /// The one rule by which the simulator and `weir load` turn counts into figures:
+    /// rates per second of `duration_s` (NaN when it is not positive: no time was
+    /// measured); latencies from `latency` only when there is a sample — with none,
+    /// every latency figure is NaN (`null` in JSON, `n/a` in the text), never 0 ms.
+    pub fn from_counts(
+        name: String,
+        duration_s: f64,
+        counts: IoCounts,
+        latency: impl FnOnce() -> LatencySummary,
+    ) -> WorkloadResult {
+        let d = if duration_s > 0.0 {
+            duration_s
+        } else {
+            f64::NAN
+        };
+        let latency_ms = if counts.ios == 0 {
+            LatencySummary {
+                mean: f64::NAN,
+                p50: f64::NAN,
+                p95: f64::NAN,
+                p99: f64::NAN,
+                max: f64::NAN,
+            }
+        } else {
+            latency()
+        };
+        WorkloadResult {
+            name,
+            volume: None,
+            host: None,
+            iops: counts.ios as f64 / d,
+            mbps: counts.bytes as f64 / 1e6 / d,
+            latency_ms,
+            read_iops: counts.reads as f64 / d,
+            write_iops: counts.writes as f64 / d,
+            ios: counts.ios,
+            errors: counts.errors,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct LatencySummary {
     #[serde(deserialize_with = "nan::f64_or_null")]
@@ -246,14 +307,78 @@ pub struct Comparison {
     pub weir: f64,
     #[serde(deserialize_with = "nan::f64_or_null")]
     pub seed: f64,
-    /// Where the seed figure comes from, e.g. "003 usage model 2, table".
+    /// Where the seed figure comes from, e.g. "003 usage model 2, table" (the
+    /// renderers cite the document by title: [`seed_title`]).
     pub source: String,
+    /// The compared figure as the scenario names it (`total.mbps`, `vm-1.iops`), so
+    /// that charts of that figure can carry the seed's.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub expr: String,
     /// Why they differ when they do (which model term is missing).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub note: String,
 }
 
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+/// The seed documents the scenarios quote, by the number their sources start with,
+/// with the titles the reports cite them by.
+pub const SEED_DOCUMENTS: [(&str, &str); 5] = [
+    (
+        "000",
+        "Fusion-io Virtualization Reference Architecture: Deploying Server and Desktop Virtualization on Fusion ioControl Hybrid Storage, Cisco UCS and VMware (Principled Technologies)",
+    ),
+    (
+        "001",
+        "Lab Review: 8Gbps FC SAN Bolsters VOE (openBench Labs, QLogic 2500 Series HBAs)",
+    ),
+    (
+        "002",
+        "Cisco UCS C-Series I/O Characterization (white paper, May 2013)",
+    ),
+    (
+        "003",
+        "Intel Cloud Builders Guide: Storage I/O Control: 10Gb Intel Ethernet with VMware vSphere 5.0 SIOC",
+    ),
+    (
+        "004",
+        "NetApp and VMware View 5,000-Seat Performance Report (NetApp TR-3949, August 2011)",
+    ),
+];
+
+/// The title of the seed document a comparison's `source` starts with (`"003 usage
+/// model 2"` → 003's title), if it names one.
+pub fn seed_title(source: &str) -> Option<(&'static str, &'static str)> {
+    let number: String = source.chars().take_while(char::is_ascii_digit).collect();
+    SEED_DOCUMENTS.iter().copied().find(|(n, _)| *n == number)
+}
+
+/// `source` with its leading seed number spelled out as the document's title:
+/// `"003 usage model 2, summary table"` → `"Storage I/O Control: … (003): usage model
+/// 2, summary table"`. Sources that name no seed are returned as they are.
+pub fn cite_source(source: &str) -> String {
+    match seed_title(source) {
+        Some((number, title)) => {
+            let rest = source[number.len()..].trim_start_matches([':', ',', ' ']);
+            if rest.is_empty() {
+                format!("{title} ({number})")
+            } else {
+                format!("{title} ({number}): {rest}")
+            }
+        }
+        None => source.to_string(),
+    }
+}
+
 impl Comparison {
+    /// Not measured: the figure could not be taken in this run (e.g. its window
+    /// starts after a shortened run ends).
+    pub fn not_measured(&self) -> bool {
+        !self.weir.is_finite()
+    }
+
     /// weir / seed (NaN when the seed figure is 0).
     pub fn ratio(&self) -> f64 {
         if self.seed == 0.0 {
@@ -318,4 +443,48 @@ pub struct TimelineSeries {
     pub interval_s: f64,
     #[serde(deserialize_with = "nan::vec_f64_or_null")]
     pub values: Vec<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_become_figures_by_one_rule() {
+        let lat = || LatencySummary {
+            mean: 2.0,
+            p50: 1.5,
+            p95: 4.0,
+            p99: 6.0,
+            max: 9.0,
+        };
+        let counts = IoCounts {
+            ios: 10,
+            reads: 7,
+            writes: 3,
+            bytes: 10 * 4096,
+            errors: 1,
+        };
+        let r = WorkloadResult::from_counts("vm".into(), 2.0, counts, lat);
+        assert_eq!(
+            (r.iops, r.read_iops, r.write_iops, r.ios),
+            (5.0, 3.5, 1.5, 10)
+        );
+        assert!((r.mbps - 0.02048).abs() < 1e-12);
+        assert_eq!((r.latency_ms.mean, r.errors), (2.0, 1));
+        // No sample: no latency (not 0 ms), zero rates; the closure is not asked.
+        let idle = WorkloadResult::from_counts("idle".into(), 2.0, IoCounts::default(), || {
+            panic!("no latency without a sample")
+        });
+        assert_eq!((idle.iops, idle.mbps), (0.0, 0.0));
+        let l = idle.latency_ms;
+        assert!(
+            [l.mean, l.p50, l.p95, l.p99, l.max]
+                .iter()
+                .all(|x| x.is_nan())
+        );
+        // No measured time: no rates.
+        let none = WorkloadResult::from_counts("x".into(), 0.0, counts, lat);
+        assert!(none.iops.is_nan() && none.mbps.is_nan() && none.read_iops.is_nan());
+    }
 }

@@ -150,6 +150,57 @@ pub(crate) struct LineChart {
     pub y_from_zero: bool,
     /// Tooltip format for x values (e.g. `t=12 s` or `block_kib=64`).
     pub x_name: String,
+    /// The seed documents' figures drawn over the lines (hollow diamonds in their
+    /// series' colour).
+    pub seeds: Vec<SeedPoint>,
+    /// An x range shaded and labelled (the warm-up, which the figures leave out).
+    pub shade: Option<Shade>,
+}
+
+/// A seed document's figure at `(x, y)` beside series `series` of a [`LineChart`].
+pub(crate) struct SeedPoint {
+    pub series: usize,
+    pub x: f64,
+    pub y: f64,
+    /// Tooltip: what the figure is and where it comes from.
+    pub label: String,
+}
+
+/// An x range of a [`LineChart`] drawn as a grey band with a label.
+pub(crate) struct Shade {
+    pub from: f64,
+    pub to: f64,
+    pub label: String,
+}
+
+/// Series with exactly the same points drawn once, named together (`a = b`), so that
+/// none hides under another. Returns the series and, per input series, its index in
+/// the output.
+fn merge_identical(series: &[LineSeries]) -> (Vec<LineSeries>, Vec<usize>) {
+    let same = |a: &[(f64, f64)], b: &[(f64, f64)]| {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(p, q)| p.0.to_bits() == q.0.to_bits() && p.1.to_bits() == q.1.to_bits())
+    };
+    let mut out: Vec<LineSeries> = Vec::new();
+    let mut index = Vec::with_capacity(series.len());
+    for s in series {
+        match out.iter_mut().position(|o| same(&o.points, &s.points)) {
+            Some(i) => {
+                out[i].name = format!("{} = {}", out[i].name, s.name);
+                index.push(i);
+            }
+            None => {
+                out.push(LineSeries {
+                    name: s.name.clone(),
+                    points: s.points.clone(),
+                });
+                index.push(out.len() - 1);
+            }
+        }
+    }
+    (out, index)
 }
 
 const CHART_W: f64 = 600.0;
@@ -372,8 +423,14 @@ impl LineChart {
     }
 
     pub fn render(&self) -> String {
-        let usable: Vec<(usize, f64, f64)> = self
-            .series
+        let (series, index) = merge_identical(&self.series);
+        let seeds: Vec<(usize, f64, f64, &str)> = self
+            .seeds
+            .iter()
+            .filter(|p| p.series < index.len() && p.y.is_finite())
+            .filter_map(|p| Some((index[p.series], self.x_value(p.x)?, p.y, p.label.as_str())))
+            .collect();
+        let usable: Vec<(usize, f64, f64)> = series
             .iter()
             .enumerate()
             .flat_map(|(i, s)| {
@@ -382,6 +439,7 @@ impl LineChart {
                     .filter_map(move |&(x, y)| Some((i, self.x_value(x)?, y)))
                     .filter(|(_, _, y)| y.is_finite())
             })
+            .chain(seeds.iter().map(|p| (p.0, p.1, p.2)))
             .collect();
         if usable.is_empty() {
             return no_data_svg(CHART_W, 120.0, "no data");
@@ -447,18 +505,29 @@ impl LineChart {
         let sx = |x: f64| PLOT_LEFT + (x - x_lo) / (x_hi - x_lo) * plot_w;
         let sy = |y: f64| y_axis.px_of(y);
 
-        // Legend layout (wrapping rows under the x axis label).
+        // Legend layout (wrapping rows under the x axis label); the seed figures'
+        // marker last.
         let legend_top = PLOT_TOP + PLOT_H + 58.0;
-        let show_legend = self.series.len() > 1 || !self.series[0].name.is_empty();
+        let show_legend = series.len() > 1 || !series[0].name.is_empty() || !seeds.is_empty();
+        let seed_legend = "seed document's figure";
         let (legend, height) = if show_legend {
+            let names = series
+                .iter()
+                .map(|s| s.name.as_str())
+                .chain((!seeds.is_empty()).then_some(seed_legend));
+            let n_series = series.len();
             let (legend, last_row_y) = wrapped_legend(
-                self.series.iter().map(|s| s.name.as_str()),
+                names,
                 legend_top,
                 LegendSwatch {
                     item_px: 26.0,
                     text_dx: 24.0,
                 },
                 |legend, i, x, y| {
+                    if i == n_series {
+                        legend.push_str(&diamond(x + 9.0, y - 4.0, "#374151", ""));
+                        return;
+                    }
                     let (colour, dash) = series_stroke(i);
                     let _ = write!(
                         legend,
@@ -478,9 +547,32 @@ impl LineChart {
 
         let mut svg = String::new();
         open_svg(&mut svg, "chart", px(CHART_W), height);
+        let bottom = PLOT_TOP + PLOT_H;
+        if let Some(shade) = &self.shade {
+            let (a, b) = (
+                self.x_value(shade.from).map(|v| v.max(x_lo)),
+                self.x_value(shade.to).map(|v| v.min(x_hi)),
+            );
+            if let (Some(a), Some(b)) = (a, b)
+                && b > a
+            {
+                let _ = write!(
+                    svg,
+                    "<g class=\"shade\"><rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" \
+                     fill=\"#eceff3\"><title>{label}</title></rect><text class=\"muted\" x=\"{}\" \
+                     y=\"{}\">{label}</text></g>",
+                    px(sx(a)),
+                    px(PLOT_TOP),
+                    px(sx(b) - sx(a)),
+                    px(PLOT_H),
+                    px(sx(a) + 4.0),
+                    px(PLOT_TOP + 12.0),
+                    label = esc(&shade.label)
+                );
+            }
+        }
         y_axis.write_grid(&mut svg);
         // x ticks.
-        let bottom = PLOT_TOP + PLOT_H;
         let mut last_label_end = f64::NEG_INFINITY;
         for (t, label) in &x_ticks {
             let x = sx(*t);
@@ -506,7 +598,7 @@ impl LineChart {
         }
         write_axes(&mut svg, bottom, Some(&self.x_label), &self.y_label);
         // Series.
-        for (i, s) in self.series.iter().enumerate() {
+        for (i, s) in series.iter().enumerate() {
             let (colour, dash) = series_stroke(i);
             let mut path = String::new();
             let mut pen_down = false;
@@ -554,10 +646,39 @@ impl LineChart {
                 path.trim_end()
             );
         }
+        if !seeds.is_empty() {
+            svg.push_str("<g class=\"seeds\">");
+            for &(i, x, y, label) in &seeds {
+                svg.push_str(&diamond(sx(x), sy(y), series_stroke(i).0, label));
+            }
+            svg.push_str("</g>");
+        }
         svg.push_str(&legend);
         svg.push_str("</svg>");
         svg
     }
+}
+
+/// A hollow diamond (a seed document's figure) centred at `(x, y)`, with a tooltip.
+fn diamond(x: f64, y: f64, colour: &str, title: &str) -> String {
+    let r = 5.5;
+    let mut out = format!(
+        "<path class=\"seed-point\" d=\"M{} {}L{} {}L{} {}L{} {}Z\" fill=\"#fff\" \
+         stroke=\"{colour}\" stroke-width=\"2\">",
+        px(x),
+        px(y - r),
+        px(x + r),
+        px(y),
+        px(x),
+        px(y + r),
+        px(x - r),
+        px(y)
+    );
+    if !title.is_empty() {
+        let _ = write!(out, "<title>{}</title>", esc(title));
+    }
+    out.push_str("</path>");
+    out
 }
 
 /// One Weir-vs-seed pair for [`paired_bars`].
@@ -1043,6 +1164,8 @@ mod tests {
                 ticks_at_data: false,
                 y_from_zero: true,
                 x_name: "t".into(),
+                seeds: vec![],
+                shade: None,
             }
             .render()
         };
@@ -1059,5 +1182,79 @@ mod tests {
             path_d.split('"').next().unwrap_or("").matches('M').count(),
             2
         );
+    }
+
+    fn two_series(a: Vec<(f64, f64)>, b: Vec<(f64, f64)>) -> LineChart {
+        LineChart {
+            x_label: "time (s)".into(),
+            y_label: "MB/s".into(),
+            series: vec![
+                LineSeries {
+                    name: "app04".into(),
+                    points: a,
+                },
+                LineSeries {
+                    name: "app05".into(),
+                    points: b,
+                },
+            ],
+            x_scale: XScale::Linear,
+            ticks_at_data: false,
+            y_from_zero: true,
+            x_name: "t".into(),
+            seeds: vec![],
+            shade: None,
+        }
+    }
+
+    #[test]
+    fn identical_series_are_drawn_once_and_named_together() {
+        let pts = vec![(0.0, 5.0), (1.0, 6.0)];
+        let svg = two_series(pts.clone(), pts.clone()).render();
+        assert_eq!(svg.matches("<g class=\"series\">").count(), 1, "{svg}");
+        assert!(svg.contains(">app04 = app05</text>"));
+        let svg = two_series(pts, vec![(0.0, 5.0), (1.0, 7.0)]).render();
+        assert_eq!(svg.matches("<g class=\"series\">").count(), 2);
+        assert!(svg.contains(">app04</text>") && svg.contains(">app05</text>"));
+    }
+
+    #[test]
+    fn seed_points_and_the_warm_up_band_are_drawn() {
+        let mut chart = two_series(vec![(0.0, 5.0), (10.0, 6.0)], vec![(0.0, 1.0), (10.0, 2.0)]);
+        chart.seeds = vec![SeedPoint {
+            series: 1,
+            x: 10.0,
+            y: 40.0,
+            label: "seed 40 (001)".into(),
+        }];
+        chart.shade = Some(Shade {
+            from: 0.0,
+            to: 4.0,
+            label: "warm-up, not measured".into(),
+        });
+        let svg = chart.render();
+        assert_eq!(
+            svg.matches("class=\"seed-point\"").count(),
+            2,
+            "the point and its legend swatch"
+        );
+        assert!(svg.contains("<title>seed 40 (001)</title>"));
+        assert!(svg.contains(">seed document&#39;s figure</text>"));
+        // The seed figure is inside the y axis (40 is above both lines).
+        assert!(svg.contains(">40</text>"), "{svg}");
+        let band = svg
+            .split("<g class=\"shade\">")
+            .nth(1)
+            .expect("a warm-up band");
+        assert!(band.contains(">warm-up, not measured</text>"));
+        // From x = 0 (the plot's left edge, after the 4 % pad) to x = 4 of 0..10.
+        let width: f64 = band
+            .split("width=\"")
+            .nth(1)
+            .and_then(|w| w.split('"').next())
+            .and_then(|w| w.parse().ok())
+            .expect("band width");
+        let plot_w = CHART_W - PLOT_LEFT - PLOT_RIGHT;
+        assert!(width > 0.2 * plot_w && width < 0.5 * plot_w, "{width}");
     }
 }

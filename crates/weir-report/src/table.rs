@@ -24,6 +24,8 @@ pub enum Align {
 pub struct Column {
     pub header: String,
     pub align: Align,
+    /// Left out (rightmost first) when the table does not fit its width otherwise.
+    pub droppable: bool,
 }
 
 impl Column {
@@ -31,6 +33,7 @@ impl Column {
         Column {
             header: header.into(),
             align: Align::Left,
+            droppable: false,
         }
     }
 
@@ -38,7 +41,14 @@ impl Column {
         Column {
             header: header.into(),
             align: Align::Right,
+            droppable: false,
         }
+    }
+
+    /// This column may be left out to fit a narrow width ([`Table::render_fit`]).
+    pub fn droppable(mut self) -> Self {
+        self.droppable = true;
+        self
     }
 }
 
@@ -150,7 +160,7 @@ impl Table {
                 .into_iter()
                 .map(|c| Column {
                     header: sanitize(&c.header),
-                    align: c.align,
+                    ..c
                 })
                 .collect(),
             rows: Vec::new(),
@@ -195,6 +205,14 @@ impl Table {
     /// The table as text, one line per row, each ending in `\n`, with no trailing
     /// spaces. `color` adds ANSI styles (bold header, per-cell styles).
     pub fn render(&self, color: bool) -> String {
+        self.render_fit(color, usize::MAX)
+    }
+
+    /// Like [`Table::render`], in at most `max_width` columns where it can: the
+    /// widest left-aligned (text) columns are narrowed, widest first, down to 6
+    /// characters or their header, and cells cut with `…`; then droppable columns
+    /// are left out, rightmost first. Numbers are never cut.
+    pub fn render_fit(&self, color: bool, max_width: usize) -> String {
         let column_count = self
             .rows
             .iter()
@@ -216,24 +234,72 @@ impl Table {
                 }
             }
         }
+        let mut keep = vec![true; column_count];
+        let total = |w: &[usize], keep: &[bool]| {
+            let shown: Vec<usize> = w.iter().zip(keep).filter(|x| *x.1).map(|x| *x.0).collect();
+            self.indent + shown.iter().sum::<usize>() + 2 * shown.len().saturating_sub(1)
+        };
+        let floor = |i: usize| {
+            self.columns
+                .get(i)
+                .map_or(0, |c| display_width(&c.header))
+                .max(6)
+        };
+        while total(&widths, &keep) > max_width {
+            let widest = (0..widths.len())
+                .filter(|&i| align(i) == Align::Left && widths[i] > floor(i))
+                .max_by_key(|&i| (widths[i], std::cmp::Reverse(i)));
+            let Some(i) = widest else { break };
+            let excess = total(&widths, &keep) - max_width;
+            widths[i] -= excess.min(widths[i] - floor(i)).max(1);
+        }
+        while total(&widths, &keep) > max_width {
+            let Some(i) = (0..column_count)
+                .rev()
+                .find(|&i| keep[i] && self.columns.get(i).is_some_and(|c| c.droppable))
+            else {
+                break;
+            };
+            keep[i] = false;
+        }
+        let fit = |text: &str, width: usize| -> String {
+            if display_width(text) <= width {
+                text.to_string()
+            } else {
+                let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
+                cut.push('…');
+                cut
+            }
+        };
         let indent = " ".repeat(self.indent);
         let rule = {
-            let parts: Vec<String> = widths.iter().map(|w| "─".repeat(*w)).collect();
+            let parts: Vec<String> = widths
+                .iter()
+                .zip(&keep)
+                .filter(|x| *x.1)
+                .map(|(w, _)| "─".repeat(*w))
+                .collect();
             format!("{indent}{}\n", parts.join("  "))
         };
         let line = |cells: Vec<(&str, Style)>| -> String {
             let mut out = indent.clone();
             let mut pending_spaces = 0usize;
+            let mut first = true;
             for (i, width) in widths.iter().enumerate() {
+                if !keep[i] {
+                    continue;
+                }
                 let (text, style) = cells.get(i).copied().unwrap_or(("", Style::Plain));
+                let text = &fit(text, *width);
                 let pad = width - display_width(text);
                 let (left_pad, right_pad) = match align(i) {
                     Align::Left => (0, pad),
                     Align::Right => (pad, 0),
                 };
-                if i > 0 {
+                if !first {
                     pending_spaces += 2;
                 }
+                first = false;
                 pending_spaces += left_pad;
                 if !text.is_empty() {
                     out.push_str(&" ".repeat(pending_spaces));
@@ -306,6 +372,47 @@ mod tests {
         let text = table.render(false);
         assert!(!text.contains('\x1b'));
         assert!(text.contains("  x [31m  extra"));
+    }
+
+    #[test]
+    fn narrows_text_columns_to_the_width_and_never_cuts_numbers() {
+        let mut table = Table::new(vec![
+            Column::left("metric"),
+            Column::right("Weir"),
+            Column::left("source"),
+        ])
+        .with_indent(2);
+        table.add_row([
+            "one VM's read MB/s, 8 Gb",
+            "101.2",
+            "001: \"each VM converging on 100MBps\" and a long note about the HBA",
+        ]);
+        let wide = table.render(false);
+        assert!(wide.lines().any(|l| l.chars().count() > 80));
+        let narrow = table.render_fit(false, 60);
+        assert!(narrow.lines().all(|l| l.chars().count() <= 60), "{narrow}");
+        assert!(narrow.contains("101.2") && narrow.contains('…'));
+        // Only numbers left to cut: the line stays as wide as it must.
+        let mut numbers = Table::new(vec![Column::right("a"), Column::right("b")]);
+        numbers.add_row(["123456789", "987654321"]);
+        assert_eq!(numbers.render_fit(false, 5), numbers.render(false));
+        // Then droppable columns go, rightmost first.
+        let mut t = Table::new(vec![
+            Column::left("name"),
+            Column::right("p50").droppable(),
+            Column::right("p99"),
+            Column::right("max").droppable(),
+        ]);
+        t.add_row(["a", "1.000", "2.000", "9.000"]);
+        assert_eq!(t.render_fit(false, 80), t.render(false));
+        assert_eq!(
+            t.render_fit(false, 19),
+            "name    p50    p99\n────  ─────  ─────\na     1.000  2.000\n"
+        );
+        assert_eq!(
+            t.render_fit(false, 12),
+            "name    p99\n────  ─────\na     2.000\n"
+        );
     }
 
     #[test]

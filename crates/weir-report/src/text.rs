@@ -1,10 +1,12 @@
-//! Terminal rendering: per case a workloads table with a total line, "Weir vs seed",
-//! components, timeline sparklines; then, when the case carries them, the application
-//! metrics (grouped by source, the whole run and each named window as columns), the
-//! user-experience grades (good / fair / poor shares with a bar), the named windows
-//! (per volume, service level and total, windows side by side) and the I/O size
-//! histogram with the random / sequential split; for sweeps a compact table with one
-//! row per case.
+//! Terminal rendering: first the summary (seed tally, seed documents by title, one
+//! row per case with its parameters unless its name spells them); then per case a
+//! workloads table with a total line, "Weir vs seed", components, timeline
+//! sparklines; then, when the case carries them, the application metrics (grouped by
+//! source, the whole run and each named window as columns), the user-experience
+//! grades (good / fair / poor shares with a bar), the named windows (per volume,
+//! service level and total, windows side by side) and the I/O size histogram with the
+//! random / sequential split. Tables fit [`TextOptions::width`] by narrowing text
+//! columns and leaving out droppable ones.
 
 use crate::app;
 use crate::format::{
@@ -25,6 +27,11 @@ pub struct TextOptions {
     pub color: bool,
     /// One sparkline per timeline series (on by default).
     pub sparklines: bool,
+    /// Lines at most this many columns where they can be (tables narrow their text
+    /// columns, descriptions wrap); `None`: no limit.
+    pub width: Option<usize>,
+    /// Only the summary: the header, one line per case and the seed figures.
+    pub summary: bool,
 }
 
 impl Default for TextOptions {
@@ -32,17 +39,70 @@ impl Default for TextOptions {
         TextOptions {
             color: false,
             sparklines: true,
+            width: None,
+            summary: false,
         }
     }
+}
+
+/// What the renderers below need of the options.
+#[derive(Clone, Copy)]
+struct Out {
+    color: bool,
+    width: usize,
+}
+
+/// `text` wrapped at spaces into lines of at most `width` columns.
+fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let need = line.chars().count() + usize::from(!line.is_empty()) + word.chars().count();
+        if !line.is_empty() && need > width {
+            out.push_str(&line);
+            out.push('\n');
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out
 }
 
 /// Widest sparkline, in characters; longer series are averaged into this many buckets.
 const SPARKLINE_WIDTH: usize = 60;
 const INDENT: usize = 2;
 
-/// Readable terminal tables for every case of the report.
+/// The line under the title: how many seed figures Weir matches, and how many the
+/// run did not measure (e.g. windows after the end of a shortened run).
+pub(crate) fn seed_tally(comparisons: &[&Comparison]) -> String {
+    let within = comparisons.iter().filter(|c| !c.differs()).count();
+    let unmeasured = comparisons.iter().filter(|c| c.not_measured()).count();
+    let mut line = format!(
+        "Weir vs seed: {within} of {} figures within ±20%",
+        comparisons.len()
+    );
+    if unmeasured > 0 {
+        let _ = write!(
+            line,
+            "; {unmeasured} not measured in this run (run it longer: windows or phases after its end)"
+        );
+    }
+    line
+}
+
+/// Readable terminal tables for every case of the report: the summary first (the
+/// seed tally, one line per case), then each case; with `summary`, the summary and
+/// the seed figures only.
 pub fn render_text(report: &ScenarioReport, opts: &TextOptions) -> String {
-    let color = opts.color;
+    let o = Out {
+        color: opts.color,
+        width: opts.width.unwrap_or(usize::MAX).max(20),
+    };
+    let color = o.color;
     let mut out = String::new();
     let title = format!(
         "Weir report: {} (seed {}, {} case{})",
@@ -53,7 +113,11 @@ pub fn render_text(report: &ScenarioReport, opts: &TextOptions) -> String {
     );
     let _ = writeln!(out, "{}", Style::Bold.paint(&title, color));
     if !report.description.trim().is_empty() {
-        let _ = writeln!(out, "{}", sanitize(report.description.trim()));
+        let _ = writeln!(
+            out,
+            "{}",
+            wrap(&sanitize(report.description.trim()), o.width)
+        );
     }
     let comparisons: Vec<&Comparison> = report
         .cases
@@ -61,24 +125,31 @@ pub fn render_text(report: &ScenarioReport, opts: &TextOptions) -> String {
         .flat_map(|c| c.comparisons.iter())
         .collect();
     if !comparisons.is_empty() {
-        let within = comparisons.iter().filter(|c| !c.differs()).count();
-        let _ = writeln!(
-            out,
-            "Weir vs seed: {within} of {} figures within ±20%",
-            comparisons.len()
-        );
+        let _ = writeln!(out, "{}", wrap(&seed_tally(&comparisons), o.width));
+        let cited: BTreeSet<(&str, &str)> = comparisons
+            .iter()
+            .filter_map(|c| crate::seed_title(&c.source))
+            .collect();
+        for (number, title) in cited {
+            let _ = writeln!(out, "{}", wrap(&format!("  {number}: {title}"), o.width));
+        }
     }
     if report.cases.is_empty() {
         let _ = writeln!(out, "\n(no cases)");
+        return out;
+    }
+    render_summary(&mut out, report, o);
+    if opts.summary {
+        if !comparisons.is_empty() {
+            section(&mut out, "Weir vs seed, every case", color);
+            out.push_str(&all_comparisons_table(report).render_fit(color, o.width));
+        }
+        return out;
     }
     let count = report.cases.len();
     for (index, case) in report.cases.iter().enumerate() {
         out.push('\n');
-        render_case(&mut out, case, index + 1, count, opts);
-    }
-    if report.is_sweep() {
-        out.push('\n');
-        render_sweep(&mut out, report, color);
+        render_case(&mut out, case, index + 1, count, opts, o);
     }
     out
 }
@@ -87,25 +158,66 @@ fn section(out: &mut String, title: &str, color: bool) {
     let _ = writeln!(out, "\n{}", Style::Bold.paint(title, color));
 }
 
+/// Every case's comparisons in one table (the `--summary` view): only the figures
+/// off by more than 20 % or not measured are listed one by one.
+fn all_comparisons_table(report: &ScenarioReport) -> Table {
+    let mut table = Table::new(vec![
+        Column::left("case"),
+        Column::left("metric"),
+        Column::right("Weir"),
+        Column::right("seed"),
+        Column::right("ratio"),
+        Column::left(""),
+    ])
+    .with_indent(INDENT);
+    for case in &report.cases {
+        for c in &case.comparisons {
+            table.add_row([
+                Cell::new(case.name.as_str()),
+                Cell::new(c.metric.as_str()),
+                Cell::new(fmt_number(c.weir)),
+                Cell::new(fmt_number(c.seed)),
+                Cell::styled(
+                    fmt_ratio(c.ratio()),
+                    if c.differs() {
+                        Style::Red
+                    } else {
+                        Style::Green
+                    },
+                ),
+                mismatch_cell(c),
+            ]);
+        }
+    }
+    table
+}
+
 fn render_case(
     out: &mut String,
     case: &CaseReport,
     number: usize,
     count: usize,
     opts: &TextOptions,
+    o: Out,
 ) {
-    let color = opts.color;
+    let color = o.color;
     let heading = format!("━━ Case {number}/{count}: {} ", sanitize(&case.name));
-    let rule_len = 78usize.saturating_sub(heading.chars().count());
+    let rule_len = 78usize.min(o.width).saturating_sub(heading.chars().count());
     let _ = writeln!(
         out,
         "{}",
         Style::Cyan.paint(&format!("{heading}{}", "━".repeat(rule_len)), color)
     );
     if !case.description.trim().is_empty() {
-        let _ = writeln!(out, "{}", sanitize(case.description.trim()));
+        let _ = writeln!(out, "{}", wrap(&sanitize(case.description.trim()), o.width));
     }
     let mut facts = vec![format!("measured {} s", fmt_number(case.duration_s))];
+    if case.warmup_s > 0.0 {
+        facts[0].push_str(&format!(
+            " after {} s of warm-up (the timeline starts with it)",
+            fmt_number(case.warmup_s)
+        ));
+    }
     if case.events > 0 {
         facts.push(format!("{} simulated I/Os", fmt_count(case.events)));
     }
@@ -117,53 +229,60 @@ fn render_case(
             .collect();
         facts.push(params.join(" "));
     }
-    let _ = writeln!(out, "{}", facts.join(" · "));
+    let _ = writeln!(out, "{}", wrap(&facts.join(" · "), o.width));
 
     section(out, "Workloads", color);
     if case.workloads.is_empty() && case.total.is_none() {
         let _ = writeln!(out, "  (none)");
     } else {
-        out.push_str(&workload_table(case).render(color));
+        out.push_str(&workload_table(case).render_fit(color, o.width));
     }
 
     if !case.comparisons.is_empty() {
         let within = case.comparisons.iter().filter(|c| !c.differs()).count();
+        let unmeasured = case.comparisons.iter().filter(|c| c.not_measured()).count();
         section(
             out,
             &format!(
-                "Weir vs seed ({within} of {} within ±20%)",
-                case.comparisons.len()
+                "Weir vs seed ({within} of {} within ±20%{})",
+                case.comparisons.len(),
+                if unmeasured > 0 {
+                    format!(", {unmeasured} not measured")
+                } else {
+                    String::new()
+                }
             ),
             color,
         );
-        out.push_str(&comparison_table(&case.comparisons).render(color));
+        out.push_str(&comparisons_fit(&case.comparisons, o));
     }
 
     if !case.components.is_empty() {
         section(out, "Components", color);
-        out.push_str(&component_table(case).render(color));
+        out.push_str(&component_table(case).render_fit(color, o.width));
     }
 
     if opts.sparklines && !case.timeline.is_empty() {
         section(out, "Timeline", color);
-        out.push_str(&timeline_table(&case.timeline).render(color));
+        out.push_str(&timeline_table(&case.timeline).render_fit(color, o.width));
     }
 
-    render_model_sections(out, case, color);
+    render_model_sections(out, case, o);
 }
 
 /// The issue-4 fields: application metrics, user-experience grades, named windows and
 /// the I/O size histogram (each only when the case carries it).
-fn render_model_sections(out: &mut String, case: &CaseReport, color: bool) {
+fn render_model_sections(out: &mut String, case: &CaseReport, o: Out) {
+    let color = o.color;
     let columns = app::metric_columns(case);
     let ux = app::ux_rows(case, &columns);
     if !case.model_metrics.is_empty() {
         section(out, "Application metrics", color);
-        out.push_str(&metrics_table(case, &columns, !ux.is_empty()).render(color));
+        out.push_str(&metrics_table(case, &columns, !ux.is_empty()).render_fit(color, o.width));
     }
     if !ux.is_empty() {
         section(out, "User experience (█ good  ▓ fair  ░ poor)", color);
-        out.push_str(&ux_table(&ux).render(color));
+        out.push_str(&ux_table(&ux).render_fit(color, o.width));
     }
     if !case.windows.is_empty() {
         section(out, "Windows", color);
@@ -180,11 +299,11 @@ fn render_model_sections(out: &mut String, case: &CaseReport, color: bool) {
             })
             .collect();
         let _ = writeln!(out, "{}{}", " ".repeat(INDENT), spans.join(" · "));
-        out.push_str(&windows_table(case).render(color));
+        out.push_str(&windows_table(case).render_fit(color, o.width));
     }
     if let Some(sizes) = &case.io_sizes {
         section(out, "I/O sizes", color);
-        out.push_str(&size_tables(sizes, color));
+        out.push_str(&size_tables(sizes, o));
     }
 }
 
@@ -392,7 +511,8 @@ fn count_bar(count: u64, max: u64, width: usize) -> String {
     "█".repeat(filled.min(width))
 }
 
-fn size_tables(h: &IoSizeHistogram, color: bool) -> String {
+fn size_tables(h: &IoSizeHistogram, o: Out) -> String {
+    let color = o.color;
     let buckets = app::size_buckets(h);
     let reads: u64 = buckets.iter().map(|b| b.reads).fold(0, u64::saturating_add);
     let writes: u64 = buckets
@@ -445,7 +565,7 @@ fn size_tables(h: &IoSizeHistogram, color: bool) -> String {
             ),
             Cell::new(""),
         ]);
-        out.push_str(&table.render(color));
+        out.push_str(&table.render_fit(color, o.width));
     }
     let split = app::access_split(h);
     if split.iter().any(|(_, s, r)| s.saturating_add(*r) > 0) {
@@ -477,7 +597,7 @@ fn size_tables(h: &IoSizeHistogram, color: bool) -> String {
                 Cell::styled(bar, Style::Cyan),
             ]);
         }
-        out.push_str(&table.render(color));
+        out.push_str(&table.render_fit(color, o.width));
     }
     out
 }
@@ -514,10 +634,16 @@ fn workload_table(case: &CaseReport) -> Table {
         columns.push(Column::left("host"));
     }
     for header in ["IOPS", "MB/s", "mean ms", "p50 ms", "p95 ms", "p99 ms"] {
-        columns.push(Column::right(header));
+        let column = Column::right(header);
+        // In a narrow terminal, the median and p95 give way first.
+        columns.push(if matches!(header, "p50 ms" | "p95 ms") {
+            column.droppable()
+        } else {
+            column
+        });
     }
     if show_max {
-        columns.push(Column::right("max ms"));
+        columns.push(Column::right("max ms").droppable());
     }
     if show_errors {
         columns.push(Column::right("errors"));
@@ -566,11 +692,75 @@ fn workload_table(case: &CaseReport) -> Table {
 fn mismatch_cell(c: &Comparison) -> Cell {
     if !c.differs() {
         Cell::styled("ok", Style::Green)
+    } else if c.not_measured() {
+        Cell::styled("not measured", Style::Yellow)
     } else if c.ratio().is_finite() {
         Cell::styled("!! >20%", Style::Red)
     } else {
         Cell::styled("!! no ratio", Style::Red)
     }
+}
+
+/// The "Weir vs seed" table; when it does not fit the width, the figures stay in
+/// columns and each row's source and note follow it, wrapped.
+fn comparisons_fit(comparisons: &[Comparison], o: Out) -> String {
+    let full = comparison_table(comparisons).render(o.color);
+    if full.lines().all(|l| l.chars().count() <= o.width) {
+        return full;
+    }
+    let mut table = Table::new(vec![
+        Column::left("metric"),
+        Column::right("Weir"),
+        Column::right("seed"),
+        Column::right("ratio"),
+        Column::left(""),
+    ])
+    .with_indent(INDENT);
+    for c in comparisons {
+        table.add_row(comparison_row(c).into_iter().take(5));
+    }
+    let text = table.render_fit(o.color, o.width);
+    let mut lines = text.lines();
+    let mut out = String::new();
+    for line in lines.by_ref().take(2) {
+        out.push_str(line);
+        out.push('\n');
+    }
+    let pad = " ".repeat(INDENT + 4);
+    for (line, c) in lines.zip(comparisons) {
+        out.push_str(line);
+        out.push('\n');
+        for (what, text) in [("source", c.source.as_str()), ("note", c.note.as_str())] {
+            if text.is_empty() {
+                continue;
+            }
+            let body = wrap(
+                &format!("{what}: {}", sanitize(text)),
+                o.width.saturating_sub(pad.len()).max(20),
+            );
+            for l in body.lines() {
+                let _ = writeln!(out, "{pad}{}", Style::Dim.paint(l, o.color));
+            }
+        }
+    }
+    out
+}
+
+fn comparison_row(c: &Comparison) -> Vec<Cell> {
+    let ratio_style = if c.differs() {
+        Style::Red
+    } else {
+        Style::Green
+    };
+    vec![
+        Cell::new(c.metric.as_str()),
+        Cell::new(fmt_number(c.weir)),
+        Cell::new(fmt_number(c.seed)),
+        Cell::styled(fmt_ratio(c.ratio()), ratio_style),
+        mismatch_cell(c),
+        Cell::styled(c.source.as_str(), Style::Dim),
+        Cell::new(c.note.as_str()),
+    ]
 }
 
 fn comparison_table(comparisons: &[Comparison]) -> Table {
@@ -585,20 +775,7 @@ fn comparison_table(comparisons: &[Comparison]) -> Table {
     ])
     .with_indent(INDENT);
     for c in comparisons {
-        let ratio_style = if c.differs() {
-            Style::Red
-        } else {
-            Style::Green
-        };
-        table.add_row([
-            Cell::new(c.metric.as_str()),
-            Cell::new(fmt_number(c.weir)),
-            Cell::new(fmt_number(c.seed)),
-            Cell::styled(fmt_ratio(c.ratio()), ratio_style),
-            mismatch_cell(c),
-            Cell::styled(c.source.as_str(), Style::Dim),
-            Cell::new(c.note.as_str()),
-        ]);
+        table.add_row(comparison_row(c));
     }
     table
 }
@@ -657,7 +834,8 @@ fn component_table(case: &CaseReport) -> Table {
     table
 }
 
-/// A sparkline of the series (NaN / inf shown as spaces), at most `width` characters.
+/// A sparkline of the series (NaN / inf shown as spaces), at most `width` characters,
+/// its levels scaled from zero to the largest value.
 pub(crate) fn sparkline(values: &[f64], width: usize) -> String {
     const LEVELS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
     if values.is_empty() || width == 0 {
@@ -683,10 +861,10 @@ pub(crate) fn sparkline(values: &[f64], width: usize) -> String {
             })
             .collect()
     };
+    // From zero (or the lowest value when below it), so that a 3 % dip draws as a
+    // 3 % dip, not as a collapse.
     let finite = buckets.iter().copied().filter(|v| v.is_finite());
-    let (min, max) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-        (lo.min(v), hi.max(v))
-    });
+    let (min, max) = finite.fold((0.0f64, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
     buckets
         .iter()
         .map(|v| {
@@ -709,7 +887,7 @@ fn timeline_table(series: &[TimelineSeries]) -> Table {
         Column::right("min"),
         Column::right("max"),
         Column::left("unit"),
-        Column::right("points"),
+        Column::right("points").droppable(),
     ])
     .with_indent(INDENT);
     for s in series {
@@ -731,33 +909,48 @@ fn timeline_table(series: &[TimelineSeries]) -> Table {
     table
 }
 
-fn render_sweep(out: &mut String, report: &ScenarioReport, color: bool) {
+/// One line per case: its parameters (for sweeps), headline figures and how many
+/// of its seed figures Weir matches.
+fn render_summary(out: &mut String, report: &ScenarioReport, o: Out) {
     let keys: BTreeSet<&str> = report
         .cases
         .iter()
         .flat_map(|c| c.params.keys().map(String::as_str))
         .collect();
-    let _ = writeln!(
-        out,
-        "{}",
-        Style::Bold.paint(
-            &format!(
-                "Sweep over {}",
-                keys.iter()
-                    .map(|k| sanitize(k))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            color
+    // Swept cases named `<case>/<param>=<value>` already spell their parameters:
+    // no columns for them (they would crowd the names out of a narrow terminal).
+    let named = report
+        .cases
+        .iter()
+        .all(|c| c.params.is_empty() || crate::html::sweep_base(&c.name, &c.params).is_some());
+    let title = if keys.is_empty() {
+        "Summary".to_string()
+    } else {
+        format!(
+            "Summary (sweep over {})",
+            keys.iter()
+                .map(|k| sanitize(k))
+                .collect::<Vec<_>>()
+                .join(", ")
         )
-    );
+    };
+    section(out, &title, o.color);
+    let with_seed = report.cases.iter().any(|c| !c.comparisons.is_empty());
+    let keys: Vec<&str> = if named {
+        Vec::new()
+    } else {
+        keys.into_iter().collect()
+    };
     let mut columns = vec![Column::left("case")];
     columns.extend(keys.iter().map(|k| Column::right(*k)));
     for header in ["IOPS", "MB/s", "mean ms", "p99 ms"] {
         columns.push(Column::right(header));
     }
+    if with_seed {
+        columns.push(Column::left("seed ±20%"));
+    }
     let mut table = Table::new(columns).with_indent(INDENT);
-    for case in report.cases.iter().filter(|c| !c.params.is_empty()) {
+    for case in &report.cases {
         let mut cells = vec![Cell::new(case.name.as_str())];
         for key in &keys {
             cells.push(Cell::new(
@@ -776,9 +969,26 @@ fn render_sweep(out: &mut String, report: &ScenarioReport, color: bool) {
             }
             None => cells.extend((0..4).map(|_| Cell::styled("n/a", Style::Dim))),
         }
+        if with_seed && !case.comparisons.is_empty() {
+            let n = case.comparisons.len();
+            let within = case.comparisons.iter().filter(|c| !c.differs()).count();
+            let unmeasured = case.comparisons.iter().filter(|c| c.not_measured()).count();
+            let mut text = format!("{within}/{n}");
+            if unmeasured > 0 {
+                let _ = write!(text, " ({unmeasured} not measured)");
+            }
+            cells.push(Cell::styled(
+                text,
+                if within == n {
+                    Style::Green
+                } else {
+                    Style::Red
+                },
+            ));
+        }
         table.add_row(cells);
     }
-    out.push_str(&table.render(color));
+    out.push_str(&table.render_fit(o.color, o.width));
 }
 
 #[cfg(test)]
@@ -788,7 +998,10 @@ mod tests {
     #[test]
     fn sparkline_scales_and_skips_non_finite() {
         assert_eq!(sparkline(&[0.0, 1.0, f64::NAN, 7.0], 10), "▁▂ █");
-        assert_eq!(sparkline(&[5.0, 5.0], 10), "▄▄");
+        assert_eq!(sparkline(&[5.0, 5.0], 10), "██");
+        assert_eq!(sparkline(&[0.0, 0.0], 10), "▄▄");
+        // From zero: a 3 % dip stays near the top; half is half.
+        assert_eq!(sparkline(&[100.0, 97.0, 100.0, 50.0], 10), "███▅");
         assert_eq!(sparkline(&[], 10), "");
         assert_eq!(
             sparkline(&(0..600).map(f64::from).collect::<Vec<_>>(), 60)

@@ -99,7 +99,7 @@ fn text_has_tables_totals_and_mismatch_markers() {
     assert!(ctl.contains("93.0%") && ctl.contains('█'), "{ctl}");
     assert!(
         text.lines()
-            .any(|l| l.contains("VM A MB/s") && l.contains('▁'))
+            .any(|l| l.contains("VM A MB/s") && l.chars().any(|c| ('▁'..='█').contains(&c)))
     );
     assert!(!text.contains("Sweep"), "no sweep table without params");
     assert!(!text.contains('\x1b'), "colour is off by default");
@@ -139,7 +139,7 @@ fn text_sweep_table_has_params_as_columns() {
             ..Default::default()
         },
     );
-    assert!(text.contains("Sweep over block_kib, queue_depth"));
+    assert!(text.contains("Summary (sweep over block_kib, queue_depth)"));
     let header = text
         .lines()
         .find(|l| l.trim_start().starts_with("case "))
@@ -156,12 +156,15 @@ fn text_sweep_table_has_params_as_columns() {
     }
     let row = text
         .lines()
-        .rev()
         .find(|l| l.trim_start().starts_with("raid10-seq-write-bs4096k"))
         .expect("sweep row");
     assert!(row.contains("4,096") && row.contains("32"), "{row}");
-    // 66 cases in the sweep table (one row each), after the per-case sections.
-    let sweep_part = text.split("Sweep over").nth(1).unwrap_or_default();
+    // 66 cases in the sweep table (one row each), before the per-case sections.
+    let sweep_part = text
+        .split("Summary (sweep over")
+        .nth(1)
+        .and_then(|t| t.split("━━ Case 1/").next())
+        .unwrap_or_default();
     assert_eq!(
         sweep_part
             .lines()
@@ -246,7 +249,11 @@ fn html_sweep_has_charts_per_metric_and_series_per_raid_level_and_direction() {
     let html = render_html(&raid_sweep_report());
     assert_balanced(&html);
     assert!(html.contains("id=\"sweep\""));
-    assert!(html.contains("<h3>Against block_kib</h3>"));
+    assert!(html.contains("<h3>Against block size</h3>"));
+    assert!(
+        html.contains(">block size (KiB)</text>"),
+        "a human axis title"
+    );
     assert!(html.contains("6 series"), "RAID 0/5/10 × read/write");
     for label in ["raid0 seq read", "raid5 seq write", "raid10 seq read"] {
         // A legend entry of every chart against block_kib.
@@ -258,7 +265,7 @@ fn html_sweep_has_charts_per_metric_and_series_per_raid_level_and_direction() {
     }
     assert!(html.contains("logarithmic"));
     // queue_depth does not vary: no chart against it.
-    assert!(!html.contains("Against queue_depth"));
+    assert!(!html.contains("Against outstanding I/Os"));
     // 4 sweep charts + per case (66) a utilisation chart + 1 comparison chart.
     assert_eq!(html.matches("<svg").count(), 4 + 66 + 1);
     // Many cases: sections start collapsed.

@@ -34,10 +34,7 @@ fn main() {
         return;
     }
     if args.iter().any(|a| a == "--text") {
-        let opts = weir_report::TextOptions {
-            color: false,
-            sparklines: true,
-        };
+        let opts = weir_report::TextOptions::default();
         println!("{}", weir_report::render_text(&report, &opts));
         return;
     }

@@ -22,11 +22,12 @@ use weir_qos::{
     Nanos, Piece, Release, SchedulerConfig, Ticket, VolumeId,
 };
 use weir_report::{
-    CaseReport, Comparison, ComponentResult, IoSizeHistogram, LatencySummary, ModelMetricResult,
-    TimelineSeries, WindowResult, WorkloadResult,
+    CaseReport, Comparison, ComponentResult, IoCounts, IoSizeHistogram, LatencySummary,
+    ModelMetricResult, TimelineSeries, WindowResult, WorkloadResult,
 };
 use weir_workload::{
-    AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric, SharedRegion,
+    AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric, ScheduleLog,
+    SharedRegion, peak_concurrent,
 };
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -270,39 +271,23 @@ impl Stats {
         self.latency_sum_ns += latency_ns as u128;
     }
     fn result(&self, name: String, duration_s: f64) -> WorkloadResult {
-        let q = |p: f64| {
-            if self.ios == 0 {
-                0.0
-            } else {
-                self.hist.value_at_quantile(p) as f64 / 1000.0
-            }
+        let counts = IoCounts {
+            ios: self.ios,
+            reads: self.reads,
+            writes: self.writes,
+            bytes: self.bytes,
+            errors: self.errors,
         };
-        WorkloadResult {
-            name,
-            volume: None,
-            host: None,
-            iops: self.ios as f64 / duration_s,
-            mbps: self.bytes as f64 / 1e6 / duration_s,
-            latency_ms: LatencySummary {
-                mean: if self.ios == 0 {
-                    0.0
-                } else {
-                    self.latency_sum_ns as f64 / self.ios as f64 / 1e6
-                },
+        WorkloadResult::from_counts(name, duration_s, counts, || {
+            let q = |p: f64| self.hist.value_at_quantile(p) as f64 / 1000.0;
+            LatencySummary {
+                mean: self.latency_sum_ns as f64 / self.ios as f64 / 1e6,
                 p50: q(0.5),
                 p95: q(0.95),
                 p99: q(0.99),
-                max: if self.ios == 0 {
-                    0.0
-                } else {
-                    self.hist.max() as f64 / 1000.0
-                },
-            },
-            read_iops: self.reads as f64 / duration_s,
-            write_iops: self.writes as f64 / duration_s,
-            ios: self.ios,
-            errors: self.errors,
-        }
+                max: self.hist.max() as f64 / 1000.0,
+            }
+        })
     }
 }
 
@@ -1400,6 +1385,54 @@ impl<'p> Engine<'p> {
         out
     }
 
+    /// Each model's schedule measured over all its instances (every `[[vm]]`
+    /// running it, every copy) in `[from, to)`: the most clone creations and
+    /// power-ons running at once, and the logins started with the time from the
+    /// first start to the last. Source: the `[[model]]`'s name.
+    fn schedule_metrics(&self, from: Nanos, to: Nanos) -> Vec<ModelMetricResult> {
+        let mut logs: Vec<(&str, ScheduleLog)> = Vec::new();
+        for v in &self.vms {
+            let (Some(m), Some(log)) = (&v.plan.model, v.generator.schedule()) else {
+                continue;
+            };
+            match logs.iter_mut().find(|l| l.0 == m.name()) {
+                Some(l) => l.1.merge(&log),
+                None => logs.push((m.name(), log)),
+            }
+        }
+        let mut out = Vec::new();
+        for (model, log) in logs {
+            let mut push = |name: &str, value: f64, unit: &str| {
+                out.push(ModelMetricResult {
+                    source: model.to_string(),
+                    kind: "vdi".into(),
+                    window: String::new(),
+                    name: name.into(),
+                    value,
+                    unit: unit.into(),
+                })
+            };
+            for (name, spans) in [
+                ("create_peak_concurrent", &log.creates),
+                ("power_on_peak_concurrent", &log.power_ons),
+            ] {
+                let peak = peak_concurrent(spans, from, to);
+                if peak > 0 {
+                    push(name, peak as f64, "desktops");
+                }
+            }
+            let starts = log.login_starts.iter().filter(|&&t| t >= from && t < to);
+            let (n, first, last) = starts.fold((0u64, Nanos::MAX, 0), |(n, a, b), &t| {
+                (n + 1, a.min(t), b.max(t))
+            });
+            if n > 0 {
+                push("logins_started", n as f64, "count");
+                push("login_window_s", (last - first) as f64 / 1e9, "s");
+            }
+        }
+        out
+    }
+
     /// The models' user-facing figures per timeline interval ("per phase and over
     /// time"): OLTP orders per minute and order latency, Exchange RPC latency, the
     /// Login VSI response time. Named `model:<vm> <metric>`; an
@@ -1635,6 +1668,7 @@ impl<'p> Engine<'p> {
         }
         timeline.extend(self.model_timeline(used));
         let mut model_metrics = self.model_metrics("", self.measure_start, now);
+        model_metrics.extend(self.schedule_metrics(self.measure_start, now));
         let mut windows = Vec::new();
         // A window the run never reached (e.g. with --scale-duration) is not
         // measured at all: its figures would read as zeroes.
@@ -1707,6 +1741,7 @@ impl<'p> Engine<'p> {
             description: plan.description.clone(),
             params: plan.params.clone(),
             duration_s,
+            warmup_s: self.measure_start.min(now) as f64 / 1e9,
             workloads,
             total: Some(total),
             comparisons: Vec::new(),
@@ -1729,6 +1764,7 @@ impl<'p> Engine<'p> {
                 weir: metric_value(&report, &c.metric).unwrap_or(f64::NAN),
                 seed: c.seed,
                 source: c.source.clone(),
+                expr: c.metric.clone(),
                 note: match unreached
                     .iter()
                     .find(|w| metric_windows(&c.metric).any(|m| m == **w))
@@ -1794,11 +1830,17 @@ pub(crate) fn check_metric(
                 "metric {metric:?} must look like `model:<vm>.<metric>`"
             ));
         };
-        return if vms.iter().any(|v| v.base == vm && v.model.is_some()) {
+        // A `[[vm]]` running a model, or a `[[model]]` some VM runs (its
+        // model-wide schedule figures).
+        return if vms.iter().any(|v| {
+            v.model
+                .as_ref()
+                .is_some_and(|m| v.base == vm || m.name() == vm)
+        }) {
             Ok(())
         } else {
             Err(format!(
-                "metric {metric:?}: no [[vm]] named {vm:?} runs a model"
+                "metric {metric:?}: no [[vm]] named {vm:?} runs a model, and no VM runs a [[model]] of that name"
             ))
         };
     }

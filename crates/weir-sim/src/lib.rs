@@ -30,7 +30,8 @@ pub mod fault;
 mod hw;
 mod queue;
 mod scenario;
-pub mod topology;
+/// The scenario file's data model (crate weir-scenario, shared with `weir load`).
+pub use weir_scenario as topology;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;

@@ -75,9 +75,14 @@ pub(crate) struct VmPlan {
     pub spec: AccessSpec,
     /// An application model instead of `spec`.
     pub model: Option<ModelSpec>,
-    /// This VM's index among the copies of its `[[vm]]` (`count`), and their number.
+    /// This VM's index among all the copies of its model (every `[[vm]]` that runs
+    /// the same `[[model]]`, each `count` times), and their number: the model's
+    /// schedule (login interval, power-on and clone slots) is split across them so
+    /// that together they run it once.
     pub instance: u32,
     pub instances: u32,
+    /// Copies of this `[[vm]]` entry (`count`).
+    pub copies: u32,
     /// The `[[vm]]` name (without the copy suffix).
     pub base: String,
     pub host_cache: bool,
@@ -353,6 +358,14 @@ impl Scenario {
         }
     }
 
+    /// Simulated seconds each case runs (warm-up + duration), in run order.
+    pub fn case_simulated_s(&self) -> Vec<f64> {
+        self.cases
+            .iter()
+            .map(|c| (c.warmup_ns + c.duration_ns) as f64 / 1e9)
+            .collect()
+    }
+
     /// Keeps only the cases whose name contains `pattern`.
     pub fn retain_cases(&mut self, pattern: &str) {
         self.cases.retain(|c| c.name.contains(pattern));
@@ -459,6 +472,12 @@ const MAX_IN_FLIGHT: u64 = 4_000_000;
 /// Most per-VM timeline points of one case (memory bound).
 const MAX_TIMELINE_POINTS: u64 = 5_000_000;
 
+/// A VM's disk in GiB as the simulator sizes it (the file's, or the default).
+fn disk_gib(v: &crate::topology::VmSpec) -> f64 {
+    v.disk_gib
+        .unwrap_or(crate::topology::VmSpec::DEFAULT_DISK_GIB)
+}
+
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
@@ -491,13 +510,25 @@ pub(crate) fn plan_case(
             ))
         }
     };
-    let duration_ns = secs("duration_s", h.duration_s, true)?;
+    let duration_s = h.duration_s.ok_or_else(|| {
+        err(
+            vec![key("scenario"), key("duration_s")],
+            "missing: the simulator needs the measured time, s".into(),
+        )
+    })?;
+    let duration_ns = secs("duration_s", duration_s, true)?;
     let warmup_ns = secs("warmup_s", h.warmup_s, false)?;
     let interval_ns = secs("timeline_interval_s", h.timeline_interval_s, true)?;
     if h.name.is_empty() {
         return Err(err(
             vec![key("scenario"), key("name")],
-            "must not be empty".into(),
+            "must not be empty (the simulator needs a name)".into(),
+        ));
+    }
+    if file.array.is_empty() {
+        return Err(err(
+            vec![key("array")],
+            "missing: the simulator needs an [array]".into(),
         ));
     }
     if (duration_ns + warmup_ns) / interval_ns > 100_000 {
@@ -695,7 +726,7 @@ pub(crate) fn plan_case(
     let fill_vms: u64 = file
         .vm
         .iter()
-        .filter(|v| v.disk_gib == 0.0)
+        .filter(|v| disk_gib(v) == 0.0)
         .map(|v| v.count as u64)
         .sum();
     let fill_bytes = if fill_vms == 0 {
@@ -708,12 +739,22 @@ pub(crate) fn plan_case(
         let fixed: f64 = file
             .vm
             .iter()
-            .filter(|v| v.disk_gib > 0.0)
-            .map(|v| v.disk_gib * v.count as f64 * (1u64 << 30) as f64)
+            .filter(|v| disk_gib(v) > 0.0)
+            .map(|v| disk_gib(v) * v.count as f64 * (1u64 << 30) as f64)
             .sum();
         let rest = capacity.saturating_sub(fixed as u64);
         rest.checked_div(fill_vms).unwrap_or(0) / (1 << 20) * (1 << 20)
     };
+    // A model's schedule is the model's, not each `[[vm]]` entry's: every copy of
+    // every `[[vm]]` running it is one instance of it (numbered in file order).
+    let model_copies = |name: &str| -> u32 {
+        file.vm
+            .iter()
+            .filter(|v| v.workload == name)
+            .map(|v| v.count)
+            .sum()
+    };
+    let mut model_seen: BTreeMap<&str, u32> = BTreeMap::new();
     for (i, v) in file.vm.iter().enumerate() {
         let at = |f: &str| vec![key("vm"), Seg::Index(i), key(f)];
         if !valid_name(&v.name) {
@@ -723,6 +764,12 @@ pub(crate) fn plan_case(
                     "names are 1-64 characters of [A-Za-z0-9_-], got {:?}",
                     v.name
                 ),
+            ));
+        }
+        if v.host.is_empty() {
+            return Err(err(
+                at("host"),
+                "missing: the simulator places every VM on a [[host]]".into(),
             ));
         }
         let host = hosts
@@ -763,25 +810,27 @@ pub(crate) fn plan_case(
                 }
             }
         };
-        if !(v.disk_gib.is_finite() && v.disk_gib >= 0.0 && v.disk_gib <= 1e6) {
+        let gib = disk_gib(v);
+        if !(gib.is_finite() && (0.0..=1e6).contains(&gib)) {
             return Err(err(
                 at("disk_gib"),
+                format!("must be in [0, 1e6] (0: the rest of the array), got {gib}"),
+            ));
+        }
+        let total: u64 = file.vm[..=i].iter().map(|v| v.count as u64).sum();
+        if total > weir_workload::MAX_VMS as u64 {
+            return Err(err(
+                at("count"),
                 format!(
-                    "must be in [0, 1e6] (0: the rest of the array), got {}",
-                    v.disk_gib
+                    "the scenario's VMs (every count together) must be at most {}, got {total}",
+                    weir_workload::MAX_VMS
                 ),
             ));
         }
-        if v.count > 10_000 {
-            return Err(err(
-                at("count"),
-                format!("must be 0-10000, got {}", v.count),
-            ));
-        }
-        let disk_bytes = if v.disk_gib == 0.0 {
+        let disk_bytes = if gib == 0.0 {
             fill_bytes
         } else {
-            (v.disk_gib * (1u64 << 30) as f64) as u64 / 4096 * 4096
+            (gib * (1u64 << 30) as f64) as u64 / 4096 * 4096
         };
         if disk_bytes == 0 {
             return Err(err(
@@ -789,6 +838,15 @@ pub(crate) fn plan_case(
                 "the other VMs' disks leave no room on the array".into(),
             ));
         }
+        let (first_instance, instances) = match &model {
+            Some(_) => {
+                let seen = model_seen.entry(v.workload.as_str()).or_insert(0);
+                let first = *seen;
+                *seen += v.count;
+                (first, model_copies(&v.workload))
+            }
+            None => (0, v.count),
+        };
         for k in 0..v.count {
             let vm_name = if v.count == 1 {
                 v.name.clone()
@@ -814,7 +872,7 @@ pub(crate) fn plan_case(
                 .map_err(|e| err(at("limit_iops"), e.to_string()))?;
             match &model {
                 Some(m) => {
-                    if let Err(e) = m.build(disk_bytes, 0, k, v.count) {
+                    if let Err(e) = m.build(disk_bytes, 0, first_instance + k, instances) {
                         return Err(err(at("workload"), format!("model {:?}: {e}", v.workload)));
                     }
                 }
@@ -853,8 +911,9 @@ pub(crate) fn plan_case(
                 policy,
                 spec: spec.clone(),
                 model: model.clone(),
-                instance: k,
-                instances: v.count,
+                instance: first_instance + k,
+                instances,
+                copies: v.count,
                 base: v.name.clone(),
                 host_cache: v.host_cache,
                 prewarm_bytes,
@@ -867,7 +926,7 @@ pub(crate) fn plan_case(
     let in_flight: u64 = vms
         .iter()
         .map(|v| match &v.model {
-            Some(m) => m.max_outstanding() / v.instances.max(1) as u64,
+            Some(m) => m.max_outstanding() / v.copies.max(1) as u64,
             None => v.spec.workers as u64 * v.spec.outstanding_ios as u64,
         })
         .sum();

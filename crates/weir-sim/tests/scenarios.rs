@@ -249,6 +249,49 @@ workload = "oltp"
 disk_gib = 1
 "#;
 
+/// The shared schema lets a file leave out what only the simulator needs; the
+/// simulator says so, naming the field.
+#[test]
+fn what_only_the_simulator_needs_is_asked_for_by_name() {
+    let (_, field, msg) = invalid(&GOOD.replace("duration_s = 1\n", ""));
+    assert_eq!(field, "scenario.duration_s");
+    assert!(msg.contains("missing"), "{msg}");
+    let (_, field, msg) = invalid(&GOOD.replace("host = \"h1\"\nworkload", "workload"));
+    assert_eq!(field, "vm[a].host");
+    assert!(msg.contains("missing"), "{msg}");
+    let (_, field, _) = invalid(&GOOD.replace("name = \"t\"\n", ""));
+    assert_eq!(field, "scenario.name");
+    let (_, field, msg) =
+        invalid(&GOOD.replace("[array]\nideal = { servers = 4, service_us = 100 }\n", ""));
+    assert_eq!(field, "array", "{msg}");
+    // `model = "…"` is `workload`'s other name, in both tools.
+    assert!(
+        Scenario::from_toml_str(
+            "m.toml",
+            &GOOD.replace("workload = \"oltp\"", "model = \"oltp\"")
+        )
+        .is_ok()
+    );
+}
+
+/// One limit on VMs for the simulator and `weir load` (weir_workload::MAX_VMS,
+/// 100,000; the simulator's was 10,000 per entry), over every `[[vm]]` together.
+#[test]
+fn the_vm_limit_is_weir_loads_and_counts_every_entry() {
+    assert_eq!(weir_workload::MAX_VMS, 100_000);
+    let two = |a: u32, b: u32| {
+        format!(
+            "{}count = {a}\n[[vm]]\nname = \"b\"\nhost = \"h1\"\nworkload = \"oltp\"\ndisk_gib = 1\ncount = {b}\n",
+            GOOD
+        )
+    };
+    let (_, field, msg) = invalid(&two(60_000, 40_001));
+    assert_eq!(field, "vm[b].count", "{msg}");
+    assert!(msg.contains("at most 100000, got 100001"), "{msg}");
+    let (_, field, _) = invalid(&two(100_001, 0));
+    assert_eq!(field, "vm[a].count");
+}
+
 #[test]
 fn bad_files_name_file_line_and_field() {
     assert!(Scenario::from_toml_str("good.toml", GOOD).is_ok());

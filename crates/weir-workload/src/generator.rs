@@ -59,6 +59,58 @@ pub trait IoGenerator {
     fn host_cacheable(&self, _offset_bytes: u64) -> bool {
         true
     }
+
+    /// The orchestrated operations this instance ran so far (clone creations,
+    /// power-ons, logins), so that a driver can measure a model's schedule across
+    /// all its instances ([`ScheduleLog::merge`]). Plain access specifications and
+    /// models without such a schedule have none.
+    fn schedule(&self) -> Option<ScheduleLog> {
+        None
+    }
+}
+
+/// What a model's orchestrator did: spans of the operations it limits to a number
+/// at a time, and the start of each login. `end` is `Nanos::MAX` for an operation
+/// still running.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ScheduleLog {
+    /// `(start, end)` of each clone creation.
+    pub creates: Vec<(Nanos, Nanos)>,
+    /// `(start, end)` of each power-on (boot).
+    pub power_ons: Vec<(Nanos, Nanos)>,
+    /// When each login started.
+    pub login_starts: Vec<Nanos>,
+}
+
+impl ScheduleLog {
+    /// Adds another instance's log.
+    pub fn merge(&mut self, other: &ScheduleLog) {
+        self.creates.extend_from_slice(&other.creates);
+        self.power_ons.extend_from_slice(&other.power_ons);
+        self.login_starts.extend_from_slice(&other.login_starts);
+    }
+}
+
+/// The most spans open at one time among `spans` clipped to `[from, to)`. A span
+/// ending when another starts does not overlap it (a slot that finishes one
+/// desktop and starts the next runs one at a time).
+pub fn peak_concurrent(spans: &[(Nanos, Nanos)], from: Nanos, to: Nanos) -> u32 {
+    let mut edges: Vec<(Nanos, i8)> = Vec::with_capacity(spans.len() * 2);
+    for &(start, end) in spans {
+        let (a, b) = (start.max(from), end.min(to));
+        if a < b {
+            edges.push((a, 1));
+            edges.push((b, -1));
+        }
+    }
+    // Ends (-1) sort before starts (+1) at the same instant.
+    edges.sort_unstable();
+    let (mut open, mut peak) = (0i64, 0i64);
+    for (_, d) in edges {
+        open += d as i64;
+        peak = peak.max(open);
+    }
+    peak as u32
 }
 
 #[derive(Clone, Debug)]
@@ -253,6 +305,19 @@ mod tests {
                 other => panic!("expected an I/O, got {other:?}"),
             })
             .collect()
+    }
+
+    #[test]
+    fn peak_concurrent_counts_overlaps_not_hand_offs() {
+        use super::peak_concurrent;
+        // A slot handing over at 10 (end = next start) runs one at a time.
+        assert_eq!(peak_concurrent(&[(0, 10), (10, 20), (20, 30)], 0, 100), 1);
+        assert_eq!(peak_concurrent(&[(0, 10), (5, 20), (6, 7)], 0, 100), 3);
+        // Still running at the end (`u64::MAX`), clipped to the window.
+        assert_eq!(peak_concurrent(&[(0, u64::MAX), (50, 60)], 0, 100), 2);
+        assert_eq!(peak_concurrent(&[(0, u64::MAX), (50, 60)], 0, 40), 1);
+        assert_eq!(peak_concurrent(&[(0, 10)], 10, 20), 0);
+        assert_eq!(peak_concurrent(&[], 0, 10), 0);
     }
 
     #[test]

@@ -34,7 +34,7 @@ mod sweep;
 mod vdi;
 
 pub use access::{AccessSpec, DEFAULT_DATASET_FRACTION, MAX_TRANSFER_BYTES, TransferLine};
-pub use generator::{AccessGenerator, IoGenerator, IoRequest, Issue};
+pub use generator::{AccessGenerator, IoGenerator, IoRequest, Issue, ScheduleLog, peak_concurrent};
 pub use model::{
     ExchangeSpec, LoginKind, ModelMetric, ModelSpec, OltpSpec, SharedRegion, SizeDist, VdiSpec,
 };
@@ -44,6 +44,10 @@ pub use vdi::{Activity, VsiSummary, vsi_summary};
 
 /// Nanoseconds on the driver's clock.
 pub type Nanos = u64;
+
+/// Most VMs one scenario may hold (every `[[vm]]`'s `count` together): the same limit
+/// for the simulator and `weir load`.
+pub const MAX_VMS: usize = 100_000;
 
 /// Direction of a request.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -147,8 +147,9 @@ impl ModelSpec {
     }
 
     /// A generator for one instance of the model on a volume of `volume_bytes`.
-    /// `instance` of `instances`: copies of one model split its schedule (logins,
-    /// the power-on orchestrator's slots) so that together they behave as one.
+    /// `instance` of `instances`: the copies of one model (every VM running it)
+    /// split its schedule — logins interleave, the power-on and clone slots are
+    /// dealt out — so that together they run it once.
     pub fn build(
         &self,
         volume_bytes: u64,
@@ -169,6 +170,29 @@ impl ModelSpec {
         }
         let instances = instances.max(1);
         let instance = instance.min(instances - 1);
+        if let ModelSpec::Vdi(s) = self {
+            for (field, slots, scheduled) in [
+                (
+                    "max_concurrent_create",
+                    s.max_concurrent_create,
+                    s.create_at_s.is_some(),
+                ),
+                (
+                    "max_concurrent_power_on",
+                    s.max_concurrent_power_on,
+                    s.power_on_at_s.is_some(),
+                ),
+            ] {
+                if scheduled && slots < instances {
+                    return Err(WorkloadError::invalid(
+                        field,
+                        format!(
+                            "{slots} at a time cannot be split over the model's {instances} pools (every [[vm]] running it, `count` times each): at least one each"
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(match self {
             ModelSpec::Vdi(s) => Box::new(crate::vdi::VdiModel::new(
                 s,

@@ -13,7 +13,9 @@
 //! loop at `task_queue_depth`), `desktops` background workers (open loop: dripping
 //! water, or the phase's activity after login), `max_concurrent_power_on` power-on
 //! slots and `max_concurrent_create` creation slots (each slot runs desktops one
-//! after the other: vCenter's "at most 128 at once, the rest queued").
+//! after the other: vCenter's "at most 128 at once, the rest queued"). The limits
+//! and the login interval are the whole model's: its instances (pools) deal the
+//! slots out between them and interleave their logins.
 //!
 //! # Calibration (every default below, with its source)
 //! * Power-on (004 Table 16, section 5.4, Data ONTAP 8.1): 36,085 read + 5,432 write
@@ -46,7 +48,7 @@
 use crate::model::{
     GIB, KIB, MIB, ModelMetric, NS_PER_S, SharedRegion, SizeDist, check_range, mix,
 };
-use crate::{Direction, IoGenerator, IoRequest, Issue, Nanos, WorkloadError};
+use crate::{Direction, IoGenerator, IoRequest, Issue, Nanos, ScheduleLog, WorkloadError};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -135,7 +137,8 @@ pub struct VdiSpec {
     /// Start of the mass power-on, s (none: the desktops are running).
     #[serde(default)]
     pub power_on_at_s: Option<f64>,
-    /// vCenter's limit on concurrent power-on operations (004: 128).
+    /// vCenter's limit on concurrent power-on operations (004: 128), over all the
+    /// model's instances.
     #[serde(default = "d_boot_slots")]
     pub max_concurrent_power_on: u32,
     #[serde(default = "d_boot_ios")]
@@ -435,6 +438,7 @@ pub(crate) struct VdiModel {
     per_second: Vec<Counters>,
     /// (end, duration s) per finished task kind.
     logins: Vec<(Nanos, f64)>,
+    login_starts: Vec<Nanos>,
     launches: Vec<(Nanos, f64)>,
     boots: Vec<(Nanos, Nanos)>,
     creates: Vec<(Nanos, Nanos)>,
@@ -485,7 +489,10 @@ impl VdiModel {
                 last_write_sec: u64::MAX,
             })
             .collect();
-        let per_instance = |n: u32| (n / instances).max(1) as usize;
+        // The model's slots, split over its instances (the first `n % instances` get
+        // one more), so that together they run `n` at a time.
+        let per_instance =
+            |n: u32| (n / instances + u32::from(instance < n % instances)).max(1) as usize;
         let activity = spec
             .activity
             .clone()
@@ -510,6 +517,7 @@ impl VdiModel {
             image_seed: mix(spec.image_gib.to_bits() ^ 0x1A6E),
             per_second: Vec::new(),
             logins: Vec::new(),
+            login_starts: Vec::new(),
             launches: Vec::new(),
             boots: Vec::new(),
             creates: Vec::new(),
@@ -814,6 +822,7 @@ impl VdiModel {
                 if now < at {
                     return Issue::At(at);
                 }
+                self.login_starts.push(now);
                 self.tasks[d as usize] = Some(self.start_task(TaskKind::Login, d, now));
                 continue;
             }
@@ -1309,6 +1318,25 @@ impl IoGenerator for VdiModel {
         })
     }
 
+    fn schedule(&self) -> Option<ScheduleLog> {
+        let running = |slots: &[Option<Task>]| {
+            slots
+                .iter()
+                .flatten()
+                .map(|t| (t.started, Nanos::MAX))
+                .collect::<Vec<_>>()
+        };
+        let mut creates = self.creates.clone();
+        creates.extend(running(&self.create_slots));
+        let mut power_ons = self.boots.clone();
+        power_ons.extend(running(&self.boot_slots));
+        Some(ScheduleLog {
+            creates,
+            power_ons,
+            login_starts: self.login_starts.clone(),
+        })
+    }
+
     fn clone_of(&self, worker: u32) -> u32 {
         let d = self.d();
         let boot = self.boot_slots.len() as u32;
@@ -1552,6 +1580,52 @@ mod tests {
         };
         let (i, m, t) = (iops("initial"), iops("monday"), iops("tuesday"));
         assert!(i > m && m > t * 2.0, "initial {i} monday {m} tuesday {t}");
+    }
+
+    /// The copies of one model split its schedule: 10 power-on slots over 3 pools
+    /// are 4 + 3 + 3, together never more than 10 at once; logins interleave so
+    /// that the model as a whole logs one desktop in every `login_interval_s`.
+    #[test]
+    fn copies_of_a_model_share_its_slots_and_login_interval() {
+        let s = spec(
+            "desktops = 12\npower_on_at_s = 0\nmax_concurrent_power_on = 10\nmax_concurrent_create = 3\nboot_ios = 200\nboot_think_us = 1000\nlogin = \"tuesday\"\nlogin_at_s = 30\nlogin_interval_s = 0.5\napps_per_login = 0",
+        );
+        let bytes = s.min_volume_bytes() * 2;
+        let mut log = ScheduleLog::default();
+        let mut slots = Vec::new();
+        for i in 0..3 {
+            let mut g = ModelSpec::Vdi(Box::new(s.clone()))
+                .build(bytes, 7, i, 3)
+                .unwrap();
+            // Workers: 12 foreground, 12 background, the power-on slots, 1 clone slot.
+            slots.push(g.workers() - 2 * 12 - 1);
+            run_fixed_latency(g.as_mut(), 2_000_000, 60 * S);
+            log.merge(&g.schedule().expect("a VDI model has a schedule"));
+        }
+        assert_eq!(slots, [4, 3, 3]);
+        assert_eq!(log.power_ons.len(), 36);
+        assert_eq!(crate::peak_concurrent(&log.power_ons, 0, 60 * S), 10);
+        // 36 logins, one every 0.5 s over the three pools: the last 17.5 s after
+        // the first, each at its slot of the model-wide sequence.
+        let mut starts = log.login_starts.clone();
+        starts.sort_unstable();
+        assert_eq!(starts.len(), 36);
+        for (k, t) in starts.iter().enumerate() {
+            assert_eq!(*t, 30 * S + k as Nanos * S / 2, "login {k}");
+        }
+    }
+
+    #[test]
+    fn a_schedule_with_fewer_slots_than_pools_is_refused() {
+        let s = spec("desktops = 4\npower_on_at_s = 0\nmax_concurrent_power_on = 2");
+        let bytes = s.min_volume_bytes() * 2;
+        let m = ModelSpec::Vdi(Box::new(s));
+        assert!(m.build(bytes, 7, 0, 2).is_ok());
+        let e = m.build(bytes, 7, 0, 3).err().expect("refused").to_string();
+        assert!(
+            e.contains("max_concurrent_power_on") && e.contains("3 pools"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -19,9 +19,19 @@ pub struct SimArgs {
     /// Print one JSON document instead of tables
     #[arg(long)]
     json: bool,
-    /// Also write a self-contained HTML report with charts to FILE
+    /// Also write the JSON document to FILE (checked before the run)
+    #[arg(long, value_name = "FILE")]
+    json_out: Option<PathBuf>,
+    /// Also write a self-contained HTML report with charts to FILE (checked before the run)
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
+    /// Print only the summary: the seed tally, one line per case, every seed figure
+    #[arg(long)]
+    summary: bool,
+    /// Fit the tables in N columns (default: the terminal's width, or unlimited when
+    /// the output is not a terminal)
+    #[arg(long, value_name = "N")]
+    width: Option<usize>,
     /// Multiply every case's simulated warm-up and run time by F (0 < F <= 1) for a quick look
     #[arg(long, value_name = "F")]
     scale_duration: Option<f64>,
@@ -64,6 +74,53 @@ fn load(name_or_path: &str) -> Result<Scenario> {
     Ok(Scenario::from_file(&path)?)
 }
 
+/// Creates (or truncates) an output file now, so that a path that cannot be written
+/// fails before a run that may take minutes, not after it.
+fn open_output(path: &Option<PathBuf>) -> Result<Option<std::fs::File>> {
+    path.as_ref()
+        .map(|path| {
+            std::fs::File::create(path).with_context(|| {
+                format!(
+                    "cannot write the report to {} (checked before running)",
+                    path.display()
+                )
+            })
+        })
+        .transpose()
+}
+
+/// The terminal's width in columns, from `COLUMNS` or the terminal itself; `None`
+/// when the output is not a terminal.
+fn terminal_width() -> Option<usize> {
+    if let Some(n) = std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()) {
+        return Some(n);
+    }
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    ratatui::crossterm::terminal::size()
+        .ok()
+        .map(|(columns, _)| columns as usize)
+        .filter(|&c| c > 0)
+}
+
+/// Where a run is as a fraction of all the simulated time it has to cover, and the
+/// wall time left at the rate so far (`None` until there is a rate).
+pub(crate) fn progress_eta(
+    done_s: f64,
+    total_s: f64,
+    elapsed: std::time::Duration,
+) -> (f64, Option<std::time::Duration>) {
+    if total_s.is_nan() || total_s <= 0.0 {
+        return (0.0, None);
+    }
+    let fraction = (done_s / total_s).clamp(0.0, 1.0);
+    let eta = (fraction > 0.0 && elapsed.as_secs_f64() > 0.0).then(|| {
+        std::time::Duration::from_secs_f64(elapsed.as_secs_f64() * (1.0 - fraction) / fraction)
+    });
+    (fraction, eta)
+}
+
 pub fn run(args: SimArgs) -> Result<()> {
     if args.list {
         for (name, text) in weir_sim::builtin_scenarios() {
@@ -88,21 +145,50 @@ pub fn run(args: SimArgs) -> Result<()> {
         scenario.scale_duration(f);
     }
 
+    if args.width == Some(0) {
+        bail!("--width must be at least 1");
+    }
+    let json_file = open_output(&args.json_out)?;
+    let html_file = open_output(&args.html)?;
+
+    // Progress in simulated time over all the cases (the cases' lengths differ), with
+    // the wall time left at the rate so far.
+    let lengths = scenario.case_simulated_s();
+    let total_s: f64 = lengths.iter().sum();
+    let started = std::time::Instant::now();
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
-        let bar = ProgressBar::new(scenario.case_names().len() as u64);
+        let bar = ProgressBar::new(1000);
         bar.set_style(
-            ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} cases  {msg}",
-            )
-            .expect("static template"),
+            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {msg}")
+                .expect("static template"),
         );
         bar
     });
+    // Cases run in parallel (-j): each case's own simulated time so far, by name.
+    let names = scenario.case_names();
+    let mut case_done_s = vec![0.0f64; names.len()];
+    let mut finished = 0;
     let mut on_progress = |p: Progress| {
-        if let Some(bar) = &bar {
-            bar.set_position(p.cases_done as u64);
-            bar.set_message(p.case.clone());
+        let Some(bar) = &bar else { return };
+        if let Some(i) = names.iter().position(|n| *n == p.case) {
+            case_done_s[i] = if p.cases_done > finished {
+                lengths[i]
+            } else {
+                case_done_s[i].max(p.simulated_s.min(p.case_simulated_s))
+            };
         }
+        finished = finished.max(p.cases_done);
+        let (fraction, eta) = progress_eta(case_done_s.iter().sum(), total_s, started.elapsed());
+        bar.set_position((fraction * 1000.0) as u64);
+        bar.set_message(format!(
+            "{:.0}%  {}/{} cases done, now {}  ETA {}",
+            fraction * 100.0,
+            p.cases_done,
+            p.cases_total,
+            p.case,
+            eta.map_or("…".to_string(), |d| indicatif::HumanDuration(d)
+                .to_string())
+        ));
     };
     let jobs = args.jobs.map(usize::from).unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
@@ -118,17 +204,43 @@ pub fn run(args: SimArgs) -> Result<()> {
     if args.json {
         println!("{}", weir_report::render_json(&report));
     } else {
-        print!(
-            "{}",
-            weir_report::render_text(&report, &weir_report::TextOptions::default())
-        );
+        let options = weir_report::TextOptions {
+            width: args.width.or_else(terminal_width),
+            summary: args.summary,
+            ..Default::default()
+        };
+        print!("{}", weir_report::render_text(&report, &options));
     }
-    if let Some(path) = &args.html {
-        std::fs::write(path, weir_report::render_html(&report))
+    use std::io::Write as _;
+    if let (Some(path), Some(mut file)) = (&args.json_out, json_file) {
+        writeln!(file, "{}", weir_report::render_json(&report))
+            .with_context(|| format!("writing the JSON report to {}", path.display()))?;
+    }
+    if let (Some(path), Some(mut file)) = (&args.html, html_file) {
+        file.write_all(weir_report::render_html(&report).as_bytes())
             .with_context(|| format!("writing HTML report to {}", path.display()))?;
         if !args.json {
             eprintln!("HTML report written to {}", path.display());
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::progress_eta;
+    use std::time::Duration;
+
+    #[test]
+    fn eta_follows_the_rate_so_far() {
+        let (f, eta) = progress_eta(25.0, 100.0, Duration::from_secs(10));
+        assert_eq!(f, 0.25);
+        assert_eq!(eta, Some(Duration::from_secs(30)));
+        assert_eq!(progress_eta(0.0, 100.0, Duration::from_secs(3)).1, None);
+        assert_eq!(progress_eta(5.0, 0.0, Duration::from_secs(3)), (0.0, None));
+        assert_eq!(
+            progress_eta(150.0, 100.0, Duration::from_secs(3)).1,
+            Some(Duration::ZERO)
+        );
+    }
 }

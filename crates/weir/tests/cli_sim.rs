@@ -61,11 +61,17 @@ fn every_shipped_scenario_runs_with_json() {
                 case["name"]
             );
             for w in workloads {
+                // A latency for every workload that completed I/O; none (null, not
+                // 0 ms) for one that did not (e.g. desktops not yet powered on).
+                let idle = w["ios"].as_u64() == Some(0);
                 for key in ["mean", "p50", "p95", "p99"] {
+                    let v = &w["latency_ms"][key];
                     assert!(
-                        w["latency_ms"][key].is_number(),
-                        "{}: latency_ms.{key} missing",
-                        file.display()
+                        if idle { v.is_null() } else { v.is_number() },
+                        "{}: {} latency_ms.{key} is {v} with {} I/Os",
+                        file.display(),
+                        w["name"],
+                        w["ios"]
                     );
                 }
                 assert!(w["iops"].as_f64().unwrap() >= 0.0);
@@ -162,6 +168,86 @@ fn bad_scenario_names_file_line_and_field() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("built-ins"));
+}
+
+#[test]
+fn report_paths_are_checked_before_the_run() {
+    let dir = TempDir::new("cli-paths");
+    for flag in ["--html", "--json-out"] {
+        let bad = dir.join("no-such-dir").join("report");
+        let started = std::time::Instant::now();
+        // The full vdi-week would take many minutes: failing fast means before it.
+        let out = weir()
+            .args(["sim", "-q", "vdi-week", flag])
+            .arg(&bad)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{flag}: failed only after {:?}",
+            started.elapsed()
+        );
+        assert!(out.stdout.is_empty(), "{flag}: no report printed");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("checked before running") && err.contains("no-such-dir"),
+            "{flag}: {err}"
+        );
+    }
+    // A good --json-out path gets the same document as --json.
+    let file = dir.join("report.json");
+    let out = weir()
+        .args([
+            "sim",
+            "-q",
+            "--json",
+            "--scale-duration",
+            "0.05",
+            "qos-invariants",
+            "--json-out",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(std::fs::read(&file).unwrap(), out.stdout);
+}
+
+#[test]
+fn text_fits_the_width_and_summary_is_short() {
+    let columns = |text: &str| text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    let run = |args: &[&str], env_columns: Option<&str>| {
+        let mut cmd = weir();
+        cmd.args(["sim", "-q", "--scale-duration", "0.1", "hba-8g-vs-4g"])
+            .args(args)
+            .env_remove("COLUMNS");
+        if let Some(c) = env_columns {
+            cmd.env("COLUMNS", c);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let wide = run(&[], None);
+    assert!(columns(&wide) > 80, "not a terminal, no COLUMNS: no limit");
+    let narrow = run(&["--width", "80"], None);
+    assert!(columns(&narrow) <= 80, "{}", columns(&narrow));
+    // The terminal's width (COLUMNS) when no --width is given.
+    assert!(columns(&run(&[], Some("72"))) <= 72);
+    let summary = run(&["--summary"], None);
+    assert!(summary.lines().count() < 40, "{summary}");
+    assert!(summary.contains("Summary (sweep over block_kib)"));
+    assert!(!summary.contains("━━ Case"));
+    let out = weir()
+        .args(["sim", "-q", "--width", "0", "qos-invariants"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
 }
 
 #[test]

@@ -1,4 +1,13 @@
-//! The scenario file's data model (TOML, unknown fields rejected).
+//! # weir-scenario — the scenario file's data model
+//!
+//! The TOML format of `scenarios/*.toml` (documented in scenarios/README.md) as serde
+//! types, unknown fields rejected. One schema for two readers: the simulator
+//! (`weir sim`, crate weir-sim, which builds and validates every section) and the load
+//! generator (`weir load`, crate weir-load, which runs the `[scenario]`,
+//! `[[workload]]`, `[[model]]` and `[[vm]]` parts against real storage and ignores the
+//! simulated hardware). The types only say what shape a file has; what each tool
+//! requires of it (the simulator: a name, a duration, an `[array]`, a host for every
+//! VM) each tool checks.
 
 use serde::{Deserialize, Deserializer, Serialize};
 use weir_qos::{CongestionConfig, DepthConfig, Policy, Shares};
@@ -8,10 +17,13 @@ use weir_workload::{AccessSpec, ModelSpec};
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScenarioFile {
+    #[serde(default)]
     pub scenario: ScenarioHeader,
     #[serde(default)]
     pub datastore: DatastoreSpec,
-    /// The array (weir-model `ArraySpec`), kept as TOML here and built per case.
+    /// The array (weir-model `ArraySpec`), kept as TOML here and built per case by
+    /// the simulator (which needs one); `weir load` ignores it.
+    #[serde(default)]
     pub array: toml::Table,
     /// Appliance-side QoS (like ioControl): on when present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -22,7 +34,9 @@ pub struct ScenarioFile {
     /// Array volumes (LUNs) the VMs' disks live on; none: one volume named "datastore".
     #[serde(default)]
     pub volume: Vec<VolumeSpec>,
+    #[serde(default)]
     pub host: Vec<HostSpec>,
+    #[serde(default)]
     pub vm: Vec<VmSpec>,
     /// Named access specifications (`vm.workload` may also name a built-in profile).
     #[serde(default)]
@@ -128,13 +142,17 @@ fn d_block_kib() -> u32 {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScenarioHeader {
+    /// Required by the simulator; `weir load` names a nameless file after itself.
+    #[serde(default)]
     pub name: String,
     #[serde(default)]
     pub description: String,
     #[serde(default = "one_u64")]
     pub seed: u64,
-    /// Measured simulated time, s (after the warm-up).
-    pub duration_s: f64,
+    /// Measured simulated time, s (after the warm-up): required by the simulator;
+    /// `weir load` runs for its own `--duration` when the file has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_s: Option<f64>,
     /// Simulated time before measurement starts, s (Iometer's ramp-up).
     #[serde(default)]
     pub warmup_s: f64,
@@ -271,8 +289,12 @@ pub struct HostSpec {
 #[serde(deny_unknown_fields)]
 pub struct VmSpec {
     pub name: String,
+    /// The `[[host]]` it runs on: required by the simulator, ignored by `weir load`.
+    #[serde(default)]
     pub host: String,
-    /// Name of a `[[workload]]` or a built-in profile (`oltp`, `dss`, …).
+    /// Name of a `[[workload]]`, a `[[model]]` (also written `model = "…"`) or a
+    /// built-in profile (`oltp`, `dss`, …).
+    #[serde(alias = "model")]
     pub workload: String,
     /// The VM disk's shares on its host (low 500, normal 1000, high 2000, 200-4000).
     #[serde(default)]
@@ -283,9 +305,10 @@ pub struct VmSpec {
     pub reservation_iops: Option<f64>,
     /// Size of the VM's disk on the datastore (the workload addresses
     /// `dataset_fraction` of it); 0: an equal part of the array space the other VMs
-    /// leave (a whole-volume test such as 002's).
-    #[serde(default = "default_disk_gib")]
-    pub disk_gib: f64,
+    /// leave (a whole-volume test such as 002's). Left out: [`VmSpec::DEFAULT_DISK_GIB`]
+    /// in the simulator, an equal part of the export with `weir load`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_gib: Option<f64>,
     /// Array volume the disk lives on (a `[[volume]]` name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<String>,
@@ -385,6 +408,23 @@ fn default_link() -> toml::Value {
 fn default_queue_depth() -> u32 {
     32
 }
-fn default_disk_gib() -> f64 {
-    100.0
+impl VmSpec {
+    /// The simulator's disk size when `disk_gib` is left out.
+    pub const DEFAULT_DISK_GIB: f64 = 100.0;
+}
+
+impl Default for ScenarioHeader {
+    /// What a file without `[scenario]` means (`weir load` accepts one; the simulator
+    /// then asks for a name and a duration).
+    fn default() -> Self {
+        ScenarioHeader {
+            name: String::new(),
+            description: String::new(),
+            seed: one_u64(),
+            duration_s: None,
+            warmup_s: 0.0,
+            timeline_interval_s: one_f64(),
+            window: Vec::new(),
+        }
+    }
 }
