@@ -61,6 +61,12 @@ impl VolumeStore {
         let v = self.volume(name)?;
         match v.layer {
             Some(top) => Ok((v, top)),
+            None if self.rbd_pool(&v.pool).is_some() => Err(StoreError::Invalid(format!(
+                "volume {name:?} is in pool {:?}, whose backend is \"rbd\": Weir does not take \
+                 snapshots or clones of RBD volumes yet; use `rbd snap create`, `rbd clone`, \
+                 `rbd snap rollback` on the cluster (docs/RBD.md)",
+                v.pool
+            ))),
             None => Err(StoreError::Invalid(format!(
                 "volume {name:?} is in pool {:?}, whose format is \"file\": snapshots and \
                  clones need a pool with format = \"thin\"",
