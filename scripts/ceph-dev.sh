@@ -128,6 +128,10 @@ mgr initial modules =
 osd op num shards = 1
 osd op num threads per shard = 2
 osd memory target = 939524096
+# A client that died holding an RBD image's exclusive lock (a gateway killed
+# with -9) keeps its watch until this expires; librbd then breaks the lock
+# (blocklisting the dead client) for the next writer. Default 30 s.
+osd client watch timeout = 5
 
 [mon]
 keyring = $DIR/mon.keyring
