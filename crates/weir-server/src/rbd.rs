@@ -72,7 +72,25 @@ struct Lib {
     rbd_create: unsafe extern "C" fn(IoctxT, *const c_char, u64, *mut c_int) -> c_int,
     rbd_remove: unsafe extern "C" fn(IoctxT, *const c_char) -> c_int,
     rbd_open: unsafe extern "C" fn(IoctxT, *const c_char, *mut ImageT, *const c_char) -> c_int,
+    rbd_open_read_only:
+        unsafe extern "C" fn(IoctxT, *const c_char, *mut ImageT, *const c_char) -> c_int,
     rbd_close: unsafe extern "C" fn(ImageT) -> c_int,
+    rbd_snap_create: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
+    rbd_snap_protect: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
+    rbd_snap_unprotect: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
+    rbd_snap_remove: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
+    rbd_snap_rollback: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
+    rbd_flatten: unsafe extern "C" fn(ImageT) -> c_int,
+    rbd_image_options_create: unsafe extern "C" fn(*mut *mut c_void),
+    rbd_image_options_destroy: unsafe extern "C" fn(*mut c_void),
+    rbd_clone3: unsafe extern "C" fn(
+        IoctxT,
+        *const c_char,
+        *const c_char,
+        IoctxT,
+        *const c_char,
+        *mut c_void,
+    ) -> c_int,
     rbd_get_size: unsafe extern "C" fn(ImageT, *mut u64) -> c_int,
     rbd_resize: unsafe extern "C" fn(ImageT, u64) -> c_int,
     rbd_aio_create_completion:
@@ -127,7 +145,17 @@ impl Lib {
                 rbd_create: sym!(rbd, rbd_create),
                 rbd_remove: sym!(rbd, rbd_remove),
                 rbd_open: sym!(rbd, rbd_open),
+                rbd_open_read_only: sym!(rbd, rbd_open_read_only),
                 rbd_close: sym!(rbd, rbd_close),
+                rbd_snap_create: sym!(rbd, rbd_snap_create),
+                rbd_snap_protect: sym!(rbd, rbd_snap_protect),
+                rbd_snap_unprotect: sym!(rbd, rbd_snap_unprotect),
+                rbd_snap_remove: sym!(rbd, rbd_snap_remove),
+                rbd_snap_rollback: sym!(rbd, rbd_snap_rollback),
+                rbd_flatten: sym!(rbd, rbd_flatten),
+                rbd_image_options_create: sym!(rbd, rbd_image_options_create),
+                rbd_image_options_destroy: sym!(rbd, rbd_image_options_destroy),
+                rbd_clone3: sym!(rbd, rbd_clone3),
                 rbd_get_size: sym!(rbd, rbd_get_size),
                 rbd_resize: sym!(rbd, rbd_resize),
                 rbd_aio_create_completion: sym!(rbd, rbd_aio_create_completion),
@@ -351,6 +379,47 @@ impl RbdCluster {
         }))
     }
 
+    /// Opens a snapshot of an image, read-only.
+    pub fn open_snapshot(self: &Arc<Self>, name: &str, snap: &str) -> io::Result<Arc<RbdImage>> {
+        let n = cstring("image name", name)?;
+        let sn = cstring("snapshot name", snap)?;
+        let mut image: ImageT = std::ptr::null_mut();
+        // SAFETY: live ioctx, NUL-terminated names; `image` written.
+        check(unsafe {
+            (self.lib.rbd_open_read_only)(self.ioctx, n.as_ptr(), &mut image, sn.as_ptr())
+        })?;
+        Ok(Arc::new(RbdImage {
+            cluster: self.clone(),
+            image: RwLock::new(Some(Handle(image))),
+            name: format!("{name}@{snap}"),
+        }))
+    }
+
+    /// A layered clone `child` of `parent@snap` (librbd's default features and
+    /// clone format; the snapshot is protected, which every format accepts).
+    pub fn clone_image(&self, parent: &str, snap: &str, child: &str) -> io::Result<()> {
+        let (p, sn, c) = (
+            cstring("image name", parent)?,
+            cstring("snapshot name", snap)?,
+            cstring("image name", child)?,
+        );
+        let mut opts: *mut c_void = std::ptr::null_mut();
+        // SAFETY: options made and destroyed here; live ioctx; NUL-terminated names.
+        unsafe {
+            (self.lib.rbd_image_options_create)(&mut opts);
+            let r = (self.lib.rbd_clone3)(
+                self.ioctx,
+                p.as_ptr(),
+                sn.as_ptr(),
+                self.ioctx,
+                c.as_ptr(),
+                opts,
+            );
+            (self.lib.rbd_image_options_destroy)(opts);
+            check(r)
+        }
+    }
+
     /// The cluster's raw size and free space (all pools: RADOS pools share the
     /// OSDs), in bytes.
     pub fn space(&self) -> io::Result<(u64, u64)> {
@@ -470,6 +539,48 @@ impl RbdImage {
             check(unsafe { (lib.rbd_get_size)(image, &mut size) })?;
             Ok(size)
         })
+    }
+
+    /// Runs a librbd call taking the image and a snapshot name.
+    fn snap_call(
+        &self,
+        snap: &str,
+        f: impl FnOnce(&'static Lib) -> unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
+    ) -> io::Result<()> {
+        let sn = cstring("snapshot name", snap)?;
+        // SAFETY: open image, NUL-terminated name.
+        self.with(|lib, image| check(unsafe { f(lib)(image, sn.as_ptr()) }))
+    }
+
+    /// Takes a snapshot and protects it (so it can be cloned).
+    pub fn snapshot(&self, snap: &str) -> io::Result<()> {
+        self.snap_call(snap, |l| l.rbd_snap_create)?;
+        if let Err(e) = self.snap_call(snap, |l| l.rbd_snap_protect) {
+            let _ = self.snap_call(snap, |l| l.rbd_snap_remove);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Unprotects (EBUSY while clones read from it) and removes a snapshot.
+    pub fn remove_snapshot(&self, snap: &str) -> io::Result<()> {
+        match self.snap_call(snap, |l| l.rbd_snap_unprotect) {
+            // Already unprotected (an earlier removal that failed halfway).
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            r => r?,
+        }
+        self.snap_call(snap, |l| l.rbd_snap_remove)
+    }
+
+    /// Returns the image to a snapshot (its data and size).
+    pub fn rollback(&self, snap: &str) -> io::Result<()> {
+        self.snap_call(snap, |l| l.rbd_snap_rollback)
+    }
+
+    /// Copies what a clone reads from its parent into it (it becomes independent).
+    pub fn flatten(&self) -> io::Result<()> {
+        // SAFETY: open image.
+        self.with(|lib, image| check(unsafe { (lib.rbd_flatten)(image) }))
     }
 
     pub fn resize(&self, size: u64) -> io::Result<()> {

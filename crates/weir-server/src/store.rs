@@ -143,6 +143,9 @@ pub(crate) struct Meta {
     /// Layers and snapshots of thin pools.
     #[serde(default)]
     thin: ThinMeta,
+    /// Snapshots of volumes in RBD pools (RBD snapshots; `layer` unused, 0).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    rbd_snapshots: Vec<crate::thin::SnapshotRecord>,
     /// Asynchronous replications (`crate::replicate`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     replications: Vec<crate::replicate::ReplicationRecord>,
@@ -463,6 +466,9 @@ impl VolumeStore {
         for snap in store.meta.thin.snapshots.clone() {
             store.open_snapshot(&snap)?;
         }
+        for snap in store.meta.rbd_snapshots.clone() {
+            store.open_rbd_snapshot(&snap)?;
+        }
         if on_disk.as_deref() != Some(store.meta_bytes()?.as_slice()) {
             store.persist()?;
         } else {
@@ -665,6 +671,7 @@ impl VolumeStore {
             .thin
             .snapshots
             .iter()
+            .chain(&self.meta.rbd_snapshots)
             .filter_map(|s| self.snapshot_export(&s.volume, &s.name).ok());
         let mut all: Vec<VolumeRecord> = self.list().into_iter().chain(snaps).collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));

@@ -139,7 +139,7 @@ async fn warn_overcommit(client: &Client, pool: &str) {
 
 #[derive(Subcommand)]
 pub enum VolumeCommand {
-    /// Create a volume (a sparse file in a pool)
+    /// Create a volume (a sparse file in a pool, or an RBD image in an RBD pool)
     Create {
         /// The volume's name (letters, digits, '-', '_', '.')
         name: String,
@@ -208,7 +208,7 @@ pub enum VolumeCommand {
         #[arg(long, value_name = "DURATION")]
         since: Option<String>,
     },
-    /// Take a snapshot of a thin volume (read-only, exported as VOLUME@SNAPSHOT)
+    /// Take a snapshot of a thin or RBD volume (read-only, exported as VOLUME@SNAPSHOT)
     Snapshot {
         /// A volume in a pool with format = "thin"
         volume: String,

@@ -7,8 +7,10 @@
 //!
 //! - interop: qemu-img, qemu-io, nbdcopy and fio --verify through Weir on RBD,
 //!   the data checked on the cluster with `rbd export`; create, resize and
-//!   delete through the admin API reach the images; snapshots are refused with
-//!   a message;
+//!   delete through the admin API reach the images;
+//! - snapshots and clones: RBD snapshots exported as `volume@snapshot` (also
+//!   after a restart), layered clones, flatten, rollback, delete-snapshot
+//!   refused while clones read from it, checked with qemu-io and `rbd info`;
 //! - crash: `weir serve` killed with SIGKILL under a pipelined write load with
 //!   periodic FLUSHes, restarted on the same data directory: every write
 //!   acknowledged before an acknowledged FLUSH is there, no block holds data
@@ -368,10 +370,6 @@ fn rbd_interop_qemu_img_qemu_io_nbdcopy_fio_and_admin_operations() {
         let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
         assert_eq!(info["size"], 12 << 20, "{info}");
     }
-    let e = rt
-        .block_on(admin.snapshot(&other, "s1"))
-        .expect_err("snapshots of RBD volumes are refused");
-    assert!(e.to_string().contains("backend is \"rbd\""), "{e}");
     rt.block_on(admin.delete_volume(&other)).expect("delete");
     rt.block_on(admin.delete_volume(&vol)).expect("delete");
     if let Some(images) = cluster.images() {
@@ -605,4 +603,134 @@ fn rbd_gateway_killed_under_write_load_loses_no_flushed_write() {
     }
     rt.block_on(server.admin_client().delete_volume(&vol))
         .expect("delete");
+}
+
+/// `qemu-io` commands against an export; fails the test on a pattern mismatch.
+fn qemu_io(uri: &str, cmds: &[&str]) -> String {
+    let mut cmd = Command::new("qemu-io");
+    if uri.contains('@') {
+        cmd.arg("-r"); // snapshot exports are read-only
+    }
+    cmd.args(["-f", "raw", uri]);
+    for c in cmds {
+        cmd.args(["-c", c]);
+    }
+    let out = run(&mut cmd);
+    assert!(
+        !out.contains("Pattern verification failed") && !out.contains("failed"),
+        "qemu-io {cmds:?} on {uri}:\n{out}"
+    );
+    out
+}
+
+#[test]
+fn rbd_snapshots_clones_flatten_and_rollback_map_to_rbd() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    if !have("qemu-io") {
+        println!("skipped: qemu-io is not installed");
+        return;
+    }
+    let dir = common::TempDir::new("rbd-snap");
+    let vol = unique("snap");
+    let config = format!(
+        "{}[[volumes]]\nname = \"{vol}\"\npool = \"ceph\"\nsize = \"16MiB\"\npolicy = \"non-critical\"\n",
+        cluster.pool_toml()
+    );
+    let mut server = WeirProcess::start(dir.path(), &config);
+    let rt = rt();
+    let uri = |s: &WeirProcess, e: &str| format!("nbd://{}/{e}", s.nbd_addr);
+    qemu_io(&uri(&server, &vol), &["write -P 0x11 0 1M"]);
+    let snap = rt
+        .block_on(server.admin_client().snapshot(&vol, "s1"))
+        .expect("snapshot");
+    assert_eq!(snap.size_bytes, 16 << 20);
+    qemu_io(&uri(&server, &vol), &["write -P 0x22 0 1M"]);
+    // The snapshot's export survives a restart.
+    server.kill();
+    server = WeirProcess::start(dir.path(), &config);
+    let admin = server.admin_client();
+    let at_s1 = format!("{vol}@s1");
+    qemu_io(&uri(&server, &at_s1), &["read -P 0x11 0 1M"]);
+    qemu_io(&uri(&server, &vol), &["read -P 0x22 0 1M"]);
+    let listed = rt.block_on(admin.snapshots(Some(&vol))).unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    // Clones read the snapshot; writes to a clone stay in it.
+    let (c1, c2) = (format!("{vol}-c1"), format!("{vol}-c2"));
+    let clones = rt
+        .block_on(admin.clone_snapshot(
+            &vol,
+            "s1",
+            &weir_server::admin::CloneRequest {
+                names: vec![c1.clone(), c2.clone()],
+                policy: None,
+            },
+        ))
+        .expect("clone");
+    assert_eq!(clones.len(), 2);
+    assert_eq!(clones[0].origin.as_deref(), Some(at_s1.as_str()));
+    qemu_io(
+        &uri(&server, &c1),
+        &["read -P 0x11 0 1M", "write -P 0x33 0 64k"],
+    );
+    qemu_io(&uri(&server, &c2), &["read -P 0x11 0 1M"]);
+    qemu_io(&uri(&server, &at_s1), &["read -P 0x11 0 1M"]);
+    if cluster.images().is_some() {
+        let info = cluster
+            .rbd(&[
+                "info",
+                "--format",
+                "json",
+                &format!("{}/{c2}", cluster.pool),
+            ])
+            .unwrap();
+        let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+        assert_eq!(info["parent"]["image"], vol.as_str(), "{info}");
+        assert_eq!(info["parent"]["snapshot"], "s1", "{info}");
+    }
+    let e = rt
+        .block_on(admin.delete_snapshot(&vol, "s1"))
+        .expect_err("a snapshot read by clones is not deleted");
+    assert!(e.to_string().contains("flatten or delete them"), "{e}");
+    let e = rt
+        .block_on(admin.delete_volume(&vol))
+        .expect_err("a volume with snapshots is not deleted");
+    assert!(e.to_string().contains("has snapshots"), "{e}");
+    // Flatten: the clone keeps its data without its parent.
+    let flat = rt.block_on(admin.flatten(&c1)).expect("flatten");
+    assert_eq!(flat.origin, None);
+    qemu_io(
+        &uri(&server, &c1),
+        &["read -P 0x33 0 64k", "read -P 0x11 64k 960k"],
+    );
+    if cluster.images().is_some() {
+        let info = cluster
+            .rbd(&[
+                "info",
+                "--format",
+                "json",
+                &format!("{}/{c1}", cluster.pool),
+            ])
+            .unwrap();
+        let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+        assert!(
+            info.get("parent").is_none(),
+            "flattened clone has a parent: {info}"
+        );
+    }
+    rt.block_on(admin.delete_volume(&c1)).expect("delete c1");
+    rt.block_on(admin.delete_volume(&c2)).expect("delete c2");
+    // Rollback returns the volume to the snapshot.
+    rt.block_on(admin.rollback(&vol, "s1")).expect("rollback");
+    qemu_io(&uri(&server, &vol), &["read -P 0x11 0 1M"]);
+    rt.block_on(admin.delete_snapshot(&vol, "s1"))
+        .expect("delete-snapshot");
+    assert!(rt.block_on(admin.snapshots(Some(&vol))).unwrap().is_empty());
+    rt.block_on(admin.delete_volume(&vol)).expect("delete");
+    if let Some(images) = cluster.images() {
+        for i in [&vol, &c1, &c2] {
+            assert!(!images.contains(i), "{i} still in the pool: {images:?}");
+        }
+    }
 }
