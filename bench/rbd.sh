@@ -11,6 +11,7 @@
 #   bench/rbd.sh                 # REPS=2 RUNTIME=10; the cluster of
 #                                # $WEIR_CEPH_CONF, else scripts/ceph-dev.sh's
 #                                # (started if needed, left running)
+#   ONLY="randwrite-4k-qd1" bench/rbd.sh   # some jobs (names as printed)
 #
 # qemu-nbd needs QEMU's rbd module: when the installed QEMU has none (Debian's
 # qemu-block-extra is missing, or does not match the installed qemu-utils),
@@ -99,6 +100,9 @@ stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
 JOBS=("randread-4k-qd1 randread 4k 1" "randread-4k-qd32 randread 4k 32"
       "randwrite-4k-qd1 randwrite 4k 1" "randwrite-4k-qd32 randwrite 4k 32"
       "read-1m-qd4 read 1m 4" "write-1m-qd4 write 1m 4")
+if [ -n "${ONLY:-}" ]; then # e.g. ONLY="randwrite-4k-qd1 read-1m-qd4"
+  sel=(); for j in "${JOBS[@]}"; do [[ " $ONLY " == *" ${j%% *} "* ]] && sel+=("$j"); done; JOBS=("${sel[@]}")
+fi
 fio_run() { # rw bs qd -> "iops MiB/s p99_us"
   fio --name=b --ioengine=nbd --uri="$URI" --rw="$1" --bs="$2" --iodepth="$3" --size=1g \
     --time_based --runtime="$RUNTIME" --ramp_time=1 --output-format=json 2>/dev/null |

@@ -68,6 +68,15 @@
 //! # upstream_connections = 4        # 1-64 per volume, requests pipelined over them
 //! # upstream_timeout_s = 30         # per request, retries after reconnects included
 //!
+//! # [[pools]]                       # Ceph RBD (crate::rbd, docs/RBD.md): each volume
+//! # name = "ceph"                   # is an RBD image of its name; librbd is loaded at
+//! # backend = "rbd"                 # start (default backend "file")
+//! # rbd_pool = "rbd"                # the RADOS pool (required)
+//! # rbd_ceph_conf = "/etc/ceph/ceph.conf"  # default: $CEPH_CONF, /etc/ceph/ceph.conf
+//! # rbd_client = "admin"            # Ceph client name, "client." implied
+//! # rbd_keyring = "/etc/ceph/ceph.client.admin.keyring"  # default: the conf's keyring
+//! # rbd_connect_timeout_s = 30      # connecting at start (1-3600)
+//!
 //! [[policies]]                      # user-defined, beside the five built-ins
 //! name = "gold"
 //! reservation_iops = 5000
