@@ -94,7 +94,7 @@ start() {
       wait_port $P_Q; URI="nbd://127.0.0.1:$P_Q/$IMG" ;;
   esac
 }
-stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
+stop() { kill "$pid" 2>/dev/null || echo "warning: the server (pid $pid) had exited; logs in $WORK" >&2; wait "$pid" 2>/dev/null || true; pid=""; }
 
 # name rw bs qd  (figure: IOPS for 4k, MiB/s for 1m)
 JOBS=("randread-4k-qd1 randread 4k 1" "randread-4k-qd32 randread 4k 32"
@@ -104,14 +104,16 @@ if [ -n "${ONLY:-}" ]; then # e.g. ONLY="randwrite-4k-qd1 read-1m-qd4"
   sel=(); for j in "${JOBS[@]}"; do [[ " $ONLY " == *" ${j%% *} "* ]] && sel+=("$j"); done; JOBS=("${sel[@]}")
 fi
 fio_run() { # rw bs qd -> "iops MiB/s p99_us"
-  fio --name=b --ioengine=nbd --uri="$URI" --rw="$1" --bs="$2" --iodepth="$3" --size=1g \
-    --time_based --runtime="$RUNTIME" --ramp_time=1 --output-format=json 2>/dev/null |
-    python3 -c '
+  if ! fio --name=b --ioengine=nbd --uri="$URI" --rw="$1" --bs="$2" --iodepth="$3" --size=1g \
+    --time_based --runtime="$RUNTIME" --ramp_time=1 --output-format=json >"$WORK/fio.json" 2>&1; then
+    echo "fio $* against $URI failed:" >&2; cat "$WORK/fio.json" >&2; tail -5 "$WORK"/*.log >&2; return 1
+  fi
+  python3 -c '
 import json,sys
 t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]
 d=j["read"] if j["read"]["io_bytes"] else j["write"]
 p=d.get("clat_ns",{}).get("percentile",{}).get("99.000000",0)/1000
-print("%.0f %.1f %.0f" % (d["iops"], d["bw_bytes"]/1048576, p))'
+print("%.0f %.1f %.0f" % (d["iops"], d["bw_bytes"]/1048576, p))' <"$WORK/fio.json"
 }
 echo "uptime: $(uptime)"
 echo "fio nbd engine, ${RUNTIME}s per run (+1s ramp), $REPS rounds; image $POOL/$IMG 1 GiB, filled"
@@ -121,7 +123,7 @@ for rep in $(seq "$REPS"); do
     start $srv
     for j in "${JOBS[@]}"; do
       set -- $j
-      r=$(fio_run "$2" "$3" "$4")
+      r=$(fio_run "$2" "$3" "$4") || exit 1
       R[$srv,$1]="${R[$srv,$1]:-} $r"
       printf 'round %s %-9s %-17s IOPS %6s  MiB/s %7s  p99 %6s us\n' "$rep" "$srv" "$1" $r
     done

@@ -81,6 +81,10 @@ struct Lib {
     rbd_snap_remove: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
     rbd_snap_rollback: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
     rbd_flatten: unsafe extern "C" fn(ImageT) -> c_int,
+    rbd_lock_get_owners:
+        unsafe extern "C" fn(ImageT, *mut c_int, *mut *mut c_char, *mut usize) -> c_int,
+    rbd_lock_get_owners_cleanup: unsafe extern "C" fn(*mut *mut c_char, usize),
+    rbd_lock_break: unsafe extern "C" fn(ImageT, c_int, *const c_char) -> c_int,
     rbd_image_options_create: unsafe extern "C" fn(*mut *mut c_void),
     rbd_image_options_destroy: unsafe extern "C" fn(*mut c_void),
     rbd_clone3: unsafe extern "C" fn(
@@ -153,6 +157,9 @@ impl Lib {
                 rbd_snap_remove: sym!(rbd, rbd_snap_remove),
                 rbd_snap_rollback: sym!(rbd, rbd_snap_rollback),
                 rbd_flatten: sym!(rbd, rbd_flatten),
+                rbd_lock_get_owners: sym!(rbd, rbd_lock_get_owners),
+                rbd_lock_get_owners_cleanup: sym!(rbd, rbd_lock_get_owners_cleanup),
+                rbd_lock_break: sym!(rbd, rbd_lock_break),
                 rbd_image_options_create: sym!(rbd, rbd_image_options_create),
                 rbd_image_options_destroy: sym!(rbd, rbd_image_options_destroy),
                 rbd_clone3: sym!(rbd, rbd_clone3),
@@ -581,6 +588,48 @@ impl RbdImage {
     pub fn flatten(&self) -> io::Result<()> {
         // SAFETY: open image.
         self.with(|lib, image| check(unsafe { (lib.rbd_flatten)(image) }))
+    }
+
+    /// Failover: breaks the image's exclusive lock held by another client
+    /// (another gateway, dead or alive), which librbd blocklists on the cluster
+    /// so it can write no more; this gateway's next write takes the lock. The
+    /// owners broken (empty: none held it, or this gateway did).
+    pub fn take_over(&self) -> io::Result<Vec<String>> {
+        const MAX_OWNERS: usize = 8;
+        const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
+        self.with(|lib, image| {
+            let mut mode: c_int = 0;
+            let mut owners: [*mut c_char; MAX_OWNERS] = [std::ptr::null_mut(); MAX_OWNERS];
+            let mut n = MAX_OWNERS;
+            // SAFETY: open image; librbd fills at most `n` owner strings, freed
+            // below with its cleanup call.
+            let r =
+                unsafe { (lib.rbd_lock_get_owners)(image, &mut mode, owners.as_mut_ptr(), &mut n) };
+            if r == -libc::ENOENT {
+                return Ok(Vec::new());
+            }
+            check(r)?;
+            let names: Vec<CString> = owners[..n.min(MAX_OWNERS)]
+                .iter()
+                // SAFETY: NUL-terminated strings librbd allocated.
+                .map(|&p| unsafe { std::ffi::CStr::from_ptr(p) }.to_owned())
+                .collect();
+            // SAFETY: the `n` strings librbd returned, freed once.
+            unsafe { (lib.rbd_lock_get_owners_cleanup)(owners.as_mut_ptr(), n) };
+            let mut broken = Vec::new();
+            for owner in names {
+                // SAFETY: open image, NUL-terminated owner.
+                match check(unsafe {
+                    (lib.rbd_lock_break)(image, RBD_LOCK_MODE_EXCLUSIVE, owner.as_ptr())
+                }) {
+                    // Released meanwhile, or ours.
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    r => r?,
+                }
+                broken.push(owner.to_string_lossy().into_owned());
+            }
+            Ok(broken)
+        })
     }
 
     pub fn resize(&self, size: u64) -> io::Result<()> {

@@ -45,6 +45,7 @@ mod rbd_ops;
 mod repl_ops;
 mod thin_ops;
 mod upstream_ops;
+pub use rbd_ops::TakeOver;
 pub use thin_ops::{ThinPoolCheck, ThinSpace};
 
 /// Mode of the files the store creates (volumes, metadata).

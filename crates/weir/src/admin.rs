@@ -252,6 +252,11 @@ pub enum VolumeCommand {
         /// The linked clone
         volume: String,
     },
+    /// Failover of an RBD volume to this server: break the RBD lock another gateway holds (it is fenced: blocklisted on the cluster, its further writes fail; asks first)
+    Takeover {
+        /// The volume (in a pool with backend = "rbd")
+        volume: String,
+    },
     /// Verify every thin pool's maps, files and references
     Check,
     /// Replicate a thin volume to an NBD target: each cycle snapshots it and
@@ -690,6 +695,24 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
             VolumeCommand::Flatten { volume } => {
                 let v = client.flatten(&volume).await.map_err(explain)?;
                 show_volume(target.json, v)
+            }
+            VolumeCommand::Takeover { volume } => {
+                confirm(
+                    target.yes,
+                    &format!(
+                        "Take volume {volume:?} over on {}? The gateway holding its RBD lock is fenced: its further writes fail.",
+                        endpoint.url
+                    ),
+                )?;
+                let t = client.takeover(&volume).await.map_err(explain)?;
+                if target.json {
+                    print_json(&t)?;
+                } else if t.fenced.is_empty() {
+                    println!("volume {volume}: no other gateway held its lock; served here");
+                } else {
+                    println!("volume {volume}: taken over; fenced {}", t.fenced.join(", "));
+                }
+                Ok(())
             }
             VolumeCommand::Check => {
                 let pools = client.check().await.map_err(explain)?;

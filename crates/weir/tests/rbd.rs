@@ -410,11 +410,24 @@ struct Model {
     /// Per block: the highest sequence made durable by an acknowledged FLUSH.
     durable: HashMap<u64, u64>,
     flushes: u64,
+    /// When the first write was acknowledged.
+    first_ack: Option<Instant>,
 }
 
 /// Writes random blocks (never one already in flight), a FLUSH every
 /// `FLUSH_EVERY` acknowledged writes, until the connection dies.
 async fn write_until_killed(addr: std::net::SocketAddr, vol: String, model: Arc<Mutex<Model>>) {
+    write_blocks(addr, vol, model, u64::MAX).await
+}
+
+/// As [`write_until_killed`], stopping (after a FLUSH) once `limit` writes
+/// were acknowledged.
+async fn write_blocks(
+    addr: std::net::SocketAddr,
+    vol: String,
+    model: Arc<Mutex<Model>>,
+    limit: u64,
+) {
     let Ok((mut c, _)) = NbdClient::connect(addr, ClientConfig::go(&vol)).await else {
         return;
     };
@@ -423,23 +436,40 @@ async fn write_until_killed(addr: std::net::SocketAddr, vol: String, model: Arc<
     let mut busy: HashSet<u64> = HashSet::new();
     let mut flush: Option<(u64, HashMap<u64, u64>)> = None;
     let mut since_flush = 0u64;
+    let mut acked = 0u64;
     loop {
-        while in_flight.len() < QUEUE_DEPTH {
-            let block = rng.below_except(BLOCKS, &busy);
-            let seq = {
-                let mut m = model.lock().unwrap();
-                m.seq += 1;
-                let seq = m.seq;
-                m.sent.insert(block, seq);
-                seq
-            };
-            let h = c
-                .session()
-                .write(block * BLOCK as u64, &pattern(block, seq), false);
-            in_flight.insert(h, (block, seq));
-            busy.insert(block);
+        if acked >= limit {
+            if in_flight.is_empty() && flush.is_none() {
+                let snapshot = model.lock().unwrap().acked.clone();
+                if c.flush().await.unwrap().is_ok() {
+                    let mut m = model.lock().unwrap();
+                    for (b, s) in snapshot {
+                        let d = m.durable.entry(b).or_insert(0);
+                        *d = (*d).max(s);
+                    }
+                    m.flushes += 1;
+                }
+                c.disconnect().await.unwrap();
+                return;
+            }
+        } else {
+            while in_flight.len() < QUEUE_DEPTH {
+                let block = rng.below_except(BLOCKS, &busy);
+                let seq = {
+                    let mut m = model.lock().unwrap();
+                    m.seq += 1;
+                    let seq = m.seq;
+                    m.sent.insert(block, seq);
+                    seq
+                };
+                let h = c
+                    .session()
+                    .write(block * BLOCK as u64, &pattern(block, seq), false);
+                in_flight.insert(h, (block, seq));
+                busy.insert(block);
+            }
         }
-        if flush.is_none() && since_flush >= FLUSH_EVERY {
+        if flush.is_none() && since_flush >= FLUSH_EVERY && acked < limit {
             // Writes acknowledged before the FLUSH is sent are durable once it is.
             let snapshot = model.lock().unwrap().acked.clone();
             flush = Some((c.session().flush(), snapshot));
@@ -451,8 +481,11 @@ async fn write_until_killed(addr: std::net::SocketAddr, vol: String, model: Arc<
         if let Some((block, seq)) = in_flight.remove(&comp.handle) {
             busy.remove(&block);
             if comp.result.is_ok() {
-                model.lock().unwrap().acked.insert(block, seq);
+                let mut m = model.lock().unwrap();
+                m.acked.insert(block, seq);
+                m.first_ack.get_or_insert_with(Instant::now);
                 since_flush += 1;
+                acked += 1;
             }
         } else if flush.as_ref().is_some_and(|(h, _)| *h == comp.handle) {
             let (_, snapshot) = flush.take().unwrap();
@@ -733,4 +766,67 @@ fn rbd_snapshots_clones_flatten_and_rollback_map_to_rbd() {
             assert!(!images.contains(i), "{i} still in the pool: {images:?}");
         }
     }
+}
+
+#[test]
+fn rbd_failover_gateway_b_takes_a_killed_gateways_volume_over_within_5_s() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let (dir_a, dir_b) = (
+        common::TempDir::new("rbd-failover-a"),
+        common::TempDir::new("rbd-failover-b"),
+    );
+    let vol = unique("failover");
+    // Both gateways declare the volume: A creates the image, B adopts it.
+    let config = format!(
+        "{}[[volumes]]\nname = \"{vol}\"\npool = \"ceph\"\nsize = \"8MiB\"\npolicy = \"business-critical\"\n",
+        cluster.pool_toml()
+    );
+    let mut a = WeirProcess::start(dir_a.path(), &config);
+    let b = WeirProcess::start(dir_b.path(), &config);
+    let rt = rt();
+    let model = Arc::new(Mutex::new(Model::default()));
+    let writer = rt.spawn(write_until_killed(a.nbd_addr, vol.clone(), model.clone()));
+    let start = Instant::now();
+    while model.lock().unwrap().flushes < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no progress on gateway A"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    a.kill();
+    let killed = Instant::now();
+    rt.block_on(writer).unwrap();
+    let taken = rt
+        .block_on(b.admin_client().takeover(&vol))
+        .expect("takeover on B");
+    assert!(
+        !taken.fenced.is_empty(),
+        "gateway A held the image's lock, yet nothing was fenced: {taken:?}"
+    );
+    // The client reconnects to B and goes on writing.
+    let before = {
+        let mut m = model.lock().unwrap();
+        m.first_ack = None;
+        m.acked.len()
+    };
+    rt.block_on(write_blocks(b.nbd_addr, vol.clone(), model.clone(), 200));
+    let m = std::mem::take(&mut *model.lock().unwrap());
+    let served = m.first_ack.expect("a write acknowledged by B") - killed;
+    println!(
+        "gateway A killed; B took over (fenced {:?}) and acknowledged its first write {served:?} \
+         after the kill; {before} blocks written through A, {} durable in all",
+        taken.fenced,
+        m.durable.len()
+    );
+    assert!(
+        served < Duration::from_secs(5),
+        "B served the volume {served:?} after A was killed (target 5 s)"
+    );
+    let problems = rt.block_on(check_blocks(b.nbd_addr, &vol, &m, 0));
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    rt.block_on(b.admin_client().delete_volume(&vol))
+        .expect("delete");
 }

@@ -24,6 +24,14 @@ use super::*;
 use crate::rbd::{RbdCluster, RbdImage, image_error};
 use crate::thin::SnapshotRecord;
 
+/// `POST /v1/volumes/{volume}/takeover`: what a failover did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TakeOver {
+    pub volume: String,
+    /// The lock owners broken (and blocklisted); empty: none but this gateway.
+    pub fenced: Vec<String>,
+}
+
 /// Connected clusters and open images of the RBD pools.
 #[derive(Default)]
 pub(crate) struct RbdState {
@@ -478,5 +486,32 @@ impl VolumeStore {
                 "volume {volume:?} has snapshots {snaps:?}: delete them first"
             )))
         }
+    }
+}
+
+impl VolumeStore {
+    /// Failover (`weir volume takeover`): breaks the RBD exclusive lock another
+    /// gateway holds on the volume's image, fencing that gateway (blocklisted:
+    /// it can write no more), so this one serves the volume at once instead of
+    /// waiting for a dead gateway's watch to expire.
+    pub fn take_over(&mut self, volume: &str) -> Result<TakeOver, StoreError> {
+        let r = self.volume(volume)?;
+        if self.rbd_pool(&r.pool).is_none() {
+            return Err(StoreError::Invalid(format!(
+                "volume {volume:?} is in pool {:?}: only volumes of RBD pools (backend = \"rbd\") \
+                 have a lock another gateway can hold",
+                r.pool
+            )));
+        }
+        let image = self.rbd_image(volume)?;
+        let fenced = image
+            .take_over()
+            .map_err(|e| self.rbd_err("taking over", volume, &e))?;
+        tracing::warn!(target: crate::admin::AUDIT_TARGET,
+            "volume {volume:?}: took over its RBD image's lock; fenced {fenced:?}");
+        Ok(TakeOver {
+            volume: volume.to_string(),
+            fenced,
+        })
     }
 }
