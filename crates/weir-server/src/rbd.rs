@@ -12,8 +12,8 @@
 //! One cluster connection (`rados_t`) and one I/O context per pool, shared by
 //! its volumes; one open image handle per volume. READ and WRITE started by the
 //! session ([`Backend::start_async`]) are `rbd_aio_read`/`rbd_aio_write` whose
-//! completion callback hands the result to the tokio runtime: no thread waits
-//! for the cluster. The blocking calls (FLUSH, TRIM, WRITE_ZEROES, FUA writes,
+//! completion callback completes the request (inside the tokio runtime's
+//! context): no thread waits for the cluster. The blocking calls (FLUSH, TRIM, WRITE_ZEROES, FUA writes,
 //! and READ/WRITE outside the runtime) are the same AIO calls waited for with
 //! `rbd_aio_wait_for_complete`. BLOCK_STATUS is `rbd_diff_iterate2` from the
 //! image's creation (parent data included): ranges it does not report read as
@@ -506,9 +506,16 @@ unsafe extern "C" fn on_complete(c: CompletionT, arg: *mut c_void) {
     } else {
         Ok(Vec::new())
     };
-    // librbd's callback thread must not run the session's completion (it may
-    // start more I/O and block): the runtime does.
-    runtime.spawn(async move { done(Some(result)) });
+    // The session's completion runs here, on librbd's callback thread, inside
+    // the runtime (as the upstream backend's reader thread does): handing it to
+    // a runtime task instead cost a QD1 write up to the connection's busy-poll
+    // time (its one worker spins waiting for this reply and runs no task
+    // meanwhile). It may submit the next released I/O from this thread; librbd
+    // allows that (an AIO call queues its request and returns; at worst the
+    // Objecter's in-flight budget makes it wait for replies, which the
+    // messenger threads deliver, not this one).
+    let _in_runtime = runtime.enter();
+    done(Some(result));
 }
 
 impl RbdImage {
