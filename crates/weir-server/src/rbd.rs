@@ -85,6 +85,7 @@ struct Lib {
         unsafe extern "C" fn(ImageT, *mut c_int, *mut *mut c_char, *mut usize) -> c_int,
     rbd_lock_get_owners_cleanup: unsafe extern "C" fn(*mut *mut c_char, usize),
     rbd_lock_break: unsafe extern "C" fn(ImageT, c_int, *const c_char) -> c_int,
+    rbd_is_exclusive_lock_owner: unsafe extern "C" fn(ImageT, *mut c_int) -> c_int,
     rbd_image_options_create: unsafe extern "C" fn(*mut *mut c_void),
     rbd_image_options_destroy: unsafe extern "C" fn(*mut c_void),
     rbd_clone3: unsafe extern "C" fn(
@@ -160,6 +161,7 @@ impl Lib {
                 rbd_lock_get_owners: sym!(rbd, rbd_lock_get_owners),
                 rbd_lock_get_owners_cleanup: sym!(rbd, rbd_lock_get_owners_cleanup),
                 rbd_lock_break: sym!(rbd, rbd_lock_break),
+                rbd_is_exclusive_lock_owner: sym!(rbd, rbd_is_exclusive_lock_owner),
                 rbd_image_options_create: sym!(rbd, rbd_image_options_create),
                 rbd_image_options_destroy: sym!(rbd, rbd_image_options_destroy),
                 rbd_clone3: sym!(rbd, rbd_clone3),
@@ -605,6 +607,12 @@ impl RbdImage {
         const MAX_OWNERS: usize = 8;
         const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
         self.with(|lib, image| {
+            let mut mine: c_int = 0;
+            // SAFETY: open image; the call writes `mine`.
+            check(unsafe { (lib.rbd_is_exclusive_lock_owner)(image, &mut mine) })?;
+            if mine != 0 {
+                return Ok(Vec::new()); // this gateway holds it already
+            }
             let mut mode: c_int = 0;
             let mut owners: [*mut c_char; MAX_OWNERS] = [std::ptr::null_mut(); MAX_OWNERS];
             let mut n = MAX_OWNERS;

@@ -827,6 +827,11 @@ fn rbd_failover_gateway_b_takes_a_killed_gateways_volume_over_within_5_s() {
     );
     let problems = rt.block_on(check_blocks(b.nbd_addr, &vol, &m, 0));
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // B holds the lock now: taking over again fences nobody (not B itself).
+    let again = rt
+        .block_on(b.admin_client().takeover(&vol))
+        .expect("a second takeover");
+    assert!(again.fenced.is_empty(), "{again:?}");
     rt.block_on(b.admin_client().delete_volume(&vol))
         .expect("delete");
 }
