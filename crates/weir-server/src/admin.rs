@@ -315,6 +315,7 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             ok(&store().rollback(name, &req.snapshot)?)
         }
         ("POST", ["v1", "volumes", name, "flatten"]) => ok(&store().flatten(name)?),
+        ("POST", ["v1", "volumes", name, "takeover"]) => ok(&store().take_over(name)?),
         ("GET", ["v1", "check"]) => ok(&store().check_thin()?),
         ("GET", ["v1", "replications"]) => ok(&s.replication.list(s)),
         ("GET", ["v1", "volumes", name, "replication"]) => ok(&s.replication.status(s, name)?),
@@ -401,6 +402,7 @@ fn is_route(path: &[&str]) -> bool {
                     | "snapshots"
                     | "rollback"
                     | "flatten"
+                    | "takeover"
                     | "replication"
             ]
             | ["v1", "volumes", _, "snapshots", _]
@@ -736,6 +738,11 @@ impl Client {
     }
     pub async fn flatten(&self, volume: &str) -> Result<VolumeRecord, ClientError> {
         let path = format!("/v1/volumes/{}/flatten", encode(volume));
+        self.call("POST", &path, None::<&()>).await
+    }
+    /// Failover: fences the gateway holding the volume's RBD lock.
+    pub async fn takeover(&self, volume: &str) -> Result<crate::store::TakeOver, ClientError> {
+        let path = format!("/v1/volumes/{}/takeover", encode(volume));
         self.call("POST", &path, None::<&()>).await
     }
     pub async fn check(&self) -> Result<Vec<ThinPoolCheck>, ClientError> {

@@ -15,7 +15,7 @@ use crate::store::VolumeStore;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PoolCapacity {
     pub name: String,
-    /// "file" or "thin".
+    /// "file", "thin" or "rbd" (then the figures are the Ceph cluster's).
     pub format: String,
     pub volumes: usize,
     /// Size of the file system holding the pool.
@@ -74,13 +74,23 @@ pub fn pools(store: &VolumeStore) -> Vec<PoolCapacity> {
         .iter()
         .map(|p| {
             let dir = store.pool_dir(&p.name);
-            let (capacity_bytes, free_bytes) = file_system_bytes(&dir);
+            let rbd = p.backend == crate::config::PoolBackend::Rbd;
+            let ((capacity_bytes, free_bytes), allocated) = if rbd {
+                // The Ceph cluster's raw space (RADOS pools share its OSDs).
+                let (size, free) = store.rbd_space(&p.name).unwrap_or((0, 0));
+                ((size, free), size.saturating_sub(free))
+            } else {
+                (file_system_bytes(&dir), allocated_bytes(&dir))
+            };
             let mine = volumes.iter().filter(|v| v.pool == p.name);
             let provisioned_bytes: u64 = mine.clone().map(|v| v.size_bytes).sum();
-            let allocated = allocated_bytes(&dir);
             PoolCapacity {
                 name: p.name.clone(),
-                format: format!("{:?}", p.format).to_ascii_lowercase(),
+                format: if rbd {
+                    "rbd".into()
+                } else {
+                    format!("{:?}", p.format).to_ascii_lowercase()
+                },
                 volumes: mine.count(),
                 capacity_bytes,
                 free_bytes,

@@ -68,6 +68,15 @@
 //! # upstream_connections = 4        # 1-64 per volume, requests pipelined over them
 //! # upstream_timeout_s = 30         # per request, retries after reconnects included
 //!
+//! # [[pools]]                       # Ceph RBD (crate::rbd, docs/RBD.md): each volume
+//! # name = "ceph"                   # is an RBD image of its name; librbd is loaded at
+//! # backend = "rbd"                 # start (default backend "file")
+//! # rbd_pool = "rbd"                # the RADOS pool (required)
+//! # rbd_ceph_conf = "/etc/ceph/ceph.conf"  # default: $CEPH_CONF, /etc/ceph/ceph.conf
+//! # rbd_client = "admin"            # Ceph client name, "client." implied
+//! # rbd_keyring = "/etc/ceph/ceph.client.admin.keyring"  # default: the conf's keyring
+//! # rbd_connect_timeout_s = 30      # connecting at start (1-3600)
+//!
 //! [[policies]]                      # user-defined, beside the five built-ins
 //! name = "gold"
 //! reservation_iops = 5000
@@ -288,6 +297,41 @@ pub struct PoolConfig {
     /// included, before it fails with EIO.
     #[serde(default = "default_upstream_timeout_s")]
     pub upstream_timeout_s: u32,
+    /// Where the pool keeps its volumes: `"file"` (the default: files under
+    /// data_dir, of the pool's `format`) or `"rbd"` (an RBD image per volume in
+    /// a Ceph cluster, crate::rbd, docs/RBD.md).
+    #[serde(default)]
+    pub backend: PoolBackend,
+    /// RBD pools: the RADOS pool holding the images (required).
+    #[serde(default)]
+    pub rbd_pool: Option<String>,
+    /// RBD pools: the Ceph configuration file (default: librados' search,
+    /// `$CEPH_CONF` then /etc/ceph/ceph.conf).
+    #[serde(default)]
+    pub rbd_ceph_conf: Option<PathBuf>,
+    /// RBD pools: the Ceph client name, `client.` implied (default "admin").
+    #[serde(default)]
+    pub rbd_client: Option<String>,
+    /// RBD pools: the client's keyring (default: the configuration's `keyring`).
+    #[serde(default)]
+    pub rbd_keyring: Option<PathBuf>,
+    /// RBD pools: how long connecting to the cluster (and each monitor
+    /// command) may take at start, in seconds.
+    #[serde(default = "default_rbd_connect_timeout_s")]
+    pub rbd_connect_timeout_s: u32,
+}
+
+/// Where a pool keeps its volumes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolBackend {
+    #[default]
+    File,
+    Rbd,
+}
+
+fn default_rbd_connect_timeout_s() -> u32 {
+    crate::rbd::DEFAULT_CONNECT_TIMEOUT_S
 }
 
 impl PoolConfig {
@@ -297,6 +341,21 @@ impl PoolConfig {
             .as_deref()
             .map(crate::upstream::UpstreamTarget::parse)
             .transpose()
+    }
+
+    /// An RBD pool's cluster and RADOS pool (`None`: not an RBD pool).
+    pub fn rbd_target(&self) -> Option<crate::rbd::RbdTarget> {
+        (self.backend == PoolBackend::Rbd).then(|| crate::rbd::RbdTarget {
+            pool: self.rbd_pool.clone().unwrap_or_default(),
+            conf: self.rbd_ceph_conf.clone(),
+            client: self
+                .rbd_client
+                .as_deref()
+                .map(|c| c.strip_prefix("client.").unwrap_or(c).to_string())
+                .unwrap_or_else(|| crate::rbd::DEFAULT_CLIENT.to_string()),
+            keyring: self.rbd_keyring.clone(),
+            connect_timeout_s: self.rbd_connect_timeout_s,
+        })
     }
 }
 
@@ -475,6 +534,12 @@ fn default_pools() -> Vec<PoolConfig> {
         upstream: None,
         upstream_connections: default_upstream_connections(),
         upstream_timeout_s: default_upstream_timeout_s(),
+        backend: PoolBackend::File,
+        rbd_pool: None,
+        rbd_ceph_conf: None,
+        rbd_client: None,
+        rbd_keyring: None,
+        rbd_connect_timeout_s: default_rbd_connect_timeout_s(),
     }]
 }
 

@@ -58,6 +58,7 @@ pub mod history;
 pub mod metrics;
 pub mod nbd_client;
 pub mod qos;
+pub mod rbd;
 pub mod replicate;
 pub mod sampler;
 pub mod server;

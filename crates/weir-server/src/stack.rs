@@ -16,6 +16,7 @@
 //!     file            backend.rs  (default)          a sparse file per volume
 //!     thin            thin.rs     `format = "thin"`  copy-on-write grain maps (weir-thin)
 //!     upstream NBD    upstream.rs `upstream = "nbd://…"` a remote NBD server's export
+//!     RBD             rbd.rs      `backend = "rbd"`  an RBD image per volume (librbd AIO)
 //! ```
 //!
 //! Every layer but the device is a [`Backend`] wrapping the one below (the
@@ -32,7 +33,7 @@
 use std::sync::Arc;
 
 use crate::backend::Backend;
-use crate::config::{PoolConfig, PoolFormat};
+use crate::config::{PoolBackend, PoolConfig, PoolFormat};
 
 /// Wraps a volume's bottom backend in the layers its pool configures, in the
 /// stack's order (bottom first).
@@ -62,6 +63,7 @@ pub fn validate_pool(p: &PoolConfig) -> Result<(), (&'static str, String)> {
             ));
         }
     }
+    validate_rbd(p)?;
     let max = crate::upstream::MAX_CONNECTIONS;
     if !(1..=max).contains(&p.upstream_connections) {
         return Err((
@@ -74,6 +76,83 @@ pub fn validate_pool(p: &PoolConfig) -> Result<(), (&'static str, String)> {
         return Err((
             "upstream_timeout_s",
             format!("must be 1-{max}, got {}", p.upstream_timeout_s),
+        ));
+    }
+    Ok(())
+}
+
+/// The `rbd_*` keys: only in a pool with `backend = "rbd"`, which needs
+/// `rbd_pool` and excludes the other bottoms and file-only options.
+fn validate_rbd(p: &PoolConfig) -> Result<(), (&'static str, String)> {
+    let rbd = p.backend == PoolBackend::Rbd;
+    if !rbd {
+        for (key, set) in [
+            ("rbd_pool", p.rbd_pool.is_some()),
+            ("rbd_ceph_conf", p.rbd_ceph_conf.is_some()),
+            ("rbd_client", p.rbd_client.is_some()),
+            ("rbd_keyring", p.rbd_keyring.is_some()),
+            (
+                "rbd_connect_timeout_s",
+                p.rbd_connect_timeout_s != crate::rbd::DEFAULT_CONNECT_TIMEOUT_S,
+            ),
+        ] {
+            if set {
+                return Err((key, "only for a pool with backend = \"rbd\"".into()));
+            }
+        }
+        return Ok(());
+    }
+    match p.rbd_pool.as_deref() {
+        None => {
+            return Err((
+                "rbd_pool",
+                "required with backend = \"rbd\": the RADOS pool holding the volumes' images"
+                    .into(),
+            ));
+        }
+        Some(name) if name.is_empty() || name.contains('\0') || name.len() > 255 => {
+            return Err(("rbd_pool", format!("{name:?}: 1-255 bytes without NUL")));
+        }
+        Some(_) => {}
+    }
+    if let Some(c) = p.rbd_client.as_deref() {
+        let bare = c.strip_prefix("client.").unwrap_or(c);
+        if bare.is_empty()
+            || !bare
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        {
+            return Err((
+                "rbd_client",
+                format!("{c:?}: a Ceph client name such as \"admin\" or \"client.weir\""),
+            ));
+        }
+    }
+    let max = crate::rbd::MAX_CONNECT_TIMEOUT_S;
+    if !(1..=max).contains(&p.rbd_connect_timeout_s) {
+        return Err((
+            "rbd_connect_timeout_s",
+            format!("must be 1-{max}, got {}", p.rbd_connect_timeout_s),
+        ));
+    }
+    if p.upstream.is_some() {
+        return Err((
+            "backend",
+            "\"rbd\" and upstream = \"nbd://…\" are two different bottoms: choose one".into(),
+        ));
+    }
+    if p.format == PoolFormat::Thin {
+        return Err((
+            "format",
+            "format = \"thin\" is for file pools: an RBD pool's volumes are RBD images \
+             (snapshots and clones are RBD's, docs/RBD.md)"
+                .into(),
+        ));
+    }
+    if p.direct_io {
+        return Err((
+            "direct_io",
+            "not available on an RBD pool (its data is in the Ceph cluster)".into(),
         ));
     }
     Ok(())

@@ -41,9 +41,11 @@ use crate::config::{
 use crate::thin::{ThinBackend, ThinMeta, ThinState, thin_dir};
 use weir_thin::ThinVolume;
 
+mod rbd_ops;
 mod repl_ops;
 mod thin_ops;
 mod upstream_ops;
+pub use rbd_ops::TakeOver;
 pub use thin_ops::{ThinPoolCheck, ThinSpace};
 
 /// Mode of the files the store creates (volumes, metadata).
@@ -142,6 +144,9 @@ pub(crate) struct Meta {
     /// Layers and snapshots of thin pools.
     #[serde(default)]
     thin: ThinMeta,
+    /// Snapshots of volumes in RBD pools (RBD snapshots; `layer` unused, 0).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    rbd_snapshots: Vec<crate::thin::SnapshotRecord>,
     /// Asynchronous replications (`crate::replicate`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     replications: Vec<crate::replicate::ReplicationRecord>,
@@ -327,6 +332,8 @@ pub struct VolumeStore {
     /// Upstream pools: the export of each volume the configuration maps
     /// (`export = …`); others are the export of their name.
     upstream_exports: HashMap<String, String>,
+    /// RBD pools: clusters and open images.
+    rbd: rbd_ops::RbdState,
 }
 
 impl VolumeStore {
@@ -378,7 +385,12 @@ impl VolumeStore {
                 .iter()
                 .filter_map(|v| Some((v.name.clone(), v.export.clone()?)))
                 .collect(),
+            rbd: rbd_ops::RbdState::default(),
         };
+        store.connect_rbd_pools()?;
+        // Volumes that existed before this start (an RBD volume's image must).
+        let known: std::collections::HashSet<String> =
+            meta.volumes.iter().map(|r| r.name.clone()).collect();
         for p in &config.pools {
             if p.format == PoolFormat::Thin {
                 store.thin.set_cache(&p.name, p.clone_cache.0);
@@ -440,6 +452,13 @@ impl VolumeStore {
         for r in store.meta.volumes.clone() {
             let volume = match upstream.remove(&r.name) {
                 Some(b) => store.upstream_volume(&r, b),
+                None if store.rbd_pool(&r.pool).is_some() => {
+                    let (volume, size) = store.open_rbd(&r, known.contains(&r.name))?;
+                    for m in store.meta.volumes.iter_mut().filter(|m| m.name == r.name) {
+                        m.size_bytes = size;
+                    }
+                    volume
+                }
                 None => store.open_file(&r, true)?,
             };
             store.open.insert(r.name.clone(), volume);
@@ -447,6 +466,9 @@ impl VolumeStore {
         store.merge_replication_config(&config.replications)?;
         for snap in store.meta.thin.snapshots.clone() {
             store.open_snapshot(&snap)?;
+        }
+        for snap in store.meta.rbd_snapshots.clone() {
+            store.open_rbd_snapshot(&snap)?;
         }
         if on_disk.as_deref() != Some(store.meta_bytes()?.as_slice()) {
             store.persist()?;
@@ -650,6 +672,7 @@ impl VolumeStore {
             .thin
             .snapshots
             .iter()
+            .chain(&self.meta.rbd_snapshots)
             .filter_map(|s| self.snapshot_export(&s.volume, &s.name).ok());
         let mut all: Vec<VolumeRecord> = self.list().into_iter().chain(snaps).collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
@@ -686,6 +709,9 @@ impl VolumeStore {
         if self.upstream_pool(&record.pool).is_some() {
             return self.create_upstream(record);
         }
+        if self.rbd_pool(&record.pool).is_some() {
+            return self.create_rbd(record);
+        }
         let volume = self.open_file(&record, false).map_err(|e| match e {
             StoreError::Io(m) if m.contains("exists") => StoreError::Conflict(format!(
                 "a file for volume {:?} already exists in its pool",
@@ -717,6 +743,9 @@ impl VolumeStore {
         if self.upstream_pool(&record.pool).is_some() {
             return self.delete_upstream(record);
         }
+        if self.rbd_pool(&record.pool).is_some() {
+            return self.delete_rbd(record);
+        }
         self.meta.volumes.retain(|r| r.name != name);
         self.persist()?;
         let open = self.open.remove(name);
@@ -747,6 +776,9 @@ impl VolumeStore {
                 p.name,
                 p.upstream.as_deref().unwrap_or_default()
             )));
+        }
+        if self.rbd_pool(&record.pool).is_some() {
+            return self.resize_rbd(record, size_bytes);
         }
         let path = self.volume_path(&record);
         let f = OpenOptions::new()

@@ -139,7 +139,7 @@ async fn warn_overcommit(client: &Client, pool: &str) {
 
 #[derive(Subcommand)]
 pub enum VolumeCommand {
-    /// Create a volume (a sparse file in a pool)
+    /// Create a volume (a sparse file in a pool, or an RBD image in an RBD pool)
     Create {
         /// The volume's name (letters, digits, '-', '_', '.')
         name: String,
@@ -208,7 +208,7 @@ pub enum VolumeCommand {
         #[arg(long, value_name = "DURATION")]
         since: Option<String>,
     },
-    /// Take a snapshot of a thin volume (read-only, exported as VOLUME@SNAPSHOT)
+    /// Take a snapshot of a thin or RBD volume (read-only, exported as VOLUME@SNAPSHOT)
     Snapshot {
         /// A volume in a pool with format = "thin"
         volume: String,
@@ -250,6 +250,11 @@ pub enum VolumeCommand {
     /// Copy what a clone reads from its snapshot into it (it becomes independent)
     Flatten {
         /// The linked clone
+        volume: String,
+    },
+    /// Failover of an RBD volume to this server: break the RBD lock another gateway holds (it is fenced: blocklisted on the cluster, its further writes fail; asks first)
+    Takeover {
+        /// The volume (in a pool with backend = "rbd")
         volume: String,
     },
     /// Verify every thin pool's maps, files and references
@@ -690,6 +695,24 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
             VolumeCommand::Flatten { volume } => {
                 let v = client.flatten(&volume).await.map_err(explain)?;
                 show_volume(target.json, v)
+            }
+            VolumeCommand::Takeover { volume } => {
+                confirm(
+                    target.yes,
+                    &format!(
+                        "Take volume {volume:?} over on {}? The gateway holding its RBD lock is fenced: its further writes fail.",
+                        endpoint.url
+                    ),
+                )?;
+                let t = client.takeover(&volume).await.map_err(explain)?;
+                if target.json {
+                    print_json(&t)?;
+                } else if t.fenced.is_empty() {
+                    println!("volume {volume}: no other gateway held its lock; served here");
+                } else {
+                    println!("volume {volume}: taken over; fenced {}", t.fenced.join(", "));
+                }
+                Ok(())
             }
             VolumeCommand::Check => {
                 let pools = client.check().await.map_err(explain)?;

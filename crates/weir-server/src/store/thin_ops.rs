@@ -61,6 +61,11 @@ impl VolumeStore {
         let v = self.volume(name)?;
         match v.layer {
             Some(top) => Ok((v, top)),
+            None if self.rbd_pool(&v.pool).is_some() => Err(StoreError::Invalid(format!(
+                "volume {name:?} is in pool {:?}, whose backend is \"rbd\": this needs a thin \
+                 volume (RBD volumes have RBD snapshots and clones, docs/RBD.md)",
+                v.pool
+            ))),
             None => Err(StoreError::Invalid(format!(
                 "volume {name:?} is in pool {:?}, whose format is \"file\": snapshots and \
                  clones need a pool with format = \"thin\"",
@@ -141,10 +146,12 @@ impl VolumeStore {
         volume: &str,
         snap: &str,
     ) -> Result<VolumeRecord, StoreError> {
-        let s =
-            self.meta.thin.snapshot(volume, snap).ok_or_else(|| {
-                StoreError::NotFound(format!("no snapshot named {volume}@{snap}"))
-            })?;
+        let s = self
+            .meta
+            .thin
+            .snapshot(volume, snap)
+            .or_else(|| self.rbd_snapshot(volume, snap))
+            .ok_or_else(|| StoreError::NotFound(format!("no snapshot named {volume}@{snap}")))?;
         let v = self.volume(volume)?;
         Ok(VolumeRecord {
             name: s.export_name(),
@@ -293,6 +300,9 @@ impl VolumeStore {
     /// writes after are not (the volume's writes pause while it is recorded).
     pub fn snapshot(&mut self, volume: &str, name: &str) -> Result<SnapshotRecord, StoreError> {
         validate_name("snapshot", name).map_err(StoreError::Invalid)?;
+        if self.is_rbd_volume(volume) {
+            return self.snapshot_rbd(volume, name);
+        }
         let (v, top) = self.thin_record(volume)?;
         if self.meta.thin.snapshot(volume, name).is_some() {
             return Err(StoreError::Conflict(format!(
@@ -338,6 +348,7 @@ impl VolumeStore {
             .thin
             .snapshots
             .iter()
+            .chain(&self.meta.rbd_snapshots)
             .filter(|s| volume.is_none_or(|v| s.volume == v))
             .cloned()
             .collect())
@@ -370,6 +381,9 @@ impl VolumeStore {
         volume: &str,
         name: &str,
     ) -> Result<SnapshotRecord, StoreError> {
+        if self.is_rbd_volume(volume) {
+            return self.delete_snapshot_rbd(volume, name);
+        }
         let s = self
             .meta
             .thin
@@ -429,6 +443,9 @@ impl VolumeStore {
 
     /// Returns a volume to a snapshot's content and size (writes since are gone).
     pub fn rollback(&mut self, volume: &str, snapshot: &str) -> Result<VolumeRecord, StoreError> {
+        if self.is_rbd_volume(volume) {
+            return self.rollback_rbd(volume, snapshot);
+        }
         let (v, _) = self.thin_record(volume)?;
         let s = self
             .meta
@@ -471,6 +488,9 @@ impl VolumeStore {
         names: &[String],
         policy: Option<&str>,
     ) -> Result<Vec<VolumeRecord>, StoreError> {
+        if self.is_rbd_volume(volume) {
+            return self.clone_rbd(volume, snapshot, names, policy);
+        }
         let s = self
             .meta
             .thin
@@ -519,7 +539,7 @@ impl VolumeStore {
         Ok(records)
     }
 
-    fn check_new_names(&self, names: &[String]) -> Result<(), StoreError> {
+    pub(super) fn check_new_names(&self, names: &[String]) -> Result<(), StoreError> {
         if names.is_empty() {
             return Err(StoreError::Invalid("no clone names given".into()));
         }
@@ -536,6 +556,9 @@ impl VolumeStore {
     /// Makes a volume independent of every layer below its top (a clone of its
     /// snapshot, its own snapshots): what it reads from them is copied into its top.
     pub fn flatten(&mut self, volume: &str) -> Result<VolumeRecord, StoreError> {
+        if self.is_rbd_volume(volume) {
+            return self.flatten_rbd(volume);
+        }
         let (v, top) = self.thin_record(volume)?;
         let tv = self.thin_volume(volume)?;
         let chain = tv.chain();
