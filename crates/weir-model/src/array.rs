@@ -67,6 +67,23 @@ impl DriveSpec {
             Self::Ssd(s) => s.capacity_bytes,
         }
     }
+
+    pub fn validate(&self) -> Result<(), ModelError> {
+        match self {
+            Self::Hdd(h) => h.validate(),
+            Self::Ssd(s) => s.validate(),
+        }
+    }
+}
+
+impl DriveRef {
+    /// The drive this names (a preset) or describes (a table), not yet validated.
+    pub fn spec(&self) -> Result<DriveSpec, ModelError> {
+        match self {
+            DriveRef::Preset(n) => DriveSpec::preset(n),
+            DriveRef::Custom(d) => Ok(d.clone()),
+        }
+    }
 }
 
 /// A drive given by preset name or as a table (`kind = "hdd"|"ssd"` plus fields).
@@ -219,10 +236,7 @@ impl ArraySpec {
             ControllerRef::Preset(n) => ControllerSpec::preset(n)?,
             ControllerRef::Custom(c) => c.clone(),
         };
-        let mut d = match &self.drive {
-            DriveRef::Preset(n) => DriveSpec::preset(n)?,
-            DriveRef::Custom(d) => d.clone(),
-        };
+        let mut d = self.drive.spec()?;
         let p = &self.policy;
         if let Some(v) = p.write_policy {
             c.write_policy = v;
@@ -240,10 +254,7 @@ impl ArraySpec {
             h.write_cache = v;
         }
         c.validate()?;
-        match &d {
-            DriveSpec::Hdd(h) => h.validate()?,
-            DriveSpec::Ssd(s) => s.validate()?,
-        }
+        d.validate()?;
         Ok((c, d))
     }
 }

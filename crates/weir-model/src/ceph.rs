@@ -247,14 +247,8 @@ impl CephSpec {
         check_non_negative("ceph spec", "cpu_us_per_kib", self.cpu_us_per_kib)?;
         check_positive("ceph spec", "cpu_us_per_op + 1", self.cpu_us_per_op + 1.0)?;
         self.network.resolve()?.validate()?;
-        let drive = match &self.drive {
-            DriveRef::Preset(n) => DriveSpec::preset(n)?,
-            DriveRef::Custom(d) => d.clone(),
-        };
-        match &drive {
-            DriveSpec::Hdd(h) => h.validate()?,
-            DriveSpec::Ssd(s) => s.validate()?,
-        }
+        let drive = self.drive.spec()?;
+        drive.validate()?;
         if drive.capacity_bytes() < WAL_BYTES + ((self.object_kib as u64) << 10) {
             return Err(invalid(
                 "drive",
