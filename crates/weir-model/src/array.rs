@@ -336,16 +336,20 @@ impl ChunkCache {
             .next_power_of_two();
         // Keep the tag store at most 2^20 lines (16 GiB of cache).
         let lines = lines.min(1 << 20) as usize;
+        // Huge pages asked for before the tag store is first written (random probes).
+        let mut store = Vec::with_capacity(lines);
+        crate::huge_pages::advise_vec(&store);
+        store.resize(
+            lines,
+            CacheLine {
+                tag: u64::MAX,
+                ready_at: 0,
+                last_use: 0,
+                valid: 0,
+            },
+        );
         Self {
-            lines: vec![
-                CacheLine {
-                    tag: u64::MAX,
-                    ready_at: 0,
-                    last_use: 0,
-                    valid: 0,
-                };
-                lines
-            ],
+            lines: store,
             set_mask: (lines / WAYS) as u64 - 1,
             clock: 0,
         }

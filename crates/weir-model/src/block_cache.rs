@@ -119,8 +119,10 @@ impl BlockCache {
         // Tables grow with the resident set (a 785 GB cache of 4 KiB blocks would be
         // ~10 GB of index if reserved up front); once full, nothing allocates.
         let initial = capacity.min(1 << 16) as usize;
+        let entries = Vec::with_capacity(initial);
+        crate::huge_pages::advise_vec(&entries);
         Self {
-            entries: Vec::with_capacity(initial),
+            entries,
             index: SlotIndex::new(capacity),
             lists: [List::EMPTY; 3],
             free: Vec::new(),
@@ -179,6 +181,7 @@ impl BlockCache {
                     .len()
                     .min(self.capacity as usize - self.entries.len());
                 self.entries.reserve_exact(more.max(1));
+                crate::huge_pages::advise_vec(&self.entries);
             }
             self.entries.push(Entry {
                 key,
@@ -427,6 +430,7 @@ impl SlotIndex {
     fn resize(&mut self, slots: usize) {
         assert!(slots.is_power_of_two() && self.slots.is_empty());
         self.slots = vec![0; slots];
+        crate::huge_pages::advise_vec(&self.slots);
         self.mask = slots - 1;
         self.shift = 64 - slots.trailing_zeros();
     }

@@ -88,6 +88,7 @@ mod error;
 pub mod harness;
 mod hdd;
 mod host_cache;
+mod huge_pages;
 mod hybrid;
 mod link;
 mod raid;

@@ -87,6 +87,7 @@ pub fn builtin_scenarios() -> &'static [(&'static str, &'static str)] {
             include_str!("../../../scenarios/mixed-workload-cache.toml"),
         ),
         ("vdi-week", include_str!("../../../scenarios/vdi-week.toml")),
+        ("vdi-pod", include_str!("../../../scenarios/vdi-pod.toml")),
         ("qos-gate", include_str!("../../../scenarios/qos-gate.toml")),
         (
             "ceph-gateways",

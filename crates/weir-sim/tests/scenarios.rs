@@ -33,11 +33,11 @@ fn ratio(case: &CaseReport, a: &str, b: &str) -> f64 {
 
 #[test]
 fn every_shipped_scenario_loads_and_runs_shortened() {
-    assert_eq!(builtin_scenarios().len(), 10);
+    assert_eq!(builtin_scenarios().len(), 11);
     for (name, _) in builtin_scenarios() {
         if matches!(
             *name,
-            "mixed-workload" | "mixed-workload-cache" | "vdi-week"
+            "mixed-workload" | "mixed-workload-cache" | "vdi-week" | "vdi-pod"
         ) {
             // Application-model scenarios: tests/models.rs runs them scaled down.
             shipped(name);
@@ -732,4 +732,63 @@ fn qos_gate_twin_shares_and_latency_target_hold() {
         flood_on >= 0.6 * flood_off,
         "flood {flood_on} vs {flood_off}"
     );
+}
+
+/// `vdi-pod` is 10 copies of `vdi-week`'s half-POD (one FAS3270 controller of 2,500
+/// desktops) through the week's 8.1 phases: the same base text, one case per
+/// controller and phase, each controller with its own pool names and so its own
+/// random streams.
+#[test]
+fn vdi_pod_is_ten_independent_half_pods_of_vdi_week() {
+    let week = include_str!("../../../scenarios/vdi-week.toml");
+    let pod = include_str!("../../../scenarios/vdi-pod.toml");
+    let base = |text: &'static str| -> Vec<&'static str> {
+        let from = text.find("[datastore]").expect("[datastore]");
+        let to = text.find("# ---- ").expect("first case");
+        text[from..to].lines().collect()
+    };
+    assert_eq!(base(week), base(pod), "vdi-pod's half-POD is vdi-week's");
+    let names = shipped("vdi-pod").case_names();
+    assert_eq!(names.len(), 60);
+    let phases = [
+        "sun-creation",
+        "mon-initial-login",
+        "tue-login",
+        "mon-power-on",
+        "mon-login-after-reboot",
+        "steady-state",
+    ];
+    for k in 1..=10 {
+        for p in phases {
+            let n = format!("fas{k:02}/{p}");
+            assert!(names.contains(&n), "no case {n}");
+        }
+    }
+    let run = |name: &str| {
+        let mut s = shipped("vdi-pod");
+        s.retain_cases(name);
+        s.scale_duration(0.01);
+        let mut r = s.run(None, &mut |_| {});
+        assert_eq!(r.cases.len(), 1, "{name}");
+        r.cases.remove(0)
+    };
+    let (a, b) = (run("fas01/tue-login"), run("fas02/tue-login"));
+    let (a, b) = (&a, &b);
+    let pools = |c: &CaseReport| {
+        c.workloads
+            .iter()
+            .map(|w| w.name.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        pools(a),
+        ["fas01-pool1", "fas01-pool2", "fas01-pool3", "fas01-pool4"]
+    );
+    assert_eq!(
+        pools(b),
+        ["fas02-pool1", "fas02-pool2", "fas02-pool3", "fas02-pool4"]
+    );
+    let (ia, ib) = (a.total.as_ref().unwrap(), b.total.as_ref().unwrap());
+    assert!(ia.ios > 0 && ib.ios > 0);
+    assert_ne!(ia.ios, ib.ios, "two controllers drew the same I/O");
 }
