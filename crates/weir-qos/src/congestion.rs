@@ -26,7 +26,7 @@
 //! 500 periods for two hosts of 2000 and 1000 shares on a 10,000-IOPS device at the
 //! 30 ms threshold (`W_total` ≈ 300). A larger `β` converges faster at the price of a
 //! standing latency overshoot of `≈ β_total / W_total` above the threshold; drivers
-//! that want that trade pick it with [`HostWindow::with_beta_per_1000_shares`]
+//! that want that trade set `beta_per_1000_shares` in the config
 //! (10 converges in ≈ 50 periods with ≈ 10 % overshoot).
 //!
 //! The driver calls [`HostWindow::update`] once per period (see [`HostWindow::due`])
@@ -37,6 +37,9 @@ use crate::{NANOS_PER_MS, Nanos};
 
 /// `β` for a host with 1000 shares.
 pub const BETA_PER_1000_SHARES: f64 = 1.0;
+/// The largest `β` per 1000 shares accepted (a window step of 100 I/Os per period
+/// for a normal volume is already far past any useful convergence speed).
+pub const MAX_BETA_PER_1000_SHARES: f64 = 100.0;
 /// Valid congestion thresholds, ms (003).
 pub const MIN_THRESHOLD_MS: f64 = 5.0;
 pub const MAX_THRESHOLD_MS: f64 = 100.0;
@@ -53,6 +56,10 @@ pub struct CongestionConfig {
     pub max_window: u32,
     /// How often windows are recomputed.
     pub period_ms: f64,
+    /// `β` for a host of 1000 shares (default [`BETA_PER_1000_SHARES`]): larger
+    /// converges faster with a standing overshoot of `β_total / W_total` above the
+    /// threshold (see the module docs).
+    pub beta_per_1000_shares: f64,
 }
 
 impl Default for CongestionConfig {
@@ -64,6 +71,7 @@ impl Default for CongestionConfig {
             min_window: 4,
             max_window: 256,
             period_ms: 1000.0,
+            beta_per_1000_shares: BETA_PER_1000_SHARES,
         }
     }
 }
@@ -78,6 +86,8 @@ pub enum CongestionError {
     Window { min: u32, max: u32 },
     #[error("period_ms must be a positive finite number, got {0}")]
     PeriodMs(f64),
+    #[error("beta_per_1000_shares must be in (0, {MAX_BETA_PER_1000_SHARES}], got {0}")]
+    Beta(f64),
 }
 
 impl CongestionConfig {
@@ -96,6 +106,11 @@ impl CongestionConfig {
         }
         if !(self.period_ms.is_finite() && self.period_ms > 0.0) {
             return Err(CongestionError::PeriodMs(self.period_ms));
+        }
+        if !(self.beta_per_1000_shares > 0.0
+            && self.beta_per_1000_shares <= MAX_BETA_PER_1000_SHARES)
+        {
+            return Err(CongestionError::Beta(self.beta_per_1000_shares));
         }
         Ok(())
     }
@@ -131,6 +146,11 @@ impl CongestionConfig {
         } else {
             1000.0
         };
+        let beta_per_1000_shares = if self.beta_per_1000_shares > 0.0 {
+            self.beta_per_1000_shares.min(MAX_BETA_PER_1000_SHARES)
+        } else {
+            BETA_PER_1000_SHARES
+        };
         CongestionConfig {
             enabled: self.enabled,
             threshold_ms,
@@ -138,6 +158,7 @@ impl CongestionConfig {
             min_window,
             max_window,
             period_ms,
+            beta_per_1000_shares,
         }
     }
 }
@@ -168,6 +189,16 @@ impl DatastoreLatency {
         self.ios += ios;
     }
 
+    /// Adds another host's (or gate's) period (SIOC's datastore-wide aggregate).
+    pub fn merge(&mut self, other: &DatastoreLatency) {
+        self.record_host(other.latency_sum_ns, other.ios);
+    }
+
+    /// The sum of the latencies recorded since the last `take_mean_ms`, ns.
+    pub fn latency_sum_ns(&self) -> u128 {
+        self.latency_sum_ns
+    }
+
     /// Completions recorded since the last `take_mean_ms`.
     pub fn samples(&self) -> u64 {
         self.ios
@@ -193,7 +224,6 @@ pub struct HostWindow {
     initial_window: u32,
     window: f64,
     last_update_ns: Option<Nanos>,
-    beta_per_1000_shares: f64,
 }
 
 impl HostWindow {
@@ -214,15 +244,14 @@ impl HostWindow {
             initial_window,
             window,
             last_update_ns: None,
-            beta_per_1000_shares: BETA_PER_1000_SHARES,
         }
     }
 
-    /// Overrides `β` per 1000 shares (default [`BETA_PER_1000_SHARES`]); values that
-    /// are not positive and finite keep the default.
+    /// Overrides `β` per 1000 shares (the config's `beta_per_1000_shares`); values
+    /// that are not positive and finite are ignored, larger ones are capped.
     pub fn with_beta_per_1000_shares(mut self, beta: f64) -> Self {
         if beta.is_finite() && beta > 0.0 {
-            self.beta_per_1000_shares = beta;
+            self.config.beta_per_1000_shares = beta.min(MAX_BETA_PER_1000_SHARES);
         }
         self
     }
@@ -250,7 +279,7 @@ impl HostWindow {
 
     /// `β = host_shares / 1000 × β per 1000 shares` (default 1.0).
     pub fn beta(&self) -> f64 {
-        self.host_shares as f64 / 1000.0 * self.beta_per_1000_shares
+        self.host_shares as f64 / 1000.0 * self.config.beta_per_1000_shares
     }
 
     /// True when a period has passed since the last update (or none happened yet).
@@ -319,6 +348,16 @@ mod tests {
             .validate(),
             Err(CongestionError::Gamma(_))
         ));
+        for beta in [0.0, -1.0, 100.5, f64::NAN, f64::INFINITY] {
+            assert!(matches!(
+                CongestionConfig {
+                    beta_per_1000_shares: beta,
+                    ..config()
+                }
+                .validate(),
+                Err(CongestionError::Beta(_))
+            ));
+        }
         assert!(matches!(
             CongestionConfig {
                 min_window: 10,
@@ -420,9 +459,12 @@ mod tests {
             max_window: 0,
             period_ms: 0.0,
             enabled: true,
+            beta_per_1000_shares: f64::NAN,
         };
+        assert_eq!(c.validate(), Err(CongestionError::ThresholdMs(1000.0)));
         let mut w = HostWindow::new(c, 1000, 0);
         assert_eq!(w.config().threshold_ms, 100.0);
+        assert_eq!(w.config().beta_per_1000_shares, BETA_PER_1000_SHARES);
         assert_eq!(w.window(), 1);
         w.update(1, 50.0);
         assert_eq!(w.window(), 1);

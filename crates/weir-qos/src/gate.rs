@@ -6,7 +6,14 @@
 //! - the **device in-flight limit** (pieces outstanding at the device, adapted by
 //!   the [`DepthController`] while a latency target is at risk),
 //! - **completion accounting** (latency to the scheduler's risk tracking, device
-//!   time to the depth controller, period latency for PARDA).
+//!   time to the depth controller, period latency for PARDA),
+//! - optionally the **gateway window** (PARDA one level up): the gate itself is one
+//!   host of a datastore it shares with other gates it cannot see (other `weir
+//!   serve` gateways on one Ceph cluster; the simulator's hosts on one array). Its
+//!   window bounds the pieces it keeps at the device (the cap), and adapts each
+//!   period to the device latency against the threshold, with `β` from the shares
+//!   of the volumes that did I/O in the period — so gates that see the same latency
+//!   hold windows in proportion to their aggregate shares, with no coordinator.
 //!
 //! Events in, decisions out: [`Gate::submit`], [`Gate::complete`] and [`Gate::wake`]
 //! take `now` and append what they release to `out`; [`Gate::next_wakeup`] says when
@@ -30,7 +37,7 @@
 //! controller. Without `set_class_limit` every request is class 0 and nothing of
 //! this applies.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::depth::{DepthConfig, DepthController};
 use crate::scheduler::{IoKind, IoRange};
@@ -162,6 +169,27 @@ struct ClassBound {
     in_flight: u32,
 }
 
+/// The gate's own window on a shared datastore (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GatewayWindowStats {
+    pub window: u32,
+    /// The shares it last stepped with (of the volumes active in that period).
+    pub shares: u64,
+    /// Pieces at the device now (class 0).
+    pub in_flight: u32,
+    /// The device latency it last stepped with, ms (`None`: no period with I/O yet).
+    pub latency_ms: Option<f64>,
+}
+
+struct GatewayWindow {
+    window: HostWindow,
+    /// Device time (release to completion) of class-0 pieces this period.
+    latency: DatastoreLatency,
+    /// Volumes with a piece completed at the device this period.
+    active: HashSet<VolumeId>,
+    last_latency_ms: Option<f64>,
+}
+
 struct HostGate {
     window: HostWindow,
     in_gate: usize,
@@ -200,6 +228,7 @@ pub struct Gate<T> {
     cap: u32,
     depth: DepthController,
     admission: Option<Admission>,
+    gateway: Option<GatewayWindow>,
     /// Completion latencies since the last `take_period_latency` (for PARDA).
     period_latency: DatastoreLatency,
     wake_at: Option<Nanos>,
@@ -232,6 +261,7 @@ impl<T: Clone> Gate<T> {
             cap: u32::MAX,
             depth,
             admission: None,
+            gateway: None,
             period_latency: DatastoreLatency::new(),
             wake_at: None,
             demand: HashMap::new(),
@@ -625,6 +655,10 @@ impl<T: Clone> Gate<T> {
         match e.class {
             0 => {
                 self.device_in_flight -= 1;
+                if let Some(g) = &mut self.gateway {
+                    g.latency.record(device_ns);
+                    g.active.insert(r.volume);
+                }
                 let target = self.sched.protected_target_ns(r.volume);
                 if self.depth.on_completion(now, device_ns, target) {
                     self.end_period();
@@ -768,6 +802,67 @@ impl<T: Clone> Gate<T> {
         self.pump(now, out);
     }
 
+    /// Turns on the gateway window (see the module docs): the cap starts at
+    /// `initial_window` (the device queue depth) and follows the window from then on.
+    pub fn enable_gateway_window(&mut self, config: CongestionConfig, initial_window: u32) {
+        let window = HostWindow::new(config, 1000, initial_window);
+        self.cap = window.window();
+        self.gateway = Some(GatewayWindow {
+            window,
+            latency: DatastoreLatency::new(),
+            active: HashSet::new(),
+            last_latency_ms: None,
+        });
+    }
+
+    /// Device latencies of the period since the last call (empty without a gateway
+    /// window): a driver that can see the other gates of the datastore merges theirs
+    /// (SIOC's datastore-wide mean); one that cannot uses its own.
+    pub fn take_gateway_latency(&mut self) -> DatastoreLatency {
+        self.gateway
+            .as_mut()
+            .map(|g| std::mem::take(&mut g.latency))
+            .unwrap_or_default()
+    }
+
+    /// One gateway-window period: `β` from the shares of the volumes active in it
+    /// (unchanged when none was), a step towards `mean_ms` against the threshold
+    /// (skipped when `None`), then the cap follows the window.
+    pub fn update_gateway_window(
+        &mut self,
+        now: Nanos,
+        mean_ms: Option<f64>,
+        out: &mut Vec<Release<T>>,
+    ) {
+        let Some(g) = &mut self.gateway else {
+            return;
+        };
+        let shares: u64 = g
+            .active
+            .drain()
+            .map(|v| self.sched.policy(v).map_or(1000, |p| p.shares.get() as u64))
+            .sum();
+        if shares > 0 {
+            g.window.set_host_shares(shares);
+        }
+        if let Some(m) = mean_ms {
+            g.window.update(now, m);
+            g.last_latency_ms = Some(m);
+        }
+        self.cap = g.window.window();
+        self.pump(now, out);
+    }
+
+    /// The gateway window, if on.
+    pub fn gateway_window(&self) -> Option<GatewayWindowStats> {
+        self.gateway.as_ref().map(|g| GatewayWindowStats {
+            window: g.window.window(),
+            shares: g.window.host_shares(),
+            in_flight: self.device_in_flight,
+            latency_ms: g.last_latency_ms,
+        })
+    }
+
     /// Completion latencies (submission to last piece) since the last call.
     pub fn take_period_latency(&mut self) -> DatastoreLatency {
         std::mem::take(&mut self.period_latency)
@@ -832,7 +927,7 @@ impl<T: Clone> Gate<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{NANOS_PER_MS, NANOS_PER_SEC};
+    use crate::{NANOS_PER_MS, NANOS_PER_SEC, Shares};
 
     const MS: Nanos = NANOS_PER_MS;
 
@@ -1005,6 +1100,71 @@ mod tests {
             );
             assert!(bytes >= 9_000_000, "{kind:?}: only {bytes} bytes in 1 s");
         }
+    }
+
+    /// The gateway window bounds the pieces at the device, shrinks while the device
+    /// latency is over the threshold, and takes its shares from the volumes that did
+    /// I/O in the period only (an idle volume of 4000 shares does not count).
+    #[test]
+    fn gateway_window_caps_the_device_and_follows_active_shares() {
+        let mut g = gate(64);
+        let config = CongestionConfig {
+            threshold_ms: 10.0,
+            min_window: 2,
+            max_window: 64,
+            gamma: 1.0,
+            ..CongestionConfig::default()
+        };
+        g.enable_gateway_window(config, 32);
+        let high = Policy {
+            shares: Shares::HIGH,
+            ..Policy::best_effort("high")
+        };
+        let idle = Policy {
+            shares: Shares::new(4000).unwrap(),
+            ..Policy::best_effort("idle")
+        };
+        g.add_volume(0, VolumeId(1), high);
+        g.add_volume(0, VolumeId(2), idle);
+        let mut out = Vec::new();
+        for i in 0..100 {
+            g.submit(
+                0,
+                req(1, 7, IoKind::Read, i * 4096, 4096),
+                i as u32,
+                &mut out,
+            )
+            .unwrap();
+        }
+        assert_eq!(out.len(), 32, "the initial window is the cap");
+        assert_eq!(g.gateway_window().unwrap().in_flight, 32);
+        // Every piece took 40 ms at the device: 4x the threshold.
+        let now = 40 * NANOS_PER_MS;
+        let done: Vec<_> = out.drain(..).map(|r| r.ticket).collect();
+        for t in done {
+            g.complete(now, t, &mut out);
+        }
+        assert_eq!(out.len(), 32, "completions refill the window");
+        let mut outstanding: Vec<_> = out.drain(..).map(|r| r.ticket).collect();
+        let latency = g.take_gateway_latency().take_mean_ms().unwrap();
+        assert!((latency - 40.0).abs() < 1e-9, "{latency}");
+        out.clear();
+        g.update_gateway_window(now, Some(latency), &mut out);
+        // γ = 1: w = L/lat·w + β = 10/40·32 + 2 (2000 shares) = 10.
+        let w = g.gateway_window().unwrap();
+        assert_eq!((w.window, w.shares, w.latency_ms), (10, 2000, Some(40.0)));
+        // The cap takes effect as pieces complete: 32 refilled the old window; when
+        // they finish, only 10 are released in their place.
+        assert!(out.is_empty());
+        for t in outstanding.drain(..) {
+            g.complete(2 * now, t, &mut out);
+        }
+        assert_eq!(out.len(), 10);
+        assert_eq!(g.in_flight(), 10);
+        // A period with no completions keeps the window and the shares.
+        g.update_gateway_window(now, None, &mut Vec::new());
+        assert_eq!(g.gateway_window().unwrap().window, 10);
+        assert_eq!(g.gateway_window().unwrap().shares, 2000);
     }
 
     #[test]

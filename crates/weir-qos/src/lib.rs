@@ -27,7 +27,8 @@ pub use congestion::{CongestionConfig, CongestionError, DatastoreLatency, HostWi
 pub use depth::{DepthConfig, DepthController};
 pub use fair::Piece;
 pub use gate::{
-    Finished, Gate, GateConfig, GateRequest, HostWindowStats, Rejected, Release, Ticket,
+    Finished, Gate, GateConfig, GateRequest, GatewayWindowStats, HostWindowStats, Rejected,
+    Release, Ticket,
 };
 pub use policy::{Policy, PolicyCatalog, PolicyError, ServiceLevel, Shares};
 pub use scheduler::{

@@ -113,6 +113,10 @@ pub struct PoolStatsReport {
     pub gauges: PoolGauges,
     /// Per-host admission windows (empty unless congestion control is on).
     pub host_windows: Vec<HostWindowReport>,
+    /// The mean device latency the gateway window last stepped with, ms
+    /// (`gateway_congestion` on, after a period with I/O).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_latency_ms: Option<f64>,
 }
 
 /// One client host's admission window on a pool.

@@ -39,7 +39,18 @@
 //! # congestion = { enabled = true, threshold_ms = 30 }
 //!                                   # datastore-wide congestion control: a window per
 //!                                   # client host (PARDA), threshold 5-100 ms; optional
-//!                                   # gamma, min_window, max_window, period_ms
+//!                                   # gamma, min_window, max_window, period_ms,
+//!                                   # beta_per_1000_shares
+//! # gateway_congestion = { enabled = true, threshold_ms = 30, period_ms = 250 }
+//!                                   # this gateway's window on a datastore other
+//!                                   # gateways share (one Ceph pool, one upstream
+//!                                   # array): pieces at the backend follow the device
+//!                                   # latency it sees, beta from its active volumes'
+//!                                   # shares (PARDA; docs/QOS.md); same keys
+//! # gateway_stats_volume = "sioc"   # with gateway_id = 0-127 (unique per gateway): a
+//! # gateway_id = 0                  # volume of this pool on the shared datastore
+//!                                   # (>= 8 KiB) where the gateways share latency, so
+//!                                   # every window steps with the datastore-wide mean
 //! # qos = false                     # bypass the QoS scheduler (default true)
 //! # direct_io = true                # O_DIRECT for aligned requests (default false)
 //!
@@ -262,6 +273,20 @@ pub struct PoolConfig {
     /// period to the pool's mean latency against `threshold_ms` (absent: off).
     #[serde(default)]
     pub congestion: Option<CongestionConfig>,
+    /// This gateway's window on a datastore other gateways share (one Ceph pool, one
+    /// upstream array): the pool's pieces at the backend adapt every period to the
+    /// device latency it observes against `threshold_ms`, with `β` from the shares
+    /// of its active volumes (absent: off; needs `qos`).
+    #[serde(default)]
+    pub gateway_congestion: Option<CongestionConfig>,
+    /// A volume of this pool, on the shared datastore, through which the gateways
+    /// share their latency (`crate::datastore_stats`): the windows step with the
+    /// datastore-wide mean, as SIOC's do. Absent: each gateway uses its own.
+    #[serde(default)]
+    pub gateway_stats_volume: Option<String>,
+    /// This gateway's slot in the stats volume (0-127, unique per gateway).
+    #[serde(default)]
+    pub gateway_id: Option<u32>,
     /// `false`: requests bypass the QoS scheduler (benchmarks, pass-through pools).
     #[serde(default = "default_true")]
     pub qos: bool,
@@ -526,6 +551,9 @@ fn default_pools() -> Vec<PoolConfig> {
         depth: DepthConfig::default(),
         device: None,
         congestion: None,
+        gateway_congestion: None,
+        gateway_stats_volume: None,
+        gateway_id: None,
         qos: true,
         direct_io: false,
         faults: Vec::new(),
@@ -766,6 +794,50 @@ impl WeirConfig {
             if let Some(c) = &p.congestion {
                 c.validate()
                     .map_err(|e| (at(&p.name), format!("pools[{i}].congestion: {e}")))?;
+            }
+            if let Some(c) = &p.gateway_congestion {
+                c.validate()
+                    .map_err(|e| (at(&p.name), format!("pools[{i}].gateway_congestion: {e}")))?;
+                if p.gateway_stats_volume.is_some() != p.gateway_id.is_some() {
+                    return Err((
+                        at(&p.name),
+                        format!(
+                            "pools[{i}]: gateway_stats_volume and gateway_id go together \
+                             (each gateway writes its own slot of the shared volume)"
+                        ),
+                    ));
+                }
+                if let Some(id) = p.gateway_id
+                    && id as usize >= crate::datastore_stats::SLOTS
+                {
+                    return Err((
+                        at(&p.name),
+                        format!(
+                            "pools[{i}].gateway_id: {id} is out of range (0-{})",
+                            crate::datastore_stats::SLOTS - 1
+                        ),
+                    ));
+                }
+                if c.enabled && !p.qos {
+                    return Err((
+                        at(&p.name),
+                        format!(
+                            "pools[{i}].gateway_congestion: needs qos = true (with qos = false \
+                             requests bypass the gate that holds the window)"
+                        ),
+                    ));
+                }
+            }
+            if p.gateway_stats_volume.is_some()
+                && !p.gateway_congestion.as_ref().is_some_and(|c| c.enabled)
+            {
+                return Err((
+                    at(&p.name),
+                    format!(
+                        "pools[{i}].gateway_stats_volume: needs gateway_congestion = \
+                         {{ enabled = true, … }} (the stats feed the gateway window)"
+                    ),
+                ));
             }
             for (j, f) in p.faults.iter().enumerate() {
                 f.validate()

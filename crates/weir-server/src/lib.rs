@@ -17,6 +17,8 @@
 //! `qos = false` bypasses the gate, `direct_io = true` opens volumes
 //! `O_DIRECT` (slower on loopback, so off by default), `congestion = { … }`
 //! enables datastore-wide congestion control (a `HostWindow` per client host),
+//! `gateway_congestion = { … }` the gateway's own window on a datastore other
+//! gateways share ([`datastore_stats`] shares their latency),
 //! `device = "…"` emulates a device model, `trim_cost_factor` and
 //! `zero_cost_factor` scale what TRIM and WRITE_ZEROES are charged, `[pools.depth]`
 //! tunes the adaptive device depth under `max_in_flight`, `upstream = "nbd://…"`
@@ -52,6 +54,7 @@ pub mod capacity;
 pub mod config;
 pub mod connections;
 pub mod dashboard;
+pub mod datastore_stats;
 pub mod device;
 pub mod fault;
 pub mod history;

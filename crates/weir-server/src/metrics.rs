@@ -385,36 +385,46 @@ fn render_counters(out: &mut String, scope: &str, rows: &[(String, CounterSnapsh
 }
 
 fn render_pools(out: &mut String, pools: &BTreeMap<String, PoolGauges>) {
-    type Gauge = fn(&PoolGauges) -> u64;
-    let gauges: [(&str, &str, Gauge); 4] = [
+    type Gauge = fn(&PoolGauges) -> Option<u64>;
+    let gauges: [(&str, &str, Gauge); 6] = [
         (
             "in_flight",
             "Pieces the pool's QoS gate has at the backend now.",
-            |g| g.in_flight.into(),
+            |g| Some(g.in_flight.into()),
         ),
         (
             "depth_limit",
-            "The pool's device in-flight limit now (adaptive depth).",
-            |g| g.depth_limit.into(),
+            "The pool's device in-flight limit now (adaptive depth, gateway window).",
+            |g| Some(g.depth_limit.into()),
         ),
         (
             "max_in_flight",
             "The pool's max_in_flight (the depth limit's ceiling).",
-            |g| g.max_in_flight.into(),
+            |g| Some(g.max_in_flight.into()),
         ),
         ("queued", "Requests waiting in the pool's QoS gate.", |g| {
-            g.queued as u64
+            Some(g.queued as u64)
         }),
+        (
+            "gateway_window",
+            "This gateway's window on the datastore it shares (gateway_congestion).",
+            |g| g.gateway_window.map(u64::from),
+        ),
+        (
+            "gateway_shares",
+            "The shares the gateway window steps with (volumes active last period).",
+            |g| g.gateway_shares,
+        ),
     ];
     for (name, help, get) in gauges {
+        if pools.values().all(|g| get(g).is_none()) {
+            continue;
+        }
         family(out, &format!("weir_pool_{name}"), "gauge", help);
         for (pool, g) in pools {
-            let _ = writeln!(
-                out,
-                "weir_pool_{name}{{pool=\"{}\"}} {}",
-                escape(pool),
-                get(g)
-            );
+            if let Some(v) = get(g) {
+                let _ = writeln!(out, "weir_pool_{name}{{pool=\"{}\"}} {v}", escape(pool));
+            }
         }
     }
 }
@@ -619,6 +629,8 @@ mod tests {
                 depth_limit: 48,
                 max_in_flight: 64,
                 queued: 7,
+                gateway_window: Some(21),
+                gateway_shares: Some(3000),
             },
         )]);
         let gold = Policy {
@@ -636,6 +648,8 @@ mod tests {
         assert!(text.contains("weir_pool_depth_limit{pool=\"default\"} 48"));
         assert!(text.contains("weir_pool_max_in_flight{pool=\"default\"} 64"));
         assert!(text.contains("# TYPE weir_pool_queued gauge"));
+        assert!(text.contains("weir_pool_gateway_window{pool=\"default\"} 21"));
+        assert!(text.contains("weir_pool_gateway_shares{pool=\"default\"} 3000"));
         assert!(text.contains("weir_volume_ios_total{volume=\"sql\",op=\"read\"} 2"));
         assert!(
             text.contains("weir_volume_latency_seconds_bucket{volume=\"sql\",le=\"0.00001\"} 1"),

@@ -19,7 +19,12 @@
 //!   sleep, 949 with the thread (which wakes within tens of microseconds);
 //! - with `congestion`, [`QosPool::run_congestion_control`] sets every host's
 //!   shares (those of the volumes it has open) and steps the host windows each
-//!   period with the gate's own mean latency of the period.
+//!   period with the gate's own mean latency of the period;
+//! - with `gateway_congestion`, the same task steps the gate's gateway window (this
+//!   server is one host of a datastore other gateways share, e.g. one Ceph pool)
+//!   with the datastore-wide device latency of the period, shared with the other
+//!   gateways through a small volume on the datastore (`crate::datastore_stats`;
+//!   docs/QOS.md on why not each gateway's own).
 //!
 //! **Who performs the I/O.** The pool is generic over a [`Perform`] implementation
 //! that the session layer supplies (`session::Io`): the pool hands it each released
@@ -46,11 +51,18 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::LocalKey;
 use std::time::{Duration, Instant};
 
-pub use weir_qos::HostWindowStats;
 use weir_qos::{
-    ClientId, CongestionConfig, Finished, Gate, GateConfig, GateRequest, Nanos, Policy, Rejected,
-    Release, Ticket, VolumeId,
+    ClientId, CongestionConfig, DatastoreLatency, Finished, Gate, GateConfig, GateRequest, Nanos,
+    Policy, Rejected, Release, Ticket, VolumeId,
 };
+pub use weir_qos::{GatewayWindowStats, HostWindowStats};
+
+/// The gateway window's shared statistics: the merge state and the stats
+/// volume's backend (`crate::datastore_stats`).
+pub type SharedStats = (
+    crate::datastore_stats::StatsMerge,
+    Arc<dyn crate::backend::Backend>,
+);
 
 use crate::device::EmulatedDevice;
 
@@ -138,6 +150,9 @@ pub struct QosPool<P: Perform> {
     epoch_ns: u64,
     device: Option<Arc<EmulatedDevice>>,
     congestion_period: Option<Duration>,
+    gateway_period: Option<Duration>,
+    /// Taken by `run_congestion_control` (see `with_gateway_stats`).
+    gateway_stats: Mutex<Option<SharedStats>>,
     /// `false`: requests bypass the gate (pool option `qos = false`).
     qos: bool,
     _perform: PhantomData<fn() -> P>,
@@ -163,6 +178,8 @@ impl<P: Perform> QosPool<P> {
             epoch_ns: monotonic_ns().saturating_sub(epoch.elapsed().as_nanos() as u64),
             device,
             congestion_period: None,
+            gateway_period: None,
+            gateway_stats: Mutex::new(None),
             qos: true,
             _perform: PhantomData,
         }
@@ -188,6 +205,27 @@ impl<P: Perform> QosPool<P> {
         self
     }
 
+    /// Turns on the gateway window (when `config.enabled`): the pool's pieces at the
+    /// backend follow a PARDA window on the shared datastore behind it, starting at
+    /// `max_in_flight`.
+    pub fn with_gateway_window(mut self, config: Option<CongestionConfig>) -> QosPool<P> {
+        if let Some(config) = config.filter(|c| c.enabled) {
+            let config = config.sanitized();
+            self.gateway_period = Some(Duration::from_nanos(config.period_ns()));
+            let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+            let initial = inner.gate.depth().max();
+            inner.gate.enable_gateway_window(config, initial);
+        }
+        self
+    }
+
+    /// The gateway window steps with the datastore-wide mean shared through this
+    /// stats volume (`crate::datastore_stats`) instead of this gateway's own.
+    pub fn with_gateway_stats(self, stats: Option<SharedStats>) -> QosPool<P> {
+        *self.gateway_stats.lock().unwrap_or_else(|e| e.into_inner()) = stats;
+        self
+    }
+
     /// Whether requests go through the gate (`qos = true`, the default).
     pub fn qos_enabled(&self) -> bool {
         self.qos
@@ -196,6 +234,11 @@ impl<P: Perform> QosPool<P> {
     /// The recomputation period of the host windows (`None`: control is off).
     pub fn congestion_period(&self) -> Option<Duration> {
         self.congestion_period
+    }
+
+    /// Whether any window control runs (host windows or the gateway window).
+    pub fn has_congestion_control(&self) -> bool {
+        self.congestion_period.is_some() || self.gateway_period.is_some()
     }
 
     pub fn device(&self) -> Option<&Arc<EmulatedDevice>> {
@@ -427,19 +470,113 @@ impl<P: Perform> QosPool<P> {
         self.lock().gate.host_windows()
     }
 
-    /// Runs [`QosPool::update_windows`] every period (until aborted; returns at
-    /// once when congestion control is off).
+    /// The device latencies this gateway saw since the last call.
+    pub fn take_gateway_latency(&self) -> DatastoreLatency {
+        self.lock().gate.take_gateway_latency()
+    }
+
+    /// One gateway-window period: steps the window with `mean_ms` (skipped when
+    /// `None`: nothing completed anywhere), then performs what the new cap admits.
+    pub fn step_gateway_window(self: &Arc<Self>, mean_ms: Option<f64>) {
+        let mut b = P::buffers().take();
+        {
+            let mut g = self.lock();
+            let now = self.now_ns();
+            g.gate.update_gateway_window(now, mean_ms, &mut b.released);
+            self.arm(&g.gate);
+        }
+        self.perform(b);
+    }
+
+    /// The gateway window (`None` when `gateway_congestion` is off).
+    pub fn gateway_window(&self) -> Option<GatewayWindowStats> {
+        self.lock().gate.gateway_window()
+    }
+
+    /// Runs [`QosPool::update_windows`] and the gateway window, each every its own
+    /// period, until aborted (returns at once when both are off). With the pool's
+    /// `gateway_stats_volume` the gateway window steps with the datastore-wide mean
+    /// shared through that volume; without, with this gateway's own.
     pub async fn run_congestion_control(self: Arc<Self>) {
-        let Some(period) = self.congestion_period else {
-            return;
+        let mut stats = self
+            .gateway_stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let mut hosts = match self.congestion_period {
+            Some(p) => Some(Self::ticker(p).await),
+            None => None,
         };
+        let mut gateway = match self.gateway_period {
+            Some(p) => Some(Self::ticker(p).await),
+            None => None,
+        };
+        if hosts.is_none() && gateway.is_none() {
+            return;
+        }
+        let mut warn = crate::connections::RateLimited::new(crate::connections::WARN_EVERY);
+        loop {
+            tokio::select! {
+                _ = Self::tick(&mut hosts) => self.update_windows(),
+                _ = Self::tick(&mut gateway) => {
+                    let mean_ms = self.gateway_period_mean(&mut stats, &mut warn).await;
+                    self.step_gateway_window(mean_ms);
+                }
+            }
+        }
+    }
+
+    /// The mean latency the gateway window steps with this period: the
+    /// datastore-wide one from the stats volume, or this gateway's own (no stats
+    /// volume, or the exchange failed: a rate-limited warning says so).
+    async fn gateway_period_mean(
+        &self,
+        stats: &mut Option<SharedStats>,
+        warn: &mut crate::connections::RateLimited,
+    ) -> Option<f64> {
+        let mut own = self.take_gateway_latency();
+        let Some((mut merge, backend)) = stats.take() else {
+            return own.take_mean_ms();
+        };
+        let period = own.clone();
+        let (merge, backend, result) = tokio::task::spawn_blocking(move || {
+            let r = merge.exchange(&*backend, &period);
+            (merge, backend, r)
+        })
+        .await
+        .expect("the stats exchange does not panic");
+        *stats = Some((merge, backend));
+        match result {
+            Ok(mut all) => all.take_mean_ms(),
+            Err(e) => {
+                if let Some(n) = warn.allow(Instant::now()) {
+                    tracing::warn!(
+                        pool = %self.name,
+                        "gateway stats volume: {e}; the gateway window steps with this \
+                         gateway's own latency meanwhile{}",
+                        crate::connections::suppressed_note(n)
+                    );
+                }
+                own.take_mean_ms()
+            }
+        }
+    }
+
+    /// The next tick of an optional interval (never, without one).
+    async fn tick(t: &mut Option<tokio::time::Interval>) {
+        match t {
+            Some(t) => {
+                t.tick().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn ticker(period: Duration) -> tokio::time::Interval {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
-        loop {
-            tick.tick().await;
-            self.update_windows();
-        }
+        tick
     }
 
     /// Shutdown: takes every request not fully released (queued in the gate or
@@ -474,11 +611,14 @@ impl<P: Perform> QosPool<P> {
     /// `(in flight, depth limit, max_in_flight, queued)` under one lock.
     pub fn gauges(&self) -> PoolGauges {
         let g = self.lock();
+        let gateway = g.gate.gateway_window();
         PoolGauges {
             in_flight: g.gate.in_flight(),
             depth_limit: g.gate.limit(),
             max_in_flight: g.gate.depth().max(),
             queued: g.gate.queued(),
+            gateway_window: gateway.as_ref().map(|w| w.window),
+            gateway_shares: gateway.map(|w| w.shares),
         }
     }
 
@@ -527,4 +667,10 @@ pub struct PoolGauges {
     pub max_in_flight: u32,
     /// Requests queued in the gate (not fully released).
     pub queued: usize,
+    /// The gateway window on the shared datastore (`gateway_congestion` on only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_window: Option<u32>,
+    /// The shares it steps with: its volumes active in the last period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_shares: Option<u64>,
 }

@@ -97,6 +97,8 @@ struct Lib {
         *mut c_void,
     ) -> c_int,
     rbd_get_size: unsafe extern "C" fn(ImageT, *mut u64) -> c_int,
+    rbd_get_features: unsafe extern "C" fn(ImageT, *mut u64) -> c_int,
+    rbd_update_features: unsafe extern "C" fn(ImageT, u64, u8) -> c_int,
     rbd_resize: unsafe extern "C" fn(ImageT, u64) -> c_int,
     rbd_aio_create_completion:
         unsafe extern "C" fn(*mut c_void, CallbackT, *mut CompletionT) -> c_int,
@@ -166,6 +168,8 @@ impl Lib {
                 rbd_image_options_destroy: sym!(rbd, rbd_image_options_destroy),
                 rbd_clone3: sym!(rbd, rbd_clone3),
                 rbd_get_size: sym!(rbd, rbd_get_size),
+                rbd_get_features: sym!(rbd, rbd_get_features),
+                rbd_update_features: sym!(rbd, rbd_update_features),
                 rbd_resize: sym!(rbd, rbd_resize),
                 rbd_aio_create_completion: sym!(rbd, rbd_aio_create_completion),
                 rbd_aio_wait_for_complete: sym!(rbd, rbd_aio_wait_for_complete),
@@ -597,6 +601,32 @@ impl RbdImage {
     pub fn flatten(&self) -> io::Result<()> {
         // SAFETY: open image.
         self.with(|lib, image| check(unsafe { (lib.rbd_flatten)(image) }))
+    }
+
+    /// Lets several gateways write the image at once (each its own bytes, as the
+    /// gateway stats volume is written): turns off `exclusive-lock` and the
+    /// features that need it (object map, fast diff, journaling). With the lock,
+    /// every write of one gateway would ask another for it, and a holder slow to
+    /// answer (a loaded machine) is broken and **blocklisted** — all its images
+    /// fenced. Nothing to do when the lock is already off.
+    pub fn share_writes(&self) -> io::Result<()> {
+        const EXCLUSIVE_LOCK: u64 = 1 << 2;
+        const NEEDS_LOCK: [u64; 3] = [1 << 6, 1 << 4, 1 << 3]; // journaling, fast diff, object map
+        self.with(|lib, image| {
+            for f in NEEDS_LOCK.into_iter().chain([EXCLUSIVE_LOCK]) {
+                // Read again each time: turning one off may turn others off with it
+                // (fast diff takes the object map along), and turning off a feature
+                // already off is EINVAL.
+                let mut features = 0u64;
+                // SAFETY: open image; the call writes `features`.
+                check(unsafe { (lib.rbd_get_features)(image, &mut features) })?;
+                if features & f != 0 {
+                    // SAFETY: open image; turns feature `f` off.
+                    check(unsafe { (lib.rbd_update_features)(image, f, 0) })?;
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Failover: breaks the image's exclusive lock held by another client

@@ -87,6 +87,8 @@ impl ServerState {
                             enabled: false,
                             ..CongestionConfig::default()
                         }))
+                        .with_gateway_window(p.gateway_congestion.clone())
+                        .with_gateway_stats(gateway_stats(&store, p)?)
                         .with_qos(p.qos),
                 ),
             );
@@ -366,6 +368,7 @@ impl ServerState {
                         waiting: h.waiting,
                     })
                     .collect(),
+                gateway_latency_ms: p.gateway_window().and_then(|w| w.latency_ms),
             })
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
@@ -394,6 +397,35 @@ impl ServerState {
 }
 
 /// Logs a warning when `pool` promises more than its file system can still hold.
+/// The pool's shared gateway statistics (`gateway_stats_volume`): the volume must
+/// be one of this pool's, open, and hold every slot.
+fn gateway_stats(
+    store: &VolumeStore,
+    p: &crate::config::PoolConfig,
+) -> anyhow::Result<Option<crate::qos::SharedStats>> {
+    use crate::datastore_stats::{STATS_BYTES, StatsMerge};
+    let (Some(name), Some(id)) = (&p.gateway_stats_volume, p.gateway_id) else {
+        return Ok(None);
+    };
+    let what = || format!("pool {:?}: gateway_stats_volume = {name:?}", p.name);
+    let record = store.volume(name).with_context(what)?;
+    if record.pool != p.name {
+        anyhow::bail!("{}: that volume is in pool {:?}", what(), record.pool);
+    }
+    if record.size_bytes < STATS_BYTES {
+        anyhow::bail!(
+            "{}: {} bytes, the stats need {STATS_BYTES}",
+            what(),
+            record.size_bytes
+        );
+    }
+    store.share_writes(name).with_context(what)?;
+    let open = store
+        .open_volume(name)
+        .with_context(|| format!("{}: not open", what()))?;
+    Ok(Some((StatsMerge::new(id), open.backend.clone())))
+}
+
 fn warn_if_overcommitted(store: &crate::store::VolumeStore, pool: &str) {
     if let Some(w) = crate::capacity::overcommit_warning(store, pool) {
         tracing::warn!("{w}");
@@ -498,7 +530,7 @@ async fn run(
     let tasks: Vec<JoinHandle<()>> = state
         .pools
         .values()
-        .filter(|p| p.congestion_period().is_some())
+        .filter(|p| p.has_congestion_control())
         .map(|p| tokio::spawn(p.clone().run_congestion_control()))
         .collect();
     // Emulated devices: one driver thread each, for the same reason.

@@ -18,8 +18,8 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 use weir_model::{Component, DeviceIo};
 use weir_qos::{
-    ClientId, DatastoreLatency, DepthConfig, Gate, GateConfig, GateRequest, HostWindow, IoKind,
-    Nanos, Piece, Release, SchedulerConfig, Ticket, VolumeId,
+    ClientId, DatastoreLatency, DepthConfig, Gate, GateConfig, GateRequest, IoKind, Nanos, Piece,
+    Release, SchedulerConfig, Ticket, VolumeId,
 };
 use weir_report::{
     CaseReport, Comparison, ComponentResult, IoCounts, IoSizeHistogram, LatencySummary,
@@ -209,7 +209,6 @@ struct HostState {
     cache: Option<(BlockCache, u32)>,
     qos: Tier,
     queue_depth: u32,
-    window: Option<HostWindow>,
     link: Option<u32>,
     area: u128,
     last_change: Nanos,
@@ -332,7 +331,6 @@ pub(crate) struct Engine<'p> {
     end: Nanos,
     volume_stats: Vec<Stats>,
     total: Stats,
-    datastore_latency: DatastoreLatency,
     parts_at_start: Vec<PartSnapshot>,
     completed: u64,
     /// Per timeline interval: bytes, I/Os, device latency sum (ns).
@@ -464,19 +462,17 @@ impl<'p> Engine<'p> {
                 ..DepthConfig::default()
             };
             let mut qos = Tier::new(h.cost_unit_bytes, h.queue_depth, fixed);
-            let mut host_shares = 0u64;
             for (vi, vm) in plan.vms.iter().enumerate() {
                 if vm.host == hi {
                     qos.gate
                         .add_volume(0, VolumeId(vi as u32), vm.policy.clone());
-                    host_shares += vm.policy.shares.get() as u64;
                 }
             }
-            let window = plan.congestion.enabled.then(|| {
-                HostWindow::new(plan.congestion.clone(), host_shares.max(1), h.queue_depth)
-            });
-            if let Some(w) = &window {
-                qos.gate.set_cap(0, w.window(), &mut Vec::new());
+            // The host's PARDA window is its gate's gateway window: the same code a
+            // `weir serve` gateway on a shared cluster runs.
+            if plan.congestion.enabled {
+                qos.gate
+                    .enable_gateway_window(plan.congestion.clone(), h.queue_depth);
             }
             let link = match hw::build_link(&h.link)? {
                 Some(c) => {
@@ -511,7 +507,6 @@ impl<'p> Engine<'p> {
                 cache,
                 qos,
                 queue_depth: h.queue_depth,
-                window,
                 link,
                 area: 0,
                 last_change: 0,
@@ -627,7 +622,6 @@ impl<'p> Engine<'p> {
                 Vec::new()
             },
             total: Stats::new(3),
-            datastore_latency: DatastoreLatency::new(),
             parts_at_start: Vec::new(),
             completed: 0,
             series_total: vec![(0, 0, 0); buckets],
@@ -728,26 +722,24 @@ impl<'p> Engine<'p> {
                 Ev::FaultRelease(slot) => self.enter_array(slot),
                 Ev::CongestionTick => {
                     // The datastore-wide latency is averaged across hosts (as SIOC
-                    // does); each host's window bounds its gate (its cap).
-                    let mean_ms = self.datastore_latency.take_mean_ms();
+                    // does through a file on the datastore); each host's gateway
+                    // window steps with it and bounds its gate.
+                    let mut datastore = DatastoreLatency::new();
+                    for h in &mut self.hosts {
+                        datastore.merge(&h.qos.gate.take_gateway_latency());
+                    }
+                    let mean_ms = datastore.take_mean_ms();
                     self.push(self.now + period_ns.max(1), Ev::CongestionTick);
                     for h in 0..self.hosts.len() {
-                        let now = self.now;
-                        let Some(w) = &mut self.hosts[h].window else {
-                            continue;
-                        };
-                        if let Some(m) = mean_ms {
-                            w.update(now, m);
-                        }
-                        let cap = w.window();
-                        let out = self.host_gate(h, |g, now, out| g.set_cap(now, cap, out));
+                        let out = self
+                            .host_gate(h, |g, now, out| g.update_gateway_window(now, mean_ms, out));
                         self.host_releases(h, out.1);
                     }
                 }
                 Ev::Sample => {
                     for h in &mut self.hosts {
-                        if let Some(w) = &h.window {
-                            h.window_series.push(w.window() as f64);
+                        if let Some(w) = h.qos.gate.gateway_window() {
+                            h.window_series.push(w.window as f64);
                         }
                     }
                     progress(Progress {
@@ -1263,9 +1255,6 @@ impl<'p> Engine<'p> {
         let (finished, out) = self.host_gate(hi, |g, now, out| {
             ticket.and_then(|t| g.complete(now, t, out))
         });
-        // Device latency as SIOC measures it, per device I/O.
-        self.datastore_latency
-            .record(now - piece.host_dispatched_at);
         let (slot, error) = match piece.part_of {
             PartOf::HostPiece(whole) => {
                 self.reqs[whole as usize].error |= error;
@@ -1593,10 +1582,10 @@ impl<'p> Engine<'p> {
         for (i, h) in self.hosts.iter_mut().enumerate() {
             Self::note_outstanding(h, now);
             // The last interval ends with the run: sample the window there too.
-            if let Some(w) = &h.window
+            if let Some(w) = h.qos.gate.gateway_window()
                 && h.window_series.len() < used_intervals
             {
-                h.window_series.push(w.window() as f64);
+                h.window_series.push(w.window as f64);
             }
             components.push(ComponentResult {
                 name: format!("host {}", plan.hosts[i].name),

@@ -835,3 +835,83 @@ fn rbd_failover_gateway_b_takes_a_killed_gateways_volume_over_within_5_s() {
     rt.block_on(b.admin_client().delete_volume(&vol))
         .expect("delete");
 }
+
+/// Two gateways share their latency through one stats image (issue 13 item 3):
+/// both write it at once without fencing each other (its exclusive lock is off),
+/// each finds the other's slot, and the window steps with the shared mean.
+#[test]
+fn rbd_gateways_share_a_stats_image_without_its_lock() {
+    use weir_server::datastore_stats::{SLOT_BYTES, STATS_BYTES, SlotRecord};
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let (vol_a, vol_b, stats) = (unique("gw-a"), unique("gw-b"), unique("sioc"));
+    let config = |id: u32, vol: &str| {
+        format!(
+            "{}gateway_congestion = {{ enabled = true, threshold_ms = 5, period_ms = 100 }}\n\
+             gateway_stats_volume = \"{stats}\"\ngateway_id = {id}\n\
+             [[volumes]]\nname = \"{vol}\"\npool = \"ceph\"\nsize = \"8MiB\"\n\
+             policy = \"non-critical\"\n\
+             [[volumes]]\nname = \"{stats}\"\npool = \"ceph\"\nsize = \"64KiB\"\n\
+             policy = \"non-critical\"\n",
+            cluster.pool_toml()
+        )
+    };
+    let (dir_a, dir_b) = (
+        common::TempDir::new("rbd-sioc-a"),
+        common::TempDir::new("rbd-sioc-b"),
+    );
+    let a = WeirProcess::start(dir_a.path(), &config(3, &vol_a));
+    let b = WeirProcess::start(dir_b.path(), &config(7, &vol_b));
+    if let Some(out) = cluster.rbd(&["info", &format!("{}/{stats}", cluster.pool)]) {
+        let info = String::from_utf8_lossy(&out.stdout);
+        assert!(!info.contains("exclusive-lock"), "{info}");
+    }
+    let rt = rt();
+    // Writes through both gateways for a few periods.
+    let model = Arc::new(Mutex::new(Model::default()));
+    rt.block_on(async {
+        tokio::join!(
+            write_blocks(a.nbd_addr, vol_a.clone(), model.clone(), 300),
+            write_blocks(
+                b.nbd_addr,
+                vol_b.clone(),
+                Arc::new(Mutex::new(Model::default())),
+                300
+            ),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // The stats image, read through gateway A: both slots, each at its id.
+    let area = rt.block_on(async {
+        let (mut c, _) = NbdClient::connect(a.nbd_addr, ClientConfig::go(&stats))
+            .await
+            .unwrap();
+        let h = c.session().read(0, STATS_BYTES as u32);
+        let comp = c.next_completion().await.unwrap();
+        assert_eq!(comp.handle, h);
+        match comp.result {
+            Ok(ReplyData::Read(d)) => d,
+            other => panic!("read of the stats image: {other:?}"),
+        }
+    });
+    for id in [3usize, 7] {
+        let r = SlotRecord::decode(&area[id * SLOT_BYTES..]).expect("a valid slot");
+        assert_eq!(r.gateway_id as usize, id);
+        // The last period (after the writes) may hold no I/O: the slot is live.
+        assert!(r.seq >= 2, "slot {id}: {r:?}");
+    }
+    let pools = rt.block_on(a.admin_client().list_pools()).unwrap();
+    assert!(pools[0].gateway_latency_ms.is_some(), "{pools:?}");
+    assert!(pools[0].gauges.gateway_window.is_some());
+    for (gw, vol) in [(&a, &vol_a), (&b, &vol_b)] {
+        rt.block_on(gw.admin_client().delete_volume(vol))
+            .expect("delete");
+    }
+    // B closes the stats image on a graceful stop; then A can remove it.
+    let mut b = b;
+    b.terminate();
+    let _ = b.child.wait();
+    rt.block_on(a.admin_client().delete_volume(&stats))
+        .expect("delete stats");
+}

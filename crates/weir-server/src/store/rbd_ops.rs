@@ -226,6 +226,18 @@ impl VolumeStore {
             .is_ok_and(|r| self.rbd_pool(&r.pool).is_some())
     }
 
+    /// Several gateways write `volume` at once (the gateway stats volume): off
+    /// with its image's exclusive lock ([`RbdImage::share_writes`]). Nothing to do
+    /// for a volume outside an RBD pool.
+    pub fn share_writes(&self, volume: &str) -> Result<(), StoreError> {
+        if !self.is_rbd_volume(volume) {
+            return Ok(());
+        }
+        self.rbd_image(volume)?
+            .share_writes()
+            .map_err(|e| self.rbd_err("sharing writes to", volume, &e))
+    }
+
     pub(super) fn rbd_snapshot(&self, volume: &str, snap: &str) -> Option<&SnapshotRecord> {
         self.meta
             .rbd_snapshots
