@@ -1163,7 +1163,11 @@ impl Conn {
         let started = Instant::now();
         let read = std::pin::pin!(reader.read_exact(&mut h));
         let deadline = started + window.unwrap_or_default();
+        // Shutdown first: once it is signalled, a request that arrives (even one
+        // already waiting when this task wakes) is answered ESHUTDOWN, never run.
         tokio::select! {
+            biased;
+            _ = shutdown.changed() => Next::Drain,
             (r, waited) = poll_until(read, deadline) => {
                 if r.is_err() {
                     return Next::Stop;
@@ -1171,7 +1175,6 @@ impl Conn {
                 busy_poll.request_read(waited.then(|| started.elapsed()), window.is_some());
                 Next::Header(h)
             }
-            _ = shutdown.changed() => Next::Drain,
             _ = sleep_or_never(idle) => {
                 tracing::info!(peer = %self.peer, "closing idle connection (idle_timeout_s)");
                 Next::Stop
