@@ -770,6 +770,19 @@ impl<T: Clone> Gate<T> {
         }
     }
 
+    /// Forgets the window of every host that `keep` rejects and that has nothing
+    /// admitted or waiting (a host gone from a server that outlives it; one that
+    /// comes back starts again at the initial window). Returns how many.
+    pub fn forget_idle_hosts(&mut self, keep: impl Fn(ClientId) -> bool) -> usize {
+        let Some(adm) = &mut self.admission else {
+            return 0;
+        };
+        let before = adm.hosts.len();
+        adm.hosts
+            .retain(|c, h| keep(*c) || h.in_gate > 0 || !h.waiting.is_empty());
+        before - adm.hosts.len()
+    }
+
     /// The host's shares for its window (the sum of the shares of the volumes it uses).
     pub fn set_host_shares(&mut self, client: ClientId, shares: u64) {
         if let Some(adm) = &mut self.admission {
@@ -1191,6 +1204,40 @@ mod tests {
         g.complete(MS, r.ticket, &mut out);
         assert_eq!(out.len(), 2);
         assert_eq!(out[1].payload, 2, "the waiting request was admitted");
+    }
+
+    #[test]
+    fn only_idle_hosts_are_forgotten() {
+        let mut g = gate(64);
+        g.enable_host_windows(
+            CongestionConfig {
+                min_window: 1,
+                max_window: 1,
+                ..CongestionConfig::default()
+            },
+            1,
+        );
+        g.add_volume(0, VolumeId(1), Policy::best_effort("a"));
+        let mut out = Vec::new();
+        for (i, client) in [(0, 7), (1, 7), (2, 8)] {
+            g.submit(0, req(1, client, IoKind::Read, 0, 4096), i, &mut out)
+                .unwrap();
+        }
+        assert_eq!(g.host_windows().len(), 2);
+        assert_eq!(g.forget_idle_hosts(|_| false), 0, "both have work");
+        let done: Vec<_> = std::mem::take(&mut out);
+        for r in done {
+            g.complete(MS, r.ticket, &mut out);
+        }
+        // 8 is idle; 7's second request was admitted and is in the gate.
+        assert_eq!(g.forget_idle_hosts(|_| false), 1);
+        assert_eq!(g.host_windows()[0].client, ClientId(7));
+        for r in std::mem::take(&mut out) {
+            g.complete(2 * MS, r.ticket, &mut out);
+        }
+        assert_eq!(g.forget_idle_hosts(|c| c == ClientId(7)), 0, "kept");
+        assert_eq!(g.forget_idle_hosts(|_| false), 1);
+        assert!(g.host_windows().is_empty());
     }
 
     #[test]

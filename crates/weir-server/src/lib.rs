@@ -58,6 +58,7 @@ pub mod datastore_stats;
 pub mod device;
 pub mod fault;
 pub mod history;
+pub mod hosts;
 pub mod metrics;
 pub mod nbd_client;
 pub mod qos;

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use weir_qos::{Policy, VolumeStats};
 
+use crate::hosts::{HostSession, HostTable};
 use crate::qos::PoolGauges;
 use crate::store::VolumeRecord;
 
@@ -103,6 +104,21 @@ impl IoCounters {
         self.qos_wait_ns.fetch_add(wait_ns, Relaxed);
     }
 
+    /// Adds `s` to these counters (a forgotten host's into `host="other"`).
+    pub fn add(&self, s: &CounterSnapshot) {
+        self.read_ios.fetch_add(s.read_ios, Relaxed);
+        self.write_ios.fetch_add(s.write_ios, Relaxed);
+        self.other_ios.fetch_add(s.other_ios, Relaxed);
+        self.read_bytes.fetch_add(s.read_bytes, Relaxed);
+        self.write_bytes.fetch_add(s.write_bytes, Relaxed);
+        self.errors.fetch_add(s.errors, Relaxed);
+        self.latency_sum_ns.fetch_add(s.latency_sum_ns, Relaxed);
+        self.qos_wait_ns.fetch_add(s.qos_wait_ns, Relaxed);
+        for (b, n) in self.buckets.iter().zip(&s.latency_buckets) {
+            b.fetch_add(*n, Relaxed);
+        }
+    }
+
     pub fn snapshot(&self) -> CounterSnapshot {
         CounterSnapshot {
             read_ios: self.read_ios.load(Relaxed),
@@ -122,7 +138,7 @@ impl IoCounters {
 #[derive(Default, Debug)]
 pub struct Metrics {
     volumes: Mutex<BTreeMap<String, Arc<IoCounters>>>,
-    hosts: Mutex<BTreeMap<IpAddr, Arc<IoCounters>>>,
+    hosts: HostTable,
 }
 
 /// What `/metrics` says of one volume besides its I/O counters: its record
@@ -229,14 +245,14 @@ impl Metrics {
             .unwrap_or_else(|e| e.into_inner())
             .remove(name);
     }
-    pub fn host(&self, host: IpAddr) -> Arc<IoCounters> {
-        let mut h = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
-        h.entry(host).or_default().clone()
+    /// A session of `host`: its QoS client id and counters (see [`HostTable`]).
+    pub fn attach_host(&self, host: IpAddr) -> HostSession {
+        self.hosts.attach(host)
     }
-    /// Every host's counters now (the sampler's per-host rates).
-    pub fn host_snapshots(&self) -> Vec<(IpAddr, CounterSnapshot)> {
-        let h = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
-        h.iter().map(|(ip, c)| (*ip, c.snapshot())).collect()
+    /// Every remembered host's counters now, then the forgotten ones' sum (the
+    /// sampler's per-host rates).
+    pub fn host_snapshots(&self) -> Vec<(String, CounterSnapshot)> {
+        self.hosts.snapshots()
     }
 
     /// Prometheus text exposition format (version 0.0.4): every volume of
@@ -259,10 +275,9 @@ impl Metrics {
             .collect();
         let hosts: Vec<(String, CounterSnapshot)> = self
             .hosts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(k, v)| (format!("host=\"{k}\""), v.snapshot()))
+            .snapshots()
+            .into_iter()
+            .map(|(k, v)| (format!("host=\"{k}\""), v))
             .collect();
         let mut out = String::new();
         render_volume_info(&mut out, volumes);
@@ -287,6 +302,13 @@ impl Metrics {
                 }
             }
         }
+        family(
+            &mut out,
+            "weir_hosts_forgotten_total",
+            "counter",
+            "Client addresses forgotten to keep the host table bounded (their counters are summed under host=\"other\").",
+        );
+        let _ = writeln!(out, "weir_hosts_forgotten_total {}", self.hosts.forgotten());
         render_pools(&mut out, pools);
         out
     }
@@ -605,8 +627,12 @@ mod tests {
         v.record(OpKind::Read, 4096, 80_000, true); // 80 µs
         v.record(OpKind::Write, 8192, 3_000_000, false); // 3 ms
         v.record(OpKind::Read, 4096, 7_000, true); // 7 µs: the 10 µs bucket
-        m.host("127.0.0.1".parse().unwrap())
-            .record(OpKind::Other, 0, 20_000_000_000, true);
+        m.attach_host("127.0.0.1".parse().unwrap()).counters.record(
+            OpKind::Other,
+            0,
+            20_000_000_000,
+            true,
+        );
         let s = v.snapshot();
         assert_eq!(
             (
@@ -682,6 +708,17 @@ mod tests {
 
     #[test]
     fn build_info_and_process_metrics() {
+        // CPU time counts in clock ticks (10 ms): a test run alone may not have
+        // used one yet, so work until it has (at most 5 s).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut x = 1u64;
+        while render_process().contains("process_cpu_seconds_total 0\n")
+            && std::time::Instant::now() < deadline
+        {
+            for _ in 0..1_000_000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        }
         let text = render_process();
         assert!(text.contains("weir_build_info{version=\""), "{text}");
         for name in [

@@ -439,6 +439,9 @@ impl<P: Perform> QosPool<P> {
         }
         if *n == 0 {
             volumes.remove(&volume);
+            if volumes.is_empty() {
+                g.connections.remove(&client);
+            }
         }
     }
 
@@ -458,6 +461,8 @@ impl<P: Perform> QosPool<P> {
                     .sum();
                 gate.set_host_shares(*client, shares.max(1));
             }
+            // Windows of hosts gone (and done): bounded by the hosts connected.
+            gate.forget_idle_hosts(|c| connections.contains_key(&c));
             let mean_ms = gate.take_period_latency().take_mean_ms();
             gate.update_host_windows(now, mean_ms, &mut b.released);
             self.arm(gate);

@@ -7,7 +7,6 @@
 //! `Arc` and the JSON, whatever the number of pollers.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -152,7 +151,7 @@ fn wait_tick(stop: &(Mutex<bool>, Condvar)) -> bool {
 struct State {
     volumes: Vec<(crate::store::VolumeRecord, Policy)>,
     counters: HashMap<String, CounterSnapshot>,
-    hosts: HashMap<IpAddr, CounterSnapshot>,
+    hosts: HashMap<String, CounterSnapshot>,
     /// Per volume: sum of queue lengths seen, looks with a queue, looks.
     looks: HashMap<String, (u64, u32, u32)>,
     at: Option<Instant>,
@@ -224,12 +223,16 @@ fn sample_second(state: &ServerState, s: &mut State, second: u64) {
 
 fn host_rates(state: &ServerState, s: &mut State, interval: Option<f64>) -> Vec<HostLive> {
     let mut hosts = Vec::new();
-    for (ip, current) in state.metrics.host_snapshots() {
-        let previous = s.hosts.insert(ip, current.clone());
+    let now = state.metrics.host_snapshots();
+    // Forget what the server forgot (the table is bounded: `hosts`).
+    let names: std::collections::HashSet<&str> = now.iter().map(|(h, _)| h.as_str()).collect();
+    s.hosts.retain(|h, _| names.contains(h.as_str()));
+    for (host, current) in &now {
+        let previous = s.hosts.insert(host.clone(), current.clone());
         if let (Some(dt), Some(previous)) = (interval, previous) {
-            let d = delta(&previous, &current);
+            let d = delta(&previous, current);
             hosts.push(HostLive {
-                host: ip.to_string(),
+                host: host.clone(),
                 iops: (d.ios() as f64 / dt) as f32,
                 mbps: ((d.read_bytes + d.write_bytes) as f64 / dt / 1e6) as f32,
                 mean_ms: d.mean_latency_ms() as f32,

@@ -1,7 +1,7 @@
 //! Server assembly: shared state, listeners, graceful shutdown.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use weir_nbd::{ErrorCode, NbdError};
-use weir_qos::{ClientId, CongestionConfig, GateConfig, Policy, SchedulerConfig, VolumeId};
+use weir_qos::{CongestionConfig, GateConfig, Policy, SchedulerConfig, VolumeId};
 
 use crate::access::canonical;
 use crate::config::WeirConfig;
@@ -29,7 +29,6 @@ pub struct ServerState {
     store: Mutex<VolumeStore>,
     pools: HashMap<String, Arc<Pool>>,
     pub metrics: Metrics,
-    clients: Mutex<HashMap<IpAddr, ClientId>>,
     pub started: Instant,
     /// Longest busy poll of a connection waiting on its client (`busy_poll_us`).
     pub busy_poll: Duration,
@@ -104,7 +103,6 @@ impl ServerState {
             store: Mutex::new(store),
             pools,
             metrics: Metrics::default(),
-            clients: Mutex::new(HashMap::new()),
             started: epoch,
             busy_poll: Duration::from_micros(config.busy_poll_us.into()),
             limits: ConnectionLimits::new(
@@ -139,13 +137,6 @@ impl ServerState {
             .iter()
             .map(|(name, p)| (name.clone(), p.gauges()))
             .collect()
-    }
-
-    /// The QoS client id of a host (stable for the server's lifetime).
-    pub fn client_id(&self, host: IpAddr) -> ClientId {
-        let mut c = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        let next = c.len() as u32 + 1;
-        *c.entry(host).or_insert(ClientId(next))
     }
 
     pub fn create_volume(&self, req: VolumeCreate) -> Result<VolumeRecord, StoreError> {

@@ -855,14 +855,16 @@ pub async fn run_session(
     let Some(pool) = state.pool(&volume.pool) else {
         return;
     };
-    let client = state.client_id(host);
+    // The host stays remembered (id, counters) until the last reply is written.
+    let host_session = state.metrics.attach_host(host);
+    let client = host_session.id;
     pool.host_connection(client, volume.id, true);
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let (host_data, server_data) = slot.data_budgets();
     let conn = Conn {
         peer,
         volume_counters: state.metrics.volume(&volume.name),
-        host_counters: state.metrics.host(host),
+        host_counters: host_session.counters.clone(),
         export: Arc::new(info),
         volume,
         pool,
@@ -909,6 +911,7 @@ pub async fn run_session(
         .await;
     }
     pool.host_connection(client, volume.id, false);
+    drop(host_session);
     tracing::debug!(%peer, "connection closed");
 }
 

@@ -5,8 +5,11 @@
 
 mod common;
 
+use weir_server::nbd_client::NbdClient;
+
 use std::collections::BTreeSet;
 use std::io::Write as _;
+use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 
 /// The metric names of the samples in an exposition (histogram series keep
@@ -97,6 +100,60 @@ async fn connections_and_qos_wait_are_counted() {
     // 30 reads at 100 IOPS take about 0.3 s, nearly all of it in the gate.
     assert!(wait_s > 0.05, "{wait_line}");
     assert!(text.contains("weir_volume_ios_total{volume=\"slow\",op=\"read\"} 30"));
+    server.shutdown().await.unwrap();
+}
+
+/// A client that comes from ever new addresses (1,100 of 127/8 here; an IPv6
+/// client has a /64) leaves the host table bounded: connected hosts and the
+/// 1,024 most recent idle ones keep their series, the rest are summed under
+/// `host="other"`, and the per-host series still add up to every I/O.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_series_stay_bounded_whatever_the_number_of_addresses() {
+    let dir = common::TempDir::new("metrics-hosts");
+    let server = common::start(dir.path()).await;
+    let addr = server.nbd_addr();
+    let go = || weir_nbd::ClientConfig::go("open");
+    // The first host stays connected throughout: never forgotten.
+    let (mut held, _) = NbdClient::connect(addr, go()).await.unwrap();
+    held.read(0, 4096).await.unwrap().unwrap();
+    const HOSTS: u32 = 1100;
+    for n in 0..HOSTS {
+        let from = IpAddr::from(Ipv4Addr::from(0x7f01_0000 + n));
+        let (mut c, _) = NbdClient::connect_from(Some(from), addr, go())
+            .await
+            .unwrap_or_else(|e| panic!("from {from}: {e:#}"));
+        c.read(u64::from(n) * 4096, 4096).await.unwrap().unwrap();
+        c.disconnect().await.unwrap();
+    }
+    // The last session's end is counted when its connection is done.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let text = loop {
+        let text = server.admin_client().metrics().await.unwrap();
+        if text.contains("weir_hosts_forgotten_total 76\n") {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let reads: Vec<&str> = samples(&text, "weir_host_ios_total")
+        .into_iter()
+        .filter(|l| l.contains("op=\"read\""))
+        .collect();
+    // 127.0.0.1 (connected), 1,024 idle hosts, "other".
+    assert_eq!(reads.len(), 1 + 1024 + 1, "{reads:?}");
+    let total: u64 = reads
+        .iter()
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(total, u64::from(HOSTS) + 1);
+    assert!(reads.contains(&"weir_host_ios_total{host=\"127.0.0.1\",op=\"read\"} 1"));
+    assert!(reads.contains(&"weir_host_ios_total{host=\"other\",op=\"read\"} 76"));
+    assert!(reads.contains(&"weir_host_ios_total{host=\"127.1.4.75\",op=\"read\"} 1"));
+    assert!(
+        !reads.iter().any(|l| l.contains("\"127.1.0.75\"")),
+        "forgotten"
+    );
+    held.disconnect().await.unwrap();
     server.shutdown().await.unwrap();
 }
 
