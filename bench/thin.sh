@@ -12,14 +12,16 @@
 #              files with and without the clone-aware cache, and the same storm
 #              on full copies (plain volumes)
 #   meta       committing grain-map changes: Weir's map file vs SQLite (WAL, FULL)
-#   bench/thin.sh [clones snapshot writes reads storm meta]   (default: all)
+#   flatten    flattening a FLATTEN_GIB (default 2) GiB clone: how long admin calls
+#              and new connections to another volume take meanwhile (vs idle)
+#   bench/thin.sh [clones snapshot writes reads storm meta flatten]   (default: all)
 # Needs fio (nbd engine), qemu-img, qemu-nbd. Prints one line per figure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(clones snapshot writes reads storm meta)
+[ ${#targets[@]} -gt 0 ] || targets=(clones snapshot writes reads storm meta flatten)
 cargo build --release -q -p weir
-W="$PWD/target/release/weir"
+W="${WEIR_BIN:-$PWD/target/release/weir}"  # WEIR_BIN: another build (A/B)
 work=$(mktemp -d /tmp/weir-thin-bench.XXXXXX)
 trap 'pkill -f "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
 NBD=127.0.0.1:13809
@@ -196,10 +198,43 @@ pool = \"plain\""; done
   bw=$(storm_fio "${jobs[@]}")
   echo "storm: $n full copies × $mib MiB (plain volumes): $bw MiB/s aggregate (fio)"
   ;;
+flatten)
+  gib=${FLATTEN_GIB:-2}
+  serve "$POOLS
+[[volumes]]
+name = \"img\"
+size = \"${gib}GiB\"
+policy = \"non-critical\"
+pool = \"thin\"
+[[volumes]]
+name = \"other\"
+size = \"1GiB\"
+policy = \"non-critical\"
+pool = \"thin\""
+  fio --name=fill --ioengine=nbd --uri="nbd://$NBD/img" --rw=write --bs=1m --iodepth=8 \
+      --size="${gib}g" >/dev/null 2>&1
+  "$W" volume snapshot img gold $A >/dev/null
+  "$W" volume clone img@gold c1 $A >/dev/null
+  probe() { # one admin call and one new NBD connection, ms
+    local t0; t0=$(now)
+    "$W" volume list $A >/dev/null
+    nbdinfo --size "nbd://$NBD/other" >/dev/null
+    printf '%.0f\n' "$(echo "($(now) - $t0) * 1000" | bc -l)"
+  }
+  idle=$(for i in $(seq 10); do probe; done | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  t0=$(now); "$W" volume flatten c1 $A >/dev/null & pid=$!
+  sleep 0.05
+  : > "$work/probes"
+  while kill -0 "$pid" 2>/dev/null; do probe >> "$work/probes"; sleep 0.05; done
+  wait "$pid"; flat_s=$(since "$t0")
+  read -r n med max < <(sort -n "$work/probes" | awk '{a[NR]=$1} END {print NR, a[int((NR+1)/2)], a[NR]}')
+  printf 'flatten: %s GiB clone flattened in %.1f s; meanwhile %s probes (weir volume list + a new NBD connection to another volume): median %s ms, max %s ms (idle: median %s ms)\n' \
+    "$gib" "$flat_s" "$n" "$med" "$max" "$idle"
+  ;;
 meta)
   mkdir -p "$work/w" "$work/s"
   cargo run --release -q -p weir-thin --example commit_cost -- "$work/w"
   python3 bench/thin-meta.py "$work/s"
   ;;
-*) echo "unknown: $t (known: clones snapshot writes reads storm meta)" >&2; exit 2 ;;
+*) echo "unknown: $t (known: clones snapshot writes reads storm meta flatten)" >&2; exit 2 ;;
 esac; done

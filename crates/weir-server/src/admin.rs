@@ -308,7 +308,7 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             created(&store().snapshot(name, &req.name)?)
         }
         ("DELETE", ["v1", "volumes", name, "snapshots", snap]) => {
-            ok(&store().delete_snapshot(name, snap)?)
+            ok(&s.delete_snapshot(name, snap)?)
         }
         ("POST", ["v1", "volumes", name, "snapshots", snap, "clones"]) => {
             let req: CloneRequest = parse(body)?;
@@ -318,7 +318,7 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             let req: RollbackRequest = parse(body)?;
             ok(&store().rollback(name, &req.snapshot)?)
         }
-        ("POST", ["v1", "volumes", name, "flatten"]) => ok(&store().flatten(name)?),
+        ("POST", ["v1", "volumes", name, "flatten"]) => ok(&s.flatten_volume(name)?),
         ("POST", ["v1", "volumes", name, "takeover"]) => ok(&store().take_over(name)?),
         ("GET", ["v1", "check"]) => ok(&store().check_thin()?),
         ("GET", ["v1", "replications"]) => ok(&s.replication.list(s)),

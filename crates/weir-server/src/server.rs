@@ -22,7 +22,8 @@ use crate::device::EmulatedDevice;
 use crate::metrics::Metrics;
 use crate::qos::{PoolGauges, QosPool};
 use crate::session::Pool;
-use crate::store::{StoreError, VolumeCreate, VolumeRecord, VolumeStore};
+use crate::store::{DeleteSnapshot, Flatten, StoreError, VolumeCreate, VolumeRecord, VolumeStore};
+use crate::thin::SnapshotRecord;
 
 /// Everything sessions and the admin API share.
 pub struct ServerState {
@@ -185,6 +186,33 @@ impl ServerState {
             admin_listen: admin,
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             volumes: self.store().list().len(),
+        }
+    }
+
+    /// Flattens a volume; the copy runs without the store's lock (the volume is
+    /// busy meanwhile: its snapshots, rollback, resize and deletion wait).
+    pub fn flatten_volume(&self, name: &str) -> Result<VolumeRecord, StoreError> {
+        // (Bound first: a guard in the `match` would live through the copy.)
+        let begun = self.store().flatten_begin(name)?;
+        match begun {
+            Flatten::Done(r) => Ok(r),
+            Flatten::Copy(plan) => {
+                let copied = plan.copy();
+                self.store().flatten_finish(plan, copied)
+            }
+        }
+    }
+
+    /// Deletes a snapshot; merging it into the layer built on it runs without the
+    /// store's lock (as [`ServerState::flatten_volume`]).
+    pub fn delete_snapshot(&self, volume: &str, name: &str) -> Result<SnapshotRecord, StoreError> {
+        let begun = self.store().delete_snapshot_begin(volume, name)?;
+        match begun {
+            DeleteSnapshot::Done(s) => Ok(s),
+            DeleteSnapshot::Merge(plan) => {
+                let merged = plan.copy();
+                self.store().delete_snapshot_finish(plan, merged)
+            }
         }
     }
 

@@ -46,7 +46,7 @@ mod repl_ops;
 mod thin_ops;
 mod upstream_ops;
 pub use rbd_ops::TakeOver;
-pub use thin_ops::{ThinPoolCheck, ThinSpace};
+pub use thin_ops::{DeleteSnapshot, Flatten, FlattenPlan, MergePlan, ThinPoolCheck, ThinSpace};
 
 /// Mode of the files the store creates (volumes, metadata).
 pub const FILE_MODE: u32 = 0o600;
@@ -334,6 +334,8 @@ pub struct VolumeStore {
     upstream_exports: HashMap<String, String>,
     /// RBD pools: clusters and open images.
     rbd: rbd_ops::RbdState,
+    /// Volumes whose layers a copy outside the lock works on, and what it is.
+    busy: HashMap<String, &'static str>,
 }
 
 impl VolumeStore {
@@ -386,6 +388,7 @@ impl VolumeStore {
                 .filter_map(|v| Some((v.name.clone(), v.export.clone()?)))
                 .collect(),
             rbd: rbd_ops::RbdState::default(),
+            busy: HashMap::new(),
         };
         store.connect_rbd_pools()?;
         // Volumes that existed before this start (an RBD volume's image must).
@@ -737,6 +740,7 @@ impl VolumeStore {
         name: &str,
     ) -> Result<(VolumeRecord, Option<Arc<OpenVolume>>), StoreError> {
         let record = self.volume(name)?;
+        self.check_not_busy(name)?;
         if record.layer.is_some() {
             return self.delete_thin(record);
         }
@@ -760,6 +764,7 @@ impl VolumeStore {
     /// Grows a volume (shrinking is refused: it would destroy data).
     pub fn resize(&mut self, name: &str, size_bytes: u64) -> Result<VolumeRecord, StoreError> {
         let record = self.volume(name)?;
+        self.check_not_busy(name)?;
         if size_bytes < record.size_bytes {
             return Err(StoreError::Invalid(format!(
                 "volume {name:?} is {} bytes; volumes can only grow, not shrink to {size_bytes}",

@@ -327,3 +327,107 @@ async fn rollback_restores_the_exact_bytes_and_everything_survives_a_restart() {
     assert!(same(&file_a, &common::uri(&server, "db")).await);
     server.shutdown().await.unwrap();
 }
+
+async fn read_all(server: &RunningServer, volume: &str, len: usize) -> Vec<u8> {
+    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go(volume))
+        .await
+        .unwrap();
+    let mut out = Vec::with_capacity(len);
+    for at in (0..len).step_by(1 << 20) {
+        out.extend(c.read(at as u64, 1 << 20).await.unwrap().unwrap());
+    }
+    out
+}
+
+/// A flatten and a snapshot's merge copy grains without the store's lock: while
+/// they copy, the server goes on (other volumes snapshot, clients connect) and the
+/// volume itself takes writes — only changes to its layers (snapshot, resize,
+/// delete, rollback) are refused, with the reason; the result holds every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flatten_and_merge_copy_without_the_store_lock() {
+    use weir_server::store::{DeleteSnapshot, Flatten, StoreError};
+    let dir = weir_testkit::TempDir::new("thin-busy");
+    let server = RunningServer::start(config(dir.path())).await.unwrap();
+    let state = server.state();
+    let gold = random_bytes(7, 16 << 20);
+    write_all(&server, "db", &gold).await;
+    state.store().snapshot("db", "base").unwrap();
+    let names = vec!["c1".to_string()];
+    state.clone_snapshot("db", "base", &names, None).unwrap();
+
+    let Flatten::Copy(plan) = state.store().flatten_begin("c1").unwrap() else {
+        panic!("a clone has layers to copy");
+    };
+    let refused = |r: Result<_, StoreError>| match r {
+        Err(StoreError::Conflict(m)) => assert!(m.contains("being flattened"), "{m}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a busy volume's layers changed"),
+    };
+    refused(state.store().snapshot("c1", "x").map(drop));
+    refused(state.store().resize("c1", 32 << 20).map(drop));
+    refused(state.store().rollback("c1", "x").map(drop));
+    refused(state.delete_volume("c1").map(drop));
+    refused(state.flatten_volume("c1").map(drop));
+    // The rest of the server is not held up.
+    state.store().snapshot("db", "meanwhile").unwrap();
+    assert!(server.admin_client().list_volumes().await.unwrap().len() >= 2);
+    // The clone takes writes before and during the copy.
+    let mut expect = gold.clone();
+    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("c1"))
+        .await
+        .unwrap();
+    let a = random_bytes(8, 64 << 10);
+    c.write(0, &a, false).await.unwrap().unwrap();
+    expect[..a.len()].copy_from_slice(&a);
+    let copy = tokio::task::spawn_blocking(move || {
+        let r = plan.copy();
+        (plan, r)
+    });
+    for k in 0..32u64 {
+        let at = (1 << 20) + k * (300 << 10);
+        let b = random_bytes(100 + k, 4096);
+        c.write(at, &b, false).await.unwrap().unwrap();
+        expect[at as usize..at as usize + b.len()].copy_from_slice(&b);
+    }
+    c.flush().await.unwrap().unwrap();
+    let (plan, copied) = copy.await.unwrap();
+    state.store().flatten_finish(plan, copied).unwrap();
+    state.store().snapshot("c1", "x").unwrap();
+    assert_eq!(read_all(&server, "c1", 16 << 20).await, expect);
+
+    // db@base now has one branch (db's later state): its deletion merges.
+    state.store().delete_snapshot("db", "meanwhile").unwrap();
+    let DeleteSnapshot::Merge(merge) = state.store().delete_snapshot_begin("db", "base").unwrap()
+    else {
+        panic!("db's top reads from base");
+    };
+    match state.store().snapshot("db", "y") {
+        Err(StoreError::Conflict(m)) => assert!(m.contains("merging a deleted snapshot"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let merged = merge.copy();
+    let gone = state.store().delete_snapshot_finish(merge, merged).unwrap();
+    assert_eq!(gone.name, "base");
+    assert_eq!(read_all(&server, "db", 16 << 20).await, gold);
+    assert_eq!(read_all(&server, "c1", 16 << 20).await, expect);
+    // The admin API's flatten and merging delete (the server's three steps).
+    let admin = server.admin_client();
+    admin.snapshot("c1", "y").await.unwrap();
+    let req = weir_server::admin::CloneRequest {
+        names: vec!["c2".into()],
+        policy: None,
+    };
+    admin.clone_snapshot("c1", "y", &req).await.unwrap();
+    admin.flatten("c2").await.unwrap();
+    admin.delete_snapshot("c1", "x").await.unwrap();
+    assert_eq!(read_all(&server, "c2", 16 << 20).await, expect);
+    assert_eq!(read_all(&server, "c1", 16 << 20).await, expect);
+    let checks = state.store().check_thin().unwrap();
+    assert!(
+        checks
+            .iter()
+            .all(|c| c.problems.is_empty() && c.orphan_files.is_empty()),
+        "{checks:?}"
+    );
+    server.shutdown().await.unwrap();
+}

@@ -20,6 +20,11 @@
 //! blocks never durably written must still read the golden image, and the
 //! server's consistency check (maps, files, layer references) must pass after
 //! every restart.
+//!
+//! The replicated version adds an asynchronous replication of the clone to a
+//! second `weir serve` (never killed, slow enough that kills land mid-cycle): the
+//! snapshots the replication names survive every restart, and after the resumed
+//! cycle and a new one finish, the target equals the last replicated snapshot.
 
 mod common;
 
@@ -274,7 +279,12 @@ async fn snapshot_workload(client: admin::Client, cycle: u32) {
     let Ok(existing) = client.snapshots(Some("crash")).await else {
         return;
     };
-    let mut previous: Vec<String> = existing.into_iter().map(|s| s.name).collect();
+    // Replication's snapshots are its own to release.
+    let mut previous: Vec<String> = existing
+        .into_iter()
+        .map(|s| s.name)
+        .filter(|n| !n.starts_with("repl-"))
+        .collect();
     for i in 0.. {
         let name = format!("c{cycle}-{i}");
         if client.snapshot("crash", &name).await.is_err() {
@@ -312,7 +322,7 @@ name = "crash"
 size = "8MiB"
 policy = "open"
 "#;
-    crash_cycles("cli-crash", config, false);
+    crash_cycles("cli-crash", config, false, false);
 }
 
 const THIN_CONFIG: &str = r#"
@@ -356,15 +366,127 @@ async fn thin_setup(proc: &WeirProcess) {
 
 #[test]
 fn thin_clone_writes_survive_sigkill_beside_a_sibling_and_snapshots() {
-    crash_cycles("cli-crash-thin", THIN_CONFIG, true);
+    crash_cycles("cli-crash-thin", THIN_CONFIG, true, false);
+}
+
+/// The thin test with the clone replicated to a second `weir serve` (limited to
+/// 16 MB/s, so that most kills land in the middle of a cycle): after every
+/// restart the replication's snapshots are there, and every few cycles, once the
+/// resumed cycle and a new one have finished, the target holds the last
+/// replicated snapshot byte for byte (a torn or misplaced resume would show).
+#[test]
+fn replicated_clone_survives_sigkill_mid_cycle() {
+    crash_cycles("cli-crash-repl", THIN_CONFIG, true, true);
+}
+
+/// The replication target: a second server, never killed.
+const TARGET_CONFIG: &str = r#"
+[[pools]]
+name = "default"
+
+[[policies]]
+name = "slow"
+limit_mbps = 16
+
+[[volumes]]
+name = "dr"
+size = "8MiB"
+policy = "slow"
+"#;
+
+fn replicate_now(target: std::net::SocketAddr) -> weir_server::replicate::ReplicationRequest {
+    weir_server::replicate::ReplicationRequest {
+        to: format!("nbd://{target}/dr"),
+        every_seconds: Some(3600),
+        once: true,
+    }
+}
+
+/// After a restart: the snapshots the replication names exist; with `settle`,
+/// a new cycle is asked for and awaited (after the resumed one, if any), then
+/// the target must equal the last replicated snapshot. Returns whether a cycle
+/// was in progress at the restart, and the cycles that finished while waiting.
+async fn verify_replication(
+    proc: &WeirProcess,
+    target: std::net::SocketAddr,
+    settle: bool,
+) -> Result<(bool, u64), String> {
+    let client = proc.admin_client();
+    let mut status = client
+        .replication("crash")
+        .await
+        .map_err(|e| format!("replication status: {e}"))?;
+    let snaps: HashSet<String> = client
+        .snapshots(Some("crash"))
+        .await
+        .map_err(|e| format!("snapshots: {e}"))?
+        .into_iter()
+        .map(|s| format!("crash@{}", s.name))
+        .collect();
+    for s in [&status.pending_snapshot, &status.last_snapshot]
+        .into_iter()
+        .flatten()
+    {
+        if !snaps.contains(s) {
+            return Err(format!("replication names {s}, which is gone: {status:?}"));
+        }
+    }
+    let pending = status.pending_snapshot.is_some();
+    if !settle {
+        return Ok((pending, 0));
+    }
+    let asked = client
+        .replicate("crash", &replicate_now(target))
+        .await
+        .map_err(|e| format!("replicate: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while status.cycles_ok <= asked.cycles_started || status.pending_snapshot.is_some() {
+        if Instant::now() > deadline {
+            return Err(format!("replication did not settle: {status:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        status = client
+            .replication("crash")
+            .await
+            .map_err(|e| format!("replication status: {e}"))?;
+    }
+    let last = status
+        .last_snapshot
+        .clone()
+        .ok_or("no snapshot replicated")?;
+    let (mut src, _) = NbdClient::connect(proc.nbd_addr, weir_nbd::ClientConfig::go(&last))
+        .await
+        .map_err(|e| format!("connect to {last}: {e:#}"))?;
+    let (mut dst, _) = NbdClient::connect(target, weir_nbd::ClientConfig::go("dr"))
+        .await
+        .map_err(|e| format!("connect to the target: {e:#}"))?;
+    let chunk = 1u32 << 20;
+    for start in (0..VOLUME_BYTES).step_by(chunk as usize) {
+        let a = src.read(start, chunk).await.map_err(|e| format!("{e:#}"))?;
+        let b = dst.read(start, chunk).await.map_err(|e| format!("{e:#}"))?;
+        let (a, b) = (a.map_err(|e| e.to_string())?, b.map_err(|e| e.to_string())?);
+        if let Some(i) = a.iter().zip(&b).position(|(x, y)| x != y) {
+            return Err(format!(
+                "target differs from {last} at byte {} ({status:?})",
+                start + i as u64
+            ));
+        }
+    }
+    let _ = src.disconnect().await;
+    let _ = dst.disconnect().await;
+    Ok((pending, status.cycles_ok))
 }
 
 /// SIGKILLs `weir serve` under the write workload `cycles()` times, verifying
 /// after every restart. `thin`: the volume is a clone beside a sibling clone,
 /// with snapshots taken and merged away meanwhile.
-fn crash_cycles(tag: &str, config: &str, thin: bool) {
+fn crash_cycles(tag: &str, config: &str, thin: bool, replicate: bool) {
     let cycles = cycles();
     let dir = common::TempDir::new(tag);
+    let target_dir = common::TempDir::new(&format!("{tag}-target"));
+    let target = replicate.then(|| WeirProcess::start(target_dir.path(), TARGET_CONFIG));
+    let target_addr = target.as_ref().map(|t| t.nbd_addr);
+    let (mut settled, mut replicated_cycles, mut mid_cycle) = (0u32, 0u64, 0u32);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -378,8 +500,18 @@ fn crash_cycles(tag: &str, config: &str, thin: bool) {
     let mut verified_blocks = 0u64;
     let mut failures = Vec::new();
     // Every block the model holds durable must read back from a restarted server.
-    let mut check_durable = |proc: &WeirProcess, when: &str| {
+    let mut check_durable = |proc: &WeirProcess, when: &str, settle: bool| {
         rt.block_on(async {
+            if let Some(t) = target_addr {
+                match verify_replication(proc, t, settle).await {
+                    Ok((pending, n)) => {
+                        mid_cycle += u32::from(pending);
+                        settled += u32::from(settle);
+                        replicated_cycles += n;
+                    }
+                    Err(e) => failures.push(format!("{when}: {e}")),
+                }
+            }
             let snapshot = model.lock().unwrap().clone();
             let mut r = verify(proc, "crash", base, &snapshot).await;
             if thin && r.is_ok() {
@@ -401,8 +533,12 @@ fn crash_cycles(tag: &str, config: &str, thin: bool) {
         let mut proc = WeirProcess::start(dir.path(), config);
         if thin && cycle == 0 {
             rt.block_on(thin_setup(&proc));
+            if let Some(t) = target_addr {
+                rt.block_on(proc.admin_client().replicate("crash", &replicate_now(t)))
+                    .unwrap();
+            }
         }
-        check_durable(&proc, &format!("cycle {cycle}"));
+        check_durable(&proc, &format!("cycle {cycle}"), cycle % 4 == 3);
         let run_ms = 30 + rng.below(250);
         let w = rt.spawn(workload(
             proc.nbd_addr,
@@ -424,6 +560,11 @@ fn crash_cycles(tag: &str, config: &str, thin: bool) {
         let m = (cycle % 3 == 0)
             .then(|| rt.spawn(metadata_workload(proc.admin_client(), model.clone(), cycle)));
         let snaps = thin.then(|| rt.spawn(snapshot_workload(proc.admin_client(), cycle)));
+        // A replication cycle from the start (or the resumed one goes on).
+        let repl = target_addr.map(|t| {
+            let client = proc.admin_client();
+            rt.spawn(async move { client.replicate("crash", &replicate_now(t)).await })
+        });
         std::thread::sleep(Duration::from_millis(run_ms));
         proc.kill();
 
@@ -431,6 +572,9 @@ fn crash_cycles(tag: &str, config: &str, thin: bool) {
             let _ = w.await;
             for t in [sib, m, snaps].into_iter().flatten() {
                 let _ = t.await;
+            }
+            if let Some(r) = repl {
+                let _ = r.await;
             }
         });
         // Acknowledged writes no FLUSH covered before the kill are not durable:
@@ -441,8 +585,17 @@ fn crash_cycles(tag: &str, config: &str, thin: bool) {
     }
     // Last restart: the final kill's writes must be there too.
     let mut proc = WeirProcess::start(dir.path(), config);
-    check_durable(&proc, "after the last cycle");
+    check_durable(&proc, "after the last cycle", true);
     proc.kill();
+    drop(target);
+    if replicate {
+        println!(
+            "crash test ({tag}): {mid_cycle} restarts with a replication cycle to resume; \
+             target compared with the last replicated snapshot {settled} times, \
+             {replicated_cycles} cycles finished while settling"
+        );
+        assert!(settled > 0 && replicated_cycles > 0 && mid_cycle > 0);
+    }
     let m = model.lock().unwrap();
     println!(
         "crash test ({tag}): {cycles} SIGKILL cycles in {:.1} s; {} durable writes ({} FUA, {} flushes), \

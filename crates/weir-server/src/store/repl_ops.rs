@@ -148,6 +148,7 @@ impl VolumeStore {
             .replication(volume)
             .ok_or_else(|| StoreError::NotFound(format!("volume {volume:?} is not replicated")))?;
         let (v, _) = self.thin_record(volume)?;
+        self.check_not_busy(volume)?;
         let target = NbdUrl::parse(&rec.target).map_err(StoreError::Invalid)?;
         let resumed = rec
             .pending
@@ -338,6 +339,10 @@ impl VolumeStore {
         let Some(top) = self.volume(volume)?.layer else {
             return Ok(None);
         };
+        if self.check_not_busy(volume).is_err() {
+            // Left for after the next cycle.
+            return Ok(None);
+        }
         let lineage = self.meta.thin.lineage(top);
         let Some((parent, child)) = lineage
             .windows(2)

@@ -44,7 +44,67 @@ pub struct ThinSpace {
     pub exclusive_bytes: u64,
 }
 
+/// A flatten between its steps: the chain whose lower layers are copied into
+/// its top (see [`VolumeStore::flatten_begin`]).
+pub struct FlattenPlan {
+    volume: String,
+    top: u64,
+    chain: Arc<Chain>,
+}
+
+impl FlattenPlan {
+    /// The copy, without the store's lock (it may take minutes).
+    pub fn copy(&self) -> io::Result<()> {
+        let own = self.chain.top();
+        for below in &self.chain.layers[1..] {
+            merge_into(own, below)?;
+        }
+        Ok(())
+    }
+}
+
+/// What [`VolumeStore::flatten_begin`] leaves to do.
+pub enum Flatten {
+    /// Nothing (an RBD volume: librbd flattened it).
+    Done(VolumeRecord),
+    Copy(FlattenPlan),
+}
+
+/// A snapshot deletion between its steps: the snapshot's grains its only child
+/// still reads are copied into the child (see [`VolumeStore::delete_snapshot_begin`]).
+pub struct MergePlan {
+    snapshot: SnapshotRecord,
+    child: u64,
+    parent: Arc<Layer>,
+    below: Arc<Layer>,
+}
+
+impl MergePlan {
+    /// The merge, without the store's lock.
+    pub fn copy(&self) -> io::Result<()> {
+        merge_into(&self.below, &self.parent).map(drop)
+    }
+}
+
+/// What [`VolumeStore::delete_snapshot_begin`] leaves to do.
+pub enum DeleteSnapshot {
+    /// Nothing: the snapshot is deleted (no layer was built on it, or RBD).
+    Done(SnapshotRecord),
+    Merge(MergePlan),
+}
+
 impl VolumeStore {
+    /// Refuses a change to `volume`'s layers while a copy runs on them without
+    /// the store's lock (flatten, a snapshot's merge).
+    pub(super) fn check_not_busy(&self, volume: &str) -> Result<(), StoreError> {
+        match self.busy.get(volume) {
+            Some(what) => Err(StoreError::Conflict(format!(
+                "volume {volume:?} is {what}: try again when that finishes"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     pub(super) fn thin_dir_of(&self, pool: &str) -> PathBuf {
         thin_dir(&self.pool_dir(pool))
     }
@@ -304,6 +364,7 @@ impl VolumeStore {
             return self.snapshot_rbd(volume, name);
         }
         let (v, top) = self.thin_record(volume)?;
+        self.check_not_busy(volume)?;
         if self.meta.thin.snapshot(volume, name).is_some() {
             return Err(StoreError::Conflict(format!(
                 "snapshot {volume}@{name} already exists"
@@ -375,15 +436,88 @@ impl VolumeStore {
 
     /// Deletes a snapshot. With one layer built on it (the volume's later state),
     /// its grains that layer still reads are merged into it first; with several
-    /// (linked clones, or a rollback's new branch) it is refused.
+    /// (linked clones, or a rollback's new branch) it is refused. Holds the store
+    /// for the whole merge: the server uses [`VolumeStore::delete_snapshot_begin`],
+    /// the copy, then [`VolumeStore::delete_snapshot_finish`].
     pub fn delete_snapshot(
         &mut self,
         volume: &str,
         name: &str,
     ) -> Result<SnapshotRecord, StoreError> {
-        if self.is_rbd_volume(volume) {
-            return self.delete_snapshot_rbd(volume, name);
+        match self.delete_snapshot_begin(volume, name)? {
+            DeleteSnapshot::Done(s) => Ok(s),
+            DeleteSnapshot::Merge(plan) => {
+                let merged = plan.copy();
+                self.delete_snapshot_finish(plan, merged)
+            }
         }
+    }
+
+    /// A snapshot deletion's first step: checks, and when a layer is built on the
+    /// snapshot, marks the volume busy and returns the merge to make without the
+    /// store's lock (see [`VolumeStore::flatten_begin`]); else deletes at once.
+    pub fn delete_snapshot_begin(
+        &mut self,
+        volume: &str,
+        name: &str,
+    ) -> Result<DeleteSnapshot, StoreError> {
+        if self.is_rbd_volume(volume) {
+            return self
+                .delete_snapshot_rbd(volume, name)
+                .map(DeleteSnapshot::Done);
+        }
+        self.check_not_busy(volume)?;
+        let s = self.deletable_snapshot(volume, name)?;
+        let [child] = self.meta.thin.children(s.layer)[..] else {
+            return self.drop_snapshot(&s).map(DeleteSnapshot::Done);
+        };
+        let pool = self.volume(&s.volume)?.pool;
+        let dir = self.thin_dir_of(&pool);
+        let rec = |id| self.meta.thin.layer(id).cloned().expect("catalog layer");
+        let (parent_rec, child_rec) = (rec(s.layer), rec(child));
+        let mut open =
+            |rec: &LayerRecord| self.thin.layer(&dir, rec).map_err(|e| io_err("merge", e));
+        let (parent, below) = (open(&parent_rec)?, open(&child_rec)?);
+        self.busy
+            .insert(volume.to_string(), "merging a deleted snapshot");
+        Ok(DeleteSnapshot::Merge(MergePlan {
+            snapshot: s,
+            child,
+            parent,
+            below,
+        }))
+    }
+
+    /// A snapshot deletion's last step: unmarks the volume and, when the merge
+    /// succeeded and the layer built on the snapshot is still the one merged into
+    /// (or none is left), deletes the snapshot.
+    pub fn delete_snapshot_finish(
+        &mut self,
+        plan: MergePlan,
+        merged: io::Result<()>,
+    ) -> Result<SnapshotRecord, StoreError> {
+        let MergePlan {
+            snapshot, child, ..
+        } = plan;
+        self.busy.remove(&snapshot.volume);
+        merged.map_err(|e| io_err(format!("merging {}", snapshot.export_name()), e))?;
+        let s = self.deletable_snapshot(&snapshot.volume, &snapshot.name)?;
+        match self.meta.thin.children(s.layer)[..] {
+            [] => {}
+            [c] if c == child => {}
+            _ => {
+                return Err(StoreError::Conflict(format!(
+                    "snapshot {} gained a layer built on it while it was merged: try again",
+                    s.export_name()
+                )));
+            }
+        }
+        self.drop_snapshot(&s)
+    }
+
+    /// The snapshot `volume@name` if it may be deleted: it exists, replication does
+    /// not hold it, and at most one layer is built on it.
+    fn deletable_snapshot(&self, volume: &str, name: &str) -> Result<SnapshotRecord, StoreError> {
         let s = self
             .meta
             .thin
@@ -400,11 +534,21 @@ impl VolumeStore {
                 self.dependents(s.layer)
             )));
         }
+        Ok(s)
+    }
+
+    /// Removes a snapshot from the catalog, its only child (already holding what
+    /// it read from it) now reading from the snapshot's parent; its layer goes when
+    /// nothing else references it.
+    fn drop_snapshot(&mut self, s: &SnapshotRecord) -> Result<SnapshotRecord, StoreError> {
         let before = self.meta.clone();
-        self.meta.thin.snapshots.retain(|x| x != &s);
-        if let [child] = children[..] {
-            self.merge_down(&s, child)?;
+        let grandparent = self.meta.thin.layer(s.layer).and_then(|l| l.parent);
+        for child in self.meta.thin.children(s.layer) {
+            for l in self.meta.thin.layers.iter_mut().filter(|l| l.id == child) {
+                l.parent = grandparent;
+            }
         }
+        self.meta.thin.snapshots.retain(|x| x != s);
         let removed = self.collect_layers()?;
         if let Err(e) = self.persist() {
             self.meta = before;
@@ -415,30 +559,7 @@ impl VolumeStore {
         }
         self.rebuild_chains()?;
         self.remove_layer_files(&removed);
-        Ok(s)
-    }
-
-    /// Copies what `child` reads from the snapshot's layer into `child` and
-    /// makes `child` skip that layer (catalog change not yet persisted).
-    fn merge_down(&mut self, s: &SnapshotRecord, child: u64) -> Result<(), StoreError> {
-        let pool = self.volume(&s.volume)?.pool;
-        let dir = self.thin_dir_of(&pool);
-        let rec = |id| self.meta.thin.layer(id).cloned().expect("catalog layer");
-        let (parent_rec, child_rec) = (rec(s.layer), rec(child));
-        let parent = self
-            .thin
-            .layer(&dir, &parent_rec)
-            .map_err(|e| io_err("merge", e))?;
-        let below = self
-            .thin
-            .layer(&dir, &child_rec)
-            .map_err(|e| io_err("merge", e))?;
-        merge_into(&below, &parent)
-            .map_err(|e| io_err(format!("merging {}", s.export_name()), e))?;
-        for l in self.meta.thin.layers.iter_mut().filter(|l| l.id == child) {
-            l.parent = parent_rec.parent;
-        }
-        Ok(())
+        Ok(s.clone())
     }
 
     /// Returns a volume to a snapshot's content and size (writes since are gone).
@@ -447,6 +568,7 @@ impl VolumeStore {
             return self.rollback_rbd(volume, snapshot);
         }
         let (v, _) = self.thin_record(volume)?;
+        self.check_not_busy(volume)?;
         let s = self
             .meta
             .thin
@@ -555,22 +677,62 @@ impl VolumeStore {
 
     /// Makes a volume independent of every layer below its top (a clone of its
     /// snapshot, its own snapshots): what it reads from them is copied into its top.
+    /// Holds the store for the whole copy: the server uses [`FlattenPlan`] instead
+    /// ([`VolumeStore::flatten_begin`], the copy, [`VolumeStore::flatten_finish`]).
     pub fn flatten(&mut self, volume: &str) -> Result<VolumeRecord, StoreError> {
-        if self.is_rbd_volume(volume) {
-            return self.flatten_rbd(volume);
+        match self.flatten_begin(volume)? {
+            Flatten::Done(r) => Ok(r),
+            Flatten::Copy(plan) => {
+                let copied = plan.copy();
+                self.flatten_finish(plan, copied)
+            }
         }
-        let (v, top) = self.thin_record(volume)?;
-        let tv = self.thin_volume(volume)?;
-        let chain = tv.chain();
+    }
+
+    /// A flatten's first step: checks, marks the volume busy (its layers keep
+    /// still: no snapshot, rollback, resize, delete or replication cycle until
+    /// [`VolumeStore::flatten_finish`]), and returns the copy to make — which
+    /// needs no lock: it only fills grains the top does not own, under their
+    /// stripe locks, with what the top reads through to anyway.
+    pub fn flatten_begin(&mut self, volume: &str) -> Result<Flatten, StoreError> {
+        if self.is_rbd_volume(volume) {
+            return self.flatten_rbd(volume).map(Flatten::Done);
+        }
+        self.check_not_busy(volume)?;
+        let (_, top) = self.thin_record(volume)?;
+        let chain = self.thin_volume(volume)?.chain();
         if chain.layers.len() == 1 {
             return Err(StoreError::Invalid(format!(
                 "volume {volume:?} reads from no other layer: nothing to flatten"
             )));
         }
-        let own = chain.top().clone();
-        for below in &chain.layers[1..] {
-            merge_into(&own, below).map_err(|e| io_err(format!("flattening {volume:?}"), e))?;
+        self.busy.insert(volume.to_string(), "being flattened");
+        Ok(Flatten::Copy(FlattenPlan {
+            volume: volume.to_string(),
+            top,
+            chain,
+        }))
+    }
+
+    /// A flatten's last step: unmarks the volume and, when the copy succeeded,
+    /// records the top as independent.
+    pub fn flatten_finish(
+        &mut self,
+        plan: FlattenPlan,
+        copied: io::Result<()>,
+    ) -> Result<VolumeRecord, StoreError> {
+        let FlattenPlan { volume, top, chain } = plan;
+        self.busy.remove(&volume);
+        copied.map_err(|e| io_err(format!("flattening {volume:?}"), e))?;
+        let (v, now_top) = self.thin_record(&volume)?;
+        if now_top != top {
+            debug_assert!(false, "a busy volume keeps its top layer");
+            return Err(StoreError::Conflict(format!(
+                "volume {volume:?} changed while it was flattened: try again"
+            )));
         }
+        let tv = self.thin_volume(&volume)?;
+        let own = chain.top().clone();
         let before = self.meta.clone();
         for l in self.meta.thin.layers.iter_mut().filter(|l| l.id == top) {
             l.parent = None;
@@ -587,7 +749,7 @@ impl VolumeStore {
             return Err(io_err(format!("flattening {volume:?}"), e));
         }
         self.remove_layer_files(&removed);
-        self.volume(volume)
+        self.volume(&volume)
     }
 
     /// Commits every thin volume, then verifies every thin pool's layers against
