@@ -26,7 +26,7 @@ work=$(mktemp -d /tmp/weir-thin-bench.XXXXXX)
 trap 'pkill -f "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
 NBD=127.0.0.1:13809
 ADMIN=127.0.0.1:13810
-A="--admin $ADMIN"
+A="--admin $ADMIN --data-dir $work/data"   # the CLI reads the admin token there
 
 serve() { # serve CONFIG_BODY: a fresh server on a fresh data dir
   pkill -f "$work/weir.toml" 2>/dev/null || true
@@ -50,7 +50,7 @@ storm_fio() { # every job reads its volume's first STORM_MIB once; fio's aggrega
       --output-format=json "$@" 2>/dev/null \
     | python3 -c 'import json,sys; d=sys.stdin.read(); print(round(json.loads(d[d.find("{"):])["jobs"][0]["read"]["bw_bytes"]/1048576))'
 }
-metric() { curl -s "http://$ADMIN/metrics" | awk -v m="$1" '$1 ~ "^"m {s+=$2} END {printf "%.0f\n", s}'; }
+metric() { curl -s -H "Authorization: Bearer $(cat "$work/data/admin-token")" "http://$ADMIN/metrics" | awk -v m="$1" '$1 ~ "^"m {s+=$2} END {printf "%.0f\n", s}'; }
 POOLS='
 [[pools]]
 name = "plain"
