@@ -23,7 +23,7 @@ command -v fio >/dev/null || { echo "fio is not installed"; exit 1; }
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio has no nbd engine (needs libnbd)"; exit 1; }
 
 cargo build --release -p weir >/dev/null < /dev/null
-WEIR="$PWD/target/release/weir"
+WEIR="${WEIR_BIN:-$PWD/target/release/weir}"  # WEIR_BIN: another build (A/B)
 rm -rf "$WORK"; mkdir -p "$WORK/up/pools/default" "$WORK/gw"
 head -c 1073741824 /dev/urandom > "$WORK/up/pools/default/vol.img"
 chmod 600 "$WORK/up/pools/default/vol.img"

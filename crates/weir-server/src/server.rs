@@ -249,6 +249,60 @@ impl ServerState {
         Ok(records)
     }
 
+    /// Prometheus text for upstream pools (gateway mode): per volume, the
+    /// upstream's reconnects, retried requests, requests failed unreachable, and
+    /// connections alive of those configured.
+    pub fn upstream_metrics(&self) -> String {
+        use std::fmt::Write as _;
+        let rows = self.store().upstream_snapshots();
+        if rows.is_empty() {
+            return String::new();
+        }
+        type Field = fn(&crate::upstream::UpstreamSnapshot) -> u64;
+        let families: [(&str, &str, &str, Field); 5] = [
+            (
+                "weir_volume_upstream_reconnects_total",
+                "counter",
+                "Connections to the upstream opened again after a loss.",
+                |u| u.reconnects,
+            ),
+            (
+                "weir_volume_upstream_retries_total",
+                "counter",
+                "Requests sent to the upstream again after their connection was lost.",
+                |u| u.retries,
+            ),
+            (
+                "weir_volume_upstream_unreachable_total",
+                "counter",
+                "Requests failed because the upstream was unreachable or silent past upstream_timeout_s.",
+                |u| u.unreachable,
+            ),
+            (
+                "weir_volume_upstream_connections_alive",
+                "gauge",
+                "Connections to the upstream alive now.",
+                |u| u.connections_alive as u64,
+            ),
+            (
+                "weir_volume_upstream_connections",
+                "gauge",
+                "Connections to the upstream configured (upstream_connections).",
+                |u| u.connections as u64,
+            ),
+        ];
+        let mut out = String::new();
+        for (name, kind, help, field) in families {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (volume, u) in &rows {
+                let v = crate::metrics::escape(volume);
+                let _ = writeln!(out, "{name}{{volume=\"{v}\"}} {}", field(u));
+            }
+        }
+        out
+    }
+
     /// Prometheus text for thin pools: space per volume and pool, and the
     /// clone-aware cache's counters.
     pub fn thin_metrics(&self) -> String {

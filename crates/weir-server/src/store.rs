@@ -336,6 +336,8 @@ pub struct VolumeStore {
     rbd: rbd_ops::RbdState,
     /// Volumes whose layers a copy outside the lock works on, and what it is.
     busy: HashMap<String, &'static str>,
+    /// Upstream pools: each volume's backend (its counters for /metrics).
+    upstreams: BTreeMap<String, Arc<crate::upstream::UpstreamBackend>>,
 }
 
 impl VolumeStore {
@@ -389,6 +391,7 @@ impl VolumeStore {
                 .collect(),
             rbd: rbd_ops::RbdState::default(),
             busy: HashMap::new(),
+            upstreams: BTreeMap::new(),
         };
         store.connect_rbd_pools()?;
         // Volumes that existed before this start (an RBD volume's image must).

@@ -284,6 +284,29 @@ pub struct UpstreamBackend {
     me: std::sync::Weak<UpstreamBackend>,
 }
 
+/// A copy of one upstream volume's counters, and its connections alive now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UpstreamSnapshot {
+    pub reconnects: u64,
+    pub retries: u64,
+    pub unreachable: u64,
+    pub connections_alive: usize,
+    pub connections: usize,
+}
+
+impl UpstreamBackend {
+    /// The counters now, and how many of the volume's connections are alive.
+    pub fn snapshot(&self) -> UpstreamSnapshot {
+        UpstreamSnapshot {
+            reconnects: self.stats.reconnects.load(Ordering::Relaxed),
+            retries: self.stats.retries.load(Ordering::Relaxed),
+            unreachable: self.stats.unreachable.load(Ordering::Relaxed),
+            connections_alive: self.slots.iter().filter(|s| s.live().is_some()).count(),
+            connections: self.slots.len(),
+        }
+    }
+}
+
 fn io_other(msg: String) -> io::Error {
     io::Error::other(msg)
 }
@@ -482,14 +505,24 @@ impl UpstreamBackend {
     }
 
     /// (Re)connects slot `i`.
+    /// The slot's lock is not held while connecting: the request path reads the
+    /// slot from runtime threads (in a test, the upstream may even be served by
+    /// those same threads), so it must never wait on a handshake.
     fn reconnect(&self, i: usize) -> io::Result<Arc<Conn>> {
         let slot = &self.slots[i];
+        if let Some(conn) = slot.live() {
+            return Ok(conn);
+        }
+        let fresh = self.adopt(connect(&self.target, &self.export)?)?;
         let mut c = slot.conn.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(conn) = c.as_ref().filter(|c| c.is_alive()) {
-            return Ok(conn.clone());
+            // Another caller reconnected it meanwhile: keep that one.
+            let conn = conn.clone();
+            drop(c);
+            fresh.kill();
+            return Ok(conn);
         }
-        let had = c.is_some();
-        let conn = self.adopt(connect(&self.target, &self.export)?)?;
+        let (had, conn) = (c.is_some(), fresh);
         if had {
             self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
@@ -718,9 +751,20 @@ impl Backend for UpstreamBackend {
         }
         let n = self.slots.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let Some(conn) = (0..n).find_map(|k| self.slots[(start + k) % n].live()) else {
-            return Err(done);
+        let conn = match self.slots[start].live() {
+            Some(c) => c,
+            None => {
+                let Some(c) = (1..n).find_map(|k| self.slots[(start + k) % n].live()) else {
+                    return Err(done);
+                };
+                // Its turn's connection is not open (yet, or any more): opened in
+                // the background, so that requests spread over every connection
+                // configured (before, this path stayed on the first one).
+                self.reconnect_in_background(start);
+                c
+            }
         };
+        let me = self.me.clone();
         let waiter = Waiter::Callback {
             since: Instant::now(),
             done: Box::new(move |answer| {
@@ -729,7 +773,13 @@ impl Backend for UpstreamBackend {
                     Answer::Done(Ok(ReplyData::Read(data))) => done(Some(Ok(data))),
                     Answer::Done(Ok(_)) => done(Some(Ok(Vec::new()))),
                     Answer::Done(Err(e)) => done(Some(Err(nbd_to_io(e)))),
-                    Answer::Lost => done(None),
+                    Answer::Lost => {
+                        // The caller sends it again, the blocking way.
+                        if let Some(me) = me.upgrade() {
+                            me.stats.retries.fetch_add(1, Ordering::Relaxed);
+                        }
+                        done(None)
+                    }
                 }
             }),
         };

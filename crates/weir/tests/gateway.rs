@@ -166,6 +166,25 @@ fn gateway_survives_an_upstream_kill_without_losing_acknowledged_writes() {
         "through the gateway",
     ));
     rt.block_on(check(upstream.nbd_addr, &acked, &failed, "on the upstream"));
+    // The operator sees the loss and the recovery in /metrics.
+    let text = rt.block_on(gateway.admin_client().metrics()).unwrap();
+    let sample = |name: &str| -> u64 {
+        let prefix = format!("{name}{{volume=\"vol\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&prefix));
+        let line = line.unwrap_or_else(|| panic!("no {prefix} in /metrics"));
+        line[prefix.len()..].parse().unwrap()
+    };
+    let reconnects = sample("weir_volume_upstream_reconnects_total");
+    let retries = sample("weir_volume_upstream_retries_total");
+    let unreachable = sample("weir_volume_upstream_unreachable_total");
+    let alive = sample("weir_volume_upstream_connections_alive");
+    let configured = sample("weir_volume_upstream_connections");
+    println!(
+        "upstream metrics: {reconnects} reconnects, {retries} retries, {unreachable} \
+         unreachable, {alive} of {configured} connections alive"
+    );
+    assert!(reconnects >= 1);
+    assert!(alive >= 1 && alive <= configured, "{alive} of {configured}");
 
     fio_verify_through(&gateway, gw_dir.path());
 }

@@ -77,10 +77,11 @@ impl VolumeStore {
 
     /// An open volume over an upstream backend.
     pub(super) fn upstream_volume(
-        &self,
+        &mut self,
         r: &VolumeRecord,
         backend: Arc<UpstreamBackend>,
     ) -> Arc<OpenVolume> {
+        self.upstreams.insert(r.name.clone(), backend.clone());
         Arc::new(OpenVolume {
             id: VolumeId(r.id),
             name: r.name.clone(),
@@ -132,10 +133,19 @@ impl VolumeStore {
     ) -> Result<(VolumeRecord, Option<Arc<OpenVolume>>), StoreError> {
         self.meta.volumes.retain(|r| r.name != record.name);
         self.persist()?;
+        self.upstreams.remove(&record.name);
         let open = self.open.remove(&record.name);
         if let Some(v) = &open {
             v.deleted.store(true, Ordering::Release);
         }
         Ok((record, open))
+    }
+
+    /// Every upstream volume's counters, by name.
+    pub fn upstream_snapshots(&self) -> Vec<(String, crate::upstream::UpstreamSnapshot)> {
+        self.upstreams
+            .iter()
+            .map(|(n, b)| (n.clone(), b.snapshot()))
+            .collect()
     }
 }
