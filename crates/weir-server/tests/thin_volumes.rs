@@ -226,11 +226,7 @@ async fn twenty_linked_clones_pass_fio_verify_at_once_and_keep_the_image() {
         assert!(o.status.success(), "{n}: {}", text(&o));
     }
     // The snapshot cannot go while clones read from it.
-    let e = server
-        .state()
-        .store()
-        .delete_snapshot("db", "gold")
-        .unwrap_err();
+    let e = server.state().delete_snapshot("db", "gold").unwrap_err();
     assert!(e.to_string().contains("clones"), "{e}");
     let checks = server.state().store().check_thin().unwrap();
     assert!(checks.iter().all(|c| c.problems.is_empty()), "{checks:?}");
@@ -318,12 +314,8 @@ async fn rollback_restores_the_exact_bytes_and_everything_survives_a_restart() {
         "{checks:?}"
     );
     // Flatten the clone; then the snapshot has one branch and can go, merged.
-    server.state().store().flatten("c1").unwrap();
-    server
-        .state()
-        .store()
-        .delete_snapshot("db", "before")
-        .unwrap();
+    server.state().flatten_volume("c1").unwrap();
+    server.state().delete_snapshot("db", "before").unwrap();
     assert!(same(&file_a, &common::uri(&server, "db")).await);
     server.shutdown().await.unwrap();
 }
@@ -396,7 +388,7 @@ async fn flatten_and_merge_copy_without_the_store_lock() {
     assert_eq!(read_all(&server, "c1", 16 << 20).await, expect);
 
     // db@base now has one branch (db's later state): its deletion merges.
-    state.store().delete_snapshot("db", "meanwhile").unwrap();
+    state.delete_snapshot("db", "meanwhile").unwrap();
     let DeleteSnapshot::Merge(merge) = state.store().delete_snapshot_begin("db", "base").unwrap()
     else {
         panic!("db's top reads from base");

@@ -434,28 +434,13 @@ impl VolumeStore {
         vols.chain(snaps).collect()
     }
 
-    /// Deletes a snapshot. With one layer built on it (the volume's later state),
-    /// its grains that layer still reads are merged into it first; with several
-    /// (linked clones, or a rollback's new branch) it is refused. Holds the store
-    /// for the whole merge: the server uses [`VolumeStore::delete_snapshot_begin`],
-    /// the copy, then [`VolumeStore::delete_snapshot_finish`].
-    pub fn delete_snapshot(
-        &mut self,
-        volume: &str,
-        name: &str,
-    ) -> Result<SnapshotRecord, StoreError> {
-        match self.delete_snapshot_begin(volume, name)? {
-            DeleteSnapshot::Done(s) => Ok(s),
-            DeleteSnapshot::Merge(plan) => {
-                let merged = plan.copy();
-                self.delete_snapshot_finish(plan, merged)
-            }
-        }
-    }
-
-    /// A snapshot deletion's first step: checks, and when a layer is built on the
-    /// snapshot, marks the volume busy and returns the merge to make without the
-    /// store's lock (see [`VolumeStore::flatten_begin`]); else deletes at once.
+    /// Deletes a snapshot, first step (the server's `ServerState::delete_snapshot`
+    /// runs the three). With one layer built on it (the volume's later state), its
+    /// grains that layer still reads are merged into it first — the merge returned
+    /// here, to run without the store's lock; with several (linked clones, or a
+    /// rollback's new branch) it is refused. Checks; when a layer is built on the
+    /// snapshot, marks the volume busy (see [`VolumeStore::flatten_begin`]); else
+    /// deletes at once.
     pub fn delete_snapshot_begin(
         &mut self,
         volume: &str,
@@ -676,20 +661,9 @@ impl VolumeStore {
     }
 
     /// Makes a volume independent of every layer below its top (a clone of its
-    /// snapshot, its own snapshots): what it reads from them is copied into its top.
-    /// Holds the store for the whole copy: the server uses [`FlattenPlan`] instead
-    /// ([`VolumeStore::flatten_begin`], the copy, [`VolumeStore::flatten_finish`]).
-    pub fn flatten(&mut self, volume: &str) -> Result<VolumeRecord, StoreError> {
-        match self.flatten_begin(volume)? {
-            Flatten::Done(r) => Ok(r),
-            Flatten::Copy(plan) => {
-                let copied = plan.copy();
-                self.flatten_finish(plan, copied)
-            }
-        }
-    }
-
-    /// A flatten's first step: checks, marks the volume busy (its layers keep
+    /// snapshot, its own snapshots), first step (the server's
+    /// `ServerState::flatten_volume` runs the three): what it reads from them is to
+    /// be copied into its top. Checks, marks the volume busy (its layers keep
     /// still: no snapshot, rollback, resize, delete or replication cycle until
     /// [`VolumeStore::flatten_finish`]), and returns the copy to make — which
     /// needs no lock: it only fills grains the top does not own, under their
