@@ -19,8 +19,8 @@ DEVICE="${DEVICE:-}"
 BS="${BS:-4k}"
 QD="${QD:-32}"
 WORK="${WORK:-${TMPDIR:-/tmp}/weir-gateway-bench}"
-command -v fio >/dev/null || { echo "fio is not installed"; exit 1; }
-fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio has no nbd engine (needs libnbd)"; exit 1; }
+. bench/lib.sh
+require_fio_nbd
 
 cargo build --release -p weir >/dev/null < /dev/null
 WEIR="${WEIR_BIN:-$PWD/target/release/weir}"  # WEIR_BIN: another build (A/B)

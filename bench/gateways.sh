@@ -28,16 +28,10 @@ THRESHOLD_MS="${THRESHOLD_MS:-10}"
 OSD_CPU="${OSD_CPU:-0.3}"
 FLOOD_QD="${FLOOD_QD:-64}"
 WORK="${WORK:-${TMPDIR:-/tmp}/weir-gateways-bench}"
-command -v fio >/dev/null || { echo "fio is not installed"; exit 1; }
-fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio has no nbd engine (needs libnbd)"; exit 1; }
+. bench/lib.sh
+require_fio_nbd
 
-if [ -z "${WEIR_CEPH_CONF:-}" ]; then
-  scripts/ceph-dev.sh start >/dev/null
-  eval "$(scripts/ceph-dev.sh env)"
-fi
-CLIENT="${WEIR_CEPH_CLIENT:-admin}"
-POOL="${WEIR_CEPH_POOL:-weir}"
-rbd_() { rbd -c "$WEIR_CEPH_CONF" --id "$CLIENT" ${WEIR_CEPH_KEYRING:+-k "$WEIR_CEPH_KEYRING"} "$@"; }
+ceph_cluster
 
 rm -rf "$WORK"; mkdir -p "$WORK"
 cargo build --release -p weir >/dev/null 2>&1 < /dev/null

@@ -39,7 +39,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}" >/dev/null
 fi
-fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio has no nbd engine (needs libnbd)"; exit 1; }
+. bench/lib.sh
+require_fio_nbd
 
 cargo build --release -p weir >/dev/null
 WEIR="$PWD/target/release/weir"

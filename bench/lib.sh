@@ -1,0 +1,20 @@
+# Shared by the bench scripts (sourced, from the repository's root).
+
+# Exits with the reason unless fio with its nbd engine (libnbd) is here.
+require_fio_nbd() {
+  command -v fio >/dev/null || { echo "fio is not installed"; exit 1; }
+  fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio has no nbd engine (needs libnbd)"; exit 1; }
+}
+
+# The Ceph cluster to use: $WEIR_CEPH_CONF's, or the dev cluster (started if
+# needed, scripts/ceph-dev.sh). Sets CLIENT and POOL, defines rbd_ (the rbd CLI
+# on that cluster).
+ceph_cluster() {
+  if [ -z "${WEIR_CEPH_CONF:-}" ]; then
+    scripts/ceph-dev.sh start >/dev/null
+    eval "$(scripts/ceph-dev.sh env)"
+  fi
+  CLIENT="${WEIR_CEPH_CLIENT:-admin}"
+  POOL="${WEIR_CEPH_POOL:-weir}"
+  rbd_() { rbd -c "$WEIR_CEPH_CONF" --id "$CLIENT" ${WEIR_CEPH_KEYRING:+-k "$WEIR_CEPH_KEYRING"} "$@"; }
+}
