@@ -163,9 +163,30 @@ impl BlockCache {
 
     /// Makes `key` resident (an access if it already is). Returns the evicted key.
     pub fn insert(&mut self, key: u128) -> Option<u128> {
+        self.insert_slot(key).and_then(|(_, evicted)| evicted)
+    }
+
+    /// The slot of a resident key, recording an access. A key's slot (its
+    /// entry's index, below the capacity) stays the same while it is resident,
+    /// and no two resident keys share one: a cache that keeps data can store a
+    /// key's block at its slot.
+    pub fn touch_slot(&mut self, key: u128) -> Option<u32> {
+        let i = self.index.find(&self.entries, key)?;
+        self.access(i);
+        Some(i)
+    }
+
+    /// The slot of a resident key, without an access.
+    pub fn slot_of(&self, key: u128) -> Option<u32> {
+        self.index.find(&self.entries, key)
+    }
+
+    /// As [`BlockCache::insert`], and the key's slot (`None`: capacity 0). The
+    /// evicted key's slot is the new key's.
+    pub fn insert_slot(&mut self, key: u128) -> Option<(u32, Option<u128>)> {
         if let Some(i) = self.index.find(&self.entries, key) {
             self.access(i);
-            return None;
+            return Some((i, None));
         }
         if self.capacity == 0 {
             return None;
@@ -206,7 +227,7 @@ impl BlockCache {
         };
         self.push_front(i, list);
         self.index.insert(&self.entries, key, i);
-        evicted
+        Some((i, evicted))
     }
 
     /// Drops `key`; returns whether it was resident.

@@ -85,6 +85,7 @@ mod ceph;
 mod clone_cache;
 mod controller;
 mod error;
+mod flash_cache;
 pub mod harness;
 mod hdd;
 mod host_cache;
@@ -114,6 +115,10 @@ pub fn spread_base(volume_id: u32, capacity_bytes: u64) -> u64 {
 pub use clone_cache::{CloneCacheSpec, CloneCacheStats, CloneId, ImageId};
 pub use controller::{BatteryState, ControllerSpec, IoPolicy, ReadPolicy, WritePolicy};
 pub use error::ModelError;
+pub use flash_cache::{
+    FillId, FillSlot, FlashCache, FlashCacheSpec, FlashCacheStats, MAX_FLASH_VOLUMES,
+    MAX_INVALIDATE_BLOCKS, ReadPlan, SlotRef, WriteId,
+};
 pub use hdd::{DriveStats, Hdd, HddSpec};
 pub use host_cache::{
     FillTicket, HostCacheLookup, HostCacheSpec, HostCacheStats, HostFlashCache, HostWriteMode,

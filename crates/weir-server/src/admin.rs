@@ -426,6 +426,7 @@ pub fn metrics_text(s: &ServerState) -> String {
     text.push_str(&crate::capacity::render_prometheus(&s.store()));
     text.push_str(&s.thin_metrics());
     text.push_str(&s.upstream_metrics());
+    text.push_str(&s.flash_cache_metrics());
     text.push_str(&s.replication.prometheus(s));
     text.push_str(&crate::metrics::render_process());
     text

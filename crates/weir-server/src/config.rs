@@ -78,6 +78,11 @@
 //! # upstream = "nbd://storage1"     # volume's name or its `export`), sized by it
 //! # upstream_connections = 4        # 1-64 per volume, requests pipelined over them
 //! # upstream_timeout_s = 30         # per request, retries after reconnects included
+//! # flash_cache = { dir = "/nvme/weir", size = "64GiB" }  # flash read cache for the
+//! #                                 # pool's volumes with cache = "flash" (any pool but
+//! #                                 # one with a device; crate::flash_cache,
+//! #                                 # docs/FLASH_CACHE.md); also block = "4KiB",
+//! #                                 # scan_cutoff = "4MiB" (0: admit sequential scans)
 //!
 //! # [[pools]]                       # Ceph RBD (crate::rbd, docs/RBD.md): each volume
 //! # name = "ceph"                   # is an RBD image of its name; librbd is loaded at
@@ -108,6 +113,7 @@
 //! read_only = false
 //! description = "OLTP database"     # at most 4096 bytes, no control characters
 //! # export = "sql-lun"              # upstream pools: the upstream export (size optional)
+//! # cache = "flash"                 # read through the pool's flash_cache (default "none")
 //!
 //! [[replications]]                  # asynchronous replication of a thin volume
 //! volume = "db"                     # (in a pool with format = "thin")
@@ -309,6 +315,11 @@ pub struct PoolConfig {
     /// clones and measured faster for small random reads (docs/THIN.md).
     #[serde(default = "default_clone_cache")]
     pub clone_cache: ByteSize,
+    /// A flash read cache for the pool's volumes with `cache = "flash"`
+    /// (`flash_cache = { dir = "/fast/weir", size = "64GiB" }`; crate::flash_cache,
+    /// docs/FLASH_CACHE.md). Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_cache: Option<crate::flash_cache::FlashCacheConfig>,
     /// Gateway mode: the pool's volumes live on a remote NBD server
     /// (`nbd://HOST[:PORT]`); each volume is the upstream export of its name, or
     /// its `export` (crate::upstream, docs/GATEWAY.md).
@@ -436,6 +447,9 @@ pub struct VolumeConfig {
     /// Upstream pools: the upstream export this volume is (default: its name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub export: Option<String>,
+    /// `"flash"`: reads go through the pool's `flash_cache`; `"none"` (default).
+    #[serde(default)]
+    pub cache: crate::flash_cache::VolumeCache,
 }
 
 /// A size in bytes; in TOML a number or a string like `"10GiB"`, `"512MB"`, `"4k"`.
@@ -559,6 +573,7 @@ fn default_pools() -> Vec<PoolConfig> {
         faults: Vec::new(),
         format: PoolFormat::File,
         clone_cache: default_clone_cache(),
+        flash_cache: None,
         upstream: None,
         upstream_connections: default_upstream_connections(),
         upstream_timeout_s: default_upstream_timeout_s(),

@@ -57,6 +57,7 @@ pub mod dashboard;
 pub mod datastore_stats;
 pub mod device;
 pub mod fault;
+pub mod flash_cache;
 pub mod history;
 pub mod hosts;
 pub mod metrics;

@@ -611,6 +611,7 @@ mod tests {
                 description: String::new(),
                 layer: None,
                 origin: None,
+                cache: Default::default(),
             },
             policy: Some(policy),
             sched: VolumeStats {

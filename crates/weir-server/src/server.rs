@@ -303,6 +303,111 @@ impl ServerState {
         out
     }
 
+    /// Prometheus text for pools with a flash cache: per volume its hits,
+    /// misses, bytes, scans not admitted, fills and drops; per pool the cache's
+    /// capacity, bytes resident and device errors.
+    pub fn flash_cache_metrics(&self) -> String {
+        use std::fmt::Write as _;
+        let pools = self.store().flash_cache_snapshots();
+        if pools.is_empty() {
+            return String::new();
+        }
+        type Field = fn(&weir_model::FlashCacheStats) -> u64;
+        let volume_families: [(&str, &str, Field); 9] = [
+            (
+                "weir_volume_flash_cache_hits_total",
+                "Reads served from the flash cache.",
+                |s| s.read_hits,
+            ),
+            (
+                "weir_volume_flash_cache_misses_total",
+                "Reads of a cached volume that went to its backend.",
+                |s| s.read_misses,
+            ),
+            (
+                "weir_volume_flash_cache_hit_bytes_total",
+                "Bytes of reads served from the flash cache.",
+                |s| s.hit_bytes,
+            ),
+            (
+                "weir_volume_flash_cache_miss_bytes_total",
+                "Bytes of reads that missed the flash cache.",
+                |s| s.miss_bytes,
+            ),
+            (
+                "weir_volume_flash_cache_scan_bypasses_total",
+                "Misses not admitted to the cache (sequential scans).",
+                |s| s.scan_bypasses,
+            ),
+            (
+                "weir_volume_flash_cache_filled_blocks_total",
+                "Blocks written to the flash cache by read misses.",
+                |s| s.filled_blocks,
+            ),
+            (
+                "weir_volume_flash_cache_invalidated_blocks_total",
+                "Cached blocks dropped by writes, trims and zeroes.",
+                |s| s.invalidated_blocks,
+            ),
+            (
+                "weir_volume_flash_cache_evicted_blocks_total",
+                "Cached blocks evicted to make room.",
+                |s| s.evicted_blocks,
+            ),
+            (
+                "weir_volume_flash_cache_fills_cancelled_total",
+                "Fills dropped because a write overlapped them.",
+                |s| s.fills_cancelled,
+            ),
+        ];
+        let mut out = String::new();
+        for (name, help, field) in volume_families {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            for p in &pools {
+                for (volume, st) in &p.volumes {
+                    let v = crate::metrics::escape(volume);
+                    let pool = crate::metrics::escape(&p.pool);
+                    let _ = writeln!(
+                        out,
+                        "{name}{{volume=\"{v}\",pool=\"{pool}\"}} {}",
+                        field(st)
+                    );
+                }
+            }
+        }
+        type PoolField = fn(&crate::flash_cache::FlashCacheSnapshot) -> u64;
+        let pool_families: [(&str, &str, &str, PoolField); 3] = [
+            (
+                "weir_pool_flash_cache_capacity_bytes",
+                "gauge",
+                "Size of the pool's flash cache.",
+                |p| p.capacity_bytes,
+            ),
+            (
+                "weir_pool_flash_cache_resident_bytes",
+                "gauge",
+                "Bytes held in the pool's flash cache.",
+                |p| p.resident_bytes,
+            ),
+            (
+                "weir_pool_flash_cache_errors_total",
+                "counter",
+                "Cache file reads and writes that failed (served from the backend instead).",
+                |p| p.errors,
+            ),
+        ];
+        for (name, kind, help, field) in pool_families {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for p in &pools {
+                let pool = crate::metrics::escape(&p.pool);
+                let _ = writeln!(out, "{name}{{pool=\"{pool}\"}} {}", field(p));
+            }
+        }
+        out
+    }
+
     /// Prometheus text for thin pools: space per volume and pool, and the
     /// clone-aware cache's counters.
     pub fn thin_metrics(&self) -> String {
@@ -657,8 +762,13 @@ async fn run(
     for t in tasks {
         t.abort();
     }
-    let store = state.store();
-    store.sync_all().map_err(|e| anyhow::anyhow!("{e}"))?;
+    // On a blocking thread: a volume's flush may wait for a reply from an
+    // upstream NBD server, which (in tests, a gateway and its upstream in one
+    // process) this runtime's workers may be the ones to send.
+    let synced = tokio::task::spawn_blocking(move || state.store().sync_all()).await;
+    synced
+        .map_err(|e| anyhow::anyhow!("flushing volumes: {e}"))?
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     tracing::info!("weir stopped cleanly");
     Ok(())
 }

@@ -10,6 +10,10 @@
 //!     │                                               the pool's weir-model array says
 //!     │                                               the I/O is done (performed beside
 //!     │                                               the layers below, one model per pool)
+//!   flash cache       flash_cache.rs `flash_cache = {…}` + a volume's `cache = "flash"`:
+//!     │                                               reads through a cache file on a
+//!     │                                               fast device (weir-model's
+//!     │                                               FlashCache decides), write-through
 //!   fault injection   fault.rs    `[[pools.faults]]` fails or delays chosen I/Os
 //!     │
 //!   bottom, one of:
@@ -25,7 +29,8 @@
 //! that is not configured is absent, not a pass-through: a pool with no faults
 //! runs the bottom backend directly.
 //!
-//! Why this order: faults sit above the bottom so a drill fails the volume as
+//! Why this order: the cache sits above the faults so a drill's failures reach
+//! it as the backing store's (a failed miss fills nothing); faults sit above the bottom so a drill fails the volume as
 //! its clients see it, whichever bottom it has; the device is on top so the
 //! gate's released pieces (and their urgency) reach its model as they leave the
 //! gate.
@@ -34,19 +39,41 @@ use std::sync::Arc;
 
 use crate::backend::Backend;
 use crate::config::{PoolBackend, PoolConfig, PoolFormat};
+use crate::flash_cache::{FlashCacheDevice, VolumeCache};
 
 /// Wraps a volume's bottom backend in the layers its pool configures, in the
 /// stack's order (bottom first).
-pub fn build(pool: Option<&PoolConfig>, bottom: Arc<dyn Backend>) -> Arc<dyn Backend> {
+/// `cache`: the pool's flash cache, the volume's name and its `cache` setting
+/// (`None`: the pool has no flash cache, or the export is a snapshot view).
+pub fn build(
+    pool: Option<&PoolConfig>,
+    cache: Option<(&Arc<FlashCacheDevice>, &str, VolumeCache)>,
+    bottom: Arc<dyn Backend>,
+) -> Arc<dyn Backend> {
     let Some(pool) = pool else {
         return bottom;
     };
-    crate::fault::wrap(bottom, &pool.faults)
+    let below = crate::fault::wrap(bottom, &pool.faults);
+    match cache {
+        Some((dev, volume, setting)) => dev.wrap(volume, setting, below),
+        None => below,
+    }
 }
 
 /// Checks the combination of layers a pool asks for; on error the key to blame
 /// and the message.
 pub fn validate_pool(p: &PoolConfig) -> Result<(), (&'static str, String)> {
+    if let Some(fc) = &p.flash_cache {
+        fc.validate().map_err(|e| ("flash_cache", e))?;
+        if p.device.is_some() {
+            return Err((
+                "flash_cache",
+                "not with an emulated device: the device sits above the cache and would time \
+                 every hit as an array I/O (emulate the array on the upstream server instead)"
+                    .into(),
+            ));
+        }
+    }
     let target = p.upstream_target().map_err(|e| ("upstream", e))?;
     if target.is_some() {
         if p.format == PoolFormat::Thin {

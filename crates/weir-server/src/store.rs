@@ -38,6 +38,7 @@ use crate::config::{
     AccessGroupConfig, DEFAULT_POOL, PoolConfig, PoolFormat, WeirConfig, validate_description,
     validate_name,
 };
+use crate::flash_cache::{FlashCacheDevice, VolumeCache};
 use crate::thin::{ThinBackend, ThinMeta, ThinState, thin_dir};
 use weir_thin::ThinVolume;
 
@@ -71,7 +72,7 @@ fn make_private(file: &File, path: &Path) -> Result<(), StoreError> {
 }
 
 /// `mkdir -p` with [`DIR_MODE`] for the directories it creates.
-fn create_dirs(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn create_dirs(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -104,6 +105,9 @@ pub struct VolumeRecord {
     /// it is flattened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<String>,
+    /// `flash`: reads go through the pool's flash cache (crate::flash_cache).
+    #[serde(default)]
+    pub cache: VolumeCache,
 }
 
 /// What the admin API needs to create a volume.
@@ -120,6 +124,8 @@ pub struct VolumeCreate {
     pub read_only: bool,
     #[serde(default)]
     pub description: String,
+    #[serde(default)]
+    pub cache: VolumeCache,
 }
 
 /// A partial change of a volume's attributes (absent fields stay as they are).
@@ -132,6 +138,8 @@ pub struct VolumeUpdate {
     pub read_only: Option<bool>,
     #[serde(default)]
     pub description: Option<String>,
+    #[serde(default)]
+    pub cache: Option<VolumeCache>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -205,6 +213,8 @@ pub(crate) struct DeclaredVolume {
     access_groups: Vec<String>,
     read_only: bool,
     description: String,
+    #[serde(default)]
+    cache: VolumeCache,
 }
 
 impl DeclaredVolume {
@@ -215,6 +225,7 @@ impl DeclaredVolume {
             access_groups: v.access_groups.clone(),
             read_only: v.read_only,
             description: v.description.clone(),
+            cache: v.cache,
         }
     }
 }
@@ -242,6 +253,7 @@ fn apply_declared(
         access_groups: r.access_groups.clone(),
         read_only: r.read_only,
         description: r.description.clone(),
+        cache: r.cache,
     };
     // No record of the file's last values (metadata of an older version): the
     // file counts as unchanged.
@@ -306,6 +318,14 @@ fn apply_declared(
     ) {
         r.description = now.description.clone();
     }
+    if field(
+        "cache",
+        now.cache.name().into(),
+        last.cache.name().into(),
+        stored.cache.name().into(),
+    ) {
+        r.cache = now.cache;
+    }
     if !applied.is_empty() {
         tracing::info!(target: crate::admin::AUDIT_TARGET, "config: volume {:?}: applied {}", r.name, applied.join(", "));
     }
@@ -338,6 +358,8 @@ pub struct VolumeStore {
     busy: HashMap<String, &'static str>,
     /// Upstream pools: each volume's backend (its counters for /metrics).
     upstreams: BTreeMap<String, Arc<crate::upstream::UpstreamBackend>>,
+    /// Pools with a flash cache: its file and decisions, by pool name.
+    flash: HashMap<String, Arc<FlashCacheDevice>>,
 }
 
 impl VolumeStore {
@@ -392,7 +414,15 @@ impl VolumeStore {
             rbd: rbd_ops::RbdState::default(),
             busy: HashMap::new(),
             upstreams: BTreeMap::new(),
+            flash: HashMap::new(),
         };
+        for p in &config.pools {
+            if let Some(fc) = &p.flash_cache {
+                let dev = FlashCacheDevice::open(&p.name, fc)
+                    .map_err(|e| StoreError::Invalid(format!("pool {:?}: {e}", p.name)))?;
+                store.flash.insert(p.name.clone(), dev);
+            }
+        }
         store.connect_rbd_pools()?;
         // Volumes that existed before this start (an RBD volume's image must).
         let known: std::collections::HashSet<String> =
@@ -430,6 +460,7 @@ impl VolumeStore {
                     description: v.description.clone(),
                     layer: None,
                     origin: None,
+                    cache: v.cache,
                 });
             }
         }
@@ -486,8 +517,20 @@ impl VolumeStore {
         Ok(store)
     }
 
+    /// `cache = "flash"` needs a pool with a flash cache.
+    fn check_cache(&self, r: &VolumeRecord) -> Result<(), StoreError> {
+        if r.cache == VolumeCache::Flash && !self.flash.contains_key(&r.pool) {
+            return Err(StoreError::Invalid(format!(
+                "volume {:?}: cache = \"flash\" needs a flash cache on pool {:?} (flash_cache = {{ dir = …, size = … }})",
+                r.name, r.pool
+            )));
+        }
+        Ok(())
+    }
+
     fn check_record(&self, r: &VolumeRecord) -> Result<(), StoreError> {
         validate_name("volume", &r.name).map_err(StoreError::Invalid)?;
+        self.check_cache(r)?;
         if !self.pools.iter().any(|p| p.name == r.pool) {
             return Err(StoreError::Invalid(format!(
                 "volume {:?}: no pool named {:?}",
@@ -527,8 +570,29 @@ impl VolumeStore {
         &self.pools
     }
     /// A volume's backend stack over its bottom backend (`crate::stack`).
-    pub(crate) fn stack(&self, pool: &str, bottom: Arc<dyn Backend>) -> Arc<dyn Backend> {
-        crate::stack::build(self.pools.iter().find(|p| p.name == pool), bottom)
+    /// `volume`: the volume's record (`None`: a snapshot view, never cached).
+    pub(crate) fn stack(
+        &self,
+        pool: &str,
+        volume: Option<&VolumeRecord>,
+        bottom: Arc<dyn Backend>,
+    ) -> Arc<dyn Backend> {
+        let cache = volume.and_then(|r| Some((self.flash.get(pool)?, r.name.as_str(), r.cache)));
+        crate::stack::build(self.pools.iter().find(|p| p.name == pool), cache, bottom)
+    }
+
+    /// Every pool's flash cache counters (metrics).
+    pub fn flash_cache_snapshots(&self) -> Vec<crate::flash_cache::FlashCacheSnapshot> {
+        let mut all: Vec<_> = self.flash.values().map(|d| d.snapshot()).collect();
+        all.sort_by(|a, b| a.pool.cmp(&b.pool));
+        all
+    }
+
+    /// The volume's data changed beneath its stack: its cached blocks go.
+    pub(crate) fn drop_cached(&self, pool: &str, volume: &str) {
+        if let Some(dev) = self.flash.get(pool) {
+            dev.drop_volume(volume);
+        }
     }
 
     pub(crate) fn is_thin(&self, pool: &str) -> bool {
@@ -591,7 +655,7 @@ impl VolumeStore {
             id: VolumeId(r.id),
             name: r.name.clone(),
             pool: r.pool.clone(),
-            backend: crate::stack::build(pool, Arc::new(backend)),
+            backend: self.stack(&r.pool, Some(r), Arc::new(backend)),
             thin: None,
             deleted: AtomicBool::new(false),
         }))
@@ -704,10 +768,12 @@ impl VolumeStore {
             description: req.description,
             layer: None,
             origin: None,
+            cache: req.cache,
         };
         if self.upstream_pool(&record.pool).is_none() {
             self.check_record(&record)?;
         }
+        self.check_cache(&record)?;
         check_description(&record)?;
         if self.is_thin(&record.pool) {
             return self.create_thin(record);
@@ -739,6 +805,15 @@ impl VolumeStore {
     /// Deletes a volume: metadata first, then the file. Open sessions see
     /// `OpenVolume::is_deleted` and fail further requests.
     pub fn delete(
+        &mut self,
+        name: &str,
+    ) -> Result<(VolumeRecord, Option<Arc<OpenVolume>>), StoreError> {
+        let deleted = self.delete_volume(name)?;
+        self.drop_cached(&deleted.0.pool, name);
+        Ok(deleted)
+    }
+
+    fn delete_volume(
         &mut self,
         name: &str,
     ) -> Result<(VolumeRecord, Option<Arc<OpenVolume>>), StoreError> {
@@ -815,9 +890,17 @@ impl VolumeStore {
         if let Some(d) = change.description {
             candidate.description = d;
         }
+        if let Some(c) = change.cache {
+            candidate.cache = c;
+        }
         self.check_record(&candidate)?;
         check_description(&candidate)?;
-        self.update(name, |r| *r = candidate)
+        let cache = candidate.cache;
+        let r = self.update(name, |r| *r = candidate)?;
+        if let Some(dev) = self.flash.get(&r.pool) {
+            dev.set_cache(name, cache);
+        }
+        Ok(r)
     }
 
     /// Sets the volume's policy; returns the record and the policy to apply.

@@ -75,6 +75,7 @@ async fn volumes_and_policies_through_the_admin_client() {
         access_groups: vec!["loopback".into()],
         read_only: false,
         description: "test db".into(),
+        cache: Default::default(),
     };
     let created = admin.create_volume(&req).await.unwrap();
     assert_eq!(
@@ -217,6 +218,7 @@ async fn metadata_and_data_survive_a_restart() {
         access_groups: vec![],
         read_only: false,
         description: String::new(),
+        cache: Default::default(),
     };
     admin.create_volume(&req).await.unwrap();
     admin
@@ -279,6 +281,7 @@ async fn access_groups_decide_who_sees_a_volume() {
         access_groups: vec!["lab".into()],
         read_only: false,
         description: String::new(),
+        cache: Default::default(),
     };
     admin.create_volume(&req).await.unwrap();
     let visible = |l: Vec<weir_nbd::ExportListing>| l.into_iter().any(|e| e.name == "labvol");
@@ -310,6 +313,7 @@ async fn access_groups_decide_who_sees_a_volume() {
         access_groups: Some(vec!["far".into()]),
         read_only: Some(true),
         description: Some("moved".into()),
+        cache: None,
     };
     let r = admin.update_volume("labvol", &change).await.unwrap();
     assert_eq!(

@@ -188,6 +188,7 @@ async fn data_flags_and_errors_pass_through_the_gateway() {
             access_groups: vec![],
             read_only: false,
             description: String::new(),
+            cache: Default::default(),
         };
         let r = store.create(create("other", 0)).unwrap();
         assert_eq!(r.size_bytes, 2 << 20, "size 0: the upstream's");

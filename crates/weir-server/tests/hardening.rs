@@ -386,6 +386,7 @@ async fn files_are_private_and_metadata_is_not_rewritten_at_start() {
             access_groups: vec![],
             read_only: false,
             description: String::new(),
+            cache: Default::default(),
         })
         .await
         .unwrap();
@@ -429,6 +430,7 @@ async fn files_are_private_and_metadata_is_not_rewritten_at_start() {
         read_only: false,
         description: String::new(),
         export: None,
+        cache: Default::default(),
     });
     let server = weir_server::RunningServer::start(more).await.unwrap();
     server.shutdown().await.unwrap();
@@ -462,6 +464,7 @@ async fn control_characters_and_unenforceable_policies_are_refused() {
     let admin = server.admin_client();
     let change = weir_server::VolumeUpdate {
         description: Some("bell\u{7}".into()),
+        cache: None,
         ..Default::default()
     };
     let e = admin.update_volume("open", &change).await.unwrap_err();

@@ -164,6 +164,9 @@ pub enum VolumeCommand {
         /// Export it read-only
         #[arg(long)]
         read_only: bool,
+        /// `flash`: read through the pool's flash cache (the pool needs flash_cache)
+        #[arg(long, value_parser = parse_cache_arg, default_value = "none")]
+        cache: weir_server::flash_cache::VolumeCache,
     },
     /// List volumes
     List,
@@ -191,6 +194,14 @@ pub enum VolumeCommand {
         name: String,
         /// The policy (built-in or user-defined)
         policy: String,
+    },
+    /// Switch a volume's flash read cache on (`flash`) or off (`none`), at once
+    SetCache {
+        /// The volume
+        name: String,
+        /// `flash` or `none`
+        #[arg(value_parser = parse_cache_arg)]
+        cache: weir_server::flash_cache::VolumeCache,
     },
     /// I/O counters since start; with --interval, the rates over each interval,
     /// repeated until Ctrl-C (or --count reports)
@@ -446,6 +457,12 @@ pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     Ok(())
 }
 
+fn parse_cache_arg(
+    text: &str,
+) -> std::result::Result<weir_server::flash_cache::VolumeCache, String> {
+    weir_server::flash_cache::VolumeCache::parse(text)
+}
+
 fn show_volume(json: bool, volume: weir_server::VolumeRecord) -> Result<()> {
     if json {
         print_json(&volume)
@@ -535,14 +552,17 @@ fn volume_table(volumes: &[weir_server::VolumeRecord]) -> Table {
         } else {
             v.access_groups.join(",")
         };
-        let mode = if v.read_only { "ro" } else { "rw" };
+        let mut mode = if v.read_only { "ro" } else { "rw" }.to_string();
+        if v.cache == weir_server::flash_cache::VolumeCache::Flash {
+            mode.push_str(", flash cache");
+        }
         table.add_row([
             v.name.clone(),
             v.pool.clone(),
             human_size(v.size_bytes),
             v.policy.clone(),
             groups,
-            mode.into(),
+            mode,
         ]);
     }
     table
@@ -561,6 +581,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 identities,
                 pool,
                 read_only,
+                cache,
             } => {
                 let size_bytes = size;
                 let mut access_groups = Vec::new();
@@ -589,6 +610,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     access_groups,
                     read_only,
                     description: String::new(),
+                    cache,
                 };
                 let v = client.create_volume(&req).await.map_err(explain)?;
                 warn_overcommit(&client, &v.pool).await;
@@ -747,6 +769,14 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
             }
             VolumeCommand::Replications { volume } => {
                 crate::replicate::list(&client, target.json, volume.as_deref()).await
+            }
+            VolumeCommand::SetCache { name, cache } => {
+                let change = weir_server::VolumeUpdate {
+                    cache: Some(cache),
+                    ..Default::default()
+                };
+                let v = client.update_volume(&name, &change).await.map_err(explain)?;
+                show_volume(target.json, v)
             }
             VolumeCommand::SetPolicy { name, policy } => {
                 let v = client

@@ -160,6 +160,7 @@ async fn metadata_workload(client: admin::Client, model: Arc<Mutex<Model>>, cycl
             access_groups: vec![],
             read_only: false,
             description: String::new(),
+            cache: Default::default(),
         };
         match client.create_volume(&req).await {
             Ok(_) => model.lock().unwrap().created_volumes.push(name),

@@ -336,6 +336,7 @@ fn rbd_interop_qemu_img_qemu_io_nbdcopy_fio_and_admin_operations() {
         access_groups: vec![],
         read_only: false,
         description: String::new(),
+        cache: Default::default(),
     }))
     .expect("create in the RBD pool");
     let again = rt.block_on(admin.create_volume(&VolumeCreate {
@@ -346,6 +347,7 @@ fn rbd_interop_qemu_img_qemu_io_nbdcopy_fio_and_admin_operations() {
         access_groups: vec![],
         read_only: false,
         description: String::new(),
+        cache: Default::default(),
     }));
     assert!(again.is_err(), "a second create of the same name succeeded");
     rt.block_on(admin.resize_volume(&other, 12 << 20))

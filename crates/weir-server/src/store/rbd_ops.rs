@@ -78,7 +78,7 @@ impl VolumeStore {
             id: VolumeId(r.id),
             name: r.name.clone(),
             pool: r.pool.clone(),
-            backend: self.stack(&r.pool, image),
+            backend: self.stack(&r.pool, Some(r), image),
             thin: None,
             deleted: AtomicBool::new(false),
         })
@@ -282,7 +282,7 @@ impl VolumeStore {
             id: VolumeId(v.id),
             name: name.clone(),
             pool: v.pool.clone(),
-            backend: self.stack(&v.pool, image),
+            backend: self.stack(&v.pool, None, image),
             thin: None,
             deleted: AtomicBool::new(false),
         });
@@ -391,7 +391,9 @@ impl VolumeStore {
             "volume {volume:?} rolled back to {} ({size} bytes)",
             s.export_name()
         );
-        self.update(volume, |r| r.size_bytes = size)
+        let r = self.update(volume, |r| r.size_bytes = size)?;
+        self.drop_cached(&r.pool, volume);
+        Ok(r)
     }
 
     /// `volume clone` of an RBD volume's snapshot: layered RBD clones.
@@ -445,6 +447,7 @@ impl VolumeStore {
                 description: String::new(),
                 layer: None,
                 origin: Some(s.export_name()),
+                cache: v.cache,
             };
             made.push((r, image));
         }

@@ -160,6 +160,7 @@ impl VolumeStore {
             pool: r.pool.clone(),
             backend: self.stack(
                 &r.pool,
+                Some(r),
                 Arc::new(ThinBackend {
                     volume: volume.clone(),
                 }),
@@ -189,6 +190,7 @@ impl VolumeStore {
                 pool: v.pool.clone(),
                 backend: self.stack(
                     &v.pool,
+                    None,
                     Arc::new(ThinBackend {
                         volume: volume.clone(),
                     }),
@@ -583,6 +585,7 @@ impl VolumeStore {
             return Err(e);
         }
         self.remove_layer_files(&removed);
+        self.drop_cached(&v.pool, volume);
         self.volume(volume)
     }
 
@@ -631,6 +634,7 @@ impl VolumeStore {
                 description: String::new(),
                 layer: Some(layer),
                 origin: Some(s.export_name()),
+                cache: v.cache,
             };
             self.meta.volumes.push(r.clone());
             records.push(r);

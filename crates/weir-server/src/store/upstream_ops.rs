@@ -86,7 +86,7 @@ impl VolumeStore {
             id: VolumeId(r.id),
             name: r.name.clone(),
             pool: r.pool.clone(),
-            backend: self.stack(&r.pool, backend),
+            backend: self.stack(&r.pool, Some(r), backend),
             thin: None,
             deleted: AtomicBool::new(false),
         })

@@ -1,0 +1,381 @@
+//! The flash read cache (issue 12): reads of a `cache = "flash"` volume hit a
+//! cache file after their first miss, writes drop what they touch, and under
+//! concurrent writers and readers no read returns data older than a write
+//! acknowledged before it began. In front of an upstream, hits never reach it.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use weir_server::RunningServer;
+use weir_server::flash_cache::VolumeCache;
+
+fn pool(name: &str, extra: &str, cache_dir: &std::path::Path, size: &str) -> String {
+    format!(
+        "[[pools]]\nname = \"{name}\"\n{extra}\nflash_cache = {{ dir = \"{}\", size = \"{size}\" }}\n",
+        cache_dir.display()
+    )
+}
+
+fn cached_volume(name: &str, size: &str, pool: &str) -> String {
+    common::volume_toml(name, size, "non-critical", pool) + "cache = \"flash\"\n"
+}
+
+/// `name{…volume="v"…}` summed over its series.
+fn metric(server: &RunningServer, name: &str, volume: &str) -> u64 {
+    let text = weir_server::admin::metrics_text(server.state());
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| l.contains(&format!("volume=\"{volume}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (i.wrapping_mul(37).wrapping_add(seed * 11) % 253) as u8)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_hit_after_a_miss_and_writes_trims_and_zeroes_are_seen() {
+    let cache_dir = common::TempDir::new("fc-dir");
+    let toml = pool("fast", "", cache_dir.path(), "1MiB")
+        + &cached_volume("db", "8MiB", "fast")
+        + &common::volume_toml("plain", "1MiB", "non-critical", "fast");
+    let (_dir, server) = common::start_with("fc-basic", &toml).await;
+    let (mut c, _) = common::connect(&server, "db").await;
+
+    let a = pattern(1, 64 << 10);
+    c.write(0, &a, false).await.unwrap().unwrap();
+    assert_eq!(c.read(0, 64 << 10).await.unwrap().unwrap(), a, "miss");
+    assert_eq!(
+        metric(&server, "weir_volume_flash_cache_filled_blocks_total", "db"),
+        16
+    );
+    for _ in 0..3 {
+        assert_eq!(c.read(4096, 8192).await.unwrap().unwrap(), a[4096..12288]);
+    }
+    assert_eq!(
+        metric(&server, "weir_volume_flash_cache_hits_total", "db"),
+        3
+    );
+    // An unaligned read inside cached blocks hits too.
+    assert_eq!(c.read(100, 5000).await.unwrap().unwrap(), a[100..5100]);
+    assert_eq!(
+        metric(&server, "weir_volume_flash_cache_hits_total", "db"),
+        4
+    );
+
+    // A write replaces what the cache held, byte-exact, even mid-block.
+    let b = pattern(2, 1000);
+    c.write(5000, &b, false).await.unwrap().unwrap();
+    let mut expect = a.clone();
+    expect[5000..6000].copy_from_slice(&b);
+    assert_eq!(c.read(0, 64 << 10).await.unwrap().unwrap(), expect);
+    assert!(
+        metric(
+            &server,
+            "weir_volume_flash_cache_invalidated_blocks_total",
+            "db"
+        ) >= 1
+    );
+    // WRITE_ZEROES and TRIM too (a trimmed range of this pool reads zeroes).
+    for _ in 0..2 {
+        c.read(16384, 16384).await.unwrap().unwrap();
+    }
+    let h = c.session().write_zeroes(16384, 8192, false);
+    c.wait(h).await.unwrap().unwrap();
+    let h = c.session().trim(24576, 8192);
+    c.wait(h).await.unwrap().unwrap();
+    assert_eq!(c.read(16384, 16384).await.unwrap().unwrap(), vec![0; 16384]);
+
+    // More data than the cache holds (1 MiB): every read still correct.
+    let big = pattern(3, 4 << 20);
+    c.write(2 << 20, &big, false).await.unwrap().unwrap();
+    for round in 0..2 {
+        for i in (0..1024u64).rev().step_by(3) {
+            let at = (i * 4096) as usize;
+            let got = c.read((2 << 20) + i * 4096, 4096).await.unwrap().unwrap();
+            assert_eq!(got, big[at..at + 4096], "round {round} block {i}");
+        }
+    }
+    assert!(
+        metric(
+            &server,
+            "weir_volume_flash_cache_evicted_blocks_total",
+            "db"
+        ) > 0
+    );
+    let text = weir_server::admin::metrics_text(server.state());
+    assert!(
+        text.contains("weir_pool_flash_cache_capacity_bytes{pool=\"fast\"} 1048576"),
+        "{text}"
+    );
+
+    // A volume without `cache` reads its backend.
+    let (mut p, _) = common::connect(&server, "plain").await;
+    p.write(0, &a[..4096], false).await.unwrap().unwrap();
+    p.read(0, 4096).await.unwrap().unwrap();
+    p.read(0, 4096).await.unwrap().unwrap();
+    assert_eq!(
+        metric(&server, "weir_volume_flash_cache_hits_total", "plain"),
+        0
+    );
+
+    // Caching switched off and on through the API: off counts nothing, on
+    // starts empty (a write made while off can never be served stale).
+    let hits = metric(&server, "weir_volume_flash_cache_hits_total", "db");
+    let off = weir_server::VolumeUpdate {
+        cache: Some(VolumeCache::None),
+        ..Default::default()
+    };
+    server.state().store().update_volume("db", off).unwrap();
+    let d = pattern(4, 4096);
+    c.write(4096, &d, false).await.unwrap().unwrap();
+    assert_eq!(c.read(4096, 4096).await.unwrap().unwrap(), d);
+    assert_eq!(
+        metric(&server, "weir_volume_flash_cache_hits_total", "db"),
+        hits
+    );
+    let on = weir_server::VolumeUpdate {
+        cache: Some(VolumeCache::Flash),
+        ..Default::default()
+    };
+    let r = server.state().store().update_volume("db", on).unwrap();
+    assert_eq!(r.cache, VolumeCache::Flash);
+    assert_eq!(
+        c.read(4096, 4096).await.unwrap().unwrap(),
+        d,
+        "empty after on"
+    );
+    assert_eq!(c.read(4096, 4096).await.unwrap().unwrap(), d);
+    assert_eq!(
+        metric(&server, "weir_volume_flash_cache_hits_total", "db"),
+        hits + 1
+    );
+    server.shutdown().await.unwrap();
+}
+
+/// Writers stamp each 4 KiB block with (block, version); readers check that
+/// what they read is that block's, and no older than the newest write
+/// acknowledged when the read began — through hits, misses, fills racing
+/// writes, and evictions (the cache holds a quarter of the blocks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_and_readers_never_see_stale_data() {
+    const BLOCKS: u64 = 256;
+    let cache_dir = common::TempDir::new("fc-race-dir");
+    let toml = pool("fast", "", cache_dir.path(), "256KiB") + &cached_volume("v", "1MiB", "fast");
+    let (_dir, server) = common::start_with("fc-race", &toml).await;
+    let acked: Arc<Mutex<HashMap<u64, u64>>> = Arc::default();
+    let version = Arc::new(AtomicU64::new(0));
+    let stamp = |block: u64, v: u64| {
+        let mut d = vec![0u8; 4096];
+        for chunk in d.chunks_mut(16) {
+            chunk[..8].copy_from_slice(&block.to_le_bytes());
+            chunk[8..].copy_from_slice(&v.to_le_bytes());
+        }
+        d
+    };
+    let mut tasks = Vec::new();
+    for t in 0..4u64 {
+        let server_addr = server.nbd_addr();
+        let acked = acked.clone();
+        let version = version.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut c, _) = weir_server::nbd_client::NbdClient::connect(
+                server_addr,
+                weir_nbd::ClientConfig::go("v"),
+            )
+            .await
+            .unwrap();
+            let mut x = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(t + 1);
+            let mut reads = 0u64;
+            for _ in 0..600 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Hot blocks (a quarter) get most of the traffic.
+                let block = if x.is_multiple_of(4) {
+                    x % BLOCKS
+                } else {
+                    x % (BLOCKS / 4)
+                };
+                // One writer per block (tasks 0 and 1, even and odd blocks):
+                // two writers' versions could land out of order.
+                if (x >> 20).is_multiple_of(4) && t < 2 && block % 2 == t {
+                    let v = version.fetch_add(1, Ordering::SeqCst) + 1;
+                    c.write(block * 4096, &stamp(block, v), false)
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    let mut a = acked.lock().unwrap();
+                    let e = a.entry(block).or_default();
+                    *e = (*e).max(v);
+                } else {
+                    let floor = acked.lock().unwrap().get(&block).copied().unwrap_or(0);
+                    let d = c.read(block * 4096, 4096).await.unwrap().unwrap();
+                    let got_block = u64::from_le_bytes(d[..8].try_into().unwrap());
+                    let got_v = u64::from_le_bytes(d[8..16].try_into().unwrap());
+                    if got_v > 0 {
+                        assert_eq!(got_block, block, "another block's data");
+                    }
+                    assert!(
+                        got_v >= floor,
+                        "block {block}: read version {got_v}, {floor} was acknowledged before"
+                    );
+                    assert!(d.chunks(16).all(|c| c == &d[..16]), "torn block {block}");
+                    reads += 1;
+                }
+            }
+            reads
+        }));
+    }
+    let mut reads = 0;
+    for t in tasks {
+        reads += t.await.unwrap();
+    }
+    let hits = metric(&server, "weir_volume_flash_cache_hits_total", "v");
+    let invalidated = metric(
+        &server,
+        "weir_volume_flash_cache_invalidated_blocks_total",
+        "v",
+    );
+    assert!(reads > 1500, "{reads} reads");
+    assert!(hits > 200, "{hits} hits of {reads} reads");
+    assert!(invalidated > 20, "{invalidated} blocks dropped by writes");
+    server.shutdown().await.unwrap();
+}
+
+/// In front of an upstream (gateway mode), a hit costs the upstream nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_hit_never_reaches_the_upstream() {
+    let (_up_dir, upstream) = common::start_with(
+        "fc-upstream",
+        &("[[pools]]\nname = \"default\"\n".to_string()
+            + &common::volume_toml("db", "4MiB", "non-critical", "default")),
+    )
+    .await;
+    let cache_dir = common::TempDir::new("fc-gw-dir");
+    let gw_toml = pool(
+        "gw",
+        &format!("upstream = \"nbd://{}\"", upstream.nbd_addr()),
+        cache_dir.path(),
+        "2MiB",
+    ) + "[[volumes]]\nname = \"db\"\npolicy = \"non-critical\"\npool = \"gw\"\ncache = \"flash\"\n";
+    let (_gw_dir, gateway) = common::start_with("fc-gw", &gw_toml).await;
+    let (mut c, _) = common::connect(&gateway, "db").await;
+    let a = pattern(5, 1 << 20);
+    c.write(0, &a, false).await.unwrap().unwrap();
+    let upstream_reads = || metric(&upstream, "weir_volume_ios_total", "db");
+    let before = upstream_reads();
+    for i in 0..256u64 {
+        let at = (i * 4096) as usize;
+        assert_eq!(
+            c.read(i * 4096, 4096).await.unwrap().unwrap(),
+            a[at..at + 4096]
+        );
+    }
+    let after_misses = upstream_reads();
+    assert_eq!(after_misses - before, 256, "each first read went upstream");
+    for i in 0..256u64 {
+        let at = (i * 4096) as usize;
+        assert_eq!(
+            c.read(i * 4096, 4096).await.unwrap().unwrap(),
+            a[at..at + 4096]
+        );
+    }
+    assert_eq!(upstream_reads(), after_misses, "hits stay on the gateway");
+    assert_eq!(
+        metric(&gateway, "weir_volume_flash_cache_hits_total", "db"),
+        256
+    );
+    gateway.shutdown().await.unwrap();
+    upstream.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_cache_settings_are_refused_with_the_key() {
+    let dir = common::TempDir::new("fc-bad");
+    // `cache = "flash"` on a pool without a flash cache.
+    let toml = "[[pools]]\nname = \"p\"\n".to_string() + &cached_volume("v", "1MiB", "p");
+    let e = RunningServer::start(common::config_from(&toml, dir.path()))
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        format!("{e:#}").contains("needs a flash cache on pool \"p\""),
+        "{e:#}"
+    );
+    for (setting, expect) in [
+        ("size = \"1MiB\", block = \"3k\"", "power of two"),
+        ("size = \"1k\"", "at least one block"),
+        ("size = \"1MiB\", color = 1", "unknown field"),
+    ] {
+        let toml = format!(
+            "[[pools]]\nname = \"p\"\nflash_cache = {{ dir = \"{}\", {setting} }}\n",
+            dir.path().display()
+        );
+        let e = weir_server::config::WeirConfig::from_toml_str(&toml, "t.toml")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains(expect), "{setting}: {e}");
+    }
+    let toml = format!(
+        "[[pools]]\nname = \"p\"\ndevice = \"15k-sas-raid5x24\"\nflash_cache = {{ dir = \"{}\", size = \"1MiB\" }}\n",
+        dir.path().display()
+    );
+    let e = weir_server::config::WeirConfig::from_toml_str(&toml, "t.toml").unwrap_err();
+    assert!(e.to_string().contains("not with an emulated device"), "{e}");
+    // A second server on the same cache file is refused.
+    let cache_dir = common::TempDir::new("fc-lock-dir");
+    let toml = pool("fast", "", cache_dir.path(), "1MiB");
+    let (_d1, first) = common::start_with("fc-lock1", &toml).await;
+    let dir2 = common::TempDir::new("fc-lock2");
+    let e = RunningServer::start(common::config_from(&toml, dir2.path()))
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        format!("{e:#}").contains("in use by another process"),
+        "{e:#}"
+    );
+    first.shutdown().await.unwrap();
+}
+
+/// A gateway stops at once after reads (regression: its final flush blocked a
+/// runtime worker, and with its upstream in the same process the reply never
+/// came: 30 s, then an error). Not cache-specific; here for its upstream setup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_stops_at_once_with_its_upstream_in_the_process() {
+    let (_up_dir, upstream) = common::start_with(
+        "fc-upstream2",
+        &("[[pools]]\nname = \"default\"\n".to_string()
+            + &common::volume_toml("db", "4MiB", "non-critical", "default")),
+    )
+    .await;
+    let gw_toml = format!(
+        "[[pools]]\nname = \"gw\"\nupstream = \"nbd://{}\"\n",
+        upstream.nbd_addr()
+    ) + "[[volumes]]\nname = \"db\"\npolicy = \"non-critical\"\npool = \"gw\"\n";
+    let (_gw_dir, gateway) = common::start_with("fc-gw2", &gw_toml).await;
+    let (mut c, _) = common::connect(&gateway, "db").await;
+    c.write(0, &pattern(5, 1 << 20), false)
+        .await
+        .unwrap()
+        .unwrap();
+    for i in 0..16u64 {
+        c.read(i * 4096, 4096).await.unwrap().unwrap();
+    }
+    let t = std::time::Instant::now();
+    gateway.shutdown().await.unwrap();
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        t.elapsed()
+    );
+    upstream.shutdown().await.unwrap();
+}
