@@ -354,6 +354,57 @@ impl FlashCache {
         }
     }
 
+    /// A read's slots if it is a hit now, without counting it or recording an
+    /// access (a driver that may not be able to read the slots at once asks
+    /// this, then [`FlashCache::confirm_hit`] once it has the data).
+    pub fn peek_hit(&self, volume: u32, offset: u64, length: u64) -> Option<(u64, Vec<SlotRef>)> {
+        let v = &self.volumes[volume as usize];
+        if length == 0 || !v.enabled {
+            return None;
+        }
+        let (first, end) = self.blocks(offset, length);
+        let mut slots = Vec::with_capacity((end - first) as usize);
+        for b in first..end {
+            let slot = self.index.slot_of(self.key(volume, v.epoch, b))?;
+            if !self.valid[slot as usize] {
+                return None;
+            }
+            slots.push(SlotRef {
+                slot,
+                generation: self.generation[slot as usize],
+            });
+        }
+        Some((first, slots))
+    }
+
+    /// A [`FlashCache::peek_hit`] read the slots: if they still held their
+    /// blocks, the read counts as a hit (with its accesses) and `true`;
+    /// otherwise nothing is recorded (read again through [`FlashCache::read`]).
+    pub fn confirm_hit(
+        &mut self,
+        volume: u32,
+        offset: u64,
+        length: u64,
+        slots: &[SlotRef],
+    ) -> bool {
+        if !slots
+            .iter()
+            .all(|s| self.slot_current(*s) && self.valid[s.slot as usize])
+        {
+            return false;
+        }
+        self.note_stream(volume, offset, length);
+        let epoch = self.volumes[volume as usize].epoch;
+        let (first, end) = self.blocks(offset, length);
+        for b in first..end {
+            self.index.touch_slot(self.key(volume, epoch, b));
+        }
+        let s = &mut self.volumes[volume as usize].stats;
+        s.read_hits += 1;
+        s.hit_bytes += length;
+        true
+    }
+
     /// The slots of blocks `first..end`, if every one is valid (an access each).
     fn all_valid(&mut self, volume: u32, epoch: u32, first: u64, end: u64) -> Option<Vec<SlotRef>> {
         let mut slots = Vec::with_capacity((end - first) as usize);

@@ -206,6 +206,10 @@ enum Actor {
 
 enum ReadStep {
     Start,
+    PeekRead(Vec<SlotRef>),
+    PeekConfirm(Vec<SlotRef>, Vec<Data>),
+    /// Ask the cache for a plan.
+    Plan,
     HitRead(Vec<SlotRef>),
     HitCheck(Vec<SlotRef>, Vec<Data>),
     Lower(Option<FillId>),
@@ -284,12 +288,37 @@ impl World {
                         *floor = (first..first + n)
                             .map(|b| self.acked.get(&b).copied().unwrap_or(0))
                             .collect();
-                        match self.cache.read(self.vol, first * BS, n * BS) {
-                            ReadPlan::Hit { slots, .. } => ReadStep::HitRead(slots),
-                            ReadPlan::Miss { fill } => ReadStep::Lower(fill),
-                            ReadPlan::Bypass => unreachable!(),
+                        // Half the reads try the page-cache path first (peek,
+                        // read the slots, confirm), as the server's does.
+                        if (first + n) % 2 == 0
+                            && let Some((_, slots)) =
+                                self.cache.peek_hit(self.vol, first * BS, n * BS)
+                        {
+                            *step = ReadStep::PeekRead(slots);
+                            return false;
                         }
+                        ReadStep::Plan
                     }
+                    ReadStep::PeekRead(slots) => {
+                        let data = slots
+                            .iter()
+                            .map(|s| self.flash.get(&s.slot).copied().unwrap_or((u64::MAX, 0)))
+                            .collect();
+                        ReadStep::PeekConfirm(slots, data)
+                    }
+                    ReadStep::PeekConfirm(slots, data) => {
+                        if self.cache.confirm_hit(self.vol, first * BS, n * BS, &slots) {
+                            let floor = floor.clone();
+                            self.check(first, &floor, &data);
+                            return true;
+                        }
+                        ReadStep::Plan
+                    }
+                    ReadStep::Plan => match self.cache.read(self.vol, first * BS, n * BS) {
+                        ReadPlan::Hit { slots, .. } => ReadStep::HitRead(slots),
+                        ReadPlan::Miss { fill } => ReadStep::Lower(fill),
+                        ReadPlan::Bypass => unreachable!(),
+                    },
                     ReadStep::HitRead(slots) => {
                         let data = slots
                             .iter()

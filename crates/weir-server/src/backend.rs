@@ -87,6 +87,29 @@ pub trait Backend: Send + Sync + 'static {
     fn cache(&self, offset: u64, length: u64) -> io::Result<()>;
 }
 
+/// Reads `buf` at `offset` only if the page cache has all of it now
+/// (`RWF_NOWAIT`). Short reads (part not cached, or end of file) and
+/// EAGAIN/EOPNOTSUPP give `false`: redo the whole read the blocking way (reads
+/// are idempotent).
+pub(crate) fn pread_nowait(file: &File, buf: &mut [u8], offset: u64) -> bool {
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: one iovec over `buf`, which outlives the call; the descriptor is
+    // the caller's open file.
+    let n = unsafe {
+        libc::preadv2(
+            file.as_raw_fd(),
+            &iov,
+            1,
+            offset as libc::off_t,
+            libc::RWF_NOWAIT,
+        )
+    };
+    n >= 0 && n as usize == buf.len()
+}
+
 /// A volume as a sparse file, with positional I/O (many requests in flight on
 /// one shared descriptor), so FLUSH on any connection covers every connection's
 /// writes (what `NBD_FLAG_CAN_MULTI_CONN` promises).
@@ -297,23 +320,7 @@ impl Backend for FileBackend {
         if self.direct.is_some() || buf.is_empty() {
             return Ok(false);
         }
-        let iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: one iovec over `buf`, which outlives the call; fd is ours.
-        let n = unsafe {
-            libc::preadv2(
-                self.file.as_raw_fd(),
-                &iov,
-                1,
-                offset as libc::off_t,
-                libc::RWF_NOWAIT,
-            )
-        };
-        // Short reads (part not cached, or end of file) and EAGAIN/EOPNOTSUPP: redo
-        // the whole read the blocking way (reads are idempotent).
-        Ok(n >= 0 && n as usize == buf.len())
+        Ok(pread_nowait(&self.file, buf, offset))
     }
 
     fn write_nowait(&self, offset: u64, data: &[u8]) -> io::Result<bool> {

@@ -306,6 +306,35 @@ impl FlashCacheDevice {
         Ok(())
     }
 
+    /// As [`FlashCacheDevice::read_hit`], only from the page cache (`false`:
+    /// some of it would wait for the device).
+    fn read_hit_nowait(
+        &self,
+        first_block: u64,
+        slots: &[SlotRef],
+        offset: u64,
+        buf: &mut [u8],
+    ) -> bool {
+        let bs = self.block_bytes;
+        let end = offset + buf.len() as u64;
+        let mut i = 0;
+        while i < slots.len() {
+            let mut j = i + 1;
+            while j < slots.len() && slots[j].slot == slots[j - 1].slot + 1 {
+                j += 1;
+            }
+            let lo = ((first_block + i as u64) * bs).max(offset);
+            let hi = ((first_block + j as u64) * bs).min(end);
+            let at = slots[i].slot as u64 * bs + (lo - (first_block + i as u64) * bs);
+            let part = &mut buf[(lo - offset) as usize..(hi - offset) as usize];
+            if !crate::backend::pread_nowait(&self.file, part, at) {
+                return false;
+            }
+            i = j;
+        }
+        true
+    }
+
     /// Writes a miss's whole blocks to their slots and ends the fill.
     fn fill(&self, fill: FillId, data: &[u8]) {
         let slots = self.model().fill_slots(fill);
@@ -357,8 +386,23 @@ impl FlashCacheLayer {
 }
 
 impl Backend for FlashCacheLayer {
-    // No `start_async`, `read_nowait`, `write_nowait` or `cached_source`: every
-    // read and write must pass through the cache's decisions.
+    // No `start_async`, `write_nowait` or `cached_source`: every read and write
+    // must pass through the cache's decisions. `read_nowait` serves hits whose
+    // blocks are in the page cache without a blocking thread.
+    fn read_nowait(&self, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+        let len = buf.len() as u64;
+        let Some((first, slots)) = self.dev.model().peek_hit(self.volume, offset, len) else {
+            return Ok(false);
+        };
+        if !self.dev.read_hit_nowait(first, &slots, offset, buf) {
+            return Ok(false);
+        }
+        Ok(self
+            .dev
+            .model()
+            .confirm_hit(self.volume, offset, len, &slots))
+    }
+
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let plan = self.dev.model().read(self.volume, offset, buf.len() as u64);
         match plan {
