@@ -186,42 +186,5 @@ fn gateway_survives_an_upstream_kill_without_losing_acknowledged_writes() {
     assert!(reconnects >= 1);
     assert!(alive >= 1 && alive <= configured, "{alive} of {configured}");
 
-    fio_verify_through(&gateway, gw_dir.path());
-}
-
-/// `fio --verify` (crc32c) through the gateway, if fio has its nbd engine.
-fn fio_verify_through(gateway: &WeirProcess, dir: &std::path::Path) {
-    let fio_ok = std::process::Command::new("fio")
-        .arg("--enghelp")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("nbd"));
-    if !fio_ok {
-        println!("skipped: fio with the nbd engine is not installed");
-        return;
-    }
-    let uri = format!("nbd://{}/vol", gateway.nbd_addr);
-    let out = std::process::Command::new("fio")
-        .args([
-            "--name=gw-verify",
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
-            "--rw=randwrite",
-            "--bs=4k",
-            "--iodepth=16",
-            "--size=8m",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            "--verify_state_save=0",
-        ])
-        .current_dir(dir)
-        .output()
-        .expect("running fio");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "fio verify through the gateway:\n{text}"
-    );
-    assert!(!text.contains("verify: bad"), "{text}");
+    common::fio_verify(gateway.nbd_addr, "vol", gw_dir.path());
 }

@@ -192,3 +192,38 @@ pub fn rss_mib(pid: u32) -> f64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(0.0, |kib| kib / 1024.0)
 }
+
+/// `fio --verify` (crc32c, random 4 KiB writes over 8 MiB) of `volume` at
+/// `addr`, if fio has its nbd engine (else a printed skip).
+pub fn fio_verify(addr: SocketAddr, volume: &str, dir: &Path) {
+    let fio_ok = Command::new("fio")
+        .arg("--enghelp")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("nbd"));
+    if !fio_ok {
+        println!("skipped: fio with the nbd engine is not installed");
+        return;
+    }
+    let uri = format!("nbd://{addr}/{volume}");
+    let out = Command::new("fio")
+        .args([
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=16",
+            "--size=8m",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+        ])
+        .current_dir(dir)
+        .output()
+        .expect("running fio");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "fio verify of {uri}:\n{text}");
+    assert!(!text.contains("verify: bad"), "{text}");
+}
