@@ -98,3 +98,50 @@ fn cli_reads_the_admin_token_from_the_data_directory() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", output_text(&o));
 }
+
+#[test]
+fn cli_creates_a_flash_cached_volume_and_switches_its_cache() {
+    let dir = TempDir::new("cli-cache");
+    let xdg = dir.join("xdg");
+    let config = format!(
+        "[[pools]]\nname = \"fast\"\nflash_cache = {{ dir = \"{}\", size = \"1MiB\" }}\n[[pools]]\nname = \"slow\"\n",
+        dir.join("cache").display()
+    );
+    let proc = WeirProcess::start_on(dir.path(), &config, &xdg.join("weir"));
+    let admin = proc.admin_addr.to_string();
+    let json = |args: &[&str]| -> serde_json::Value {
+        let mut all = args.to_vec();
+        all.extend(["--json", "--admin", &admin]);
+        let o = weir(&xdg, None, &all);
+        assert!(o.status.success(), "{args:?}: {}", output_text(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let v = json(&[
+        "volume", "create", "db", "--size", "1M", "--pool", "fast", "--cache", "flash",
+    ]);
+    assert_eq!(v["cache"], "flash", "{v}");
+    let v = json(&["volume", "set-cache", "db", "none"]);
+    assert_eq!(v["cache"], "none", "{v}");
+    assert_eq!(json(&["volume", "show", "db"])["cache"], "none");
+    // A pool without a flash cache: refused with the reason.
+    let o = weir(
+        &xdg,
+        None,
+        &[
+            "volume", "create", "db2", "--size", "1M", "--pool", "slow", "--cache", "flash",
+            "--admin", &admin,
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        output_text(&o).contains("needs a flash cache on pool \"slow\""),
+        "{}",
+        output_text(&o)
+    );
+    let o = weir(
+        &xdg,
+        None,
+        &["volume", "set-cache", "db", "ssd", "--admin", &admin],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", output_text(&o));
+}
