@@ -1,12 +1,14 @@
 //! One self-contained HTML page (inline CSS and SVG, no scripts, no network).
 //!
-//! Layout: a summary header (scenario, seed, cases, how many seed figures Weir matches
-//! within ±20% and how many the run did not measure, the seed documents by title,
+//! Layout: a summary header (scenario, seed, cases, how many seed predictions Weir
+//! matches within ±20% and how many the run did not measure, the calibrations shown
+//! but not counted, the targets that pass, the seed documents by title,
 //! links to cases); for sweeps, charts of MB/s, IOPS and latency against each swept
 //! parameter (axis titles in words, the seeds' figures for the charted total as
 //! diamonds) plus a sweep table; without sweeps and with three cases or more, bars of
 //! each case's IOPS, MB/s and latency beside the seed's; then per case a workloads
-//! table, Weir-vs-seed paired bars and table (sources by title), line charts over time
+//! table, Weir-vs-seed paired bars and tables apart for predictions and calibrations
+//! (sources by title), targets as pass / fail, line charts over time
 //! (one per unit, the warm-up shaded, identical series drawn once), utilisation bars.
 //!
 //! Series of a sweep: a case the simulator named `<case>/<param>=<value>` belongs to
@@ -50,8 +52,8 @@ use crate::svg::{
 };
 use crate::text::fmt_span;
 use crate::{
-    CaseReport, Comparison, IoSizeHistogram, ScenarioReport, TimelineSeries, UxGrade,
-    WorkloadResult,
+    CaseReport, Comparison, ComparisonKind, IoSizeHistogram, ScenarioReport, TimelineSeries,
+    UxGrade, WorkloadResult,
 };
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -225,28 +227,42 @@ fn header(out: &mut String, report: &ScenarioReport) {
     kpi(out, "", &fmt_count(report.cases.len() as u64), "cases");
     kpi(out, "", &report.seed.to_string(), "seed");
     let comparisons: Vec<_> = report.cases.iter().flat_map(|c| &c.comparisons).collect();
-    if !comparisons.is_empty() {
-        let within = comparisons.iter().filter(|c| !c.differs()).count();
-        let unmeasured = comparisons.iter().filter(|c| c.not_measured()).count();
-        let class = if within == comparisons.len() {
-            "ok"
-        } else {
-            "off"
-        };
+    let t = crate::Tally::of(comparisons.iter().copied());
+    if t.predictions > 0 {
         kpi(
             out,
-            class,
-            &format!("{within} / {}", comparisons.len()),
-            "seed figures matched within ±20%",
+            if t.within == t.predictions {
+                "ok"
+            } else {
+                "off"
+            },
+            &format!("{} / {}", t.within, t.predictions),
+            "seed predictions within ±20%",
         );
-        if unmeasured > 0 {
+        if t.unmeasured > 0 {
             kpi(
                 out,
                 "off",
-                &fmt_count(unmeasured as u64),
-                "seed figures not measured in this run (too short?)",
+                &fmt_count(t.unmeasured as u64),
+                "predictions not measured in this run (too short?)",
             );
         }
+    }
+    if t.calibrations > 0 {
+        kpi(
+            out,
+            "",
+            &fmt_count(t.calibrations as u64),
+            "calibrations (fitted on the seed: not counted)",
+        );
+    }
+    if t.targets > 0 {
+        kpi(
+            out,
+            if t.passed == t.targets { "ok" } else { "off" },
+            &format!("{} / {}", t.passed, t.targets),
+            "targets pass",
+        );
     }
 
     let swept = swept_parameters(report);
@@ -289,13 +305,16 @@ fn header(out: &mut String, report: &ScenarioReport) {
             );
         }
         for (index, case) in report.cases.iter().enumerate().take(listed) {
-            let off = case.comparisons.iter().any(|c| c.differs());
+            let off = case
+                .comparisons
+                .iter()
+                .any(|c| c.kind != ComparisonKind::Calibration && c.differs());
             let _ = write!(
                 out,
                 "<a href=\"#case-{}\"{}>{}</a>",
                 index + 1,
                 if off {
-                    " class=\"off\" title=\"a figure differs from the seed by more than 20%\""
+                    " class=\"off\" title=\"a prediction differs from the seed by more than 20%, or a target fails\""
                 } else {
                     ""
                 },
@@ -333,17 +352,27 @@ fn case_section(out: &mut String, case: &CaseReport, index: usize, open: bool) {
             esc(&fmt_ms(w.latency_ms.p99))
         );
     }
-    if !case.comparisons.is_empty() {
-        let off = case.comparisons.iter().filter(|c| c.differs()).count();
+    let t = crate::Tally::of(&case.comparisons);
+    if t.predictions > 0 {
+        let off = t.predictions - t.within;
         let _ = write!(
             out,
             "<span class=\"badge {}\">{}</span>",
             if off == 0 { "ok" } else { "off" },
             if off == 0 {
-                "matches seed".to_string()
+                "predictions match the seed".to_string()
             } else {
-                format!("{off} off by >20%")
+                format!("{off} of {} predictions off by >20%", t.predictions)
             }
+        );
+    }
+    if t.targets > 0 {
+        let _ = write!(
+            out,
+            "<span class=\"badge {}\">targets {} / {} pass</span>",
+            if t.passed == t.targets { "ok" } else { "off" },
+            t.passed,
+            t.targets
         );
     }
     out.push_str("</summary>\n");
@@ -393,27 +422,32 @@ fn case_section(out: &mut String, case: &CaseReport, index: usize, open: bool) {
     }
     model_sections(out, case);
 
-    if !case.comparisons.is_empty() {
-        out.push_str("<h3>Weir vs seed</h3>\n");
-        let labels: Vec<String> = case.comparisons.iter().map(|c| c.metric.clone()).collect();
-        let pairs: Vec<Pair<'_>> = case
-            .comparisons
-            .iter()
-            .zip(&labels)
-            .map(|(c, label)| Pair {
-                label,
-                weir: c.weir,
-                seed: c.seed,
-                ratio: c.ratio(),
-                differs: c.differs(),
-                weir_text: fmt_number(c.weir),
-                seed_text: fmt_number(c.seed),
-            })
-            .collect();
-        out.push_str("<figure>");
-        out.push_str(&paired_bars(&pairs));
-        out.push_str("</figure>\n");
-        comparisons_table(out, case);
+    for kind in ComparisonKind::ALL {
+        let rows: Vec<&Comparison> = case.comparisons.iter().filter(|c| c.kind == kind).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "<h3>{}</h3>", esc(kind_heading(kind)));
+        if kind != ComparisonKind::Target {
+            let labels: Vec<String> = rows.iter().map(|c| c.metric.clone()).collect();
+            let pairs: Vec<Pair<'_>> = rows
+                .iter()
+                .zip(&labels)
+                .map(|(c, label)| Pair {
+                    label,
+                    weir: c.weir,
+                    seed: c.seed,
+                    ratio: c.ratio(),
+                    differs: c.differs(),
+                    weir_text: fmt_number(c.weir),
+                    seed_text: fmt_number(c.seed),
+                })
+                .collect();
+            out.push_str("<figure>");
+            out.push_str(&paired_bars(&pairs));
+            out.push_str("</figure>\n");
+        }
+        comparisons_table(out, kind, &rows);
     }
 
     if !case.timeline.is_empty() {
@@ -619,41 +653,70 @@ fn workloads_table(out: &mut String, case: &CaseReport) {
     out.push_str("</tbody></table></div>\n");
 }
 
-fn comparisons_table(out: &mut String, case: &CaseReport) {
+/// The heading of a kind of comparison.
+fn kind_heading(kind: ComparisonKind) -> &'static str {
+    match kind {
+        ComparisonKind::Prediction => "Weir vs seed: predictions (counted)",
+        ComparisonKind::Calibration => {
+            "Calibrations: seed figures a parameter was fitted on (shown, not counted)"
+        }
+        ComparisonKind::Target => "Targets: configured limits (pass / fail)",
+    }
+}
+
+fn comparisons_table(out: &mut String, kind: ComparisonKind, rows: &[&Comparison]) {
     out.push_str("<div class=\"tablewrap\"><table>");
-    th(
-        out,
-        &[
-            ("metric", false),
-            ("Weir", true),
-            ("seed", true),
-            ("ratio", true),
-            ("", false),
-            ("source", false),
-            ("note", false),
-        ],
-    );
+    let mut headers = vec![("metric", false), ("Weir", true)];
+    if kind == ComparisonKind::Target {
+        headers.extend([("limit", true), ("", false)]);
+    } else {
+        headers.extend([("seed", true), ("ratio", true), ("", false)]);
+    }
+    if kind == ComparisonKind::Calibration {
+        headers.push(("fitted", false));
+    }
+    headers.extend([("source", false), ("note", false)]);
+    th(out, &headers);
     out.push_str("<tbody>");
-    for c in &case.comparisons {
+    for c in rows {
         out.push_str("<tr>");
         td(out, &c.metric);
         td_num(out, &fmt_number(c.weir));
-        td_num(out, &fmt_number(c.seed));
-        td_num(out, &fmt_ratio(c.ratio()));
-        let (class, label) = if !c.differs() {
-            ("ok", "within 20%")
-        } else if c.not_measured() {
-            ("off", "not measured")
-        } else if c.ratio().is_finite() {
-            ("off", "differs >20%")
+        let (class, label) = if kind == ComparisonKind::Target {
+            td_num(out, &c.condition());
+            match c.passes() {
+                Some(true) => ("ok", "pass"),
+                Some(false) => ("off", "FAIL"),
+                None => ("off", "not measured"),
+            }
         } else {
-            ("off", "no ratio")
+            td_num(out, &fmt_number(c.seed));
+            td_num(out, &fmt_ratio(c.ratio()));
+            if !c.differs() {
+                (
+                    "ok",
+                    if kind == ComparisonKind::Calibration {
+                        "fitted"
+                    } else {
+                        "within 20%"
+                    },
+                )
+            } else if c.not_measured() {
+                ("off", "not measured")
+            } else if c.ratio().is_finite() {
+                ("off", "differs >20%")
+            } else {
+                ("off", "no ratio")
+            }
         };
         let _ = write!(
             out,
             "<td><span class=\"badge {class}\">{}</span></td>",
             esc(label)
         );
+        if kind == ComparisonKind::Calibration {
+            let _ = write!(out, "<td class=\"note\">{}</td>", esc(&c.fitted));
+        }
         let _ = write!(
             out,
             "<td class=\"src\">{}</td>",
@@ -1372,7 +1435,8 @@ fn headline_comparisons(case: &CaseReport) -> Vec<(&str, &Comparison)> {
     };
     case.comparisons
         .iter()
-        .filter(|c| !c.expr.contains('@') && !c.expr.contains(" / "))
+        .filter(|c| c.kind != ComparisonKind::Target)
+        .filter(|c| !c.expr.contains('@') && !c.expr.contains(" / ") && !c.expr.contains(" + "))
         .filter_map(|c| {
             let (subject, field) = c.expr.rsplit_once('.')?;
             let headline = (subject == "total" && case.total.is_some()) || Some(subject) == only;

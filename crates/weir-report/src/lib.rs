@@ -4,9 +4,11 @@
 //! Producers (the simulator, the load generator) fill it in; this crate renders it as
 //! terminal tables, JSON, or a self-contained HTML page with charts.
 //!
-//! * [`render_text`] — a summary first (the seed tally with the figures a shortened
-//!   run did not measure, the seed documents by title, one row per case), then
-//!   terminal tables per case (workloads with a total line, "Weir vs seed" with a
+//! * [`render_text`] — a summary first (the tally: seed predictions within ±20 % and
+//!   those a shortened run did not measure, calibrations shown but not counted,
+//!   targets passed — see [`Tally`]; the seed documents by title, one row per case),
+//!   then terminal tables per case (workloads with a total line, predictions,
+//!   calibrations and targets in tables of their own, predictions with a
 //!   `!! >20%` marker, components, timeline sparklines scaled from zero); fitted to
 //!   a width ([`TextOptions::width`]) or the summary alone ([`TextOptions::summary`]).
 //! * [`render_json`] / [`parse_json`] — pretty, deterministic JSON; non-finite numbers
@@ -298,15 +300,58 @@ pub struct LatencySummary {
     pub max: f64,
 }
 
-/// A figure Weir computed beside the one a seed document reports.
+/// What a comparison is: only predictions are counted as Weir reproducing a seed.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum ComparisonKind {
+    /// A seed measurement Weir did not use (reports written before kinds existed
+    /// read back as predictions, which is how they were counted then).
+    #[default]
+    Prediction,
+    /// A seed measurement a parameter was fitted on: shown, never counted.
+    Calibration,
+    /// A configured limit or threshold: pass / fail, no ratio.
+    Target,
+}
+
+impl ComparisonKind {
+    pub const ALL: [ComparisonKind; 3] = [
+        ComparisonKind::Prediction,
+        ComparisonKind::Calibration,
+        ComparisonKind::Target,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComparisonKind::Prediction => "prediction",
+            ComparisonKind::Calibration => "calibration",
+            ComparisonKind::Target => "target",
+        }
+    }
+}
+
+/// A figure Weir computed beside the one a seed document reports (predictions,
+/// calibrations) or beside a configured limit (targets).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Comparison {
     /// What is compared, e.g. "VM A (High) MB/s".
     pub metric: String,
+    #[serde(default)]
+    pub kind: ComparisonKind,
     #[serde(deserialize_with = "nan::f64_or_null")]
     pub weir: f64,
+    /// The seed's measurement; NaN (`null`) for targets.
     #[serde(deserialize_with = "nan::f64_or_null")]
     pub seed: f64,
+    /// Targets: Weir's figure passes when at most this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_most: Option<f64>,
+    /// Targets: Weir's figure passes when at least this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_least: Option<f64>,
+    /// Calibrations: the parameter fitted on the seed figure.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub fitted: String,
     /// Where the seed figure comes from, e.g. "003 usage model 2, table" (the
     /// renderers cite the document by title: [`seed_title`]).
     pub source: String,
@@ -317,6 +362,83 @@ pub struct Comparison {
     /// Why they differ when they do (which model term is missing).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub note: String,
+}
+
+/// How a set of comparisons came out, by kind: the header of every report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub predictions: usize,
+    /// Predictions within ±20 % of the seed.
+    pub within: usize,
+    /// Predictions this run did not measure.
+    pub unmeasured: usize,
+    pub calibrations: usize,
+    pub targets: usize,
+    pub passed: usize,
+    /// Targets this run did not measure.
+    pub targets_unmeasured: usize,
+}
+
+impl Tally {
+    pub fn of<'a>(comparisons: impl IntoIterator<Item = &'a Comparison>) -> Tally {
+        let mut t = Tally::default();
+        for c in comparisons {
+            match c.kind {
+                ComparisonKind::Prediction => {
+                    t.predictions += 1;
+                    t.within += usize::from(!c.differs());
+                    t.unmeasured += usize::from(c.not_measured());
+                }
+                ComparisonKind::Calibration => t.calibrations += 1,
+                ComparisonKind::Target => {
+                    t.targets += 1;
+                    t.passed += usize::from(c.passes() == Some(true));
+                    t.targets_unmeasured += usize::from(c.not_measured());
+                }
+            }
+        }
+        t
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.predictions + self.calibrations + self.targets == 0
+    }
+
+    /// The header line: predictions counted against the seeds (only when there are
+    /// any), calibrations shown as not counted, targets as pass / fail.
+    pub fn line(&self) -> String {
+        let mut parts = Vec::new();
+        if self.predictions > 0 {
+            let mut p = format!(
+                "Weir vs seed, predictions: {} of {} within ±20%",
+                self.within, self.predictions
+            );
+            if self.unmeasured > 0 {
+                p.push_str(&format!(
+                    ", {} not measured in this run (run it longer: windows or phases after its end)",
+                    self.unmeasured
+                ));
+            }
+            parts.push(p);
+        } else {
+            parts.push("no seed predictions".to_string());
+        }
+        if self.calibrations > 0 {
+            parts.push(format!(
+                "{} calibration{} (seed figures a parameter was fitted on: shown, not counted)",
+                self.calibrations,
+                if self.calibrations == 1 { "" } else { "s" }
+            ));
+        }
+        if self.targets > 0 {
+            let mut t = format!("targets: {} of {} pass", self.passed, self.targets);
+            if self.targets_unmeasured > 0 {
+                t.push_str(&format!(", {} not measured", self.targets_unmeasured));
+            }
+            parts.push(t);
+        }
+        parts.join("; ")
+    }
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -379,19 +501,50 @@ impl Comparison {
         !self.weir.is_finite()
     }
 
-    /// weir / seed (NaN when the seed figure is 0).
+    /// Counted in the header: a prediction.
+    pub fn counts(&self) -> bool {
+        self.kind == ComparisonKind::Prediction
+    }
+
+    /// weir / seed (NaN when the seed figure is 0, and for targets).
     pub fn ratio(&self) -> f64 {
-        if self.seed == 0.0 {
+        if self.seed == 0.0 || self.kind == ComparisonKind::Target {
             f64::NAN
         } else {
             self.weir / self.seed
         }
     }
 
-    /// True when Weir's figure is more than [`MISMATCH_THRESHOLD`] away from the seed's
-    /// (relative to the seed), or when the two cannot be compared (a non-finite figure,
-    /// or a zero seed figure beside a non-zero Weir figure).
+    /// Targets: whether Weir's figure is within `at_least` ..= `at_most` (`None`:
+    /// not a target, or not measured).
+    pub fn passes(&self) -> Option<bool> {
+        if self.kind != ComparisonKind::Target || !self.weir.is_finite() {
+            return None;
+        }
+        Some(
+            self.at_most.is_none_or(|hi| self.weir <= hi)
+                && self.at_least.is_none_or(|lo| self.weir >= lo),
+        )
+    }
+
+    /// A target's condition, e.g. "≤ 10", "≥ 1,500", "1.95 – 2.05".
+    pub fn condition(&self) -> String {
+        match (self.at_least, self.at_most) {
+            (Some(lo), Some(hi)) => format!("{} – {}", fmt_number(lo), fmt_number(hi)),
+            (None, Some(hi)) => format!("≤ {}", fmt_number(hi)),
+            (Some(lo), None) => format!("≥ {}", fmt_number(lo)),
+            (None, None) => String::new(),
+        }
+    }
+
+    /// True when the row is off: a prediction or calibration more than
+    /// [`MISMATCH_THRESHOLD`] away from the seed (relative to the seed), or when the
+    /// two cannot be compared (a non-finite figure, or a zero seed figure beside a
+    /// non-zero Weir figure); a target that fails or was not measured.
     pub fn differs(&self) -> bool {
+        if self.kind == ComparisonKind::Target {
+            return self.passes() != Some(true);
+        }
         if !self.weir.is_finite() || !self.seed.is_finite() {
             return true;
         }

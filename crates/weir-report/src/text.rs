@@ -14,8 +14,8 @@ use crate::format::{
 };
 use crate::table::{Cell, Column, Style, Table, sanitize};
 use crate::{
-    CaseReport, Comparison, IoSizeHistogram, ScenarioReport, TimelineSeries, UxGrade,
-    WorkloadResult,
+    CaseReport, Comparison, ComparisonKind, IoSizeHistogram, ScenarioReport, Tally, TimelineSeries,
+    UxGrade, WorkloadResult,
 };
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -76,22 +76,11 @@ fn wrap(text: &str, width: usize) -> String {
 const SPARKLINE_WIDTH: usize = 60;
 const INDENT: usize = 2;
 
-/// The line under the title: how many seed figures Weir matches, and how many the
-/// run did not measure (e.g. windows after the end of a shortened run).
+/// The line under the title: how many seed predictions Weir matches (calibrations
+/// are shown, never counted; targets pass or fail), and how many the run did not
+/// measure (e.g. windows after the end of a shortened run).
 pub(crate) fn seed_tally(comparisons: &[&Comparison]) -> String {
-    let within = comparisons.iter().filter(|c| !c.differs()).count();
-    let unmeasured = comparisons.iter().filter(|c| c.not_measured()).count();
-    let mut line = format!(
-        "Weir vs seed: {within} of {} figures within ±20%",
-        comparisons.len()
-    );
-    if unmeasured > 0 {
-        let _ = write!(
-            line,
-            "; {unmeasured} not measured in this run (run it longer: windows or phases after its end)"
-        );
-    }
-    line
+    Tally::of(comparisons.iter().copied()).line()
 }
 
 /// Readable terminal tables for every case of the report: the summary first (the
@@ -140,9 +129,25 @@ pub fn render_text(report: &ScenarioReport, opts: &TextOptions) -> String {
     }
     render_summary(&mut out, report, o);
     if opts.summary {
-        if !comparisons.is_empty() {
-            section(&mut out, "Weir vs seed, every case", color);
-            out.push_str(&all_comparisons_table(report).render_fit(color, o.width));
+        for kind in ComparisonKind::ALL {
+            let rows: Vec<(&str, &Comparison)> = report
+                .cases
+                .iter()
+                .flat_map(|case| {
+                    case.comparisons
+                        .iter()
+                        .filter(move |c| c.kind == kind)
+                        .map(move |c| (case.name.as_str(), c))
+                })
+                .collect();
+            if !rows.is_empty() {
+                section(
+                    &mut out,
+                    &format!("{}, every case", kind_title(kind)),
+                    color,
+                );
+                out.push_str(&all_comparisons_table(kind, &rows).render_fit(color, o.width));
+            }
         }
         return out;
     }
@@ -158,38 +163,60 @@ fn section(out: &mut String, title: &str, color: bool) {
     let _ = writeln!(out, "\n{}", Style::Bold.paint(title, color));
 }
 
-/// Every case's comparisons in one table (the `--summary` view): only the figures
-/// off by more than 20 % or not measured are listed one by one.
-fn all_comparisons_table(report: &ScenarioReport) -> Table {
-    let mut table = Table::new(vec![
-        Column::left("case"),
-        Column::left("metric"),
-        Column::right("Weir"),
-        Column::right("seed"),
-        Column::right("ratio"),
-        Column::left(""),
-    ])
-    .with_indent(INDENT);
-    for case in &report.cases {
-        for c in &case.comparisons {
-            table.add_row([
-                Cell::new(case.name.as_str()),
-                Cell::new(c.metric.as_str()),
-                Cell::new(fmt_number(c.weir)),
-                Cell::new(fmt_number(c.seed)),
-                Cell::styled(
-                    fmt_ratio(c.ratio()),
-                    if c.differs() {
-                        Style::Red
-                    } else {
-                        Style::Green
-                    },
-                ),
-                mismatch_cell(c),
-            ]);
+/// The section title of a kind of comparison.
+fn kind_title(kind: ComparisonKind) -> &'static str {
+    match kind {
+        ComparisonKind::Prediction => "Weir vs seed: predictions",
+        ComparisonKind::Calibration => {
+            "Calibrations (seed figures a parameter was fitted on; not counted)"
+        }
+        ComparisonKind::Target => "Targets (configured limits: pass / fail)",
+    }
+}
+
+/// The columns of a comparison table of one kind (`case`: with a case column).
+fn comparison_columns(kind: ComparisonKind, case: bool, source: bool) -> Vec<Column> {
+    let mut cols = Vec::new();
+    if case {
+        cols.push(Column::left("case"));
+    }
+    cols.push(Column::left("metric"));
+    cols.push(Column::right("Weir"));
+    match kind {
+        ComparisonKind::Target => {
+            cols.push(Column::right("limit"));
+            cols.push(Column::left(""));
+        }
+        _ => {
+            cols.push(Column::right("seed"));
+            cols.push(Column::right("ratio"));
+            cols.push(Column::left(""));
         }
     }
+    if source {
+        if kind == ComparisonKind::Calibration {
+            cols.push(Column::left("fitted"));
+        }
+        cols.push(Column::left("source"));
+        cols.push(Column::left("note"));
+    }
+    cols
+}
+
+/// Every case's comparisons of one kind in one table (the `--summary` view).
+fn all_comparisons_table(kind: ComparisonKind, rows: &[(&str, &Comparison)]) -> Table {
+    let mut table = Table::new(comparison_columns(kind, true, false)).with_indent(INDENT);
+    for (case, c) in rows {
+        let mut cells = vec![Cell::new(*case)];
+        cells.extend(comparison_row(c).into_iter().take(figure_columns(kind)));
+        table.add_row(cells);
+    }
     table
+}
+
+/// The figure columns of a row of this kind (metric … marker), before the texts.
+fn figure_columns(kind: ComparisonKind) -> usize {
+    if kind == ComparisonKind::Target { 4 } else { 5 }
 }
 
 fn render_case(
@@ -238,23 +265,37 @@ fn render_case(
         out.push_str(&workload_table(case).render_fit(color, o.width));
     }
 
-    if !case.comparisons.is_empty() {
-        let within = case.comparisons.iter().filter(|c| !c.differs()).count();
-        let unmeasured = case.comparisons.iter().filter(|c| c.not_measured()).count();
-        section(
-            out,
-            &format!(
-                "Weir vs seed ({within} of {} within ±20%{})",
-                case.comparisons.len(),
-                if unmeasured > 0 {
-                    format!(", {unmeasured} not measured")
+    for kind in ComparisonKind::ALL {
+        let rows: Vec<&Comparison> = case.comparisons.iter().filter(|c| c.kind == kind).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let t = Tally::of(rows.iter().copied());
+        let count = match kind {
+            ComparisonKind::Prediction => format!(
+                " ({} of {} within ±20%{})",
+                t.within,
+                t.predictions,
+                if t.unmeasured > 0 {
+                    format!(", {} not measured", t.unmeasured)
                 } else {
                     String::new()
                 }
             ),
-            color,
-        );
-        out.push_str(&comparisons_fit(&case.comparisons, o));
+            ComparisonKind::Calibration => String::new(),
+            ComparisonKind::Target => format!(
+                " ({} of {} pass{})",
+                t.passed,
+                t.targets,
+                if t.targets_unmeasured > 0 {
+                    format!(", {} not measured", t.targets_unmeasured)
+                } else {
+                    String::new()
+                }
+            ),
+        };
+        section(out, &format!("{}{count}", kind_title(kind)), color);
+        out.push_str(&comparisons_fit(kind, &rows, o));
     }
 
     if !case.components.is_empty() {
@@ -688,10 +729,23 @@ fn workload_table(case: &CaseReport) -> Table {
     table
 }
 
-/// The marker column of the "Weir vs seed" table.
+/// The marker column of a comparison table.
 fn mismatch_cell(c: &Comparison) -> Cell {
+    if c.kind == ComparisonKind::Target {
+        return match c.passes() {
+            Some(true) => Cell::styled("pass", Style::Green),
+            Some(false) => Cell::styled("FAIL", Style::Red),
+            None => Cell::styled("not measured", Style::Yellow),
+        };
+    }
+    // Calibrations are not reproductions: a fit is "fitted", a miss says so.
+    let ok = if c.kind == ComparisonKind::Calibration {
+        "fitted"
+    } else {
+        "ok"
+    };
     if !c.differs() {
-        Cell::styled("ok", Style::Green)
+        Cell::styled(ok, Style::Green)
     } else if c.not_measured() {
         Cell::styled("not measured", Style::Yellow)
     } else if c.ratio().is_finite() {
@@ -701,23 +755,17 @@ fn mismatch_cell(c: &Comparison) -> Cell {
     }
 }
 
-/// The "Weir vs seed" table; when it does not fit the width, the figures stay in
-/// columns and each row's source and note follow it, wrapped.
-fn comparisons_fit(comparisons: &[Comparison], o: Out) -> String {
-    let full = comparison_table(comparisons).render(o.color);
+/// A comparison table of one kind; when it does not fit the width, the figures
+/// stay in columns and each row's fitted parameter, source and note follow it,
+/// wrapped.
+fn comparisons_fit(kind: ComparisonKind, comparisons: &[&Comparison], o: Out) -> String {
+    let full = comparison_table(kind, comparisons).render(o.color);
     if full.lines().all(|l| l.chars().count() <= o.width) {
         return full;
     }
-    let mut table = Table::new(vec![
-        Column::left("metric"),
-        Column::right("Weir"),
-        Column::right("seed"),
-        Column::right("ratio"),
-        Column::left(""),
-    ])
-    .with_indent(INDENT);
+    let mut table = Table::new(comparison_columns(kind, false, false)).with_indent(INDENT);
     for c in comparisons {
-        table.add_row(comparison_row(c).into_iter().take(5));
+        table.add_row(comparison_row(c).into_iter().take(figure_columns(kind)));
     }
     let text = table.render_fit(o.color, o.width);
     let mut lines = text.lines();
@@ -730,7 +778,11 @@ fn comparisons_fit(comparisons: &[Comparison], o: Out) -> String {
     for (line, c) in lines.zip(comparisons) {
         out.push_str(line);
         out.push('\n');
-        for (what, text) in [("source", c.source.as_str()), ("note", c.note.as_str())] {
+        for (what, text) in [
+            ("fitted", c.fitted.as_str()),
+            ("source", c.source.as_str()),
+            ("note", c.note.as_str()),
+        ] {
             if text.is_empty() {
                 continue;
             }
@@ -746,34 +798,32 @@ fn comparisons_fit(comparisons: &[Comparison], o: Out) -> String {
     out
 }
 
+/// The cells of a row: metric, Weir, then seed and ratio (or the target's limit),
+/// the marker, then (calibrations) the fitted parameter, the source and the note.
 fn comparison_row(c: &Comparison) -> Vec<Cell> {
-    let ratio_style = if c.differs() {
+    let style = if c.differs() {
         Style::Red
     } else {
         Style::Green
     };
-    vec![
-        Cell::new(c.metric.as_str()),
-        Cell::new(fmt_number(c.weir)),
-        Cell::new(fmt_number(c.seed)),
-        Cell::styled(fmt_ratio(c.ratio()), ratio_style),
-        mismatch_cell(c),
-        Cell::styled(c.source.as_str(), Style::Dim),
-        Cell::new(c.note.as_str()),
-    ]
+    let mut cells = vec![Cell::new(c.metric.as_str()), Cell::new(fmt_number(c.weir))];
+    if c.kind == ComparisonKind::Target {
+        cells.push(Cell::new(c.condition()));
+    } else {
+        cells.push(Cell::new(fmt_number(c.seed)));
+        cells.push(Cell::styled(fmt_ratio(c.ratio()), style));
+    }
+    cells.push(mismatch_cell(c));
+    if c.kind == ComparisonKind::Calibration {
+        cells.push(Cell::new(c.fitted.as_str()));
+    }
+    cells.push(Cell::styled(c.source.as_str(), Style::Dim));
+    cells.push(Cell::new(c.note.as_str()));
+    cells
 }
 
-fn comparison_table(comparisons: &[Comparison]) -> Table {
-    let mut table = Table::new(vec![
-        Column::left("metric"),
-        Column::right("Weir"),
-        Column::right("seed"),
-        Column::right("ratio"),
-        Column::left(""),
-        Column::left("source"),
-        Column::left("note"),
-    ])
-    .with_indent(INDENT);
+fn comparison_table(kind: ComparisonKind, comparisons: &[&Comparison]) -> Table {
+    let mut table = Table::new(comparison_columns(kind, false, true)).with_indent(INDENT);
     for c in comparisons {
         table.add_row(comparison_row(c));
     }
@@ -935,7 +985,15 @@ fn render_summary(out: &mut String, report: &ScenarioReport, o: Out) {
         )
     };
     section(out, &title, o.color);
-    let with_seed = report.cases.iter().any(|c| !c.comparisons.is_empty());
+    let with_seed = report
+        .cases
+        .iter()
+        .any(|c| c.comparisons.iter().any(Comparison::counts));
+    let with_targets = report.cases.iter().any(|c| {
+        c.comparisons
+            .iter()
+            .any(|x| x.kind == ComparisonKind::Target)
+    });
     let keys: Vec<&str> = if named {
         Vec::new()
     } else {
@@ -947,7 +1005,10 @@ fn render_summary(out: &mut String, report: &ScenarioReport, o: Out) {
         columns.push(Column::right(header));
     }
     if with_seed {
-        columns.push(Column::left("seed ±20%"));
+        columns.push(Column::left("predictions ±20%"));
+    }
+    if with_targets {
+        columns.push(Column::left("targets"));
     }
     let mut table = Table::new(columns).with_indent(INDENT);
     for case in &report.cases {
@@ -969,22 +1030,38 @@ fn render_summary(out: &mut String, report: &ScenarioReport, o: Out) {
             }
             None => cells.extend((0..4).map(|_| Cell::styled("n/a", Style::Dim))),
         }
-        if with_seed && !case.comparisons.is_empty() {
-            let n = case.comparisons.len();
-            let within = case.comparisons.iter().filter(|c| !c.differs()).count();
-            let unmeasured = case.comparisons.iter().filter(|c| c.not_measured()).count();
-            let mut text = format!("{within}/{n}");
-            if unmeasured > 0 {
-                let _ = write!(text, " ({unmeasured} not measured)");
-            }
-            cells.push(Cell::styled(
-                text,
-                if within == n {
-                    Style::Green
-                } else {
-                    Style::Red
-                },
-            ));
+        let t = Tally::of(&case.comparisons);
+        if with_seed {
+            cells.push(if t.predictions == 0 {
+                Cell::new("")
+            } else {
+                let mut text = format!("{}/{}", t.within, t.predictions);
+                if t.unmeasured > 0 {
+                    let _ = write!(text, " ({} not measured)", t.unmeasured);
+                }
+                Cell::styled(
+                    text,
+                    if t.within == t.predictions {
+                        Style::Green
+                    } else {
+                        Style::Red
+                    },
+                )
+            });
+        }
+        if with_targets {
+            cells.push(if t.targets == 0 {
+                Cell::new("")
+            } else {
+                Cell::styled(
+                    format!("{}/{} pass", t.passed, t.targets),
+                    if t.passed == t.targets {
+                        Style::Green
+                    } else {
+                        Style::Red
+                    },
+                )
+            });
         }
         table.add_row(cells);
     }

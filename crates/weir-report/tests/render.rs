@@ -52,7 +52,7 @@ fn assert_balanced(html: &str) {
 fn text_has_tables_totals_and_mismatch_markers() {
     let text = render_text(&sioc_report(), &TextOptions::default());
     assert!(text.starts_with("Weir report: sioc-and-service-levels (seed 42, 2 cases)"));
-    assert!(text.contains("Weir vs seed: 5 of 8 figures within ±20%"));
+    assert!(text.contains("Weir vs seed, predictions: 5 of 8 within ±20%"));
     assert!(text.contains("━━ Case 1/2: two-hosts datastore-wide on"));
     // Workload rows with volume and host, thousands separators, a total line.
     let vm_a = text
@@ -642,4 +642,169 @@ fn io_size_histogram_records_into_the_seed_buckets() {
     bare.record(4096, false, true);
     assert_eq!(bare.sequential_writes, 1);
     assert!(bare.writes.is_empty());
+}
+
+/// Issue 16: predictions, calibrations and targets are shown apart; the header counts
+/// predictions only; a target is pass / fail, never a ratio; a report with targets
+/// only makes no claim against a seed.
+mod kinds {
+    use super::*;
+    use weir_report::{Comparison, ComparisonKind, Tally};
+
+    fn row(kind: ComparisonKind, metric: &str, weir: f64, seed: f64) -> Comparison {
+        Comparison {
+            metric: metric.into(),
+            kind,
+            weir,
+            seed,
+            source: "004 Table 8".into(),
+            ..Comparison::default()
+        }
+    }
+
+    fn target(metric: &str, weir: f64, at_most: Option<f64>, at_least: Option<f64>) -> Comparison {
+        Comparison {
+            metric: metric.into(),
+            kind: ComparisonKind::Target,
+            weir,
+            seed: f64::NAN,
+            at_most,
+            at_least,
+            source: "000 Figure 9".into(),
+            ..Comparison::default()
+        }
+    }
+
+    fn report(comparisons: Vec<Comparison>) -> ScenarioReport {
+        ScenarioReport {
+            scenario: "kinds".into(),
+            seed: 1,
+            cases: vec![CaseReport {
+                name: "only".into(),
+                duration_s: 1.0,
+                workloads: vec![workload("vm", "", "", 100.0, 1.0, 1.0)],
+                comparisons,
+                ..CaseReport::default()
+            }],
+            ..ScenarioReport::default()
+        }
+    }
+
+    #[test]
+    fn the_header_counts_predictions_only() {
+        let mut calibrated = row(ComparisonKind::Calibration, "fitted figure", 100.0, 100.0);
+        calibrated.fitted = "create_base_s".into();
+        let r = report(vec![
+            row(ComparisonKind::Prediction, "predicted hit", 105.0, 100.0),
+            row(ComparisonKind::Prediction, "predicted miss", 200.0, 100.0),
+            calibrated.clone(),
+            calibrated,
+            target("latency ms", 4.0, Some(10.0), None),
+        ]);
+        let text = render_text(&r, &TextOptions::default());
+        let header = text.lines().nth(1).unwrap();
+        assert!(
+            header.starts_with("Weir vs seed, predictions: 1 of 2 within ±20%;"),
+            "{header}"
+        );
+        assert!(header.contains("2 calibrations"), "{header}");
+        assert!(header.contains("not counted"), "{header}");
+        assert!(header.contains("targets: 1 of 1 pass"), "{header}");
+        // The three kinds in their own sections, calibrations with the parameter.
+        let p = text
+            .find("Weir vs seed: predictions (1 of 2 within ±20%)")
+            .expect("predictions");
+        let c = text
+            .find("Calibrations (seed figures a parameter")
+            .expect("calibrations");
+        let t = text
+            .find("Targets (configured limits: pass / fail) (1 of 1 pass)")
+            .expect("targets");
+        assert!(p < c && c < t);
+        assert!(text[c..t].contains("create_base_s") && text[c..t].contains("fitted"));
+        assert!(!text[p..c].contains("fitted figure"));
+        let t = Tally::of(&r.cases[0].comparisons);
+        assert_eq!(
+            (t.predictions, t.within, t.calibrations, t.targets, t.passed),
+            (2, 1, 2, 1, 1)
+        );
+        // HTML and the summary column count the same way.
+        let html = render_html(&r);
+        assert!(html.contains("1 / 2") && html.contains("seed predictions within ±20%"));
+        assert!(html.contains("calibrations (fitted on the seed: not counted)"));
+        assert_balanced(&html);
+        // JSON carries the kind and reads it back.
+        let json = render_json(&r);
+        assert!(
+            json.contains("\"kind\": \"calibration\"") && json.contains("\"kind\": \"target\"")
+        );
+        let back = parse_json(&json).unwrap();
+        let kinds = |r: &ScenarioReport| -> Vec<(ComparisonKind, String, Option<f64>)> {
+            r.cases[0]
+                .comparisons
+                .iter()
+                .map(|c| (c.kind, c.fitted.clone(), c.at_most))
+                .collect()
+        };
+        assert_eq!(kinds(&back), kinds(&r));
+        assert!(back.cases[0].comparisons[4].seed.is_nan());
+    }
+
+    #[test]
+    fn a_target_renders_pass_or_fail_not_a_ratio() {
+        let r = report(vec![
+            target("RPC latency ms", 12.0, Some(50.0), None),
+            target("reserved IOPS", 1400.0, None, Some(1500.0)),
+            target("share ratio", 2.0, Some(2.05), Some(1.95)),
+            target("not reached", f64::NAN, Some(1.0), None),
+        ]);
+        let text = render_text(&r, &TextOptions::default());
+        let line = |m: &str| text.lines().find(|l| l.contains(m)).unwrap().to_string();
+        let rpc = line("RPC latency ms");
+        assert!(
+            rpc.contains("≤ 50") && rpc.contains("pass") && !rpc.contains('×'),
+            "{rpc}"
+        );
+        let res = line("reserved IOPS");
+        assert!(res.contains("≥ 1,500") && res.contains("FAIL"), "{res}");
+        let share = line("share ratio");
+        assert!(
+            share.contains("1.95 – 2.05") && share.contains("pass"),
+            "{share}"
+        );
+        assert!(line("not reached").contains("not measured"));
+        assert!(r.cases[0].comparisons[0].ratio().is_nan());
+        let html = render_html(&r);
+        assert!(
+            html.contains(">FAIL<") && html.contains(">pass<") && html.contains("targets pass")
+        );
+        assert_balanced(&html);
+    }
+
+    #[test]
+    fn targets_only_make_no_claim_against_a_seed() {
+        let r = report(
+            (0..8)
+                .map(|i| target(&format!("invariant {i}"), 1.0, Some(2.0), None))
+                .collect(),
+        );
+        for opts in [
+            TextOptions::default(),
+            TextOptions {
+                summary: true,
+                ..TextOptions::default()
+            },
+        ] {
+            let text = render_text(&r, &opts);
+            assert!(!text.contains("vs seed"), "{text}");
+            assert!(!text.contains("8 of 8 figures"), "{text}");
+            assert!(
+                text.contains("no seed predictions; targets: 8 of 8 pass"),
+                "{text}"
+            );
+        }
+        let html = render_html(&r);
+        assert!(!html.contains("seed predictions within") && !html.contains("vs seed"));
+        assert!(html.contains("8 / 8") && html.contains("targets pass"));
+    }
 }

@@ -356,26 +356,171 @@ pub struct CaseSweep {
     pub vms: Vec<String>,
 }
 
-/// A seed document's figure to put beside Weir's.
+/// What a `[[case.compare]]` row is (required: a row without one is a parse error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompareKind {
+    /// A seed measurement Weir did not use: the figures the header counts.
+    Prediction,
+    /// A seed measurement a parameter was fitted on: shown beside Weir's figure,
+    /// never counted as reproduced; `fitted` names the parameter.
+    Calibration,
+    /// A configured limit or threshold (a policy target, an SLA line, an
+    /// invariant): pass / fail against `at_most` / `at_least`, no ratio.
+    Target,
+}
+
+/// A figure to put beside Weir's: a seed document's measurement (`prediction`,
+/// `calibration`) or a pass / fail line (`target`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawCompare", into = "RawCompare")]
 pub struct CompareSpec {
-    /// What Weir figure: `<vm>.<field>`, `volume:<name>.<field>`, `total.<field>` or
-    /// `component:<name>.utilisation`; fields: iops, mbps, read_iops, write_iops,
-    /// latency_mean_ms, latency_p50_ms, latency_p95_ms, latency_p99_ms, latency_max_ms;
-    /// or the ratio of two metrics, `"app05.mbps / app04.mbps"`.
+    pub kind: CompareKind,
+    /// What Weir figure: `<vm>.<field>`, `volume:<name>.<field>`, `total.<field>`,
+    /// `component:<name>.<utilisation|mbps|ios|iops>` or `model:<vm>.<metric>`
+    /// (`…@window` for a named window); fields: iops, mbps, read_iops, write_iops,
+    /// latency_mean_ms, latency_p50_ms, latency_p95_ms, latency_p99_ms,
+    /// latency_max_ms; or two such figures (or a number) joined by ` / ` or ` + `,
+    /// e.g. `"app05.mbps / app04.mbps"`, `"vm-1.mbps + vm-2.mbps"`, `"x.mbps / 8"`.
     pub metric: String,
     /// Label shown in reports (default: `metric`).
-    #[serde(default)]
     pub label: String,
+    /// The seed's measurement (predictions and calibrations; NaN for targets).
     pub seed: f64,
+    /// Targets: the figure must be at most this.
+    pub at_most: Option<f64>,
+    /// Targets: the figure must be at least this.
+    pub at_least: Option<f64>,
+    /// Calibrations: the parameter fitted on this figure, and how.
+    pub fitted: String,
+    /// Where the figure comes from: the seed document, table / figure / page
+    /// (`"004 Table 8"`), or for a target where the limit is configured.
     pub source: String,
-    #[serde(default)]
     pub note: String,
     /// Only for the swept cases whose parameters have these values
     /// (e.g. `when = { block_kib = 64 }`).
-    #[serde(default)]
     pub when: std::collections::BTreeMap<String, f64>,
+}
+
+/// The TOML shape of a compare row, checked into a [`CompareSpec`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCompare {
+    kind: CompareKind,
+    metric: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    label: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    seed: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    at_most: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    at_least: Option<f64>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    fitted: String,
+    source: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    note: String,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    when: std::collections::BTreeMap<String, f64>,
+}
+
+impl TryFrom<RawCompare> for CompareSpec {
+    type Error = String;
+
+    fn try_from(r: RawCompare) -> Result<Self, String> {
+        let what = format!("compare row {:?} (kind = {:?})", r.metric, r.kind);
+        let bounded = r.at_most.is_some() || r.at_least.is_some();
+        let seed = match (r.kind, r.seed) {
+            (CompareKind::Target, Some(_)) => {
+                return Err(format!(
+                    "{what}: a target has no `seed` (the seed column holds only seed measurements); give `at_most` and/or `at_least`"
+                ));
+            }
+            (CompareKind::Target, None) => f64::NAN,
+            (_, None) => {
+                return Err(format!(
+                    "{what}: needs `seed`, the seed document's measurement"
+                ));
+            }
+            (_, Some(s)) if !s.is_finite() => {
+                return Err(format!("{what}: `seed` must be a finite number"));
+            }
+            (_, Some(s)) => s,
+        };
+        match r.kind {
+            CompareKind::Target if !bounded => {
+                return Err(format!(
+                    "{what}: a target needs `at_most` and/or `at_least`"
+                ));
+            }
+            CompareKind::Prediction | CompareKind::Calibration if bounded => {
+                return Err(format!(
+                    "{what}: `at_most` / `at_least` are for targets only"
+                ));
+            }
+            _ => {}
+        }
+        if [r.at_most, r.at_least]
+            .iter()
+            .flatten()
+            .any(|x| !x.is_finite())
+        {
+            return Err(format!("{what}: `at_most` / `at_least` must be finite"));
+        }
+        if let (Some(lo), Some(hi)) = (r.at_least, r.at_most)
+            && lo > hi
+        {
+            return Err(format!("{what}: at_least {lo} > at_most {hi}"));
+        }
+        match r.kind {
+            CompareKind::Calibration if r.fitted.trim().is_empty() => {
+                return Err(format!(
+                    "{what}: a calibration names the parameter fitted on it (`fitted`)"
+                ));
+            }
+            CompareKind::Prediction | CompareKind::Target if !r.fitted.is_empty() => {
+                return Err(format!(
+                    "{what}: `fitted` is for calibrations only (a figure a parameter was fitted on is a calibration)"
+                ));
+            }
+            _ => {}
+        }
+        if r.source.trim().is_empty() {
+            return Err(format!(
+                "{what}: `source` must say where the figure comes from"
+            ));
+        }
+        Ok(CompareSpec {
+            kind: r.kind,
+            metric: r.metric,
+            label: r.label,
+            seed,
+            at_most: r.at_most,
+            at_least: r.at_least,
+            fitted: r.fitted,
+            source: r.source,
+            note: r.note,
+            when: r.when,
+        })
+    }
+}
+
+impl From<CompareSpec> for RawCompare {
+    fn from(c: CompareSpec) -> Self {
+        RawCompare {
+            kind: c.kind,
+            metric: c.metric,
+            label: c.label,
+            seed: c.seed.is_finite().then_some(c.seed),
+            at_most: c.at_most,
+            at_least: c.at_least,
+            fitted: c.fitted,
+            source: c.source,
+            note: c.note,
+            when: c.when,
+        }
+    }
 }
 
 fn one_u64() -> u64 {
@@ -426,5 +571,101 @@ impl Default for ScenarioHeader {
             timeline_interval_s: one_f64(),
             window: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case_with(row: &str) -> Result<CaseSpec, String> {
+        toml::from_str::<CaseSpec>(&format!("name = \"c\"\n[[compare]]\n{row}"))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_compare_row_without_a_kind_is_a_parse_error() {
+        let e = case_with("metric = \"total.iops\"\nseed = 1\nsource = \"004 Table 11\"\n")
+            .unwrap_err();
+        assert!(e.contains("missing field `kind`"), "{e}");
+        let e = case_with(
+            "kind = \"guess\"\nmetric = \"total.iops\"\nseed = 1\nsource = \"004 Table 11\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("unknown variant `guess`") && e.contains("prediction"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn each_kind_carries_what_it_needs_and_nothing_else() {
+        let p = case_with(
+            "kind = \"prediction\"\nmetric = \"total.iops\"\nseed = 4659\nsource = \"004 Table 15\"\n",
+        )
+        .unwrap();
+        assert_eq!(p.compare[0].kind, CompareKind::Prediction);
+        assert_eq!(p.compare[0].seed, 4659.0);
+        let t = case_with(
+            "kind = \"target\"\nmetric = \"x.latency_mean_ms\"\nat_most = 10\nsource = \"000 Figure 9\"\n",
+        )
+        .unwrap();
+        assert!(t.compare[0].seed.is_nan() && t.compare[0].at_most == Some(10.0));
+        let c = case_with(
+            "kind = \"calibration\"\nmetric = \"total.iops\"\nseed = 1\nfitted = \"boot_ios\"\nsource = \"004 Table 16\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.compare[0].fitted, "boot_ios");
+        for (row, says) in [
+            // A target compares with a limit, not with a seed figure.
+            (
+                "kind = \"target\"\nmetric = \"m.iops\"\nseed = 10\nat_most = 10\nsource = \"s\"\n",
+                "a target has no `seed`",
+            ),
+            (
+                "kind = \"target\"\nmetric = \"m.iops\"\nsource = \"s\"\n",
+                "needs `at_most` and/or `at_least`",
+            ),
+            (
+                "kind = \"prediction\"\nmetric = \"m.iops\"\nsource = \"s\"\n",
+                "needs `seed`",
+            ),
+            (
+                "kind = \"prediction\"\nmetric = \"m.iops\"\nseed = 1\nat_least = 1\nsource = \"s\"\n",
+                "for targets only",
+            ),
+            (
+                "kind = \"calibration\"\nmetric = \"m.iops\"\nseed = 1\nsource = \"s\"\n",
+                "names the parameter fitted",
+            ),
+            (
+                "kind = \"prediction\"\nmetric = \"m.iops\"\nseed = 1\nfitted = \"x\"\nsource = \"s\"\n",
+                "for calibrations only",
+            ),
+            (
+                "kind = \"target\"\nmetric = \"m.iops\"\nat_least = 3\nat_most = 2\nsource = \"s\"\n",
+                "at_least 3 > at_most 2",
+            ),
+            (
+                "kind = \"prediction\"\nmetric = \"m.iops\"\nseed = 1\nsource = \" \"\n",
+                "`source`",
+            ),
+        ] {
+            let e = case_with(row).unwrap_err();
+            assert!(e.contains(says), "{row}: {e}");
+        }
+    }
+
+    #[test]
+    fn compare_rows_round_trip_through_toml() {
+        let c = case_with(
+            "kind = \"target\"\nmetric = \"m.iops\"\nat_least = 1\nat_most = 2\nsource = \"s\"\n",
+        )
+        .unwrap();
+        let text = toml::to_string(&c).unwrap();
+        let back: CaseSpec = toml::from_str(&text).unwrap();
+        assert_eq!(back.compare[0].at_least, Some(1.0));
+        assert_eq!(back.compare[0].at_most, Some(2.0));
+        assert!(back.compare[0].seed.is_nan());
     }
 }

@@ -1764,16 +1764,35 @@ impl<'p> Engine<'p> {
                     ),
                     None => c.note.clone(),
                 },
+                ..compare_fields(c)
             })
             .collect();
         report
     }
 }
 
-/// The window names a compare metric uses (`…@name`, also in `a / b`).
+/// The fields of a report's comparison that come from its row as they are: the
+/// kind, a target's bounds, a calibration's fitted parameter.
+fn compare_fields(c: &crate::topology::CompareSpec) -> Comparison {
+    use crate::topology::CompareKind;
+    use weir_report::ComparisonKind;
+    Comparison {
+        kind: match c.kind {
+            CompareKind::Prediction => ComparisonKind::Prediction,
+            CompareKind::Calibration => ComparisonKind::Calibration,
+            CompareKind::Target => ComparisonKind::Target,
+        },
+        at_most: c.at_most,
+        at_least: c.at_least,
+        fitted: c.fitted.clone(),
+        ..Comparison::default()
+    }
+}
+
+/// The window names a compare metric uses (`…@name`, also in `a / b`, `a + b`).
 fn metric_windows(metric: &str) -> impl Iterator<Item = &str> {
     metric.split('@').skip(1).map(|rest| {
-        rest.split(|c: char| c.is_whitespace() || c == '/')
+        rest.split(|c: char| c.is_whitespace() || c == '/' || c == '+')
             .next()
             .unwrap_or_default()
     })
@@ -1798,9 +1817,20 @@ pub(crate) fn check_metric(
     volumes: &[VolumePlan],
     windows: &[WindowPlan],
 ) -> Result<(), String> {
-    if let Some((a, b)) = metric.split_once(" / ") {
-        check_metric(a.trim(), vms, volumes, windows)?;
-        return check_metric(b.trim(), vms, volumes, windows);
+    if let Some((a, b)) = metric
+        .split_once(" / ")
+        .or_else(|| metric.split_once(" + "))
+    {
+        if a.trim().parse::<f64>().is_err() {
+            check_metric(a.trim(), vms, volumes, windows)?;
+        }
+        return match b.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x != 0.0 => Ok(()),
+            Ok(_) => Err(format!(
+                "metric {metric:?}: a number in it must be finite and non-zero"
+            )),
+            Err(_) => check_metric(b.trim(), vms, volumes, windows),
+        };
     }
     let (metric, window) = match metric.split_once('@') {
         Some((m, w)) => {
@@ -1853,11 +1883,11 @@ pub(crate) fn check_metric(
         ));
     };
     if let Some(_component) = name.strip_prefix("component:") {
-        return if matches!(field, "utilisation" | "mbps" | "ios") {
+        return if matches!(field, "utilisation" | "mbps" | "ios" | "iops") {
             Ok(())
         } else {
             Err(format!(
-                "component metrics are utilisation, mbps, ios; got {field:?}"
+                "component metrics are utilisation, mbps, ios, iops; got {field:?}"
             ))
         };
     }
@@ -1883,8 +1913,17 @@ pub(crate) fn check_metric(
 
 /// The value of a compare metric in a finished case.
 pub(crate) fn metric_value(report: &CaseReport, metric: &str) -> Option<f64> {
+    let operand = |m: &str| {
+        m.trim()
+            .parse::<f64>()
+            .ok()
+            .or_else(|| metric_value(report, m.trim()))
+    };
     if let Some((a, b)) = metric.split_once(" / ") {
-        return Some(metric_value(report, a.trim())? / metric_value(report, b.trim())?);
+        return Some(operand(a)? / operand(b)?);
+    }
+    if let Some((a, b)) = metric.split_once(" + ") {
+        return Some(operand(a)? + operand(b)?);
     }
     let (metric, window) = match metric.split_once('@') {
         Some((m, w)) => (m, w),
@@ -1917,6 +1956,7 @@ pub(crate) fn metric_value(report: &CaseReport, metric: &str) -> Option<f64> {
             "utilisation" => Some(c.utilisation),
             "mbps" => Some(c.mbps),
             "ios" => Some(c.ios as f64),
+            "iops" => Some(c.ios as f64 / report.duration_s),
             _ => None,
         };
     }

@@ -172,7 +172,7 @@ fn sources_are_cited_by_title_and_unmeasured_figures_are_counted() {
     let unmeasured = report.cases[0]
         .comparisons
         .iter()
-        .filter(|c| c.not_measured())
+        .filter(|c| c.counts() && c.not_measured())
         .count();
     assert!(unmeasured > 0);
     let text = render_text(&report, &TextOptions::default());
@@ -184,7 +184,7 @@ fn sources_are_cited_by_title_and_unmeasured_figures_are_counted() {
         "{header:#?}"
     );
     let html = render_html(&report);
-    assert!(html.contains("seed figures not measured in this run"));
+    assert!(html.contains("predictions not measured in this run"));
 }
 
 #[test]
@@ -219,6 +219,9 @@ fn raid_characterization_fits_the_width_and_puts_the_summary_first() {
     );
     assert!(!short.contains("━━ Case"));
     assert!(short.lines().count() < report.cases.len() + 40);
-    assert!(short.contains("Weir vs seed, every case"));
+    assert!(short.contains("Weir vs seed: predictions, every case"));
+    assert!(short.contains(
+        "Calibrations (seed figures a parameter was fitted on; not counted), every case"
+    ));
     assert!(short.lines().all(|l| l.chars().count() <= width));
 }

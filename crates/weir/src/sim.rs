@@ -25,7 +25,8 @@ pub struct SimArgs {
     /// Also write a self-contained HTML report with charts to FILE (checked before the run)
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
-    /// Print only the summary: the seed tally, one line per case, every seed figure
+    /// Print only the summary: the tally (seed predictions within ±20%, calibrations
+    /// not counted, targets passed), one line per case, every compared figure by kind
     #[arg(long)]
     summary: bool,
     /// Fit the tables in N columns (default: the terminal's width, or unlimited when
