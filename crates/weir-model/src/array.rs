@@ -313,7 +313,8 @@ const STREAMS: usize = 8;
 /// prefetch is in flight).
 #[derive(Clone, Debug)]
 struct ChunkCache {
-    lines: Vec<CacheLine>,
+    /// Sets of `WAYS` lines, each set on two whole cache lines of the host.
+    sets: Vec<Set>,
     set_mask: u64,
     clock: u32,
 }
@@ -329,6 +330,12 @@ struct CacheLine {
 const WAYS: usize = 4;
 const CHUNKS_PER_LINE: u64 = 4;
 
+/// One set, aligned so that it spans two 64-byte cache lines of the host, not three
+/// (a large `Vec` from the system allocator starts 16 bytes into a page).
+#[derive(Clone, Copy, Debug)]
+#[repr(align(64))]
+struct Set([CacheLine; WAYS]);
+
 impl ChunkCache {
     fn new(bytes: u64) -> Self {
         let lines = (bytes / (CHUNK_BYTES * CHUNKS_PER_LINE))
@@ -337,19 +344,19 @@ impl ChunkCache {
         // Keep the tag store at most 2^20 lines (16 GiB of cache).
         let lines = lines.min(1 << 20) as usize;
         // Huge pages asked for before the tag store is first written (random probes).
-        let mut store = Vec::with_capacity(lines);
+        let mut store = Vec::with_capacity(lines / WAYS);
         crate::huge_pages::advise_vec(&store);
         store.resize(
-            lines,
-            CacheLine {
+            lines / WAYS,
+            Set([CacheLine {
                 tag: u64::MAX,
                 ready_at: 0,
                 last_use: 0,
                 valid: 0,
-            },
+            }; WAYS]),
         );
         Self {
-            lines: store,
+            sets: store,
             set_mask: (lines / WAYS) as u64 - 1,
             clock: 0,
         }
@@ -357,9 +364,21 @@ impl ChunkCache {
     fn set(&self, tag: u64) -> usize {
         ((tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 24) & self.set_mask) as usize * WAYS
     }
+    fn line(&self, i: usize) -> &CacheLine {
+        &self.sets[i / WAYS].0[i % WAYS]
+    }
+    fn line_mut(&mut self, i: usize) -> &mut CacheLine {
+        &mut self.sets[i / WAYS].0[i % WAYS]
+    }
     fn find(&self, tag: u64) -> Option<usize> {
         let s = self.set(tag);
-        (s..s + WAYS).find(|&i| self.lines[i].tag == tag)
+        (s..s + WAYS).find(|&i| self.line(i).tag == tag)
+    }
+    /// Starts loading the set of the first line `offset` falls in (a hint).
+    fn prefetch(&self, offset: u64) {
+        let set = &self.sets[self.set(offset / CHUNK_BYTES / CHUNKS_PER_LINE) / WAYS];
+        crate::prefetch::read(&set.0[0]);
+        crate::prefetch::read(&set.0[WAYS - 1]);
     }
     /// Calls `f(tag, valid-bit mask)` for each line a byte range touches.
     fn for_each_line(offset: u64, size: u32, mut f: impl FnMut(u64, u8)) {
@@ -389,8 +408,8 @@ impl ChunkCache {
                 return;
             }
             match self.find(tag) {
-                Some(i) if self.lines[i].valid & mask == mask => {
-                    let line = &mut self.lines[i];
+                Some(i) if self.line(i).valid & mask == mask => {
+                    let line = self.line_mut(i);
                     line.last_use = clock;
                     pending |= line.ready_at > now;
                 }
@@ -407,9 +426,9 @@ impl ChunkCache {
                 None => {
                     let s = self.set(tag);
                     let victim = (s..s + WAYS)
-                        .max_by_key(|&i| clock.wrapping_sub(self.lines[i].last_use))
+                        .max_by_key(|&i| clock.wrapping_sub(self.line(i).last_use))
                         .unwrap_or(s);
-                    self.lines[victim] = CacheLine {
+                    *self.line_mut(victim) = CacheLine {
                         tag,
                         ready_at: 0,
                         last_use: clock,
@@ -418,7 +437,7 @@ impl ChunkCache {
                     victim
                 }
             };
-            let line = &mut self.lines[i];
+            let line = self.line_mut(i);
             line.valid |= mask;
             // Pending data makes the whole line wait; ready data never un-readies it.
             line.ready_at = if ready_at == PENDING || line.ready_at == PENDING {
@@ -433,9 +452,9 @@ impl ChunkCache {
     fn complete(&mut self, offset: u64, size: u32, t: Nanos) {
         Self::for_each_line(offset, size, |tag, _| {
             if let Some(i) = self.find(tag)
-                && self.lines[i].ready_at == PENDING
+                && self.line(i).ready_at == PENDING
             {
-                self.lines[i].ready_at = t;
+                self.line_mut(i).ready_at = t;
             }
         });
     }
@@ -1287,6 +1306,11 @@ impl Array {
             },
             ..io
         };
+        if self.clone.is_none() {
+            // Looked up (reads) or filled (writes) at `CtrlReady`, a controller
+            // service time later: start loading the tag store's set now.
+            self.cache.prefetch(io.offset_bytes);
+        }
         let slot = self.alloc_op(kind, token, io);
         self.ops[slot as usize].urgent = urgent;
         self.host_in_flight += 1;

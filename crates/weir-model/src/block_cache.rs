@@ -65,7 +65,11 @@ const FREE: u8 = 0;
 const PROBATION: u8 = 1;
 const PROTECTED: u8 = 2;
 
+/// Aligned to its size, so an entry never straddles two cache lines (a large `Vec`
+/// from the system allocator starts 16 bytes into a page: half the entries did, and
+/// a lookup plus relink then missed twice).
 #[derive(Clone, Copy, Debug)]
+#[repr(align(32))]
 struct Entry {
     key: u128,
     prev: u32,
@@ -152,6 +156,12 @@ impl BlockCache {
         self.index.find(&self.entries, key).is_some()
     }
 
+    /// Starts loading the memory a lookup of `key` reads first (its home slot in the
+    /// index): call it some work ahead of `touch` / `insert`. A hint only.
+    pub fn prefetch(&self, key: u128) {
+        self.index.prefetch_home(key);
+    }
+
     /// Records an access; returns whether the key was resident.
     pub fn touch(&mut self, key: u128) -> bool {
         let Some(i) = self.index.find(&self.entries, key) else {
@@ -227,7 +237,25 @@ impl BlockCache {
         };
         self.push_front(i, list);
         self.index.insert(&self.entries, key, i);
+        if evicted.is_some() {
+            self.prefetch_next_eviction();
+        }
         Some((i, evicted))
+    }
+
+    /// Starts loading what the next eviction reads: the next victim's home slot and
+    /// its predecessor in the list (the next victim's own entry was just written by
+    /// `unlink`). Without this, an insert into a full cache waits on three DRAM
+    /// misses; the next insert of a new key is usually far enough ahead for the
+    /// loads to land.
+    fn prefetch_next_eviction(&self) {
+        let v = self.victim();
+        if let Some(e) = self.entries.get(v as usize) {
+            self.index.prefetch_home(e.key);
+            if let Some(p) = self.entries.get(e.prev as usize) {
+                crate::prefetch::read(p);
+            }
+        }
     }
 
     /// Drops `key`; returns whether it was resident.
@@ -321,9 +349,12 @@ impl BlockCache {
 
 /// Where each resident key's entry is: an open-addressed table (linear probing,
 /// deletion by backward shift, so no tombstones) of slots holding a slab index + 1
-/// (0: empty) in the low half and a 32-bit tag of the key's hash in the high half,
-/// so a probe past another key rarely reads that key's entry. The key itself lives
-/// only in the slab. At most half full: a lookup reads about 1.5 slots.
+/// (0: empty) in the low half and the top 32 bits of the key's hash in the high half.
+/// The high half is a tag, so a probe past another key rarely reads that key's entry,
+/// and it holds the home slot (the hash's top bits), so moving a slot (backward-shift
+/// deletes, growth) never reads the slab: those reads were DRAM misses, one per slot
+/// of the probe run behind a deleted key. The key itself lives only in the slab. At
+/// most half full: a lookup reads about 1.5 slots.
 #[derive(Clone, Debug)]
 struct SlotIndex {
     slots: Vec<u64>,
@@ -362,14 +393,27 @@ impl SlotIndex {
         h.finish()
     }
 
-    /// The hash's low half folded with its high half (which also picks the home
-    /// slot), in the slot's high half.
+    /// The hash's top half, in the slot's high half (its top bits pick the home slot).
     fn tag(hash: u64) -> u64 {
-        (hash ^ (hash >> 32)) << 32
+        hash & 0xFFFF_FFFF_0000_0000
     }
 
     fn home(&self, hash: u64) -> usize {
         (hash >> self.shift) as usize
+    }
+
+    /// Home slot of the key held in an occupied slot (from its tag: the table never
+    /// has more than 2^32 slots, so the home bits are all in the tag).
+    fn home_of_slot(&self, slot: u64) -> usize {
+        self.home(slot & 0xFFFF_FFFF_0000_0000)
+    }
+
+    /// Starts loading the cache line of `key`'s home slot (a hint: no effect on
+    /// results).
+    fn prefetch_home(&self, key: u128) {
+        if let Some(p) = self.slots.get(self.home(Self::hash(key))) {
+            crate::prefetch::read(p);
+        }
     }
 
     fn find(&self, entries: &[Entry], key: u128) -> Option<u32> {
@@ -398,7 +442,7 @@ impl SlotIndex {
     fn insert(&mut self, entries: &[Entry], key: u128, i: u32) {
         debug_assert_eq!(entries[i as usize].key, key);
         if (self.len as usize + 1) * 2 > self.slots.len() {
-            self.grow(entries);
+            self.grow();
         }
         self.place(Self::hash(key), i);
         self.len += 1;
@@ -422,8 +466,7 @@ impl SlotIndex {
         // their home is not between the hole and them.
         let mut s = (hole + 1) & self.mask;
         while self.slots[s] != 0 {
-            let at = (self.slots[s] as u32 - 1) as usize;
-            let home = self.home(Self::hash(entries[at].key));
+            let home = self.home_of_slot(self.slots[s]);
             if (s.wrapping_sub(home) & self.mask) >= (s.wrapping_sub(hole) & self.mask) {
                 self.slots[hole] = self.slots[s];
                 self.slots[s] = 0;
@@ -434,7 +477,7 @@ impl SlotIndex {
         Some(i)
     }
 
-    fn grow(&mut self, entries: &[Entry]) {
+    fn grow(&mut self) {
         let new_len = (self.slots.len() * 2).min(self.max_slots);
         assert!(
             new_len > self.slots.len(),
@@ -443,13 +486,15 @@ impl SlotIndex {
         let old = std::mem::take(&mut self.slots);
         self.resize(new_len);
         for slot in old.into_iter().filter(|&s| s != 0) {
-            let i = (slot as u32) - 1;
-            self.place(Self::hash(entries[i as usize].key), i);
+            // The tag is the hash's top half: all `place` reads of it.
+            self.place(slot & 0xFFFF_FFFF_0000_0000, (slot as u32) - 1);
         }
     }
 
     fn resize(&mut self, slots: usize) {
         assert!(slots.is_power_of_two() && self.slots.is_empty());
+        // The home slot is read back from the tag (the hash's top 32 bits).
+        assert!(slots <= 1 << 32, "slot index of {slots} slots");
         self.slots = vec![0; slots];
         crate::huge_pages::advise_vec(&self.slots);
         self.mask = slots - 1;

@@ -92,6 +92,7 @@ mod host_cache;
 mod huge_pages;
 mod hybrid;
 mod link;
+mod prefetch;
 mod raid;
 mod read_cache;
 mod ssd;

@@ -41,6 +41,11 @@ impl BlockCache {
         all
     }
 
+    /// Starts loading the index memory a lookup of `key` reads first (a hint).
+    pub(crate) fn prefetch(&self, key: u64) {
+        self.index.prefetch(key as u128);
+    }
+
     /// Makes every key resident (evicting the least recently used when full).
     pub(crate) fn insert(&mut self, keys: &[u64]) {
         for &k in keys {

@@ -11,11 +11,10 @@ use crate::Progress;
 use crate::cache::BlockCache;
 use crate::fault::{FaultAction, FaultInjector};
 use crate::hw::{self, Hw, PartSnapshot};
-use crate::queue::SortedQueue;
+use crate::queue::{QuadHeap, SortedQueue};
 use crate::scenario::{CasePlan, VmPlan, VolumePlan, WindowPlan};
 use hdrhistogram::Histogram;
-use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
+use std::cmp::Ordering;
 use weir_model::{Component, DeviceIo};
 use weir_qos::{
     ClientId, DatastoreLatency, DepthConfig, Gate, GateConfig, GateRequest, IoKind, Nanos, Piece,
@@ -312,7 +311,7 @@ pub(crate) struct Engine<'p> {
     /// Worker wake-ups: one per idle worker (thousands with VDI desktops, mostly far
     /// ahead). Kept apart so the I/O path's events stay in a tiny queue; popping the
     /// earlier head of the two gives exactly the (time, sequence) order of one queue.
-    wakes: BinaryHeap<Reverse<Wake>>,
+    wakes: QuadHeap<Wake>,
     reqs: Vec<Req>,
     free: Vec<u32>,
     vms: Vec<VmState>,
@@ -595,7 +594,7 @@ impl<'p> Engine<'p> {
             now: 0,
             seq: 0,
             events: SortedQueue::with_capacity(64),
-            wakes: BinaryHeap::with_capacity(plan.vms.len() + 64),
+            wakes: QuadHeap::with_capacity(plan.vms.len() + 64),
             reqs: Vec::with_capacity(in_flight),
             free: Vec::with_capacity(in_flight),
             vms,
@@ -640,12 +639,12 @@ impl<'p> Engine<'p> {
         self.seq += 1;
         let seq = self.seq;
         match ev {
-            Ev::WorkerWake { vm, worker } => self.wakes.push(Reverse(Wake {
+            Ev::WorkerWake { vm, worker } => self.wakes.push(Wake {
                 at,
                 seq,
                 vm,
                 worker,
-            })),
+            }),
             _ => self.events.push(Event { at, seq, ev }),
         }
     }
@@ -653,12 +652,12 @@ impl<'p> Engine<'p> {
     /// The earliest pending event (by time, then by push order).
     fn pop(&mut self) -> Option<Event> {
         let wake_first = match (self.events.peek(), self.wakes.peek()) {
-            (Some(other), Some(Reverse(wake))) => (wake.at, wake.seq) < (other.at, other.seq),
+            (Some(other), Some(wake)) => (wake.at, wake.seq) < (other.at, other.seq),
             (None, Some(_)) => true,
             _ => false,
         };
         if wake_first {
-            self.wakes.pop().map(|Reverse(w)| Event {
+            self.wakes.pop().map(|w| Event {
                 at: w.at,
                 seq: w.seq,
                 ev: Ev::WorkerWake {
@@ -851,6 +850,7 @@ impl<'p> Engine<'p> {
             issued_at: self.now,
             ..FREE_REQ
         });
+        self.prefetch_array_cache(slot);
         let h = self.vms[vm as usize].plan.host;
         if self.vms[vm as usize].plan.host_cache
             && self.hosts[h].cache.is_some()
@@ -1124,44 +1124,69 @@ impl<'p> Engine<'p> {
     /// all in the flash tier, or a write absorbed by it) or `Stage::Array` (disks).
     /// Looks the flash tier up and fills it (misses and writes), so call it once per
     /// request.
+    /// The array flash tier's keys of the blocks request `r` covers, into `keys`.
+    fn array_cache_keys(&self, r: &Req, keys: &mut Vec<u64>) {
+        let Some((cache, _, clone_aware, _)) = &self.array_cache else {
+            return;
+        };
+        let v = &self.vms[r.vm as usize];
+        let bb = cache.block_bytes;
+        let (start, end) = (
+            r.io.offset_bytes,
+            r.io.offset_bytes + r.io.size_bytes as u64,
+        );
+        match v.shared {
+            Some(sh) if start >= sh.offset_bytes && end <= sh.offset_bytes + sh.len_bytes => {
+                // A golden-image block: one copy for all clones when clone-aware,
+                // one per clone otherwise.
+                let owner = if *clone_aware {
+                    splitmix(sh.image_id)
+                } else {
+                    splitmix(
+                        ((r.vm as u64) << 32) ^ v.generator.clone_of(r.worker) as u64 ^ sh.image_id,
+                    )
+                };
+                for b in (start - sh.offset_bytes) / bb..(end - sh.offset_bytes).div_ceil(bb) {
+                    keys.push(splitmix(owner ^ b));
+                }
+            }
+            _ => {
+                let a = v.plan.base_offset + start;
+                for b in a / bb..(a + r.io.size_bytes as u64).div_ceil(bb) {
+                    keys.push(array_cache_key(b));
+                }
+            }
+        }
+    }
+
+    /// Starts loading the array flash tier's index slots that request `slot` will
+    /// look up when it reaches the array (a hint: the lookups are DRAM misses in an
+    /// index of hundreds of MB; issued when the VM issues the request, they overlap
+    /// the host's queueing and links). No effect on results.
+    fn prefetch_array_cache(&mut self, slot: u32) {
+        if self.array_cache.is_none() {
+            return;
+        }
+        let mut keys = std::mem::take(&mut self.keys);
+        keys.clear();
+        self.array_cache_keys(&self.reqs[slot as usize], &mut keys);
+        if let Some((cache, ..)) = &self.array_cache {
+            for &k in keys.iter().take(4) {
+                cache.prefetch(k);
+            }
+        }
+        self.keys = keys;
+    }
+
     fn backend_tier(&mut self, slot: u32) -> Stage {
         if self.array_cache.is_some() {
             let r = self.reqs[slot as usize];
-            let v = &self.vms[r.vm as usize];
             let mut keys = std::mem::take(&mut self.keys);
             keys.clear();
-            let Some((cache, _, clone_aware, write_back)) = &mut self.array_cache else {
+            self.array_cache_keys(&r, &mut keys);
+            let Some((cache, _, _, write_back)) = &mut self.array_cache else {
                 return Stage::Array;
             };
-            let bb = cache.block_bytes;
-            let (start, end) = (
-                r.io.offset_bytes,
-                r.io.offset_bytes + r.io.size_bytes as u64,
-            );
-            match v.shared {
-                Some(sh) if start >= sh.offset_bytes && end <= sh.offset_bytes + sh.len_bytes => {
-                    // A golden-image block: one copy for all clones when clone-aware,
-                    // one per clone otherwise.
-                    let owner = if *clone_aware {
-                        splitmix(sh.image_id)
-                    } else {
-                        splitmix(
-                            ((r.vm as u64) << 32)
-                                ^ v.generator.clone_of(r.worker) as u64
-                                ^ sh.image_id,
-                        )
-                    };
-                    for b in (start - sh.offset_bytes) / bb..(end - sh.offset_bytes).div_ceil(bb) {
-                        keys.push(splitmix(owner ^ b));
-                    }
-                }
-                _ => {
-                    let a = v.plan.base_offset + start;
-                    for b in a / bb..(a + r.io.size_bytes as u64).div_ceil(bb) {
-                        keys.push(array_cache_key(b));
-                    }
-                }
-            }
             let hit = match r.io.dir {
                 Direction::Read => cache.lookup(&keys),
                 Direction::Write => *write_back,
