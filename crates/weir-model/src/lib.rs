@@ -92,6 +92,7 @@ mod host_cache;
 mod huge_pages;
 mod hybrid;
 mod link;
+pub mod policy_lab;
 mod prefetch;
 mod raid;
 mod read_cache;

@@ -23,6 +23,9 @@
 //!   Exchange ([`ExchangeSpec`], LoadGen-like, RPC latency). Each file states its
 //!   calibration and sources. Models report [`ModelMetric`]s over a window of the
 //!   driver's clock through [`IoGenerator::metrics`].
+//! - [`drive_fixed_latency`]: several generators driven together against storage of
+//!   a fixed latency, their requests handed out in issue order (block traces for
+//!   trace-driven studies such as the flash cache's replacement policies).
 
 mod access;
 mod exchange;
@@ -31,6 +34,7 @@ mod model;
 mod oltp;
 mod profiles;
 mod sweep;
+mod trace;
 mod vdi;
 
 pub use access::{AccessSpec, DEFAULT_DATASET_FRACTION, MAX_TRANSFER_BYTES, TransferLine};
@@ -40,6 +44,7 @@ pub use model::{
 };
 pub use profiles::{Profile, ProfileMetric, profile, profile_names, profiles};
 pub use sweep::{SWEEP_PARAMS, Sweep, expand_sweeps};
+pub use trace::{TracedIo, drive_fixed_latency};
 pub use vdi::{Activity, VsiSummary, vsi_summary};
 
 /// Nanoseconds on the driver's clock.
