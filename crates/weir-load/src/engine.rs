@@ -24,6 +24,7 @@ use weir_nbd::{
 };
 use weir_report::{
     CaseReport, ComponentResult, IoSizeHistogram, ModelMetricResult, ScenarioReport, WindowResult,
+    WorkloadResult,
 };
 use weir_workload::{AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric};
 
@@ -751,10 +752,82 @@ fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Runs the scenario against the targets: checks the options, connects, lays out
+/// and starts the VMs, ticks the timeline until the end, stops, and reports.
 pub(crate) async fn run(
     opts: LoadOptions,
     progress: &mut dyn FnMut(&LoadProgress),
 ) -> Result<LoadOutcome, LoadError> {
+    let timing = check_options(&opts)?;
+    let scenario = &opts.scenario;
+    let seed = opts.seed.unwrap_or(scenario.seed);
+    let n_targets = opts.targets.len();
+    let conns_for = connections_per_target(&opts)?;
+    let connected = connect(&opts.targets, &conns_for).await?;
+    let plan = layout(scenario, &opts.targets, &connected.sizes)?;
+    let (vms, max_size) = build_vms(&opts, &plan, &connected, seed)?;
+    let Connected { streams, sizes, .. } = connected;
+    let n_vms = vms.len();
+    let (conns, halves) = split_connections(streams);
+    let start = Instant::now();
+    let core = new_core(
+        &opts,
+        seed,
+        start,
+        vms,
+        conns,
+        write_pattern(seed, max_size),
+    );
+    let core = Rc::new(RefCell::new(core));
+    let tasks = Tasks::spawn(&core, halves);
+    start_vms(&mut core.borrow_mut(), start);
+    let (mut intervals, interval_metrics) =
+        tick_timeline(&core, start, &timing, n_vms, progress).await;
+    let end = Instant::now();
+    drain(&core, opts.drain_timeout).await;
+    if opts.verify && opts.final_check_bytes > 0 {
+        final_check(&core, &opts, n_targets).await;
+    }
+    disconnect(&core);
+    tasks.join().await;
+    // The tail interval (drain) joins the last one.
+    let tail = std::mem::replace(&mut core.borrow_mut().interval, Interval::new(n_vms));
+    if let Some(last) = intervals.last_mut() {
+        add_interval(last, &tail);
+    }
+    let (run_metrics, model_results) = model_results(&core.borrow(), end);
+    let end_model_ns = core.borrow().model_ns(end);
+    let core = Rc::try_unwrap(core)
+        .map_err(|_| LoadError::Runtime("tasks still hold the driver".into()))?
+        .into_inner();
+    Ok(build_outcome(
+        core,
+        scenario,
+        &opts,
+        seed,
+        plan.notes,
+        (end - start)
+            .saturating_sub(timing.warmup_real)
+            .as_secs_f64(),
+        intervals,
+        timing.interval.as_secs_f64(),
+        sizes,
+        (model_results, end_model_ns),
+        (interval_metrics, run_metrics),
+    ))
+}
+
+/// The run's wall-clock times.
+struct Timing {
+    duration: Duration,
+    /// Of the timeline.
+    interval: Duration,
+    /// The scenario's warm-up at the time scale.
+    warmup_real: Duration,
+}
+
+/// Checks the targets, time scale and duration; the run's times.
+fn check_options(opts: &LoadOptions) -> Result<Timing, LoadError> {
     if opts.targets.is_empty() {
         return Err(LoadError::InvalidOption("give at least one target".into()));
     }
@@ -772,7 +845,6 @@ pub(crate) async fn run(
         )));
     }
     let scenario = &opts.scenario;
-    let seed = opts.seed.unwrap_or(scenario.seed);
     let scale = opts.time_scale;
     let duration = match opts.duration {
         Some(d) => d,
@@ -802,23 +874,30 @@ pub(crate) async fn run(
             scenario.warmup_s
         )));
     }
+    Ok(Timing {
+        duration,
+        interval,
+        warmup_real,
+    })
+}
 
-    // Which targets are in use, and connections per target.
+/// Connections to open to each target: one to each target a VM uses, the rest of
+/// the budget (`--connections`, else up to 4 a target) given out round-robin, at
+/// most one a VM.
+fn connections_per_target(opts: &LoadOptions) -> Result<Vec<u32>, LoadError> {
     let n_targets = opts.targets.len();
     let mut vms_on = vec![0u32; n_targets];
-    {
-        let mut rr = 0usize;
-        for vm in &scenario.vms {
-            let t = vm
-                .volume
-                .as_ref()
-                .and_then(|v| opts.targets.iter().position(|t| &t.export == v))
-                .unwrap_or_else(|| {
-                    rr += 1;
-                    (rr - 1) % n_targets
-                });
-            vms_on[t] += 1;
-        }
+    let mut rr = 0usize;
+    for vm in &opts.scenario.vms {
+        let t = vm
+            .volume
+            .as_ref()
+            .and_then(|v| opts.targets.iter().position(|t| &t.export == v))
+            .unwrap_or_else(|| {
+                rr += 1;
+                (rr - 1) % n_targets
+            });
+        vms_on[t] += 1;
     }
     let used_targets = vms_on.iter().filter(|&&n| n > 0).count() as u32;
     let mut conns_for: Vec<u32> = vms_on.iter().map(|&n| n.min(1)).collect();
@@ -846,13 +925,28 @@ pub(crate) async fn run(
             break;
         }
     }
+    Ok(conns_for)
+}
 
-    // Connect.
-    let mut streams = Vec::new();
-    let mut sizes = vec![0u64; n_targets];
-    let mut read_only = vec![false; n_targets];
-    let mut max_payload = vec![DEFAULT_MAX_PAYLOAD; n_targets];
-    for (t, target) in opts.targets.iter().enumerate() {
+/// The open connections (target index, socket, session) and, per target, what its
+/// export said.
+struct Connected {
+    streams: Vec<(u32, TcpStream, ClientSession)>,
+    sizes: Vec<u64>,
+    read_only: Vec<bool>,
+    max_payload: Vec<u32>,
+}
+
+/// Opens `conns_for[t]` connections to each target `t`, one after the other.
+async fn connect(targets: &[Target], conns_for: &[u32]) -> Result<Connected, LoadError> {
+    let n_targets = targets.len();
+    let mut connected = Connected {
+        streams: Vec::new(),
+        sizes: vec![0u64; n_targets],
+        read_only: vec![false; n_targets],
+        max_payload: vec![DEFAULT_MAX_PAYLOAD; n_targets],
+    };
+    for (t, target) in targets.iter().enumerate() {
         for _ in 0..conns_for[t] {
             let (stream, export, leftover) =
                 handshake(target)
@@ -862,68 +956,48 @@ pub(crate) async fn run(
                         message,
                     })?;
             let info = export.export_info();
-            sizes[t] = export.size_bytes;
-            read_only[t] = info.read_only();
-            max_payload[t] = info.block_size.max_payload_bytes.min(DEFAULT_MAX_PAYLOAD);
+            connected.sizes[t] = export.size_bytes;
+            connected.read_only[t] = info.read_only();
+            connected.max_payload[t] = info.block_size.max_payload_bytes.min(DEFAULT_MAX_PAYLOAD);
             let mut session = ClientSession::new(info);
             session.input(&leftover).map_err(|e| LoadError::Connect {
                 target: target.to_string(),
                 message: format!("after the handshake: {e}"),
             })?;
-            streams.push((t as u32, stream, session));
+            connected.streams.push((t as u32, stream, session));
         }
     }
-    let plan = layout(scenario, &opts.targets, &sizes)?;
+    Ok(connected)
+}
 
-    // VMs and their generators.
-    let mut conn_of_target: Vec<Vec<usize>> = vec![vec![]; n_targets];
-    for (i, (t, _, _)) in streams.iter().enumerate() {
+/// The VMs, each with its generator and spread round-robin over its target's
+/// connections; also the largest transfer of an access specification.
+fn build_vms(
+    opts: &LoadOptions,
+    plan: &Plan,
+    connected: &Connected,
+    seed: u64,
+) -> Result<(Vec<Vm>, u32), LoadError> {
+    let scenario = &opts.scenario;
+    let mut conn_of_target: Vec<Vec<usize>> = vec![vec![]; opts.targets.len()];
+    for (i, (t, _, _)) in connected.streams.iter().enumerate() {
         conn_of_target[*t as usize].push(i);
     }
-    let mut next_on_target = vec![0usize; n_targets];
+    let mut next_on_target = vec![0usize; opts.targets.len()];
     let mut vms = Vec::new();
     let mut max_size = 0u32;
     for (i, svm) in scenario.vms.iter().enumerate() {
         let t = plan.vm_target[i] as usize;
         let vm_seed = splitmix64(seed ^ splitmix64(i as u64));
-        let layout_err = |e: weir_workload::WorkloadError| {
-            LoadError::Layout(format!("VM {:?} ({}): {e}", svm.name, svm.workload))
-        };
-        let generator: Box<dyn IoGenerator> = match &svm.run {
-            VmWorkload::Access(spec) => {
-                let spec_max = spec.max_size_bytes();
-                max_size = max_size.max(spec_max);
-                if spec_max as u64 + 2 * SECTOR_BYTES > max_payload[t] as u64 {
-                    return Err(LoadError::Layout(format!(
-                        "VM {:?}: transfers of {spec_max} bytes exceed what {} accepts ({} bytes)",
-                        svm.name, opts.targets[t], max_payload[t]
-                    )));
-                }
-                if read_only[t] && spec.read_pct() < 100.0 {
-                    return Err(LoadError::Layout(format!(
-                        "VM {:?} writes, but {} is read-only",
-                        svm.name, opts.targets[t]
-                    )));
-                }
-                Box::new(AccessGenerator::new(spec, plan.vm_disk[i], vm_seed).map_err(layout_err)?)
-            }
-            VmWorkload::Model {
-                spec,
-                instance,
-                instances,
-            } => {
-                if read_only[t] {
-                    return Err(LoadError::Layout(format!(
-                        "VM {:?} runs model {:?}, which writes, but {} is read-only",
-                        svm.name,
-                        spec.name(),
-                        opts.targets[t]
-                    )));
-                }
-                spec.build(plan.vm_disk[i], vm_seed, *instance, *instances)
-                    .map_err(layout_err)?
-            }
-        };
+        let generator = vm_generator(
+            opts,
+            svm,
+            t,
+            connected,
+            plan.vm_disk[i],
+            vm_seed,
+            &mut max_size,
+        )?;
         let conns = &conn_of_target[t];
         let conn = conns[next_on_target[t] % conns.len()];
         next_on_target[t] += 1;
@@ -953,13 +1027,80 @@ pub(crate) async fn run(
             halted: false,
         });
     }
+    Ok((vms, max_size))
+}
+
+/// The generator of VM `svm` on target `t` (checked against what the target
+/// accepts); raises `max_size` to an access specification's largest transfer.
+fn vm_generator(
+    opts: &LoadOptions,
+    svm: &crate::scenario::LoadVm,
+    t: usize,
+    connected: &Connected,
+    disk_bytes: u64,
+    vm_seed: u64,
+    max_size: &mut u32,
+) -> Result<Box<dyn IoGenerator>, LoadError> {
+    let layout_err = |e: weir_workload::WorkloadError| {
+        LoadError::Layout(format!("VM {:?} ({}): {e}", svm.name, svm.workload))
+    };
+    let target = &opts.targets[t];
+    match &svm.run {
+        VmWorkload::Access(spec) => {
+            let spec_max = spec.max_size_bytes();
+            *max_size = (*max_size).max(spec_max);
+            let max_payload = connected.max_payload[t];
+            if spec_max as u64 + 2 * SECTOR_BYTES > max_payload as u64 {
+                return Err(LoadError::Layout(format!(
+                    "VM {:?}: transfers of {spec_max} bytes exceed what {target} accepts ({max_payload} bytes)",
+                    svm.name
+                )));
+            }
+            if connected.read_only[t] && spec.read_pct() < 100.0 {
+                return Err(LoadError::Layout(format!(
+                    "VM {:?} writes, but {target} is read-only",
+                    svm.name
+                )));
+            }
+            Ok(Box::new(
+                AccessGenerator::new(spec, disk_bytes, vm_seed).map_err(layout_err)?,
+            ))
+        }
+        VmWorkload::Model {
+            spec,
+            instance,
+            instances,
+        } => {
+            if connected.read_only[t] {
+                return Err(LoadError::Layout(format!(
+                    "VM {:?} runs model {:?}, which writes, but {target} is read-only",
+                    svm.name,
+                    spec.name(),
+                )));
+            }
+            let generator = spec
+                .build(disk_bytes, vm_seed, *instance, *instances)
+                .map_err(layout_err)?;
+            Ok(generator)
+        }
+    }
+}
+
+/// The bytes every write sends (verify mode checks reads against them): `max_size`
+/// bytes from `seed`.
+fn write_pattern(seed: u64, max_size: u32) -> Vec<u8> {
     let mut write_pattern = vec![0u8; max_size as usize];
     for (k, w) in write_pattern.chunks_mut(8).enumerate() {
         let v = splitmix64(seed ^ (k as u64)).to_le_bytes();
         w.copy_from_slice(&v[..w.len()]);
     }
+    write_pattern
+}
 
-    let n_vms = vms.len();
+/// Splits the connected sockets into the connections' state and their socket halves.
+fn split_connections(
+    streams: Vec<(u32, TcpStream, ClientSession)>,
+) -> (Vec<Conn>, Vec<(OwnedReadHalf, OwnedWriteHalf)>) {
     let mut conns = Vec::new();
     let mut halves = Vec::new();
     for (t, stream, session) in streams {
@@ -974,10 +1115,24 @@ pub(crate) async fn run(
             closing: false,
         });
     }
-    let start = Instant::now();
-    let core = Rc::new(RefCell::new(Core {
+    (conns, halves)
+}
+
+/// The driver's state at `start`, before anything is issued.
+fn new_core(
+    opts: &LoadOptions,
+    seed: u64,
+    start: Instant,
+    vms: Vec<Vm>,
+    conns: Vec<Conn>,
+    write_pattern: Vec<u8>,
+) -> Core {
+    let scenario = &opts.scenario;
+    let n_targets = opts.targets.len();
+    let n_vms = vms.len();
+    Core {
         start,
-        time_scale: scale,
+        time_scale: opts.time_scale,
         warmup_model_ns: (scenario.warmup_s * 1e9) as u64,
         stopping: false,
         vms,
@@ -1011,24 +1166,78 @@ pub(crate) async fn run(
         drained: Rc::new(Notify::new()),
         sweep_in_flight: 0,
         sweep_notify: Rc::new(Notify::new()),
-    }));
-    let mut writers = Vec::new();
-    let mut readers = Vec::new();
-    for (i, (rh, wh)) in halves.into_iter().enumerate() {
-        writers.push(tokio::task::spawn_local(writer_task(core.clone(), i, wh)));
-        readers.push(tokio::task::spawn_local(reader_task(core.clone(), i, rh)));
     }
-    let timer = tokio::task::spawn_local(timer_task(core.clone()));
-    {
-        let mut c = core.borrow_mut();
-        for vm in 0..n_vms as u32 {
-            for w in 0..c.vms[vm as usize].outstanding.len() as u32 {
-                c.pump(vm, w, start);
-            }
+}
+
+/// The tasks of a run: a writer and a reader per connection, and the timer.
+struct Tasks {
+    writers: Vec<tokio::task::JoinHandle<()>>,
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    timer: tokio::task::JoinHandle<()>,
+}
+
+impl Tasks {
+    /// Starts the tasks on the current `LocalSet`.
+    fn spawn(core: &Rc<RefCell<Core>>, halves: Vec<(OwnedReadHalf, OwnedWriteHalf)>) -> Tasks {
+        let mut writers = Vec::new();
+        let mut readers = Vec::new();
+        for (i, (rh, wh)) in halves.into_iter().enumerate() {
+            writers.push(tokio::task::spawn_local(writer_task(core.clone(), i, wh)));
+            readers.push(tokio::task::spawn_local(reader_task(core.clone(), i, rh)));
+        }
+        let timer = tokio::task::spawn_local(timer_task(core.clone()));
+        Tasks {
+            writers,
+            readers,
+            timer,
         }
     }
 
-    // Tick the timeline until the end.
+    /// Lets the writers send what is left (the disconnects) for up to 5 s in all (a
+    /// target that stopped reading must not hold the run), then ends every task.
+    async fn join(self) {
+        let writers_deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        for mut w in self.writers {
+            if tokio::time::timeout_at(writers_deadline, &mut w)
+                .await
+                .is_err()
+            {
+                w.abort();
+                let _ = w.await;
+            }
+        }
+        for r in &self.readers {
+            r.abort();
+        }
+        self.timer.abort();
+        // Aborted tasks drop their share of the core only once polled again.
+        for r in self.readers {
+            let _ = r.await;
+        }
+        let _ = self.timer.await;
+    }
+}
+
+/// Lets every worker of every VM issue its first requests.
+fn start_vms(c: &mut Core, start: Instant) {
+    for vm in 0..c.vms.len() as u32 {
+        for w in 0..c.vms[vm as usize].outstanding.len() as u32 {
+            c.pump(vm, w, start);
+        }
+    }
+}
+
+/// Closes a timeline interval every `timing.interval` until the end of the run (or
+/// until every connection is broken), reporting progress at each; the intervals and
+/// the models' figures in each.
+async fn tick_timeline(
+    core: &Rc<RefCell<Core>>,
+    start: Instant,
+    timing: &Timing,
+    n_vms: usize,
+    progress: &mut dyn FnMut(&LoadProgress),
+) -> (Vec<Interval>, Vec<BTreeMap<String, ModelMetric>>) {
+    let (duration, interval) = (timing.duration, timing.interval);
     let deadline = start + duration;
     let mut intervals: Vec<Interval> = Vec::new();
     let mut interval_metrics: Vec<BTreeMap<String, ModelMetric>> = Vec::new();
@@ -1061,9 +1270,12 @@ pub(crate) async fn run(
         }
         next_tick += interval;
     }
-    let end = Instant::now();
+    (intervals, interval_metrics)
+}
 
-    // Stop issuing, drain, disconnect.
+/// Stops issuing and waits up to `timeout` for the requests in flight; breaks the
+/// connections still waiting for replies then.
+async fn drain(core: &Rc<RefCell<Core>>, timeout: Duration) {
     let drained = {
         let mut c = core.borrow_mut();
         c.stopping = true;
@@ -1078,10 +1290,7 @@ pub(crate) async fn run(
             drained.notified().await;
         }
     };
-    if tokio::time::timeout(opts.drain_timeout, wait_drain)
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(timeout, wait_drain).await.is_err() {
         let mut c = core.borrow_mut();
         let now = Instant::now();
         for i in 0..c.conns.len() {
@@ -1089,8 +1298,31 @@ pub(crate) async fn run(
             if n > 0 {
                 c.break_conn(
                     i,
+                    format!("{n} requests without a reply {timeout:?} after the run ended"),
+                    now,
+                );
+            }
+        }
+    }
+}
+
+/// Verify mode: the final read-back ([`final_sweep`]) within the drain timeout;
+/// breaks the connections still waiting for replies then.
+async fn final_check(core: &Rc<RefCell<Core>>, opts: &LoadOptions, n_targets: usize) {
+    let deadline = tokio::time::Instant::now() + opts.drain_timeout;
+    let budget = opts.final_check_bytes.div_ceil(SECTOR_BYTES);
+    if tokio::time::timeout_at(deadline, final_sweep(core, n_targets, budget))
+        .await
+        .is_err()
+    {
+        let mut c = core.borrow_mut();
+        let now = Instant::now();
+        for i in 0..c.conns.len() {
+            if !c.conns[i].inflight.is_empty() {
+                c.break_conn(
+                    i,
                     format!(
-                        "{n} requests without a reply {:?} after the run ended",
+                        "final read-back not answered within {:?}",
                         opts.drain_timeout
                     ),
                     now,
@@ -1098,128 +1330,75 @@ pub(crate) async fn run(
             }
         }
     }
-    if opts.verify && opts.final_check_bytes > 0 {
-        let deadline = tokio::time::Instant::now() + opts.drain_timeout;
-        let budget = opts.final_check_bytes.div_ceil(SECTOR_BYTES);
-        if tokio::time::timeout_at(deadline, final_sweep(&core, n_targets, budget))
-            .await
-            .is_err()
-        {
-            let mut c = core.borrow_mut();
-            let now = Instant::now();
-            for i in 0..c.conns.len() {
-                if !c.conns[i].inflight.is_empty() {
-                    c.break_conn(
-                        i,
-                        format!(
-                            "final read-back not answered within {:?}",
-                            opts.drain_timeout
-                        ),
-                        now,
-                    );
-                }
-            }
-        }
-    }
-    {
-        let mut c = core.borrow_mut();
-        for conn in c.conns.iter_mut() {
-            conn.closing = true;
-            if !conn.broken {
-                conn.session.disconnect();
-            }
-            conn.notify.notify_one();
-        }
-    }
-    // The disconnects go out within 5 s in all (a target that stopped reading must
-    // not hold the run).
-    let writers_deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    for mut w in writers {
-        if tokio::time::timeout_at(writers_deadline, &mut w)
-            .await
-            .is_err()
-        {
-            w.abort();
-            let _ = w.await;
-        }
-    }
-    for r in &readers {
-        r.abort();
-    }
-    timer.abort();
-    // Aborted tasks drop their share of the core only once polled again.
-    for r in readers {
-        let _ = r.await;
-    }
-    let _ = timer.await;
-    // The tail interval (drain) joins the last one.
-    let tail = std::mem::replace(&mut core.borrow_mut().interval, Interval::new(n_vms));
-    if let Some(last) = intervals.last_mut() {
-        last.ios += tail.ios;
-        last.reads += tail.reads;
-        last.writes += tail.writes;
-        last.bytes += tail.bytes;
-        last.errors += tail.errors;
-        last.active_vms = last.active_vms.max(tail.active_vms);
-        let _ = last.latency_us.add(&tail.latency_us);
-        for (a, b) in last.vm_ios.iter_mut().zip(&tail.vm_ios) {
-            *a += b;
-        }
-    }
-
-    let (run_metrics, model_results) = {
-        let c = core.borrow();
-        let end_model = c.model_ns(end);
-        let run = collect_metrics(&c.vms, c.warmup_model_ns, end_model);
-        let kinds: BTreeMap<&str, &str> = c
-            .vms
-            .iter()
-            .filter_map(|v| v.kind.map(|k| (v.base.as_str(), k)))
-            .collect();
-        let mut results = Vec::new();
-        let mut push = |window: &str, metrics: &BTreeMap<String, ModelMetric>| {
-            for (key, m) in metrics {
-                let source = key.strip_suffix(&format!(".{}", m.name)).unwrap_or(key);
-                results.push(ModelMetricResult {
-                    source: source.to_string(),
-                    kind: kinds.get(source).copied().unwrap_or("").to_string(),
-                    window: window.to_string(),
-                    name: m.name.clone(),
-                    value: m.value,
-                    unit: m.unit.clone(),
-                });
-            }
-        };
-        push("", &run);
-        for w in &c.windows {
-            if w.start_ns < end_model {
-                push(
-                    &w.name,
-                    &collect_metrics(&c.vms, w.start_ns, w.end_ns.min(end_model)),
-                );
-            }
-        }
-        (run, results)
-    };
-    let end_model_ns = core.borrow().model_ns(end);
-    let core = Rc::try_unwrap(core)
-        .map_err(|_| LoadError::Runtime("tasks still hold the driver".into()))?
-        .into_inner();
-    Ok(build_outcome(
-        core,
-        scenario,
-        &opts,
-        seed,
-        plan.notes,
-        (end - start).saturating_sub(warmup_real).as_secs_f64(),
-        intervals,
-        interval.as_secs_f64(),
-        sizes,
-        (model_results, end_model_ns),
-        (interval_metrics, run_metrics),
-    ))
 }
 
+/// Marks every connection closing, with an NBD disconnect on those not broken, and
+/// wakes their writers.
+fn disconnect(core: &Rc<RefCell<Core>>) {
+    let mut c = core.borrow_mut();
+    for conn in c.conns.iter_mut() {
+        conn.closing = true;
+        if !conn.broken {
+            conn.session.disconnect();
+        }
+        conn.notify.notify_one();
+    }
+}
+
+/// Adds interval `tail`'s figures to `last`.
+fn add_interval(last: &mut Interval, tail: &Interval) {
+    last.ios += tail.ios;
+    last.reads += tail.reads;
+    last.writes += tail.writes;
+    last.bytes += tail.bytes;
+    last.errors += tail.errors;
+    last.active_vms = last.active_vms.max(tail.active_vms);
+    let _ = last.latency_us.add(&tail.latency_us);
+    for (a, b) in last.vm_ios.iter_mut().zip(&tail.vm_ios) {
+        *a += b;
+    }
+}
+
+/// The models' figures over the measured run (ending at `end`), and as report rows
+/// over the run and over each window it reached.
+fn model_results(
+    c: &Core,
+    end: Instant,
+) -> (BTreeMap<String, ModelMetric>, Vec<ModelMetricResult>) {
+    let end_model = c.model_ns(end);
+    let run = collect_metrics(&c.vms, c.warmup_model_ns, end_model);
+    let kinds: BTreeMap<&str, &str> = c
+        .vms
+        .iter()
+        .filter_map(|v| v.kind.map(|k| (v.base.as_str(), k)))
+        .collect();
+    let mut results = Vec::new();
+    let mut push = |window: &str, metrics: &BTreeMap<String, ModelMetric>| {
+        for (key, m) in metrics {
+            let source = key.strip_suffix(&format!(".{}", m.name)).unwrap_or(key);
+            results.push(ModelMetricResult {
+                source: source.to_string(),
+                kind: kinds.get(source).copied().unwrap_or("").to_string(),
+                window: window.to_string(),
+                name: m.name.clone(),
+                value: m.value,
+                unit: m.unit.clone(),
+            });
+        }
+    };
+    push("", &run);
+    for w in &c.windows {
+        if w.start_ns < end_model {
+            push(
+                &w.name,
+                &collect_metrics(&c.vms, w.start_ns, w.end_ns.min(end_model)),
+            );
+        }
+    }
+    (run, results)
+}
+
+/// The run's outcome: its report (one case, "load") and its counts.
 #[allow(clippy::too_many_arguments)]
 fn build_outcome(
     core: Core,
@@ -1237,6 +1416,58 @@ fn build_outcome(
         BTreeMap<String, ModelMetric>,
     ),
 ) -> LoadOutcome {
+    let (workloads, total, per_target) = workload_results(&core, opts, measured_s);
+    let mut total_result = total.result("total", measured_s);
+    // Errors outside the measured window (lost at the end) still count.
+    total_result.errors = total_result
+        .errors
+        .max(core.io_errors + core.verify.mismatched_reads);
+    let mut components = target_components(&per_target, opts, &sizes, measured_s);
+    components.extend(class_components(&core, measured_s));
+    let vm_names: Vec<String> = core.vms.iter().map(|v| v.name.clone()).collect();
+    let verify = opts.verify.then(|| core.verify.clone());
+    let mut description = describe(&core, scenario, opts, seed, verify.as_ref(), &run_metrics);
+    description.extend(layout_notes);
+    let case = CaseReport {
+        name: "load".to_string(),
+        description: description.join("; "),
+        params: Default::default(),
+        duration_s: measured_s,
+        // The timeline runs in wall seconds from the start, warm-up included.
+        warmup_s: scenario.warmup_s / opts.time_scale,
+        workloads,
+        total: Some(total_result),
+        comparisons: vec![],
+        components,
+        model_metrics: model_results,
+        windows: window_results(&core, opts, end_model_ns),
+        io_sizes: Some(core.sizes.clone()),
+        timeline: load_timeline(&intervals, interval_s, &vm_names, &interval_metrics),
+        events: 0,
+    };
+    LoadOutcome {
+        report: ScenarioReport {
+            scenario: scenario.name.clone(),
+            description: scenario.description.clone(),
+            seed,
+            cases: vec![case],
+        },
+        ios: core.ios,
+        io_errors: core.io_errors,
+        first_errors: core.first_errors,
+        connection_errors: core.connection_errors,
+        verify,
+        model_metrics: run_metrics,
+    }
+}
+
+/// A row per VM, then per target (with several); also the totals over all VMs and
+/// per target.
+fn workload_results(
+    core: &Core,
+    opts: &LoadOptions,
+    measured_s: f64,
+) -> (Vec<WorkloadResult>, Counters, Vec<Counters>) {
     let mut workloads = Vec::new();
     let mut total = Counters::new(3);
     let mut per_target: Vec<Counters> = (0..opts.targets.len()).map(|_| Counters::new(3)).collect();
@@ -1255,12 +1486,17 @@ fn build_outcome(
             workloads.push(r);
         }
     }
-    let mut total_result = total.result("total", measured_s);
-    // Errors outside the measured window (lost at the end) still count.
-    total_result.errors = total_result
-        .errors
-        .max(core.io_errors + core.verify.mismatched_reads);
-    let components: Vec<ComponentResult> = per_target
+    (workloads, total, per_target)
+}
+
+/// A component per target that served I/O (`sizes`: the exports' sizes).
+fn target_components(
+    per_target: &[Counters],
+    opts: &LoadOptions,
+    sizes: &[u64],
+    measured_s: f64,
+) -> Vec<ComponentResult> {
+    per_target
         .iter()
         .enumerate()
         .filter(|(_, c)| c.ios() > 0)
@@ -1277,8 +1513,12 @@ fn build_outcome(
                 mbps: r.mbps,
             }
         })
-        .collect();
-    // Per workload class (VMs running the same workload), when it groups several VMs.
+        .collect()
+}
+
+/// A component per workload class (VMs running the same workload), when a class
+/// groups several VMs or there are several classes.
+fn class_components(core: &Core, measured_s: f64) -> Vec<ComponentResult> {
     let mut classes: BTreeMap<&str, (u32, Counters)> = BTreeMap::new();
     for vm in &core.vms {
         let e = classes
@@ -1287,7 +1527,7 @@ fn build_outcome(
         e.0 += 1;
         e.1.merge(&vm.counters);
     }
-    let mut components = components;
+    let mut components = Vec::new();
     if classes.len() > 1 || classes.values().any(|(n, _)| *n > 1) {
         for (name, (n, c)) in &classes {
             let r = c.result("", measured_s);
@@ -1303,7 +1543,19 @@ fn build_outcome(
             });
         }
     }
-    let vm_names: Vec<String> = core.vms.iter().map(|v| v.name.clone()).collect();
+    components
+}
+
+/// The report's description, a part each: the scenario's, the run's setup, the
+/// verification, the first errors, the scenario's notes.
+fn describe(
+    core: &Core,
+    scenario: &LoadScenario,
+    opts: &LoadOptions,
+    seed: u64,
+    verify: Option<&VerifySummary>,
+    run_metrics: &BTreeMap<String, ModelMetric>,
+) -> Vec<String> {
     let mut description = vec![format!(
         "weir load against {}; time scale {}, {} connections, {} VMs, seed {seed}",
         opts.targets
@@ -1318,8 +1570,7 @@ fn build_outcome(
     if !scenario.description.is_empty() {
         description.insert(0, scenario.description.clone());
     }
-    let verify = opts.verify.then(|| core.verify.clone());
-    if let Some(v) = &verify {
+    if let Some(v) = verify {
         description.push(format!(
             "verify: {} reads checked ({} sectors), {} mismatched sectors in {} reads{}",
             v.reads_checked,
@@ -1355,94 +1606,75 @@ fn build_outcome(
         ));
     }
     description.extend(scenario.notes.iter().cloned());
-    description.extend(layout_notes);
-    let case = CaseReport {
-        name: "load".to_string(),
-        description: description.join("; "),
-        params: Default::default(),
-        duration_s: measured_s,
-        // The timeline runs in wall seconds from the start, warm-up included.
-        warmup_s: scenario.warmup_s / opts.time_scale,
-        workloads,
-        total: Some(total_result),
-        comparisons: vec![],
-        components,
-        model_metrics: model_results,
-        windows: core
-            .windows
-            .iter()
-            .filter(|w| w.start_ns < end_model_ns)
-            .map(|w| {
-                let real_s =
-                    (w.end_ns.min(end_model_ns) - w.start_ns) as f64 / 1e9 / opts.time_scale;
-                let mut figures = vec![w.total.result("total", real_s)];
-                for (t, c) in w.per_target.iter().enumerate() {
-                    if c.ios() > 0 {
-                        figures.push(
-                            c.result(&format!("volume:{}", volume_name(&opts.targets[t])), real_s),
-                        );
-                    }
+    description
+}
+
+/// The figures of each window the run reached, over the part it reached.
+fn window_results(core: &Core, opts: &LoadOptions, end_model_ns: u64) -> Vec<WindowResult> {
+    core.windows
+        .iter()
+        .filter(|w| w.start_ns < end_model_ns)
+        .map(|w| {
+            let real_s = (w.end_ns.min(end_model_ns) - w.start_ns) as f64 / 1e9 / opts.time_scale;
+            let mut figures = vec![w.total.result("total", real_s)];
+            for (t, c) in w.per_target.iter().enumerate() {
+                if c.ios() > 0 {
+                    figures.push(
+                        c.result(&format!("volume:{}", volume_name(&opts.targets[t])), real_s),
+                    );
                 }
-                WindowResult {
-                    name: w.name.clone(),
-                    start_s: w.start_ns as f64 / 1e9,
-                    end_s: w.end_ns as f64 / 1e9,
-                    figures,
-                }
-            })
-            .collect(),
-        io_sizes: Some(core.sizes.clone()),
-        timeline: {
-            let mut t = timeline(&intervals, interval_s, &vm_names);
-            t.push(weir_report::TimelineSeries {
-                name: "VMs issuing I/O %".to_string(),
-                unit: "%".to_string(),
-                interval_s,
-                values: intervals
-                    .iter()
-                    .map(|i| 100.0 * i.active_vms as f64 / vm_names.len().max(1) as f64)
-                    .collect(),
-            });
-            let names: std::collections::BTreeSet<&String> = interval_metrics
-                .iter()
-                .flat_map(|m| m.keys())
-                .filter(|k| {
-                    k.rsplit_once('.')
-                        .is_some_and(|(_, metric)| TIMELINE_METRICS.contains(&metric))
-                })
-                .collect();
-            for name in names {
-                let unit = interval_metrics
-                    .iter()
-                    .find_map(|m| m.get(name))
-                    .map(|m| m.unit.clone())
-                    .unwrap_or_default();
-                t.push(weir_report::TimelineSeries {
-                    name: name.clone(),
-                    unit,
-                    interval_s,
-                    values: interval_metrics
-                        .iter()
-                        .map(|m| m.get(name).map_or(f64::NAN, |x| x.value))
-                        .collect(),
-                });
             }
-            t
-        },
-        events: 0,
-    };
-    LoadOutcome {
-        report: ScenarioReport {
-            scenario: scenario.name.clone(),
-            description: scenario.description.clone(),
-            seed,
-            cases: vec![case],
-        },
-        ios: core.ios,
-        io_errors: core.io_errors,
-        first_errors: core.first_errors,
-        connection_errors: core.connection_errors,
-        verify,
-        model_metrics: run_metrics,
+            WindowResult {
+                name: w.name.clone(),
+                start_s: w.start_ns as f64 / 1e9,
+                end_s: w.end_ns as f64 / 1e9,
+                figures,
+            }
+        })
+        .collect()
+}
+
+/// The timeline: I/O series, the share of VMs issuing I/O, and the model figures of
+/// [`TIMELINE_METRICS`] per interval.
+fn load_timeline(
+    intervals: &[Interval],
+    interval_s: f64,
+    vm_names: &[String],
+    interval_metrics: &[BTreeMap<String, ModelMetric>],
+) -> Vec<weir_report::TimelineSeries> {
+    let mut t = timeline(intervals, interval_s, vm_names);
+    t.push(weir_report::TimelineSeries {
+        name: "VMs issuing I/O %".to_string(),
+        unit: "%".to_string(),
+        interval_s,
+        values: intervals
+            .iter()
+            .map(|i| 100.0 * i.active_vms as f64 / vm_names.len().max(1) as f64)
+            .collect(),
+    });
+    let names: std::collections::BTreeSet<&String> = interval_metrics
+        .iter()
+        .flat_map(|m| m.keys())
+        .filter(|k| {
+            k.rsplit_once('.')
+                .is_some_and(|(_, metric)| TIMELINE_METRICS.contains(&metric))
+        })
+        .collect();
+    for name in names {
+        let unit = interval_metrics
+            .iter()
+            .find_map(|m| m.get(name))
+            .map(|m| m.unit.clone())
+            .unwrap_or_default();
+        t.push(weir_report::TimelineSeries {
+            name: name.clone(),
+            unit,
+            interval_s,
+            values: interval_metrics
+                .iter()
+                .map(|m| m.get(name).map_or(f64::NAN, |x| x.value))
+                .collect(),
+        });
     }
+    t
 }

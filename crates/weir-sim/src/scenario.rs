@@ -485,6 +485,28 @@ fn valid_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// A [`PathErr`]: `message` about the field at `path`.
+fn err(path: Vec<Seg>, message: String) -> PathErr {
+    (path, message)
+}
+
+/// The path of field `field` of entry `i` of the array of tables `table`.
+fn entry_field(table: &str, i: usize, field: &str) -> Vec<Seg> {
+    vec![key(table), Seg::Index(i), key(field)]
+}
+
+/// Checks a volume, host or VM name (at `path`).
+fn check_name(path: Vec<Seg>, name: &str) -> Result<(), PathErr> {
+    if valid_name(name) {
+        Ok(())
+    } else {
+        Err(err(
+            path,
+            format!("names are 1-64 characters of [A-Za-z0-9_-], got {name:?}"),
+        ))
+    }
+}
+
 /// Resolves and validates one case; errors carry a path into `file`.
 pub(crate) fn plan_case(
     file: &ScenarioFile,
@@ -493,32 +515,83 @@ pub(crate) fn plan_case(
     params: BTreeMap<String, f64>,
     compare: &[CompareSpec],
 ) -> Result<CasePlan, PathErr> {
-    let err = |p: Vec<Seg>, m: String| -> PathErr { (p, m) };
+    let clock = check_header(file)?;
+    let mut volumes = plan_volumes(file)?;
+    let hosts = plan_hosts(file)?;
+    check_datastore(file)?;
+    if let Some(q) = &file.array_qos {
+        check_array_qos(q)?;
+    }
+    check_workload_names(file)?;
+    let (vms, disks_end) = plan_vms(file, &hosts, &mut volumes)?;
+    check_vm_load(&vms, &clock)?;
+    hw::build_array(&file.array, 0, disks_end).map_err(|m| err(vec![key("array")], m))?;
+    let compare: Vec<CompareSpec> = compare
+        .iter()
+        .filter(|c| c.when.iter().all(|(k, v)| params.get(k) == Some(v)))
+        .cloned()
+        .collect();
+    let windows = plan_windows(file)?;
+    check_caches(file)?;
+    for (i, cmp) in compare.iter().enumerate() {
+        crate::engine::check_metric(&cmp.metric, &vms, &volumes, &windows)
+            .map_err(|m| err(entry_field("compare", i, "metric"), m))?;
+    }
+    Ok(CasePlan {
+        name: name.to_string(),
+        description: description.to_string(),
+        params,
+        duration_ns: clock.duration_ns,
+        warmup_ns: clock.warmup_ns,
+        interval_ns: clock.interval_ns,
+        file: file.clone(),
+        hosts,
+        vms,
+        volumes,
+        congestion: file.datastore.congestion.clone(),
+        compare,
+        windows,
+    })
+}
+
+/// A case's measured time, warm-up and timeline interval, in ns.
+struct Clock {
+    duration_ns: u64,
+    warmup_ns: u64,
+    interval_ns: u64,
+}
+
+/// `[scenario].<field>` = `v` seconds in ns: in (0, 1e6] (`min_exclusive`) or [0, 1e6].
+fn field_ns(field: &str, v: f64, min_exclusive: bool) -> Result<u64, PathErr> {
+    let ok = v.is_finite() && v <= 1e6 && if min_exclusive { v > 0.0 } else { v >= 0.0 };
+    if ok {
+        Ok((v * 1e9).round() as u64)
+    } else {
+        Err(err(
+            vec![key("scenario"), key(field)],
+            format!(
+                "must be {} 1e6 s, got {v}",
+                if min_exclusive { "in (0," } else { "in [0," }
+            )
+            .replace(" 1e6", " 1e6]"),
+        ))
+    }
+}
+
+/// Checks `[scenario]` (times, name, timeline length) and that there is an `[array]`.
+fn check_header(file: &ScenarioFile) -> Result<Clock, PathErr> {
     let h = &file.scenario;
-    let secs = |field: &str, v: f64, min_exclusive: bool| -> Result<u64, PathErr> {
-        let ok = v.is_finite() && v <= 1e6 && if min_exclusive { v > 0.0 } else { v >= 0.0 };
-        if ok {
-            Ok((v * 1e9).round() as u64)
-        } else {
-            Err(err(
-                vec![key("scenario"), key(field)],
-                format!(
-                    "must be {} 1e6 s, got {v}",
-                    if min_exclusive { "in (0," } else { "in [0," }
-                )
-                .replace(" 1e6", " 1e6]"),
-            ))
-        }
-    };
     let duration_s = h.duration_s.ok_or_else(|| {
         err(
             vec![key("scenario"), key("duration_s")],
             "missing: the simulator needs the measured time, s".into(),
         )
     })?;
-    let duration_ns = secs("duration_s", duration_s, true)?;
-    let warmup_ns = secs("warmup_s", h.warmup_s, false)?;
-    let interval_ns = secs("timeline_interval_s", h.timeline_interval_s, true)?;
+    let clock = Clock {
+        duration_ns: field_ns("duration_s", duration_s, true)?,
+        warmup_ns: field_ns("warmup_s", h.warmup_s, false)?,
+        interval_ns: field_ns("timeline_interval_s", h.timeline_interval_s, true)?,
+    };
     if h.name.is_empty() {
         return Err(err(
             vec![key("scenario"), key("name")],
@@ -531,46 +604,36 @@ pub(crate) fn plan_case(
             "missing: the simulator needs an [array]".into(),
         ));
     }
-    if (duration_ns + warmup_ns) / interval_ns > 100_000 {
+    if (clock.duration_ns + clock.warmup_ns) / clock.interval_ns > 100_000 {
         return Err(err(
             vec![key("scenario"), key("timeline_interval_s")],
             "more than 100,000 timeline intervals".into(),
         ));
     }
-    // Policies.
+    Ok(clock)
+}
+
+/// The `[[volume]]`s with their `[[policy]]` (best effort without one).
+fn plan_volumes(file: &ScenarioFile) -> Result<Vec<VolumePlan>, PathErr> {
     let mut catalog = PolicyCatalog::new();
     for (i, p) in file.policy.iter().enumerate() {
         catalog
             .insert(p.clone())
             .map_err(|e| err(vec![key("policy"), Seg::Index(i)], e.to_string()))?;
     }
-    // Volumes.
     let mut volumes = Vec::new();
     for (i, v) in file.volume.iter().enumerate() {
-        if !valid_name(&v.name) {
-            return Err(err(
-                vec![key("volume"), Seg::Index(i), key("name")],
-                format!(
-                    "names are 1-64 characters of [A-Za-z0-9_-], got {:?}",
-                    v.name
-                ),
-            ));
-        }
+        check_name(entry_field("volume", i, "name"), &v.name)?;
         if volumes.iter().any(|x: &VolumePlan| x.name == v.name) {
             return Err(err(
-                vec![key("volume"), Seg::Index(i), key("name")],
+                entry_field("volume", i, "name"),
                 format!("two volumes are named {:?}", v.name),
             ));
         }
         let policy = match &v.policy {
             Some(p) => catalog
                 .get(p)
-                .map_err(|e| {
-                    err(
-                        vec![key("volume"), Seg::Index(i), key("policy")],
-                        e.to_string(),
-                    )
-                })?
+                .map_err(|e| err(entry_field("volume", i, "policy"), e.to_string()))?
                 .clone(),
             None => Policy::best_effort(v.name.clone()),
         };
@@ -579,7 +642,11 @@ pub(crate) fn plan_case(
             policy,
         });
     }
-    // Hosts.
+    Ok(volumes)
+}
+
+/// The `[[host]]`s (at least one), names unique, queue and link valid.
+fn plan_hosts(file: &ScenarioFile) -> Result<Vec<HostPlan>, PathErr> {
     if file.host.is_empty() {
         return Err(err(
             vec![key("host")],
@@ -588,16 +655,8 @@ pub(crate) fn plan_case(
     }
     let mut hosts = Vec::new();
     for (i, hs) in file.host.iter().enumerate() {
-        let at = |f: &str| vec![key("host"), Seg::Index(i), key(f)];
-        if !valid_name(&hs.name) {
-            return Err(err(
-                at("name"),
-                format!(
-                    "names are 1-64 characters of [A-Za-z0-9_-], got {:?}",
-                    hs.name
-                ),
-            ));
-        }
+        let at = |f: &str| entry_field("host", i, f);
+        check_name(at("name"), &hs.name)?;
         if hosts.iter().any(|x: &HostPlan| x.name == hs.name) {
             return Err(err(
                 at("name"),
@@ -621,6 +680,11 @@ pub(crate) fn plan_case(
             cost_unit_bytes: hs.cost_unit_bytes,
         });
     }
+    Ok(hosts)
+}
+
+/// Checks `[datastore]`: its target link and the congestion control's settings.
+fn check_datastore(file: &ScenarioFile) -> Result<(), PathErr> {
     if let Some(t) = &file.datastore.target_link {
         hw::build_link(t).map_err(|m| err(vec![key("datastore"), key("target_link")], m))?;
     }
@@ -653,59 +717,70 @@ pub(crate) fn plan_case(
             format!("must be at least 1 ms, got {}", c.period_ms),
         ));
     }
-    if let Some(q) = &file.array_qos {
-        if q.backend_concurrency == 0 || q.backend_concurrency > 65536 {
-            return Err(err(
-                vec![key("array_qos"), key("backend_concurrency")],
-                format!("must be 1-65536, got {}", q.backend_concurrency),
-            ));
-        }
-        if let Some(n) = q.flash_concurrency
-            && (n == 0 || n > 65536)
-        {
-            return Err(err(
-                vec![key("array_qos"), key("flash_concurrency")],
-                format!("must be 1-65536, got {n}"),
-            ));
-        }
-        if q.cost_unit_bytes == 0 {
-            return Err(err(
-                vec![key("array_qos"), key("cost_unit_bytes")],
-                "must be at least 1".into(),
-            ));
-        }
-        let d = &q.depth;
-        let at = |f: &str| vec![key("array_qos"), key("depth"), key(f)];
-        let fraction = |x: f64| x.is_finite() && (0.0..=1.0).contains(&x);
-        if d.min_depth == 0 {
-            return Err(err(at("min_depth"), "must be at least 1".into()));
-        }
-        if !(d.period_ms.is_finite() && d.period_ms >= 1.0) {
-            return Err(err(
-                at("period_ms"),
-                format!("must be at least 1 ms, got {}", d.period_ms),
-            ));
-        }
-        for (f, x) in [
-            ("over_target_budget", d.over_target_budget),
-            ("over_twice_budget", d.over_twice_budget),
-        ] {
-            if !fraction(x) {
-                return Err(err(at(f), format!("must be in [0, 1], got {x}")));
-            }
-        }
-        if !(d.decrease.is_finite() && d.decrease > 0.0 && d.decrease < 1.0) {
-            return Err(err(
-                at("decrease"),
-                format!("must be in (0, 1), got {}", d.decrease),
-            ));
+    Ok(())
+}
+
+/// Checks `[array_qos]`: concurrency, cost unit and the depth controller.
+fn check_array_qos(q: &crate::topology::ArrayQosSpec) -> Result<(), PathErr> {
+    if q.backend_concurrency == 0 || q.backend_concurrency > 65536 {
+        return Err(err(
+            vec![key("array_qos"), key("backend_concurrency")],
+            format!("must be 1-65536, got {}", q.backend_concurrency),
+        ));
+    }
+    if let Some(n) = q.flash_concurrency
+        && (n == 0 || n > 65536)
+    {
+        return Err(err(
+            vec![key("array_qos"), key("flash_concurrency")],
+            format!("must be 1-65536, got {n}"),
+        ));
+    }
+    if q.cost_unit_bytes == 0 {
+        return Err(err(
+            vec![key("array_qos"), key("cost_unit_bytes")],
+            "must be at least 1".into(),
+        ));
+    }
+    check_depth(&q.depth)
+}
+
+/// Checks `[array_qos].depth`, the back end's depth controller.
+fn check_depth(d: &weir_qos::DepthConfig) -> Result<(), PathErr> {
+    let at = |f: &str| vec![key("array_qos"), key("depth"), key(f)];
+    let fraction = |x: f64| x.is_finite() && (0.0..=1.0).contains(&x);
+    if d.min_depth == 0 {
+        return Err(err(at("min_depth"), "must be at least 1".into()));
+    }
+    if !(d.period_ms.is_finite() && d.period_ms >= 1.0) {
+        return Err(err(
+            at("period_ms"),
+            format!("must be at least 1 ms, got {}", d.period_ms),
+        ));
+    }
+    for (f, x) in [
+        ("over_target_budget", d.over_target_budget),
+        ("over_twice_budget", d.over_twice_budget),
+    ] {
+        if !fraction(x) {
+            return Err(err(at(f), format!("must be in [0, 1], got {x}")));
         }
     }
-    // Named workloads.
+    if !(d.decrease.is_finite() && d.decrease > 0.0 && d.decrease < 1.0) {
+        return Err(err(
+            at("decrease"),
+            format!("must be in (0, 1), got {}", d.decrease),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the names of the `[[workload]]`s.
+fn check_workload_names(file: &ScenarioFile) -> Result<(), PathErr> {
     for (i, w) in file.workload.iter().enumerate() {
         if !valid_name(&w.name) {
             return Err(err(
-                vec![key("workload"), Seg::Index(i), key("name")],
+                entry_field("workload", i, "name"),
                 format!(
                     "a [[workload]] needs a name of [A-Za-z0-9_-], got {:?}",
                     w.name
@@ -713,59 +788,104 @@ pub(crate) fn plan_case(
             ));
         }
     }
-    // VMs.
+    Ok(())
+}
+
+/// One plan per copy of every `[[vm]]` (at least one entry), their disks laid out
+/// one after the other on the array; also where the last disk ends. Adds the
+/// datastore's volume to `volumes` when a VM names none.
+fn plan_vms(
+    file: &ScenarioFile,
+    hosts: &[HostPlan],
+    volumes: &mut Vec<VolumePlan>,
+) -> Result<(Vec<VmPlan>, u64), PathErr> {
     if file.vm.is_empty() {
         return Err(err(
             vec![key("vm")],
             "a scenario needs at least one [[vm]]".into(),
         ));
     }
+    let fill_bytes = fill_disk_bytes(file)?;
     let mut vms: Vec<VmPlan> = Vec::new();
     let mut next_offset = 0u64;
-    // `disk_gib = 0`: the VM's disk takes an equal part of what the others leave.
+    // Copies of each model seen so far (see `VmEntry::first_instance`).
+    let mut model_seen: BTreeMap<&str, u32> = BTreeMap::new();
+    for i in 0..file.vm.len() {
+        let entry = VmEntry::resolve(file, i, hosts, volumes, fill_bytes, &mut model_seen)?;
+        for k in 0..entry.v.count {
+            let vm = entry.copy(file, k, &vms, next_offset)?;
+            next_offset += vm.disk_bytes;
+            vms.push(vm);
+        }
+    }
+    Ok((vms, next_offset))
+}
+
+/// The disk of a VM with `disk_gib = 0`: an equal part of what the other VMs'
+/// disks leave of the array (MiB-aligned); 0 when no VM asks for one.
+fn fill_disk_bytes(file: &ScenarioFile) -> Result<u64, PathErr> {
     let fill_vms: u64 = file
         .vm
         .iter()
         .filter(|v| disk_gib(v) == 0.0)
         .map(|v| v.count as u64)
         .sum();
-    let fill_bytes = if fill_vms == 0 {
-        0
-    } else {
-        let capacity = hw::build_array(&file.array, 0, 0)
-            .map_err(|m| err(vec![key("array")], m))?
-            .capacity_bytes()
-            .ok_or_else(|| err(vec![key("array")], "`disk_gib = 0` (the rest of the array) needs an array with a capacity; an ideal array has none".into()))?;
-        let fixed: f64 = file
-            .vm
-            .iter()
-            .filter(|v| disk_gib(v) > 0.0)
-            .map(|v| disk_gib(v) * v.count as f64 * (1u64 << 30) as f64)
-            .sum();
-        let rest = capacity.saturating_sub(fixed as u64);
-        rest.checked_div(fill_vms).unwrap_or(0) / (1 << 20) * (1 << 20)
-    };
-    // A model's schedule is the model's, not each `[[vm]]` entry's: every copy of
-    // every `[[vm]]` running it is one instance of it (numbered in file order).
-    let model_copies = |name: &str| -> u32 {
-        file.vm
-            .iter()
-            .filter(|v| v.workload == name)
-            .map(|v| v.count)
-            .sum()
-    };
-    let mut model_seen: BTreeMap<&str, u32> = BTreeMap::new();
-    for (i, v) in file.vm.iter().enumerate() {
-        let at = |f: &str| vec![key("vm"), Seg::Index(i), key(f)];
-        if !valid_name(&v.name) {
-            return Err(err(
-                at("name"),
-                format!(
-                    "names are 1-64 characters of [A-Za-z0-9_-], got {:?}",
-                    v.name
-                ),
-            ));
-        }
+    if fill_vms == 0 {
+        return Ok(0);
+    }
+    let capacity = hw::build_array(&file.array, 0, 0)
+        .map_err(|m| err(vec![key("array")], m))?
+        .capacity_bytes()
+        .ok_or_else(|| err(vec![key("array")], "`disk_gib = 0` (the rest of the array) needs an array with a capacity; an ideal array has none".into()))?;
+    let fixed: f64 = file
+        .vm
+        .iter()
+        .filter(|v| disk_gib(v) > 0.0)
+        .map(|v| disk_gib(v) * v.count as f64 * (1u64 << 30) as f64)
+        .sum();
+    let rest = capacity.saturating_sub(fixed as u64);
+    Ok(rest.checked_div(fill_vms).unwrap_or(0) / (1 << 20) * (1 << 20))
+}
+
+/// Copies of model `name` in the file: every copy of every `[[vm]]` running it.
+fn model_copies(file: &ScenarioFile, name: &str) -> u32 {
+    file.vm
+        .iter()
+        .filter(|v| v.workload == name)
+        .map(|v| v.count)
+        .sum()
+}
+
+/// One `[[vm]]` entry, resolved: what its copies share.
+struct VmEntry<'f> {
+    /// Its index in `file.vm`.
+    i: usize,
+    v: &'f crate::topology::VmSpec,
+    host: usize,
+    volume: usize,
+    spec: AccessSpec,
+    model: Option<ModelSpec>,
+    disk_bytes: u64,
+    /// A model's schedule is the model's, not each `[[vm]]` entry's: every copy of
+    /// every `[[vm]]` running it is one instance of it (numbered in file order). The
+    /// first copy's instance number, and the number of instances.
+    first_instance: u32,
+    instances: u32,
+}
+
+impl<'f> VmEntry<'f> {
+    /// Resolves entry `i` of `file.vm`: its host, workload, volume and disk size.
+    fn resolve(
+        file: &'f ScenarioFile,
+        i: usize,
+        hosts: &[HostPlan],
+        volumes: &mut Vec<VolumePlan>,
+        fill_bytes: u64,
+        model_seen: &mut BTreeMap<&'f str, u32>,
+    ) -> Result<VmEntry<'f>, PathErr> {
+        let v = &file.vm[i];
+        let at = |f: &str| entry_field("vm", i, f);
+        check_name(at("name"), &v.name)?;
         if v.host.is_empty() {
             return Err(err(
                 at("host"),
@@ -777,152 +897,210 @@ pub(crate) fn plan_case(
             .position(|x| x.name == v.host)
             .ok_or_else(|| err(at("host"), format!("no [[host]] named {:?}", v.host)))?;
         let model = file.model.iter().find(|m| m.name() == v.workload).cloned();
-        let spec = match file.workload.iter().find(|w| w.name == v.workload) {
-            Some(w) => w.clone(),
-            None if model.is_some() => AccessSpec::simple(4096, 100.0, 100.0, 1),
-            None => weir_workload::profile(&v.workload)
-                .map(|p| p.spec)
-                .map_err(|_| {
-                    err(
-                        at("workload"),
-                        format!(
-                            "no [[workload]], [[model]] or built-in profile named {:?} (profiles: {})",
-                            v.workload,
-                            weir_workload::profile_names().join(", ")
-                        ),
-                    )
-                })?,
-        };
-        let volume = match &v.volume {
-            Some(name) => volumes
-                .iter()
-                .position(|x| &x.name == name)
-                .ok_or_else(|| err(at("volume"), format!("no [[volume]] named {name:?}")))?,
-            None => {
-                if let Some(p) = volumes.iter().position(|x| x.name == file.datastore.name) {
-                    p
-                } else {
-                    volumes.push(VolumePlan {
-                        name: file.datastore.name.clone(),
-                        policy: Policy::best_effort("datastore"),
-                    });
-                    volumes.len() - 1
-                }
-            }
-        };
-        let gib = disk_gib(v);
-        if !(gib.is_finite() && (0.0..=1e6).contains(&gib)) {
-            return Err(err(
-                at("disk_gib"),
-                format!("must be in [0, 1e6] (0: the rest of the array), got {gib}"),
-            ));
-        }
-        let total: u64 = file.vm[..=i].iter().map(|v| v.count as u64).sum();
-        if total > weir_workload::MAX_VMS as u64 {
-            return Err(err(
-                at("count"),
-                format!(
-                    "the scenario's VMs (every count together) must be at most {}, got {total}",
-                    weir_workload::MAX_VMS
-                ),
-            ));
-        }
-        let disk_bytes = if gib == 0.0 {
-            fill_bytes
-        } else {
-            (gib * (1u64 << 30) as f64) as u64 / 4096 * 4096
-        };
-        if disk_bytes == 0 {
-            return Err(err(
-                at("disk_gib"),
-                "the other VMs' disks leave no room on the array".into(),
-            ));
-        }
+        let spec = vm_access_spec(file, i, model.is_some())?;
+        let volume = vm_volume(file, i, volumes)?;
+        let disk_bytes = vm_disk_bytes(file, i, fill_bytes)?;
         let (first_instance, instances) = match &model {
             Some(_) => {
                 let seen = model_seen.entry(v.workload.as_str()).or_insert(0);
                 let first = *seen;
                 *seen += v.count;
-                (first, model_copies(&v.workload))
+                (first, model_copies(file, &v.workload))
             }
             None => (0, v.count),
         };
-        for k in 0..v.count {
-            let vm_name = if v.count == 1 {
-                v.name.clone()
-            } else {
-                format!("{}-{}", v.name, k + 1)
-            };
-            if vms.iter().any(|x| x.name == vm_name) {
-                return Err(err(at("name"), format!("two VMs are named {vm_name:?}")));
-            }
-            let policy = Policy {
-                name: vm_name.clone(),
-                service_level: None,
-                reservation_iops: v.reservation_iops,
-                reservation_mbps: None,
-                limit_iops: v.limit_iops,
-                limit_mbps: None,
-                shares: v.shares,
-                latency_target_ms: None,
-                burst_seconds: 0.0,
-            };
-            policy
-                .validate()
-                .map_err(|e| err(at("limit_iops"), e.to_string()))?;
-            match &model {
-                Some(m) => {
-                    if let Err(e) = m.build(disk_bytes, 0, first_instance + k, instances) {
-                        return Err(err(at("workload"), format!("model {:?}: {e}", v.workload)));
-                    }
-                }
-                None => {
-                    AccessGenerator::new(&spec, disk_bytes, 0).map_err(|e| {
-                        err(at("workload"), format!("workload {:?}: {e}", v.workload))
-                    })?;
-                }
-            }
-            if v.host_cache
-                && !file.host[host]
-                    .flash_cache
-                    .as_ref()
-                    .is_some_and(|c| c.enabled)
-            {
+        Ok(VmEntry {
+            i,
+            v,
+            host,
+            volume,
+            spec,
+            model,
+            disk_bytes,
+            first_instance,
+            instances,
+        })
+    }
+
+    /// Copy `k` of the entry, its disk at `base_offset`; `vms`: the VMs so far.
+    fn copy(
+        &self,
+        file: &ScenarioFile,
+        k: u32,
+        vms: &[VmPlan],
+        base_offset: u64,
+    ) -> Result<VmPlan, PathErr> {
+        let v = self.v;
+        let at = |f: &str| entry_field("vm", self.i, f);
+        let vm_name = if v.count == 1 {
+            v.name.clone()
+        } else {
+            format!("{}-{}", v.name, k + 1)
+        };
+        if vms.iter().any(|x| x.name == vm_name) {
+            return Err(err(at("name"), format!("two VMs are named {vm_name:?}")));
+        }
+        let policy = Policy {
+            name: vm_name.clone(),
+            service_level: None,
+            reservation_iops: v.reservation_iops,
+            reservation_mbps: None,
+            limit_iops: v.limit_iops,
+            limit_mbps: None,
+            shares: v.shares,
+            latency_target_ms: None,
+            burst_seconds: 0.0,
+        };
+        policy
+            .validate()
+            .map_err(|e| err(at("limit_iops"), e.to_string()))?;
+        self.check_generator(k)?;
+        let host = &file.host[self.host];
+        if v.host_cache && !host.flash_cache.as_ref().is_some_and(|c| c.enabled) {
+            return Err(err(
+                at("host_cache"),
+                format!("host {:?} has no enabled flash_cache", host.name),
+            ));
+        }
+        let prewarm_bytes = match (
+            v.prewarm_cache,
+            self.model.as_ref().and_then(|m| m.data_bytes()),
+        ) {
+            (false, _) => 0,
+            (true, Some(bytes)) => bytes.min(self.disk_bytes),
+            (true, None) => {
                 return Err(err(
-                    at("host_cache"),
-                    format!("host {:?} has no enabled flash_cache", file.host[host].name),
+                    at("prewarm_cache"),
+                    "only an OLTP or Exchange model has a data region to pre-warm".into(),
                 ));
             }
-            let prewarm_bytes = match (v.prewarm_cache, model.as_ref().and_then(|m| m.data_bytes()))
-            {
-                (false, _) => 0,
-                (true, Some(bytes)) => bytes.min(disk_bytes),
-                (true, None) => {
-                    return Err(err(
-                        at("prewarm_cache"),
-                        "only an OLTP or Exchange model has a data region to pre-warm".into(),
-                    ));
+        };
+        Ok(VmPlan {
+            name: vm_name,
+            host: self.host,
+            volume: self.volume,
+            policy,
+            spec: self.spec.clone(),
+            model: self.model.clone(),
+            instance: self.first_instance + k,
+            instances: self.instances,
+            copies: v.count,
+            base: v.name.clone(),
+            host_cache: v.host_cache,
+            prewarm_bytes,
+            disk_bytes: self.disk_bytes,
+            base_offset,
+        })
+    }
+
+    /// Checks that copy `k`'s model or access generator builds on its disk.
+    fn check_generator(&self, k: u32) -> Result<(), PathErr> {
+        let at = |f: &str| entry_field("vm", self.i, f);
+        let workload = &self.v.workload;
+        match &self.model {
+            Some(m) => {
+                if let Err(e) = m.build(self.disk_bytes, 0, self.first_instance + k, self.instances)
+                {
+                    return Err(err(at("workload"), format!("model {workload:?}: {e}")));
                 }
-            };
-            vms.push(VmPlan {
-                name: vm_name,
-                host,
-                volume,
-                policy,
-                spec: spec.clone(),
-                model: model.clone(),
-                instance: first_instance + k,
-                instances,
-                copies: v.count,
-                base: v.name.clone(),
-                host_cache: v.host_cache,
-                prewarm_bytes,
-                disk_bytes,
-                base_offset: next_offset,
-            });
-            next_offset += disk_bytes;
+            }
+            None => {
+                AccessGenerator::new(&self.spec, self.disk_bytes, 0)
+                    .map_err(|e| err(at("workload"), format!("workload {workload:?}: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The access specification of `[[vm]]` entry `i`: its `[[workload]]`, a placeholder
+/// when it runs a model (`is_model`), else the built-in profile of that name.
+fn vm_access_spec(file: &ScenarioFile, i: usize, is_model: bool) -> Result<AccessSpec, PathErr> {
+    let v = &file.vm[i];
+    match file.workload.iter().find(|w| w.name == v.workload) {
+        Some(w) => Ok(w.clone()),
+        None if is_model => Ok(AccessSpec::simple(4096, 100.0, 100.0, 1)),
+        None => weir_workload::profile(&v.workload)
+            .map(|p| p.spec)
+            .map_err(|_| {
+                err(
+                    entry_field("vm", i, "workload"),
+                    format!(
+                        "no [[workload]], [[model]] or built-in profile named {:?} (profiles: {})",
+                        v.workload,
+                        weir_workload::profile_names().join(", ")
+                    ),
+                )
+            }),
+    }
+}
+
+/// The volume of `[[vm]]` entry `i`: the one it names, else the datastore's (added
+/// to `volumes`, best effort, when it is not there yet).
+fn vm_volume(
+    file: &ScenarioFile,
+    i: usize,
+    volumes: &mut Vec<VolumePlan>,
+) -> Result<usize, PathErr> {
+    match &file.vm[i].volume {
+        Some(name) => volumes.iter().position(|x| &x.name == name).ok_or_else(|| {
+            err(
+                entry_field("vm", i, "volume"),
+                format!("no [[volume]] named {name:?}"),
+            )
+        }),
+        None => {
+            if let Some(p) = volumes.iter().position(|x| x.name == file.datastore.name) {
+                Ok(p)
+            } else {
+                volumes.push(VolumePlan {
+                    name: file.datastore.name.clone(),
+                    policy: Policy::best_effort("datastore"),
+                });
+                Ok(volumes.len() - 1)
+            }
         }
     }
+}
+
+/// The disk of each copy of `[[vm]]` entry `i`, 4 KiB-aligned (`fill_bytes` for
+/// `disk_gib = 0`); also checks the VM count so far.
+fn vm_disk_bytes(file: &ScenarioFile, i: usize, fill_bytes: u64) -> Result<u64, PathErr> {
+    let at = |f: &str| entry_field("vm", i, f);
+    let gib = disk_gib(&file.vm[i]);
+    if !(gib.is_finite() && (0.0..=1e6).contains(&gib)) {
+        return Err(err(
+            at("disk_gib"),
+            format!("must be in [0, 1e6] (0: the rest of the array), got {gib}"),
+        ));
+    }
+    let total: u64 = file.vm[..=i].iter().map(|v| v.count as u64).sum();
+    if total > weir_workload::MAX_VMS as u64 {
+        return Err(err(
+            at("count"),
+            format!(
+                "the scenario's VMs (every count together) must be at most {}, got {total}",
+                weir_workload::MAX_VMS
+            ),
+        ));
+    }
+    let disk_bytes = if gib == 0.0 {
+        fill_bytes
+    } else {
+        (gib * (1u64 << 30) as f64) as u64 / 4096 * 4096
+    };
+    if disk_bytes == 0 {
+        return Err(err(
+            at("disk_gib"),
+            "the other VMs' disks leave no room on the array".into(),
+        ));
+    }
+    Ok(disk_bytes)
+}
+
+/// Checks what the VMs cost to simulate (I/Os in flight, timeline points), and that
+/// there is at least one.
+fn check_vm_load(vms: &[VmPlan], clock: &Clock) -> Result<(), PathErr> {
     let in_flight: u64 = vms
         .iter()
         .map(|v| match &v.model {
@@ -938,7 +1116,7 @@ pub(crate) fn plan_case(
             ),
         ));
     }
-    let intervals = (duration_ns + warmup_ns) / interval_ns + 1;
+    let intervals = (clock.duration_ns + clock.warmup_ns) / clock.interval_ns + 1;
     if vms.len() as u64 * intervals > MAX_TIMELINE_POINTS {
         return Err(err(
             vec![key("scenario"), key("timeline_interval_s")],
@@ -954,12 +1132,11 @@ pub(crate) fn plan_case(
             "every [[vm]] has count = 0: nothing to run".into(),
         ));
     }
-    hw::build_array(&file.array, 0, next_offset).map_err(|m| err(vec![key("array")], m))?;
-    let compare: Vec<CompareSpec> = compare
-        .iter()
-        .filter(|c| c.when.iter().all(|(k, v)| params.get(k) == Some(v)))
-        .cloned()
-        .collect();
+    Ok(())
+}
+
+/// The `[[scenario.window]]`s: unique names, 0 <= start_s < end_s.
+fn plan_windows(file: &ScenarioFile) -> Result<Vec<WindowPlan>, PathErr> {
     let mut windows = Vec::new();
     for (i, w) in file.scenario.window.iter().enumerate() {
         let at = |f: &str| vec![key("scenario"), key("window"), Seg::Index(i), key(f)];
@@ -991,6 +1168,11 @@ pub(crate) fn plan_case(
             end_ns: (w.end_s * 1e9) as u64,
         });
     }
+    Ok(windows)
+}
+
+/// Checks the sizes and blocks of the array's and the hosts' flash caches.
+fn check_caches(file: &ScenarioFile) -> Result<(), PathErr> {
     for c in [file.array_cache.as_ref().map(|c| (c.size_gib, c.block_kib))]
         .into_iter()
         .flatten()
@@ -1010,25 +1192,7 @@ pub(crate) fn plan_case(
             ));
         }
     }
-    for (i, cmp) in compare.iter().enumerate() {
-        crate::engine::check_metric(&cmp.metric, &vms, &volumes, &windows)
-            .map_err(|m| err(vec![key("compare"), Seg::Index(i), key("metric")], m))?;
-    }
-    Ok(CasePlan {
-        name: name.to_string(),
-        description: description.to_string(),
-        params,
-        duration_ns,
-        warmup_ns,
-        interval_ns,
-        file: file.clone(),
-        hosts,
-        vms,
-        volumes,
-        congestion: file.datastore.congestion.clone(),
-        compare,
-        windows,
-    })
+    Ok(())
 }
 
 // ---- error locations -------------------------------------------------------
