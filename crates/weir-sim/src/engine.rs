@@ -1559,10 +1559,69 @@ impl<'p> Engine<'p> {
         }
     }
 
+    /// The case's report at the end of the run.
     fn report(mut self) -> CaseReport {
         let plan = self.plan;
         let now = self.now;
         let duration_s = (now - self.measure_start).max(1) as f64 / 1e9;
+        self.close_hosts();
+        let used = (now / plan.interval_ns) as usize;
+        let mut timeline = self.io_timeline(used);
+        timeline.extend(self.model_timeline(used));
+        let mut model_metrics = self.model_metrics("", self.measure_start, now);
+        model_metrics.extend(self.schedule_metrics(self.measure_start, now));
+        let mut windows = Vec::new();
+        // A window the run never reached (e.g. with --scale-duration) is not
+        // measured at all: its figures would read as zeroes.
+        for w in plan.windows.iter().filter(|w| w.start_ns < now) {
+            model_metrics.extend(self.model_metrics(&w.name, w.start_ns, w.end_ns.min(now)));
+            windows.push(self.window_result(w, now));
+        }
+        timeline.extend(self.volume_timeline(used));
+        let io_sizes = (self.sizes.random_reads
+            + self.sizes.sequential_reads
+            + self.sizes.random_writes
+            + self.sizes.sequential_writes
+            > 0)
+        .then(|| self.sizes.clone());
+        let mut report = CaseReport {
+            name: plan.name.clone(),
+            description: plan.description.clone(),
+            params: plan.params.clone(),
+            duration_s,
+            warmup_s: self.measure_start.min(now) as f64 / 1e9,
+            workloads: self.workload_results(duration_s),
+            total: Some(self.total.result("total".into(), duration_s)),
+            comparisons: Vec::new(),
+            components: self.component_results(duration_s),
+            timeline,
+            events: self.completed,
+            model_metrics,
+            windows,
+            io_sizes,
+        };
+        report.comparisons = self.comparisons(&report);
+        report
+    }
+
+    /// Ends the hosts' figures with the run: their outstanding-I/O area, and the
+    /// PARDA window sampled in the last interval too.
+    fn close_hosts(&mut self) {
+        let now = self.now;
+        let used_intervals = (now / self.plan.interval_ns) as usize;
+        for h in &mut self.hosts {
+            Self::note_outstanding(h, now);
+            if let Some(w) = h.qos.gate.gateway_window()
+                && h.window_series.len() < used_intervals
+            {
+                h.window_series.push(w.window as f64);
+            }
+        }
+    }
+
+    /// Per VM, then per volume (with several volumes or array QoS).
+    fn workload_results(&self, duration_s: f64) -> Vec<WorkloadResult> {
+        let plan = self.plan;
         let mut workloads = Vec::new();
         for v in &self.vms {
             let mut w = v.stats.result(v.plan.name.clone(), duration_s);
@@ -1577,7 +1636,12 @@ impl<'p> Engine<'p> {
                 workloads.push(w);
             }
         }
-        let total = self.total.result("total".into(), duration_s);
+        workloads
+    }
+
+    /// Hardware components, the array's parts, hosts, then the caches' hit ratios;
+    /// busy time and transfers over the measured time.
+    fn component_results(&self, duration_s: f64) -> Vec<ComponentResult> {
         let mut components = Vec::new();
         for c in &self.comps {
             components.push(ComponentResult {
@@ -1603,25 +1667,38 @@ impl<'p> Engine<'p> {
                 mbps: p.bytes.saturating_sub(bytes0) as f64 / 1e6 / duration_s,
             });
         }
-        let used_intervals = (now / plan.interval_ns) as usize;
-        for (i, h) in self.hosts.iter_mut().enumerate() {
-            Self::note_outstanding(h, now);
-            // The last interval ends with the run: sample the window there too.
-            if let Some(w) = h.qos.gate.gateway_window()
-                && h.window_series.len() < used_intervals
-            {
-                h.window_series.push(w.window as f64);
-            }
+        for (i, h) in self.hosts.iter().enumerate() {
             components.push(ComponentResult {
-                name: format!("host {}", plan.hosts[i].name),
+                name: format!("host {}", self.plan.hosts[i].name),
                 kind: "host".into(),
                 utilisation: h.area as f64 / 1e9 / duration_s / h.queue_depth as f64,
                 ios: h.dispatched,
                 mbps: h.dispatched_bytes as f64 / 1e6 / duration_s,
             });
         }
-        let interval_s = plan.interval_ns as f64 / 1e9;
-        let used = (now / plan.interval_ns) as usize;
+        let hit_ratio = |name: String, c: &BlockCache| ComponentResult {
+            name,
+            kind: "cache".into(),
+            utilisation: c.hits as f64 / (c.hits + c.misses).max(1) as f64,
+            ios: c.hits,
+            mbps: 0.0,
+        };
+        if let Some((c, ..)) = &self.array_cache {
+            components.push(hit_ratio("array flash cache hit ratio".into(), c));
+        }
+        for (i, h) in self.hosts.iter().enumerate() {
+            if let Some((c, _)) = &h.cache {
+                let name = format!("host cache {} hit ratio", self.plan.hosts[i].name);
+                components.push(hit_ratio(name, c));
+            }
+        }
+        components
+    }
+
+    /// Per-interval I/O series over the first `used` intervals: each VM's, the
+    /// datastore's, and each host's PARDA window.
+    fn io_timeline(&self, used: usize) -> Vec<TimelineSeries> {
+        let interval_s = self.plan.interval_ns as f64 / 1e9;
         let mut timeline = Vec::new();
         for v in &self.vms {
             let b = &v.buckets[..used.min(v.buckets.len())];
@@ -1634,13 +1711,7 @@ impl<'p> Engine<'p> {
                 };
             timeline.push(series("MB/s", "MB/s", &|x| x.0 as f64 / 1e6 / interval_s));
             timeline.push(series("IOPS", "IOPS", &|x| x.1 as f64 / interval_s));
-            timeline.push(series("latency", "ms", &|x| {
-                if x.1 == 0 {
-                    0.0
-                } else {
-                    x.2 as f64 / x.1 as f64 / 1e6
-                }
-            }));
+            timeline.push(series("latency", "ms", &mean_latency_ms));
         }
         let tb = &self.series_total[..used.min(self.series_total.len())];
         timeline.push(TimelineSeries {
@@ -1659,114 +1730,58 @@ impl<'p> Engine<'p> {
             name: "datastore device latency".into(),
             unit: "ms".into(),
             interval_s,
-            values: tb
-                .iter()
-                .map(|x| {
-                    if x.1 == 0 {
-                        0.0
-                    } else {
-                        x.2 as f64 / x.1 as f64 / 1e6
-                    }
-                })
-                .collect(),
+            values: tb.iter().map(mean_latency_ms).collect(),
         });
         for (i, h) in self.hosts.iter().enumerate() {
             if !h.window_series.is_empty() {
                 timeline.push(TimelineSeries {
-                    name: format!("host {} window", plan.hosts[i].name),
+                    name: format!("host {} window", self.plan.hosts[i].name),
                     unit: "I/Os".into(),
                     interval_s,
                     values: h.window_series.clone(),
                 });
             }
         }
-        timeline.extend(self.model_timeline(used));
-        let mut model_metrics = self.model_metrics("", self.measure_start, now);
-        model_metrics.extend(self.schedule_metrics(self.measure_start, now));
-        let mut windows = Vec::new();
-        // A window the run never reached (e.g. with --scale-duration) is not
-        // measured at all: its figures would read as zeroes.
-        let unreached: Vec<&str> = plan
+        timeline
+    }
+
+    /// Per-volume IOPS and latency over the first `used` intervals (with several volumes).
+    fn volume_timeline(&self, used: usize) -> Vec<TimelineSeries> {
+        let interval_s = self.plan.interval_ns as f64 / 1e9;
+        let mut timeline = Vec::new();
+        if self.plan.volumes.len() <= 1 {
+            return timeline;
+        }
+        for (vi, vol) in self.plan.volumes.iter().enumerate() {
+            let b = &self.volume_buckets[vi][..used.min(self.volume_buckets[vi].len())];
+            timeline.push(TimelineSeries {
+                name: format!("volume:{} IOPS", vol.name),
+                unit: "IOPS".into(),
+                interval_s,
+                values: b.iter().map(|x| x.1 as f64 / interval_s).collect(),
+            });
+            timeline.push(TimelineSeries {
+                name: format!("volume:{} latency", vol.name),
+                unit: "ms".into(),
+                interval_s,
+                values: b.iter().map(mean_latency_ms).collect(),
+            });
+        }
+        timeline
+    }
+
+    /// The case's `compare` figures, read from `report`; a figure of a window the run
+    /// never reached says so.
+    fn comparisons(&self, report: &CaseReport) -> Vec<Comparison> {
+        let now = self.now;
+        let unreached: Vec<&str> = self
+            .plan
             .windows
             .iter()
             .filter(|w| w.start_ns >= now)
             .map(|w| w.name.as_str())
             .collect();
-        for w in plan.windows.iter().filter(|w| w.start_ns < now) {
-            model_metrics.extend(self.model_metrics(&w.name, w.start_ns, w.end_ns.min(now)));
-            windows.push(self.window_result(w, now));
-        }
-        for (vi, vol) in plan.volumes.iter().enumerate() {
-            if plan.volumes.len() > 1 {
-                let b = &self.volume_buckets[vi][..used.min(self.volume_buckets[vi].len())];
-                timeline.push(TimelineSeries {
-                    name: format!("volume:{} IOPS", vol.name),
-                    unit: "IOPS".into(),
-                    interval_s,
-                    values: b.iter().map(|x| x.1 as f64 / interval_s).collect(),
-                });
-                timeline.push(TimelineSeries {
-                    name: format!("volume:{} latency", vol.name),
-                    unit: "ms".into(),
-                    interval_s,
-                    values: b
-                        .iter()
-                        .map(|x| {
-                            if x.1 == 0 {
-                                0.0
-                            } else {
-                                x.2 as f64 / x.1 as f64 / 1e6
-                            }
-                        })
-                        .collect(),
-                });
-            }
-        }
-        for (c, what) in [(self.array_cache.as_ref().map(|c| &c.0), "array flash cache")] {
-            if let Some(c) = c {
-                components.push(ComponentResult {
-                    name: format!("{what} hit ratio"),
-                    kind: "cache".into(),
-                    utilisation: c.hits as f64 / (c.hits + c.misses).max(1) as f64,
-                    ios: c.hits,
-                    mbps: 0.0,
-                });
-            }
-        }
-        for (i, h) in self.hosts.iter().enumerate() {
-            if let Some((c, _)) = &h.cache {
-                components.push(ComponentResult {
-                    name: format!("host cache {} hit ratio", plan.hosts[i].name),
-                    kind: "cache".into(),
-                    utilisation: c.hits as f64 / (c.hits + c.misses).max(1) as f64,
-                    ios: c.hits,
-                    mbps: 0.0,
-                });
-            }
-        }
-        let io_sizes = (self.sizes.random_reads
-            + self.sizes.sequential_reads
-            + self.sizes.random_writes
-            + self.sizes.sequential_writes
-            > 0)
-        .then(|| self.sizes.clone());
-        let mut report = CaseReport {
-            name: plan.name.clone(),
-            description: plan.description.clone(),
-            params: plan.params.clone(),
-            duration_s,
-            warmup_s: self.measure_start.min(now) as f64 / 1e9,
-            workloads,
-            total: Some(total),
-            comparisons: Vec::new(),
-            components,
-            timeline,
-            events: self.completed,
-            model_metrics,
-            windows,
-            io_sizes,
-        };
-        report.comparisons = plan
+        self.plan
             .compare
             .iter()
             .map(|c| Comparison {
@@ -1775,7 +1790,7 @@ impl<'p> Engine<'p> {
                 } else {
                     c.label.clone()
                 },
-                weir: metric_value(&report, &c.metric).unwrap_or(f64::NAN),
+                weir: metric_value(report, &c.metric).unwrap_or(f64::NAN),
                 seed: c.seed,
                 source: c.source.clone(),
                 expr: c.metric.clone(),
@@ -1791,8 +1806,16 @@ impl<'p> Engine<'p> {
                 },
                 ..compare_fields(c)
             })
-            .collect();
-        report
+            .collect()
+    }
+}
+
+/// A timeline bucket's (bytes, I/Os, latency sum in ns) mean latency, ms (0 without I/Os).
+fn mean_latency_ms(x: &(u64, u64, u128)) -> f64 {
+    if x.1 == 0 {
+        0.0
+    } else {
+        x.2 as f64 / x.1 as f64 / 1e6
     }
 }
 
