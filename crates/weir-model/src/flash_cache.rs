@@ -63,6 +63,39 @@ pub const MAX_INVALIDATE_BLOCKS: u64 = 1 << 16;
 /// Sequential streams tracked per volume for admission.
 const STREAMS: usize = 4;
 
+/// A volume's recent sequential runs (admission's scan detection): the end of
+/// each of the last [`STREAMS`] runs and its length so far.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ScanDetector {
+    streams: [(u64, u64); STREAMS],
+    next: usize,
+}
+
+impl ScanDetector {
+    /// Records a read; whether it is (part of) a scan of `scan_bytes` or more
+    /// (0: never).
+    pub(crate) fn note(&mut self, offset: u64, length: u64, scan_bytes: u64) -> bool {
+        let run = match self
+            .streams
+            .iter_mut()
+            .find(|(end, _)| *end == offset && *end > 0)
+        {
+            Some(s) => {
+                s.0 = offset + length;
+                s.1 = s.1.saturating_add(length);
+                s.1
+            }
+            None => {
+                let i = self.next;
+                self.next = (i + 1) % STREAMS;
+                self.streams[i] = (offset + length, length);
+                length
+            }
+        };
+        scan_bytes > 0 && run >= scan_bytes
+    }
+}
+
 /// Counters of one volume (or, summed, of the cache).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct FlashCacheStats {
@@ -154,9 +187,7 @@ pub struct FillSlot {
 struct Volume {
     enabled: bool,
     epoch: u32,
-    /// Ends of recent sequential runs and their lengths (admission).
-    streams: [(u64, u64); STREAMS],
-    next_stream: usize,
+    scans: ScanDetector,
     stats: FlashCacheStats,
 }
 
@@ -427,25 +458,9 @@ impl FlashCache {
     /// Records the read in the volume's streams; whether it is part of a scan.
     fn note_stream(&mut self, volume: u32, offset: u64, length: u64) -> bool {
         let scan_bytes = self.spec.scan_bytes;
-        let v = &mut self.volumes[volume as usize];
-        let run = match v
-            .streams
-            .iter_mut()
-            .find(|(end, _)| *end == offset && *end > 0)
-        {
-            Some(s) => {
-                s.0 = offset + length;
-                s.1 = s.1.saturating_add(length);
-                s.1
-            }
-            None => {
-                let i = v.next_stream;
-                v.next_stream = (i + 1) % STREAMS;
-                v.streams[i] = (offset + length, length);
-                length
-            }
-        };
-        scan_bytes > 0 && run >= scan_bytes
+        self.volumes[volume as usize]
+            .scans
+            .note(offset, length, scan_bytes)
     }
 
     /// After the backing-store read of a fill succeeded: the blocks to write to

@@ -792,13 +792,10 @@ fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
-const STREAMS: usize = 4;
-
 #[derive(Clone, Debug, Default)]
 struct ReplayVolume {
     epoch: u32,
-    streams: [(u64, u64); STREAMS],
-    next_stream: usize,
+    scans: crate::flash_cache::ScanDetector,
 }
 
 /// The flash cache's read, fill, admission and invalidation rules around a
@@ -924,25 +921,7 @@ impl<P: Policy> Replay<P> {
 
     fn note_stream(&mut self, volume: u32, offset: u64, length: u64) -> bool {
         let scan_bytes = self.scan_bytes;
-        let v = self.volume(volume);
-        let run = match v
-            .streams
-            .iter_mut()
-            .find(|(end, _)| *end == offset && *end > 0)
-        {
-            Some(s) => {
-                s.0 = offset + length;
-                s.1 = s.1.saturating_add(length);
-                s.1
-            }
-            None => {
-                let i = v.next_stream;
-                v.next_stream = (i + 1) % STREAMS;
-                v.streams[i] = (offset + length, length);
-                length
-            }
-        };
-        scan_bytes > 0 && run >= scan_bytes
+        self.volume(volume).scans.note(offset, length, scan_bytes)
     }
 }
 

@@ -279,41 +279,15 @@ impl FlashCacheDevice {
         }
     }
 
-    /// Reads a hit's bytes from the cache file.
-    fn read_hit(
+    /// Reads a hit's bytes from the cache file with `read(part, at)` (false:
+    /// give up), one call per run of consecutive slots.
+    fn read_hit_with(
         &self,
         first_block: u64,
         slots: &[SlotRef],
         offset: u64,
         buf: &mut [u8],
-    ) -> io::Result<()> {
-        let bs = self.block_bytes;
-        let end = offset + buf.len() as u64;
-        let mut i = 0;
-        while i < slots.len() {
-            // A run of consecutive slots is one read.
-            let mut j = i + 1;
-            while j < slots.len() && slots[j].slot == slots[j - 1].slot + 1 {
-                j += 1;
-            }
-            let lo = ((first_block + i as u64) * bs).max(offset);
-            let hi = ((first_block + j as u64) * bs).min(end);
-            let at = slots[i].slot as u64 * bs + (lo - (first_block + i as u64) * bs);
-            self.file
-                .read_exact_at(&mut buf[(lo - offset) as usize..(hi - offset) as usize], at)?;
-            i = j;
-        }
-        Ok(())
-    }
-
-    /// As [`FlashCacheDevice::read_hit`], only from the page cache (`false`:
-    /// some of it would wait for the device).
-    fn read_hit_nowait(
-        &self,
-        first_block: u64,
-        slots: &[SlotRef],
-        offset: u64,
-        buf: &mut [u8],
+        mut read: impl FnMut(&mut [u8], u64) -> bool,
     ) -> bool {
         let bs = self.block_bytes;
         let end = offset + buf.len() as u64;
@@ -326,13 +300,40 @@ impl FlashCacheDevice {
             let lo = ((first_block + i as u64) * bs).max(offset);
             let hi = ((first_block + j as u64) * bs).min(end);
             let at = slots[i].slot as u64 * bs + (lo - (first_block + i as u64) * bs);
-            let part = &mut buf[(lo - offset) as usize..(hi - offset) as usize];
-            if !crate::backend::pread_nowait(&self.file, part, at) {
+            if !read(&mut buf[(lo - offset) as usize..(hi - offset) as usize], at) {
                 return false;
             }
             i = j;
         }
         true
+    }
+
+    /// Reads a hit's bytes from the cache file (a failed read is counted).
+    fn read_hit(&self, first_block: u64, slots: &[SlotRef], offset: u64, buf: &mut [u8]) -> bool {
+        self.read_hit_with(first_block, slots, offset, buf, |part, at| {
+            match self.file.read_exact_at(part, at) {
+                Ok(()) => true,
+                Err(e) => {
+                    self.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("flash cache {}: read: {e}", self.path.display());
+                    false
+                }
+            }
+        })
+    }
+
+    /// As [`FlashCacheDevice::read_hit`], only from the page cache (`false`:
+    /// some of it would wait for the device).
+    fn read_hit_nowait(
+        &self,
+        first_block: u64,
+        slots: &[SlotRef],
+        offset: u64,
+        buf: &mut [u8],
+    ) -> bool {
+        self.read_hit_with(first_block, slots, offset, buf, |part, at| {
+            crate::backend::pread_nowait(&self.file, part, at)
+        })
     }
 
     /// Writes a miss's whole blocks to their slots and ends the fill.
@@ -408,13 +409,10 @@ impl Backend for FlashCacheLayer {
         match plan {
             ReadPlan::Bypass => self.inner.read(offset, buf),
             ReadPlan::Hit { first_block, slots } => {
-                match self.dev.read_hit(first_block, &slots, offset, buf) {
-                    Ok(()) if self.dev.model().still_valid(self.volume, &slots) => return Ok(()),
-                    Ok(()) => {}
-                    Err(e) => {
-                        self.dev.errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!("flash cache {}: read: {e}", self.dev.path.display());
-                    }
+                if self.dev.read_hit(first_block, &slots, offset, buf)
+                    && self.dev.model().still_valid(self.volume, &slots)
+                {
+                    return Ok(());
                 }
                 self.inner.read(offset, buf)
             }
