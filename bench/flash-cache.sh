@@ -74,14 +74,8 @@ size = "${HOT_MIB}MiB"
 policy = "best-effort"
 pool = "local"
 CONF
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return; sleep 0.1; done; echo "port $1 not open"; exit 1; }
-"$WEIR" serve --config "$WORK/up.toml" > "$WORK/up.out" 2> "$WORK/up.log" & pids+=($!)
-wait_port $P_UP
-"$WEIR" serve --config "$WORK/gw.toml" > "$WORK/gw.out" 2> "$WORK/gw.log" & pids+=($!)
-wait_port $P_GW
+serve_weir up $P_UP
+serve_weir gw $P_GW
 
 # fio: IOPS of a 4 KiB randread QD32 run; $2 = size, $3 = extra options.
 run() {

@@ -34,14 +34,8 @@ P_UP=10951; P_UPA=10952; P_GW=10953; P_GWA=10954
     printf '[[volumes]]\nname = "u%s"\nexport = "sql%s"\npolicy = "best-effort"\npool = "gw"\n' $i $i
   done
 } > "$WORK/gw.toml"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return; sleep 0.1; done; echo "port $1 not open"; exit 1; }
-"$WEIR" serve --config "$WORK/up.toml" > "$WORK/up.out" 2> "$WORK/up.log" & pids+=($!)
-wait_port $P_UP
-"$WEIR" serve --config "$WORK/gw.toml" > "$WORK/gw.out" 2> "$WORK/gw.log" & pids+=($!)
-wait_port $P_GW
+serve_weir up $P_UP
+serve_weir gw $P_GW
 upstream_ios() {
   curl -s "http://127.0.0.1:$P_UPA/metrics" -H "Authorization: Bearer $(cat "$WORK/up/admin-token")" |
     awk -v op="$1" '$0 ~ "^weir_volume_ios_total\\{volume=\"sql[0-9]\",op=\"" op "\"\\}" {s += $2} END {print s + 0}'

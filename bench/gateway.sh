@@ -58,14 +58,8 @@ name = "vol"
 policy = "best-effort"
 pool = "gw"
 CONF
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return; sleep 0.1; done; echo "port $1 not open"; exit 1; }
-"$WEIR" serve --config "$WORK/up.toml" > "$WORK/up.out" 2> "$WORK/up.log" & pids+=($!)
-wait_port $P_UP
-"$WEIR" serve --config "$WORK/gw.toml" > "$WORK/gw.out" 2> "$WORK/gw.log" & pids+=($!)
-wait_port $P_GW
+serve_weir up $P_UP
+serve_weir gw $P_GW
 # Warm the upstream's page cache (both paths read the same file).
 fio --name=warm --ioengine=nbd --uri="nbd://127.0.0.1:$P_UP/vol" --rw=read --bs=1m --iodepth=4 \
   --size=1g --output-format=terse >/dev/null 2>&1 || true

@@ -18,3 +18,19 @@ ceph_cluster() {
   POOL="${WEIR_CEPH_POOL:-weir}"
   rbd_() { rbd -c "$WEIR_CEPH_CONF" --id "$CLIENT" ${WEIR_CEPH_KEYRING:+-k "$WEIR_CEPH_KEYRING"} "$@"; }
 }
+
+# Starts `$WEIR serve --config $WORK/NAME.toml` (output in $WORK/NAME.out and
+# .log) and waits until PORT answers; every server started so is killed when
+# the script exits.
+WEIR_PIDS=()
+serve_weir() {
+  local name=$1 port=$2
+  "$WEIR" serve --config "$WORK/$name.toml" > "$WORK/$name.out" 2> "$WORK/$name.log" &
+  WEIR_PIDS+=($!)
+  trap 'for p in "${WEIR_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+  for _ in $(seq 100); do
+    (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && return
+    sleep 0.1
+  done
+  echo "weir serve ($name) did not open port $port; log:"; tail -n 5 "$WORK/$name.log"; exit 1
+}

@@ -20,12 +20,9 @@
 //! Ghost entries (ARC's B1/B2, S3-FIFO's ghost FIFO, 2Q's A1out) hold keys, no
 //! data; a write drops only resident blocks and leaves the key's history.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use serde::Serialize;
 
-use crate::block_cache::{BlockCache, CachePolicy};
+use crate::block_cache::{BlockCache, CachePolicy, FastMap};
 use crate::flash_cache::MAX_INVALIDATE_BLOCKS;
 
 /// A replacement policy over `capacity` resident keys.
@@ -121,27 +118,6 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
 // ---------------------------------------------------------------------------
 // Intrusive lists over one slab, found through one map (key → node).
 
-#[derive(Clone, Copy, Debug, Default)]
-struct MulHasher(u64);
-
-impl Hasher for MulHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(26) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-    fn write_u128(&mut self, n: u128) {
-        self.write_u64(n as u64);
-        self.write_u64((n >> 64) as u64);
-    }
-}
-
 const NIL: u32 = u32::MAX;
 
 #[derive(Clone, Copy, Debug)]
@@ -161,7 +137,7 @@ struct Lists<const N: usize> {
     head: [u32; N],
     tail: [u32; N],
     len: [u32; N],
-    index: HashMap<u128, u32, BuildHasherDefault<MulHasher>>,
+    index: FastMap<u128, u32>,
 }
 
 impl<const N: usize> Lists<N> {
@@ -172,7 +148,7 @@ impl<const N: usize> Lists<N> {
             head: [NIL; N],
             tail: [NIL; N],
             len: [0; N],
-            index: HashMap::default(),
+            index: FastMap::default(),
         }
     }
 
