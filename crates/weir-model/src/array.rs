@@ -144,6 +144,44 @@ pub struct ArraySpec {
     pub clone_cache: Option<CloneCacheSpec>,
 }
 
+/// A whole array given by preset name ([`ARRAY_PRESETS`]) or as an [`ArraySpec`]
+/// table, e.g. a server pool's emulated `device`:
+///
+/// ```toml
+/// device = "15k-sas-raid5x24"
+/// device = { controller = "pcie-gen2", drive = "sata-7200", raid = { level = 10, drives = 16, stripe_element_bytes = 65536 } }
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ArrayRef {
+    Preset(String),
+    Custom(ArraySpec),
+}
+
+impl ArrayRef {
+    /// The array this names or describes, not yet validated.
+    pub fn spec(&self) -> Result<ArraySpec, ModelError> {
+        match self {
+            ArrayRef::Preset(n) => ArraySpec::preset(n),
+            ArrayRef::Custom(a) => Ok(a.clone()),
+        }
+    }
+
+    /// A short name for reports: the preset, or e.g. `sata-7200 raid10x16`.
+    pub fn label(&self) -> String {
+        match self {
+            ArrayRef::Preset(n) => n.clone(),
+            ArrayRef::Custom(a) => {
+                let drive = match &a.drive {
+                    DriveRef::Preset(n) => n.as_str(),
+                    DriveRef::Custom(_) => "custom",
+                };
+                format!("{drive} raid{}x{}", a.raid.level, a.raid.drives)
+            }
+        }
+    }
+}
+
 /// Names accepted by [`ArraySpec::preset`].
 pub const ARRAY_PRESETS: &[&str] = &[
     "15k-sas-raid5x24",

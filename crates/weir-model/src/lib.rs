@@ -99,8 +99,8 @@ mod read_cache;
 mod ssd;
 
 pub use array::{
-    ARRAY_PRESETS, Array, ArraySpec, ArrayStats, ControllerRef, DriveRef, DriveReport, DriveSpec,
-    PolicyOverride,
+    ARRAY_PRESETS, Array, ArrayRef, ArraySpec, ArrayStats, ControllerRef, DriveRef, DriveReport,
+    DriveSpec, PolicyOverride,
 };
 pub use block_cache::{BlockCache, CachePolicy};
 pub use ceph::{CephCluster, CephSpec, LinkRef, OsdStats};

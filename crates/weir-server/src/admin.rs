@@ -107,7 +107,7 @@ pub struct PoolStatsReport {
     pub name: String,
     /// `false`: requests bypass the gate (`qos = false`).
     pub qos: bool,
-    /// The emulated device's preset, if any.
+    /// The emulated device's preset (or a short description of its table), if any.
     pub device: Option<String>,
     #[serde(flatten)]
     pub gauges: PoolGauges,

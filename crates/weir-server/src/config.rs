@@ -35,7 +35,11 @@
 //! # trim_cost_factor = 1.0          # a TRIM is charged its length times this (0-1)
 //! # zero_cost_factor = 1.0          # a WRITE_ZEROES is charged its length times this (0-1)
 //! # device = "15k-sas-raid5x24"     # emulated device: I/Os complete no earlier than this
-//!                                   # weir-model array says (any of weir_model::ARRAY_PRESETS)
+//!                                   # weir-model array says (any of weir_model::ARRAY_PRESETS,
+//!                                   # or a table as the simulator's [array]: device =
+//!                                   # { controller = "pcie-gen2", drive = "sata-7200",
+//!                                   # raid = { level = 10, drives = 16,
+//!                                   # stripe_element_bytes = 65536 } })
 //! # congestion = { enabled = true, threshold_ms = 30 }
 //!                                   # datastore-wide congestion control: a window per
 //!                                   # client host (PARDA), threshold 5-100 ms; optional
@@ -271,10 +275,11 @@ pub struct PoolConfig {
     /// protected volume misses its latency target at the device.
     #[serde(default)]
     pub depth: DepthConfig,
-    /// Emulated device (a `weir_model::ARRAY_PRESETS` name): READ/WRITE replies wait
-    /// until the model completes them; data still goes to the pool's files.
+    /// Emulated device (a `weir_model::ARRAY_PRESETS` name or an `ArraySpec` table,
+    /// as the simulator's `[array]`): READ/WRITE replies wait until the model
+    /// completes them; data still goes to the pool's files.
     #[serde(default)]
-    pub device: Option<String>,
+    pub device: Option<weir_model::ArrayRef>,
     /// Datastore-wide congestion control: a window per client host, adapted every
     /// period to the pool's mean latency against `threshold_ms` (absent: off).
     #[serde(default)]

@@ -19,10 +19,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
-use weir_model::{Array, Completion, Component, DeviceIo, IoDir, Nanos};
+use weir_model::{Array, ArrayRef, Completion, Component, DeviceIo, IoDir, Nanos};
 
 pub struct EmulatedDevice {
-    pub preset: String,
+    /// The array's preset name or a short description (`ArrayRef::label`).
+    pub label: String,
     state: Mutex<State>,
     /// Wakes the driver thread: a new earliest event, or stop.
     wake: Condvar,
@@ -57,11 +58,15 @@ impl State {
 }
 
 impl EmulatedDevice {
-    /// `preset`: a name from `weir_model::ARRAY_PRESETS`.
-    pub fn new(preset: &str, epoch: Instant) -> Result<EmulatedDevice, String> {
-        let array = Array::from_preset(preset, 1).map_err(|e| e.to_string())?;
+    /// `array`: a `weir_model::ARRAY_PRESETS` name or an `ArraySpec` table.
+    pub fn new(array: &ArrayRef, epoch: Instant) -> Result<EmulatedDevice, String> {
+        let label = array.label();
+        let array = array
+            .spec()
+            .and_then(|spec| Array::new(&spec, 1))
+            .map_err(|e| e.to_string())?;
         Ok(EmulatedDevice {
-            preset: preset.to_string(),
+            label,
             state: Mutex::new(State {
                 array,
                 waiters: HashMap::new(),
@@ -144,7 +149,7 @@ impl EmulatedDevice {
     pub fn start(self: &Arc<Self>) -> DeviceDriver {
         let dev = self.clone();
         let thread = std::thread::Builder::new()
-            .name(format!("weir-device-{}", self.preset))
+            .name(format!("weir-device-{}", self.label))
             .spawn(move || dev.drive())
             .expect("spawning the emulated device's thread");
         DeviceDriver {
@@ -197,7 +202,10 @@ mod tests {
 
     #[tokio::test]
     async fn requests_complete_when_the_model_says() {
-        let dev = Arc::new(EmulatedDevice::new("15k-sas-raid5x24", Instant::now()).unwrap());
+        let dev = Arc::new(
+            EmulatedDevice::new(&ArrayRef::Preset("15k-sas-raid5x24".into()), Instant::now())
+                .unwrap(),
+        );
         let driver = dev.start();
         let start = Instant::now();
         // Random 8 KiB reads far apart: each is a seek plus rotation on a 15K drive.
@@ -218,6 +226,33 @@ mod tests {
         );
         assert_eq!(dev.in_flight(), 0);
         drop(driver);
-        assert!(EmulatedDevice::new("no-such-array", Instant::now()).is_err());
+        let unknown = ArrayRef::Preset("no-such-array".into());
+        assert!(EmulatedDevice::new(&unknown, Instant::now()).is_err());
+    }
+
+    fn table(toml_text: &str) -> ArrayRef {
+        #[derive(serde::Deserialize)]
+        struct Pool {
+            device: ArrayRef,
+        }
+        toml::from_str::<Pool>(toml_text).unwrap().device
+    }
+
+    #[test]
+    fn a_device_may_be_an_array_table() {
+        let seed_000 = table(
+            r#"device = { controller = "pcie-gen2", drive = "sata-7200", raid = { level = 10, drives = 16, stripe_element_bytes = 65536 } }"#,
+        );
+        let dev = EmulatedDevice::new(&seed_000, Instant::now()).unwrap();
+        assert_eq!(dev.label, "sata-7200 raid10x16");
+        // RAID 10 of 16: eight drives' worth, rounded down to whole 64 KiB strips.
+        let one_drive = weir_model::DriveSpec::preset("sata-7200").unwrap();
+        let eight = 8 * one_drive.capacity_bytes();
+        assert!(dev.capacity_bytes() <= eight && dev.capacity_bytes() > eight - (8 << 16));
+        let odd = table(
+            r#"device = { controller = "pcie-gen2", drive = "sata-7200", raid = { level = 10, drives = 15, stripe_element_bytes = 65536 } }"#,
+        );
+        let err = EmulatedDevice::new(&odd, Instant::now()).err().unwrap();
+        assert!(err.contains("drives"), "{err}");
     }
 }

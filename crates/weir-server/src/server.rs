@@ -75,9 +75,9 @@ impl ServerState {
             };
             let device = match &p.device {
                 None => None,
-                Some(name) => Some(Arc::new(EmulatedDevice::new(name, epoch).map_err(|e| {
-                    anyhow::anyhow!("pool {:?}: device = {name:?}: {e}", p.name)
-                })?)),
+                Some(array) => Some(Arc::new(EmulatedDevice::new(array, epoch).map_err(
+                    |e| anyhow::anyhow!("pool {:?}: device = {:?}: {e}", p.name, array.label()),
+                )?)),
             };
             pools.insert(
                 p.name.clone(),
@@ -533,7 +533,7 @@ impl ServerState {
             .map(|(name, p)| crate::admin::PoolStatsReport {
                 name: name.clone(),
                 qos: p.qos_enabled(),
-                device: p.device().map(|d| d.preset.clone()),
+                device: p.device().map(|d| d.label.clone()),
                 gauges: p.gauges(),
                 host_windows: p
                     .host_windows()
