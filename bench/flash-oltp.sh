@@ -19,11 +19,7 @@ WORK="${WORK:-${TMPDIR:-/tmp}/weir-flash-oltp}"
 require_fio_nbd
 cargo build --release -p weir >/dev/null < /dev/null
 WEIR="${WEIR_BIN:-$PWD/target/release/weir}"
-case "$DEVICE" in
-  seed-000) DEVICE_TOML='{ controller = "pcie-gen2", drive = "sata-7200", raid = { level = 10, drives = 16, stripe_element_bytes = 65536 }, policy = { write_policy = "write-back", read_policy = "no-read-ahead", io_policy = "cached", battery = "good", disk_cache = false } }' ;;
-  \{*) DEVICE_TOML="$DEVICE" ;;
-  *) DEVICE_TOML="\"$DEVICE\"" ;;
-esac
+DEVICE_TOML=$(device_toml "$DEVICE")
 rm -rf "$WORK"; mkdir -p "$WORK/up" "$WORK/gw" "$WORK/cache"
 P_UP=10951; P_UPA=10952; P_GW=10953; P_GWA=10954
 {
