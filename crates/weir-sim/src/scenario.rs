@@ -1206,36 +1206,86 @@ fn plan_windows(file: &ScenarioFile) -> Result<Vec<WindowPlan>, PathErr> {
     Ok(windows)
 }
 
-/// Checks the sizes and blocks of the array's and the hosts' flash caches, each
-/// reported at its own key.
+/// Checks the sizes and blocks of the array's and the hosts' flash caches.
 fn check_caches(file: &ScenarioFile) -> Result<(), PathErr> {
-    let check = |path: Vec<Seg>, size_gib: f64, block_kib: u32| {
-        if size_gib.is_finite()
-            && size_gib > 0.0
-            && size_gib <= 1e5
-            && (4..=4096).contains(&block_kib)
-        {
-            Ok(())
-        } else {
-            Err(err(
-                path,
-                format!(
-                    "a cache needs 0 < size_gib <= 1e5 and block_kib in 4..=4096, got {size_gib} GiB, {block_kib} KiB"
-                ),
-            ))
-        }
-    };
-    if let Some(c) = &file.array_cache {
-        check(vec![key("array_cache")], c.size_gib, c.block_kib)?;
+    if let Some(c) = &file.array_cache
+        && !(c.size_gib.is_finite()
+            && c.size_gib > 0.0
+            && c.size_gib <= 1e5
+            && (4..=4096).contains(&c.block_kib))
+    {
+        return Err(err(
+            vec![key("array_cache")],
+            format!(
+                "a cache needs 0 < size_gib <= 1e5 and block_kib in 4..=4096, got {} GiB, {} KiB",
+                c.size_gib, c.block_kib
+            ),
+        ));
     }
     for (i, h) in file.host.iter().enumerate() {
         if let Some(c) = &h.flash_cache {
-            check(
-                vec![key("host"), Seg::Index(i), key("flash_cache")],
-                c.size_gib,
-                c.block_kib,
-            )?;
+            check_host_cache(c, |f| {
+                vec![key("host"), Seg::Index(i), key("flash_cache"), key(f)]
+            })?;
         }
+    }
+    Ok(())
+}
+
+/// Blocks of a host's flash cache.
+pub(crate) fn host_cache_blocks(c: &crate::topology::HostCacheSpec) -> u64 {
+    (c.size_gib * (1u64 << 30) as f64) as u64 / (c.block_kib as u64 * 1024)
+}
+
+/// Checks a host's `flash_cache` (`at`: the path of one of its fields) against the
+/// bounds of `weir serve`'s `flash_cache` (the model both run).
+fn check_host_cache(
+    c: &crate::topology::HostCacheSpec,
+    at: impl Fn(&str) -> Vec<Seg>,
+) -> Result<(), PathErr> {
+    if !(c.size_gib.is_finite() && c.size_gib > 0.0 && c.size_gib <= 1e5) {
+        return Err(err(
+            at("size_gib"),
+            format!("must be in (0, 1e5] GiB, got {}", c.size_gib),
+        ));
+    }
+    if !(c.block_kib.is_power_of_two() && (4..=1024).contains(&c.block_kib)) {
+        return Err(err(
+            at("block_kib"),
+            format!(
+                "must be a power of two from 4 to 1024 KiB (as the server's flash_cache.block), got {}",
+                c.block_kib
+            ),
+        ));
+    }
+    let blocks = host_cache_blocks(c);
+    if blocks == 0 {
+        return Err(err(
+            at("size_gib"),
+            format!(
+                "must hold at least one block of {} KiB, got {} GiB",
+                c.block_kib, c.size_gib
+            ),
+        ));
+    }
+    if blocks > weir_model::MAX_FLASH_CACHE_BLOCKS {
+        return Err(err(
+            at("block_kib"),
+            format!(
+                "{blocks} blocks of {} KiB is more than {} (use a larger block)",
+                c.block_kib,
+                weir_model::MAX_FLASH_CACHE_BLOCKS
+            ),
+        ));
+    }
+    if c.scan_cutoff_kib > 1 << 30 {
+        return Err(err(
+            at("scan_cutoff_kib"),
+            format!(
+                "must be at most 1 TiB (0: admit every read), got {} KiB",
+                c.scan_cutoff_kib
+            ),
+        ));
     }
     Ok(())
 }

@@ -366,7 +366,8 @@ fn bad_files_name_file_line_and_field() {
 }
 
 /// A bad host `flash_cache` is reported at that host's key (it was reported as
-/// `array_cache`).
+/// `array_cache`), with the server's bounds: a power-of-two block of 4 KiB-1 MiB,
+/// room for at least one block.
 #[test]
 fn a_bad_host_flash_cache_is_reported_at_the_host() {
     let with_cache = |c: &str| {
@@ -376,14 +377,20 @@ fn a_bad_host_flash_cache_is_reported_at_the_host() {
         )
     };
     assert!(Scenario::from_toml_str("ok.toml", &with_cache("size_gib = 1")).is_ok());
-    for bad in ["size_gib = 0", "size_gib = 1, block_kib = 2"] {
-        let (line, field, msg) = invalid(&with_cache(bad));
-        assert_eq!(
-            (line, field.as_str()),
-            (11, "host[h1].flash_cache"),
-            "{msg}"
-        );
+    let (line, field, msg) = invalid(&with_cache("size_gib = 0"));
+    assert_eq!(
+        (line, field.as_str()),
+        (11, "host[h1].flash_cache.size_gib"),
+        "{msg}"
+    );
+    for block in [2, 48, 2048] {
+        let (_, field, msg) = invalid(&with_cache(&format!("size_gib = 1, block_kib = {block}")));
+        assert_eq!(field, "host[h1].flash_cache.block_kib", "{msg}");
+        assert!(msg.contains("power of two from 4 to 1024"), "{msg}");
     }
+    let (_, field, msg) = invalid(&with_cache("size_gib = 0.0000001"));
+    assert_eq!(field, "host[h1].flash_cache.size_gib", "{msg}");
+    assert!(msg.contains("at least one block"), "{msg}");
     // The array's cache keeps its own key.
     let (_, field, _) = invalid(&format!("{GOOD}[array_cache]\nsize_gib = 0\n"));
     assert_eq!(field, "array_cache");
