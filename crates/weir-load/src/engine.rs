@@ -572,28 +572,15 @@ struct Plan {
     notes: Vec<String>,
 }
 
+/// The target of each VM (`crate::target::assign_targets`: its volume's export,
+/// else round-robin); the connections and the disks' layout both follow it.
+fn vm_targets(scenario: &LoadScenario, targets: &[Target]) -> Vec<u32> {
+    crate::target::assign_targets(scenario.vms.iter().map(|v| v.volume.as_deref()), targets)
+}
+
 /// Places the VMs' disks on the targets (module docs of `scenario`).
 fn layout(scenario: &LoadScenario, targets: &[Target], sizes: &[u64]) -> Result<Plan, LoadError> {
-    let n_targets = targets.len() as u32;
-    let mut rr = 0u32;
-    let vm_target: Vec<u32> = scenario
-        .vms
-        .iter()
-        .map(|vm| {
-            match vm
-                .volume
-                .as_ref()
-                .and_then(|v| targets.iter().position(|t| &t.export == v))
-            {
-                Some(t) => t as u32,
-                None => {
-                    let t = rr % n_targets;
-                    rr += 1;
-                    t
-                }
-            }
-        })
-        .collect();
+    let vm_target = vm_targets(scenario, targets);
     let mut notes = Vec::new();
     let mut vm_base = vec![0u64; scenario.vms.len()];
     let mut vm_disk = vec![0u64; scenario.vms.len()];
@@ -887,17 +874,8 @@ fn check_options(opts: &LoadOptions) -> Result<Timing, LoadError> {
 fn connections_per_target(opts: &LoadOptions) -> Result<Vec<u32>, LoadError> {
     let n_targets = opts.targets.len();
     let mut vms_on = vec![0u32; n_targets];
-    let mut rr = 0usize;
-    for vm in &opts.scenario.vms {
-        let t = vm
-            .volume
-            .as_ref()
-            .and_then(|v| opts.targets.iter().position(|t| &t.export == v))
-            .unwrap_or_else(|| {
-                rr += 1;
-                (rr - 1) % n_targets
-            });
-        vms_on[t] += 1;
+    for t in vm_targets(&opts.scenario, &opts.targets) {
+        vms_on[t as usize] += 1;
     }
     let used_targets = vms_on.iter().filter(|&&n| n > 0).count() as u32;
     let mut conns_for: Vec<u32> = vms_on.iter().map(|&n| n.min(1)).collect();

@@ -100,9 +100,54 @@ impl fmt::Display for Target {
     }
 }
 
+/// The target of each VM's disk, given the VMs' `volume`s in order: the target
+/// whose export has that name, else the next one in turn (round-robin over all the
+/// targets, counting only the VMs placed that way). `targets` is not empty.
+pub(crate) fn assign_targets<'a>(
+    volumes: impl IntoIterator<Item = Option<&'a str>>,
+    targets: &[Target],
+) -> Vec<u32> {
+    let n = targets.len() as u32;
+    let mut turn = 0u32;
+    volumes
+        .into_iter()
+        .map(
+            |volume| match volume.and_then(|v| targets.iter().position(|t| t.export == v)) {
+                Some(t) => t as u32,
+                None => {
+                    let t = turn % n;
+                    turn += 1;
+                    t
+                }
+            },
+        )
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vms_go_to_their_volumes_export_else_round_robin() {
+        let targets = Target::parse_list("nbd://h/a, nbd://h/b, nbd://h/c").unwrap();
+        let volumes = [
+            None,
+            Some("c"),
+            None,
+            Some("nope"), // no such export: its turn, like a VM without a volume
+            None,
+            Some("a"),
+            None,
+        ];
+        assert_eq!(
+            assign_targets(volumes, &targets),
+            // The VMs without a match take 0, 1, 2, 0, 1 in turn.
+            vec![0, 2, 1, 2, 0, 0, 1]
+        );
+        let one = Target::parse_list("nbd://h/x").unwrap();
+        assert_eq!(assign_targets([None, Some("y"), None], &one), vec![0, 0, 0]);
+    }
 
     #[test]
     fn parses_host_port_export_forms() {

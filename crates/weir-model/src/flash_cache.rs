@@ -55,6 +55,14 @@ pub struct FlashCacheSpec {
     pub scan_bytes: u64,
 }
 
+/// Most blocks a cache may have (its index takes 48-64 bytes of memory each).
+pub const MAX_FLASH_CACHE_BLOCKS: u64 = 1 << 30;
+/// The default block: the smallest read an OLTP or VDI guest issues, so a random
+/// 4-8 KiB read fills exactly what it read.
+pub const DEFAULT_FLASH_BLOCK_BYTES: u64 = 4096;
+/// The default sequential-scan cutoff (bcache's `sequential_cutoff`).
+pub const DEFAULT_SCAN_CUTOFF_BYTES: u64 = 4 << 20;
+
 /// Largest range a write invalidates block by block; a longer one drops the
 /// volume's whole cache (one epoch step), so a TRIM of a terabyte costs no more
 /// than a small write.
@@ -132,6 +140,23 @@ impl FlashCacheStats {
         self.fills_cancelled += o.fills_cancelled;
         self.invalidated_blocks += o.invalidated_blocks;
         self.evicted_blocks += o.evicted_blocks;
+    }
+
+    /// What these counters added since `earlier` (a copy taken before): a run's
+    /// measured part after a warm-up.
+    pub fn since(&self, earlier: &FlashCacheStats) -> FlashCacheStats {
+        FlashCacheStats {
+            read_hits: self.read_hits - earlier.read_hits,
+            read_misses: self.read_misses - earlier.read_misses,
+            hit_bytes: self.hit_bytes - earlier.hit_bytes,
+            miss_bytes: self.miss_bytes - earlier.miss_bytes,
+            scan_bypasses: self.scan_bypasses - earlier.scan_bypasses,
+            hits_lost: self.hits_lost - earlier.hits_lost,
+            filled_blocks: self.filled_blocks - earlier.filled_blocks,
+            fills_cancelled: self.fills_cancelled - earlier.fills_cancelled,
+            invalidated_blocks: self.invalidated_blocks - earlier.invalidated_blocks,
+            evicted_blocks: self.evicted_blocks - earlier.evicted_blocks,
+        }
     }
 
     /// Reads served from flash ÷ reads.
@@ -480,33 +505,63 @@ impl FlashCache {
             if self.index.slot_of(key).is_some() {
                 continue; // resident already (or another fill has it)
             }
-            let Some((slot, evicted)) = self.index.insert_slot(key) else {
+            let Some(slot) = self.take_slot(key) else {
                 break; // capacity 0
             };
-            let s = slot as usize;
-            if self.generation.len() <= s {
-                self.generation.resize(s + 1, 0);
-                self.valid.resize(s + 1, false);
-            }
-            self.generation[s] = self.generation[s].wrapping_add(1);
-            self.valid[s] = false;
-            if let Some(old) = evicted {
-                let owner = (old >> 96) as usize;
-                self.volumes[owner].stats.evicted_blocks += 1;
-            }
             out.push(FillSlot {
                 block: b,
                 offset_in_read: (b << self.shift) - read_offset,
-                slot: SlotRef {
-                    slot,
-                    generation: self.generation[s],
-                },
+                slot,
             });
         }
         if let Some(f) = self.fills[fill.0 as usize].as_mut() {
             f.slots = out.iter().map(|s| (s.block, s.slot)).collect();
         }
         out
+    }
+
+    /// Makes the whole blocks of `[offset, offset + length)` of `volume` valid at
+    /// once, as a long warm-up would have left them: a simulation's starting state
+    /// (the server's cache starts empty and only fills). Counts no read and no
+    /// fill, does not touch the scan detector; evicts as a fill does when full.
+    pub fn warm(&mut self, volume: u32, offset: u64, length: u64) {
+        if length == 0 || !self.volumes[volume as usize].enabled {
+            return;
+        }
+        let epoch = self.volumes[volume as usize].epoch;
+        let whole_first = offset.div_ceil(self.spec.block_bytes as u64);
+        let whole_end = (offset + length) >> self.shift;
+        for b in whole_first..whole_end {
+            let key = self.key(volume, epoch, b);
+            if self.index.slot_of(key).is_some() {
+                continue;
+            }
+            let Some(slot) = self.take_slot(key) else {
+                return; // capacity 0
+            };
+            self.valid[slot.slot as usize] = true;
+        }
+    }
+
+    /// A slot for `key` (not resident), evicting when full: a new generation,
+    /// not valid yet. None: capacity 0.
+    fn take_slot(&mut self, key: u128) -> Option<SlotRef> {
+        let (slot, evicted) = self.index.insert_slot(key)?;
+        let s = slot as usize;
+        if self.generation.len() <= s {
+            self.generation.resize(s + 1, 0);
+            self.valid.resize(s + 1, false);
+        }
+        self.generation[s] = self.generation[s].wrapping_add(1);
+        self.valid[s] = false;
+        if let Some(old) = evicted {
+            let owner = (old >> 96) as usize;
+            self.volumes[owner].stats.evicted_blocks += 1;
+        }
+        Some(SlotRef {
+            slot,
+            generation: self.generation[s],
+        })
     }
 
     /// Whether `slot` still belongs to the fill or read that got it (check it,

@@ -118,7 +118,8 @@ pub use clone_cache::{CloneCacheSpec, CloneCacheStats, CloneId, ImageId};
 pub use controller::{BatteryState, ControllerSpec, IoPolicy, ReadPolicy, WritePolicy};
 pub use error::ModelError;
 pub use flash_cache::{
-    FillId, FillSlot, FlashCache, FlashCacheSpec, FlashCacheStats, MAX_FLASH_VOLUMES,
+    DEFAULT_FLASH_BLOCK_BYTES, DEFAULT_SCAN_CUTOFF_BYTES, FillId, FillSlot, FlashCache,
+    FlashCacheSpec, FlashCacheStats, MAX_FLASH_CACHE_BLOCKS, MAX_FLASH_VOLUMES,
     MAX_INVALIDATE_BLOCKS, ReadPlan, SlotRef, WriteId,
 };
 pub use hdd::{DriveStats, Hdd, HddSpec};

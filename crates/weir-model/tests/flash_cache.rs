@@ -134,6 +134,46 @@ fn sequential_scans_are_not_admitted_but_hit() {
     assert_eq!(c.stats(v).scan_bypasses, 10);
 }
 
+/// `warm` (a simulation's starting state) makes whole blocks valid without
+/// counting a read or a fill; a write drops them like any other; `since` gives
+/// the counters of a measured part.
+#[test]
+fn warmed_blocks_hit_and_are_invalidated_like_filled_ones() {
+    let mut c = cache(16, 0);
+    let v = c.add_volume(true);
+    let off = c.add_volume(false);
+    // Blocks 1-9 (the partial blocks at either end are left out).
+    c.warm(v, 512, 10 * BS);
+    c.warm(off, 0, 4 * BS);
+    assert_eq!(c.resident_blocks(), 9);
+    let before = c.stats(v);
+    assert_eq!(before, Default::default());
+    for b in 1..10 {
+        assert!(
+            matches!(read(&mut c, v, b * BS, BS), ReadPlan::Hit { .. }),
+            "{b}"
+        );
+    }
+    assert!(matches!(read(&mut c, v, 0, BS), ReadPlan::Miss { .. }));
+    let w = c.write_begin(v, 3 * BS, BS);
+    c.write_end(w);
+    assert!(matches!(read(&mut c, v, 3 * BS, BS), ReadPlan::Miss { .. }));
+    let s = c.stats(v).since(&before);
+    assert_eq!(
+        (
+            s.read_hits,
+            s.read_misses,
+            s.invalidated_blocks,
+            s.filled_blocks
+        ),
+        (9, 2, 1, 0)
+    );
+    // Warming past the capacity evicts, as fills do (8 resident + 10).
+    c.warm(v, 100 * BS, 10 * BS);
+    assert_eq!(c.resident_blocks(), 16);
+    assert_eq!(c.stats(v).evicted_blocks, 2);
+}
+
 #[test]
 fn a_huge_trim_drops_the_volume_at_once() {
     let mut c = cache(16, 0);

@@ -119,15 +119,28 @@ pub struct ArrayCacheSpec {
 }
 
 /// A host's flash card used as a read cache (ioTurbine-like) by the VMs that opt in
-/// with `host_cache = true`: write-through, hits never leave the host.
+/// with `host_cache = true`. It runs `weir serve`'s flash cache decisions
+/// (weir-model's `FlashCache`, docs/FLASH_CACHE.md): a read whose every block is
+/// cached is served by the flash and never leaves the host; any other read goes to
+/// the array whole and fills the blocks it covered whole when its data is back
+/// (unless it is part of a sequential scan); writes go to the array and drop the
+/// cached blocks they touch (write-through with invalidation); SLRU replacement.
+/// Defaults are the server's.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostCacheSpec {
     #[serde(default = "yes")]
     pub enabled: bool,
     pub size_gib: f64,
-    #[serde(default = "d_block_kib")]
+    /// The unit cached, filled and dropped: a power of two, 4-1024 KiB (the
+    /// server's `block`, 4 KiB by default).
+    #[serde(default = "d_host_block_kib")]
     pub block_kib: u32,
+    /// Sequential-scan cutoff (the server's `scan_cutoff`, 4 MiB by default): a read
+    /// this long, or continuing a sequential run this long, fills nothing. 0: admit
+    /// everything.
+    #[serde(default = "d_scan_cutoff_kib")]
+    pub scan_cutoff_kib: u64,
     #[serde(default)]
     pub flash: FlashSpec,
 }
@@ -137,6 +150,12 @@ fn yes() -> bool {
 }
 fn d_block_kib() -> u32 {
     64
+}
+fn d_host_block_kib() -> u32 {
+    4
+}
+fn d_scan_cutoff_kib() -> u64 {
+    4096
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

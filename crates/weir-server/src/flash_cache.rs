@@ -61,14 +61,14 @@ pub struct FlashCacheConfig {
 }
 
 fn default_block() -> ByteSize {
-    ByteSize(4096)
+    ByteSize(weir_model::DEFAULT_FLASH_BLOCK_BYTES)
 }
 fn default_scan_cutoff() -> ByteSize {
-    ByteSize(4 << 20)
+    ByteSize(weir_model::DEFAULT_SCAN_CUTOFF_BYTES)
 }
 
 /// Most blocks a cache may have (its index takes 48-64 bytes of memory each).
-pub const MAX_BLOCKS: u64 = 1 << 30;
+pub const MAX_BLOCKS: u64 = weir_model::MAX_FLASH_CACHE_BLOCKS;
 /// Stripes of the slot locks (a slot is written under its stripe's lock).
 const STRIPES: usize = 256;
 

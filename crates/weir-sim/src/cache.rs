@@ -1,8 +1,9 @@
 //! Request-level accounting around weir-model's block cache index
-//! ([`weir_model::BlockCache`], LRU here): the simulator's host flash read cache and
-//! array flash tier ask "is every block of this request resident?" and count one hit
-//! or miss per request. Which blocks are resident and which leave first is
-//! weir-model's (one cache implementation in the workspace, not two).
+//! ([`weir_model::BlockCache`], LRU here) for the array's flash tier (`[array_cache]`:
+//! clone-aware keys, write-back or write-through): it asks "is every block of this
+//! request resident?" and counts one hit or miss per request. Which blocks are
+//! resident and which leave first is weir-model's. (The hosts' flash read caches run
+//! `weir serve`'s cache instead, weir-model's `FlashCache`: see `engine.rs`.)
 
 use weir_model::{BlockCache as ModelCache, CachePolicy};
 

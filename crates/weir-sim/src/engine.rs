@@ -15,7 +15,10 @@ use crate::queue::{QuadHeap, SortedQueue};
 use crate::scenario::{CasePlan, VmPlan, VolumePlan, WindowPlan};
 use hdrhistogram::Histogram;
 use std::cmp::Ordering;
-use weir_model::{Component, DeviceIo};
+use weir_model::{
+    CachePolicy, Component, DeviceIo, FillId, FlashCache, FlashCacheSpec, FlashCacheStats,
+    ReadPlan, SlotRef, WriteId,
+};
 use weir_qos::{
     ClientId, DatastoreLatency, DepthConfig, Gate, GateConfig, GateRequest, IoKind, Nanos, Piece,
     Release, SchedulerConfig, Ticket, VolumeId,
@@ -79,6 +82,8 @@ enum Stage {
     HostLinkBack,
     /// A read served by the host's flash cache.
     HostFlash,
+    /// A fill: the host flash cache writes the blocks a missed read brought.
+    HostFill,
     /// A read served by the array's flash cache.
     ArrayFlash,
     /// Released in pieces: waits for them (each piece is a request of its own).
@@ -114,6 +119,23 @@ struct Req {
     part_of: PartOf,
     /// One of its pieces failed (reported when the last one completes).
     error: bool,
+    /// What the host's flash cache has to hear of when the request ends.
+    host_cache: HostCacheOp,
+}
+
+/// A request's business with its host's flash cache ([`weir_model::FlashCache`]),
+/// ended when the whole request ends (never carried by its pieces).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum HostCacheOp {
+    None,
+    /// A hit being read from flash (its slots: `Engine::host_hits`).
+    Hit,
+    /// A read the cache missed: its fill ticket, if it may fill.
+    Miss(Option<FillId>),
+    /// A write (invalidating): ended when the array acknowledged it.
+    Write(WriteId),
+    /// A fill's flash write (a request of its own, no VM's).
+    Fill(FillId),
 }
 
 const FREE_REQ: Req = Req {
@@ -133,17 +155,15 @@ const FREE_REQ: Req = Req {
     tier: Stage::Array,
     part_of: PartOf::Itself,
     error: false,
+    host_cache: HostCacheOp::None,
 };
 
-/// A flash cache: its device as a new component, and the block index in front of it
-/// (with the component's index).
-fn flash_cache(
+/// A cache's flash device as a new component; its index.
+fn flash_component(
     comps: &mut Vec<Comp>,
     name: String,
     flash: &crate::topology::FlashSpec,
-    size_gib: f64,
-    block_kib: u32,
-) -> Result<(BlockCache, u32), String> {
+) -> Result<u32, String> {
     comps.push(Comp {
         c: hw::build_flash(flash)?,
         pending: None,
@@ -153,11 +173,43 @@ fn flash_cache(
         ios: 0,
         bytes: 0,
     });
-    let cache = BlockCache::new(
-        (size_gib * (1u64 << 30) as f64) as u64,
-        block_kib as u64 * 1024,
-    );
-    Ok((cache, comps.len() as u32 - 1))
+    Ok(comps.len() as u32 - 1)
+}
+
+/// A host's flash read cache: `weir serve`'s decisions ([`FlashCache`]: whole-read
+/// hits, fills when the backend read completes, admission with the scan cutoff,
+/// write-through with invalidation, SLRU) on the host's flash component. Its
+/// volumes are the VMs that use it.
+struct HostCache {
+    model: FlashCache,
+    comp: u32,
+    block_bytes: u64,
+    /// The counters when the measured time began.
+    at_start: FlashCacheStats,
+}
+
+impl HostCache {
+    fn new(
+        comps: &mut Vec<Comp>,
+        name: String,
+        spec: &crate::topology::HostCacheSpec,
+    ) -> Result<HostCache, String> {
+        let comp = flash_component(comps, name, &spec.flash)?;
+        let block_bytes = spec.block_kib as u64 * 1024;
+        let model = FlashCache::new(FlashCacheSpec {
+            capacity_blocks: crate::scenario::host_cache_blocks(spec) as u32,
+            block_bytes: block_bytes as u32,
+            // The server's policy (it has no setting for it).
+            policy: CachePolicy::Slru,
+            scan_bytes: spec.scan_cutoff_kib * 1024,
+        });
+        Ok(HostCache {
+            model,
+            comp,
+            block_bytes,
+            at_start: FlashCacheStats::default(),
+        })
+    }
 }
 
 struct Comp {
@@ -204,8 +256,8 @@ impl Tier {
 /// controller is off) and, with datastore-wide congestion control, by the host's
 /// PARDA window (the gate's cap).
 struct HostState {
-    /// Host flash read cache and the flash component serving its hits.
-    cache: Option<(BlockCache, u32)>,
+    /// Host flash read cache.
+    cache: Option<HostCache>,
     qos: Tier,
     queue_depth: u32,
     link: Option<u32>,
@@ -291,6 +343,8 @@ impl Stats {
 
 struct VmState {
     plan: VmPlan,
+    /// Its volume in its host's flash cache (`host_cache = true`).
+    flash_volume: Option<u32>,
     generator: Box<dyn IoGenerator + Send>,
     shared: Option<SharedRegion>,
     /// End offset of each worker's last request (sequential detection).
@@ -338,6 +392,8 @@ pub(crate) struct Engine<'p> {
     volume_buckets: Vec<Vec<(u64, u64, u128)>>,
     /// Array flash cache and its flash component.
     array_cache: Option<(BlockCache, u32, bool, bool)>,
+    /// Per request slot in `HostCacheOp::Hit`: the flash slots its read saw.
+    host_hits: Vec<Vec<SlotRef>>,
     sizes: IoSizeHistogram,
     keys: Vec<u64>,
 }
@@ -348,11 +404,6 @@ fn splitmix(mut x: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
-}
-
-/// Host flash cache key of a block (absolute block number on the array) of VM `vm`.
-fn host_cache_key(vm: u32, block: u64) -> u64 {
-    ((vm as u64) << 48) ^ block
 }
 
 /// Array flash tier key of a block that is not part of a shared image.
@@ -389,11 +440,24 @@ fn vm_offsets(plan: &CasePlan, capacity_bytes: Option<u64>) -> Vec<u64> {
     }
 }
 
+/// Each VM's volume in its host's flash cache, for the VMs that use it (added in
+/// VM order).
+fn host_cache_volumes(plan: &CasePlan, hosts: &mut [HostState]) -> Vec<Option<u32>> {
+    plan.vms
+        .iter()
+        .map(|vm| match &mut hosts[vm.host].cache {
+            Some(c) if vm.host_cache => Some(c.model.add_volume(true)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Loads the data regions of the VMs that ask for it (`prewarm_cache`) into the caches
 /// on their path, in address order.
 fn prewarm(
     plan: &CasePlan,
     offsets: &[u64],
+    flash_volumes: &[Option<u32>],
     hosts: &mut [HostState],
     mut array_cache: Option<&mut BlockCache>,
 ) {
@@ -403,13 +467,8 @@ fn prewarm(
             continue;
         }
         let (start, end) = (offsets[vi], offsets[vi] + vm.prewarm_bytes);
-        if vm.host_cache
-            && let Some((cache, _)) = &mut hosts[vm.host].cache
-        {
-            let bb = cache.block_bytes;
-            keys.clear();
-            keys.extend((start / bb..end.div_ceil(bb)).map(|b| host_cache_key(vi as u32, b)));
-            cache.insert(&keys);
+        if let (Some(volume), Some(cache)) = (flash_volumes[vi], &mut hosts[vm.host].cache) {
+            cache.model.warm(volume, 0, vm.prewarm_bytes);
         }
         if let Some(cache) = array_cache.as_deref_mut() {
             let bb = cache.block_bytes;
@@ -493,12 +552,10 @@ impl<'p> Engine<'p> {
                 .as_ref()
                 .filter(|c| c.enabled)
             {
-                Some(c) => Some(flash_cache(
+                Some(c) => Some(HostCache::new(
                     &mut comps,
                     format!("host flash {}", h.name),
-                    &c.flash,
-                    c.size_gib,
-                    c.block_kib,
+                    c,
                 )?),
                 None => None,
             };
@@ -516,13 +573,11 @@ impl<'p> Engine<'p> {
         }
         let mut array_cache = match plan.file.array_cache.as_ref().filter(|c| c.enabled) {
             Some(c) => {
-                let (cache, comp) = flash_cache(
-                    &mut comps,
-                    "array flash".into(),
-                    &c.flash,
-                    c.size_gib,
-                    c.block_kib,
-                )?;
+                let comp = flash_component(&mut comps, "array flash".into(), &c.flash)?;
+                let cache = BlockCache::new(
+                    (c.size_gib * (1u64 << 30) as f64) as u64,
+                    c.block_kib as u64 * 1024,
+                );
                 Some((cache, comp, c.clone_aware, c.write_back))
             }
             None => None,
@@ -542,15 +597,18 @@ impl<'p> Engine<'p> {
             qos
         });
         let offsets = vm_offsets(plan, comps[0].c.capacity_bytes());
+        let flash_volumes = host_cache_volumes(plan, &mut hosts);
         prewarm(
             plan,
             &offsets,
+            &flash_volumes,
             &mut hosts,
             array_cache.as_mut().map(|c| &mut c.0),
         );
         let buckets = ((plan.warmup_ns + plan.duration_ns) / plan.interval_ns + 1) as usize;
         let mut vms = Vec::new();
-        for (vm, &base_offset) in plan.vms.iter().zip(&offsets) {
+        for ((vm, &base_offset), &flash_volume) in plan.vms.iter().zip(&offsets).zip(&flash_volumes)
+        {
             let generator: Box<dyn IoGenerator + Send> = match &vm.model {
                 Some(m) => m
                     .build(
@@ -571,6 +629,7 @@ impl<'p> Engine<'p> {
                     base_offset,
                     ..vm.clone()
                 },
+                flash_volume,
                 shared: generator.shared_region(),
                 generator,
                 last_end: vec![u64::MAX; workers],
@@ -630,6 +689,7 @@ impl<'p> Engine<'p> {
                 .map(|_| vec![(0, 0, 0); buckets])
                 .collect(),
             array_cache,
+            host_hits: Vec::new(),
             sizes: IoSizeHistogram::with_seed_buckets(),
             keys: Vec::with_capacity(64),
         })
@@ -771,9 +831,8 @@ impl<'p> Engine<'p> {
             c.misses = 0;
         }
         for h in &mut self.hosts {
-            if let Some((c, _)) = &mut h.cache {
-                c.hits = 0;
-                c.misses = 0;
+            if let Some(c) = &mut h.cache {
+                c.at_start = c.model.total_stats();
             }
         }
         for h in &mut self.hosts {
@@ -851,39 +910,66 @@ impl<'p> Engine<'p> {
             ..FREE_REQ
         });
         self.prefetch_array_cache(slot);
-        let h = self.vms[vm as usize].plan.host;
-        if self.vms[vm as usize].plan.host_cache
-            && self.hosts[h].cache.is_some()
-            && self.vms[vm as usize]
-                .generator
-                .host_cacheable(io.offset_bytes)
-        {
-            let addr = self.vms[vm as usize].plan.base_offset + io.offset_bytes;
-            let mut keys = std::mem::take(&mut self.keys);
-            keys.clear();
-            if let Some((cache, comp)) = &mut self.hosts[h].cache {
-                let bb = cache.block_bytes;
-                for b in addr / bb..(addr + io.size_bytes as u64).div_ceil(bb) {
-                    keys.push(host_cache_key(vm, b));
-                }
-                let comp = *comp;
-                if io.dir == Direction::Read && cache.lookup(&keys) {
-                    self.keys = keys;
-                    self.reqs[slot as usize].stage = Stage::HostFlash;
-                    self.submit(comp, slot);
-                    return;
-                }
-                // Misses fill the cache; writes update it (write-through).
-                cache.insert(&keys);
-            }
-            self.keys = keys;
+        if self.host_cache_issue(slot) {
+            return;
         }
+        self.submit_to_host(slot);
+    }
+
+    /// A new request of a VM that uses its host's flash cache, as `weir serve`'s
+    /// flash cache layer takes it: a read asks the cache, and every block valid
+    /// sends it to the flash (true: it went there); a miss goes down whole, its
+    /// fill (if admitted) for when the data is back. A write drops the blocks it
+    /// touches and cancels overlapping fills before it goes down (write-through
+    /// with invalidation) and ends when the array acknowledged it.
+    fn host_cache_issue(&mut self, slot: u32) -> bool {
+        let r = self.reqs[slot as usize];
+        let v = &self.vms[r.vm as usize];
+        let Some(volume) = v.flash_volume else {
+            return false;
+        };
+        // The OLTP model's log drive is not cached (000), as a volume without it.
+        if !v.generator.host_cacheable(r.io.offset_bytes) {
+            return false;
+        }
+        let Some(cache) = &mut self.hosts[v.plan.host].cache else {
+            return false;
+        };
+        let (offset, length) = (r.io.offset_bytes, r.io.size_bytes as u64);
+        let op = match r.io.dir {
+            Direction::Write => HostCacheOp::Write(cache.model.write_begin(volume, offset, length)),
+            Direction::Read => match cache.model.read(volume, offset, length) {
+                ReadPlan::Hit { slots, .. } => {
+                    let comp = cache.comp;
+                    let s = slot as usize;
+                    if self.host_hits.len() <= s {
+                        self.host_hits.resize_with(s + 1, Vec::new);
+                    }
+                    self.host_hits[s] = slots;
+                    let r = &mut self.reqs[s];
+                    r.host_cache = HostCacheOp::Hit;
+                    r.stage = Stage::HostFlash;
+                    self.submit(comp, slot);
+                    return true;
+                }
+                ReadPlan::Miss { fill } => HostCacheOp::Miss(fill),
+                ReadPlan::Bypass => HostCacheOp::None,
+            },
+        };
+        self.reqs[slot as usize].host_cache = op;
+        false
+    }
+
+    /// Into the VM's host's gate (its QoS, then the array).
+    fn submit_to_host(&mut self, slot: u32) {
+        let r = self.reqs[slot as usize];
+        let h = self.vms[r.vm as usize].plan.host;
         let request = GateRequest {
-            volume: VolumeId(vm),
-            client: ClientId(vm),
-            kind: Self::kind(&io),
-            offset: io.offset_bytes,
-            length: io.size_bytes,
+            volume: VolumeId(r.vm),
+            client: ClientId(r.vm),
+            kind: Self::kind(&r.io),
+            offset: r.io.offset_bytes,
+            length: r.io.size_bytes,
         };
         let (submitted, out) = self.host_gate(h, |g, now, out| g.submit(now, request, slot, out));
         if submitted.is_err() {
@@ -892,6 +978,50 @@ impl<'p> Engine<'p> {
             return;
         }
         self.host_releases(h, out);
+    }
+
+    /// The whole request in `slot` ended (`ok`: without error): tells its host's
+    /// flash cache. A miss's fill, when the read succeeded, writes the blocks the
+    /// cache gave it to the flash device (a request of its own); the blocks become
+    /// valid when that write completes.
+    fn host_cache_end(&mut self, slot: u32, ok: bool) {
+        let r = self.reqs[slot as usize];
+        if r.host_cache == HostCacheOp::None {
+            return;
+        }
+        self.reqs[slot as usize].host_cache = HostCacheOp::None;
+        let h = self.vms[r.vm as usize].plan.host;
+        let Some(cache) = &mut self.hosts[h].cache else {
+            return;
+        };
+        match r.host_cache {
+            HostCacheOp::Write(w) => cache.model.write_end(w),
+            HostCacheOp::Miss(Some(fill)) if !ok => cache.model.filled(fill, false),
+            HostCacheOp::Miss(Some(fill)) => {
+                let slots = cache.model.fill_slots(fill);
+                let Some(first) = slots.first() else {
+                    cache.model.filled(fill, true);
+                    return;
+                };
+                let comp = cache.comp;
+                let io = IoRequest {
+                    offset_bytes: first.block * cache.block_bytes,
+                    size_bytes: (slots.len() as u64 * cache.block_bytes) as u32,
+                    dir: Direction::Write,
+                };
+                let f = self.alloc_req(Req {
+                    vm: r.vm,
+                    io,
+                    stage: Stage::HostFill,
+                    issued_at: self.now,
+                    host_cache: HostCacheOp::Fill(fill),
+                    ..FREE_REQ
+                });
+                self.submit(comp, f);
+            }
+            HostCacheOp::Fill(fill) => cache.model.filled(fill, ok),
+            HostCacheOp::Hit | HostCacheOp::Miss(None) | HostCacheOp::None => {}
+        }
     }
 
     fn note_outstanding(h: &mut HostState, now: Nanos) {
@@ -955,6 +1085,7 @@ impl<'p> Engine<'p> {
             array_ticket: None,
             part_of,
             error: false,
+            host_cache: HostCacheOp::None,
             ..r
         })
     }
@@ -1052,6 +1183,10 @@ impl<'p> Engine<'p> {
                 Stage::TargetLinkOut => self.arrive_array(slot),
                 Stage::Array | Stage::ArrayFlash => self.array_done(slot),
                 Stage::HostFlash => self.cache_hit_complete(slot),
+                Stage::HostFill => {
+                    self.host_cache_end(slot, true);
+                    self.free_req(slot);
+                }
                 Stage::TargetLinkBack => self.after_target_back(slot),
                 Stage::HostLinkBack => self.host_complete(slot, false),
                 Stage::Split | Stage::Free => {}
@@ -1261,6 +1396,7 @@ impl<'p> Engine<'p> {
 
     /// A request that never reached the host's device queue.
     fn fail(&mut self, slot: u32) {
+        self.host_cache_end(slot, false);
         let r = self.reqs[slot as usize];
         let v = &mut self.vms[r.vm as usize];
         v.outstanding[r.worker as usize] -= 1;
@@ -1329,15 +1465,29 @@ impl<'p> Engine<'p> {
             v.generator.on_complete(now, r.worker, &r.io, latency);
             v.outstanding[r.worker as usize] -= 1;
         }
+        self.host_cache_end(slot, !error);
         self.free_req(slot);
         self.host_releases(hi, out);
         self.poll_worker(r.vm, r.worker);
     }
 
     /// A read the host's flash cache served: never reached the host queue or array.
+    /// If its slots were evicted or invalidated while it read them, it reads the
+    /// array instead (without a fill), as the server's layer does.
     fn cache_hit_complete(&mut self, slot: u32) {
         let now = self.now;
         let r = self.reqs[slot as usize];
+        let slots = std::mem::take(&mut self.host_hits[slot as usize]);
+        let v = &self.vms[r.vm as usize];
+        if let (Some(volume), Some(cache)) = (v.flash_volume, &mut self.hosts[v.plan.host].cache)
+            && !cache.model.still_valid(volume, &slots)
+        {
+            let r = &mut self.reqs[slot as usize];
+            r.host_cache = HostCacheOp::None;
+            r.stage = Stage::Free;
+            self.submit_to_host(slot);
+            return;
+        }
         let latency = now - r.issued_at;
         let bucket = (now / self.plan.interval_ns) as usize;
         let v = &mut self.vms[r.vm as usize];
@@ -1676,20 +1826,25 @@ impl<'p> Engine<'p> {
                 mbps: h.dispatched_bytes as f64 / 1e6 / duration_s,
             });
         }
-        let hit_ratio = |name: String, c: &BlockCache| ComponentResult {
+        let hit_ratio = |name: String, hits: u64, misses: u64| ComponentResult {
             name,
             kind: "cache".into(),
-            utilisation: c.hits as f64 / (c.hits + c.misses).max(1) as f64,
-            ios: c.hits,
+            utilisation: hits as f64 / (hits + misses).max(1) as f64,
+            ios: hits,
             mbps: 0.0,
         };
         if let Some((c, ..)) = &self.array_cache {
-            components.push(hit_ratio("array flash cache hit ratio".into(), c));
+            components.push(hit_ratio(
+                "array flash cache hit ratio".into(),
+                c.hits,
+                c.misses,
+            ));
         }
         for (i, h) in self.hosts.iter().enumerate() {
-            if let Some((c, _)) = &h.cache {
+            if let Some(c) = &h.cache {
+                let s = c.model.total_stats().since(&c.at_start);
                 let name = format!("host cache {} hit ratio", self.plan.hosts[i].name);
-                components.push(hit_ratio(name, c));
+                components.push(hit_ratio(name, s.read_hits, s.read_misses));
             }
         }
         components

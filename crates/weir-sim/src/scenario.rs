@@ -617,6 +617,12 @@ fn check_header(file: &ScenarioFile) -> Result<Clock, PathErr> {
 fn plan_volumes(file: &ScenarioFile) -> Result<Vec<VolumePlan>, PathErr> {
     let mut catalog = PolicyCatalog::new();
     for (i, p) in file.policy.iter().enumerate() {
+        if file.policy[..i].iter().any(|q| q.name == p.name) {
+            return Err(err(
+                entry_field("policy", i, "name"),
+                format!("two policies are named {:?}", p.name),
+            ));
+        }
         catalog
             .insert(p.clone())
             .map_err(|e| err(vec![key("policy"), Seg::Index(i)], e.to_string()))?;
@@ -775,7 +781,9 @@ fn check_depth(d: &weir_qos::DepthConfig) -> Result<(), PathErr> {
     Ok(())
 }
 
-/// Checks the names of the `[[workload]]`s.
+/// Checks the names of the `[[workload]]`s and `[[model]]`s: valid workload names,
+/// and no name twice among them (a VM's `workload` names one of them: a second
+/// entry of the same name would be ignored).
 fn check_workload_names(file: &ScenarioFile) -> Result<(), PathErr> {
     for (i, w) in file.workload.iter().enumerate() {
         if !valid_name(&w.name) {
@@ -784,6 +792,29 @@ fn check_workload_names(file: &ScenarioFile) -> Result<(), PathErr> {
                 format!(
                     "a [[workload]] needs a name of [A-Za-z0-9_-], got {:?}",
                     w.name
+                ),
+            ));
+        }
+        if file.workload[..i].iter().any(|x| x.name == w.name) {
+            return Err(err(
+                entry_field("workload", i, "name"),
+                format!("two workloads are named {:?}", w.name),
+            ));
+        }
+    }
+    for (i, m) in file.model.iter().enumerate() {
+        let name = m.name();
+        if file.model[..i].iter().any(|x| x.name() == name) {
+            return Err(err(
+                entry_field("model", i, "name"),
+                format!("two models are named {name:?}"),
+            ));
+        }
+        if file.workload.iter().any(|w| w.name == name) {
+            return Err(err(
+                entry_field("model", i, "name"),
+                format!(
+                    "a [[workload]] is named {name:?} too: a VM's `workload` would not say which"
                 ),
             ));
         }
@@ -886,6 +917,10 @@ impl<'f> VmEntry<'f> {
         let v = &file.vm[i];
         let at = |f: &str| entry_field("vm", i, f);
         check_name(at("name"), &v.name)?;
+        // Also with `count = 0` (a case's `vm.NAME.…` would only reach the first).
+        if file.vm[..i].iter().any(|x| x.name == v.name) {
+            return Err(err(at("name"), format!("two VMs are named {:?}", v.name)));
+        }
         if v.host.is_empty() {
             return Err(err(
                 at("host"),
@@ -1173,24 +1208,84 @@ fn plan_windows(file: &ScenarioFile) -> Result<Vec<WindowPlan>, PathErr> {
 
 /// Checks the sizes and blocks of the array's and the hosts' flash caches.
 fn check_caches(file: &ScenarioFile) -> Result<(), PathErr> {
-    for c in [file.array_cache.as_ref().map(|c| (c.size_gib, c.block_kib))]
-        .into_iter()
-        .flatten()
-        .chain(
-            file.host
-                .iter()
-                .filter_map(|h| h.flash_cache.as_ref().map(|c| (c.size_gib, c.block_kib))),
-        )
+    if let Some(c) = &file.array_cache
+        && !(c.size_gib.is_finite()
+            && c.size_gib > 0.0
+            && c.size_gib <= 1e5
+            && (4..=4096).contains(&c.block_kib))
     {
-        if !(c.0.is_finite() && c.0 > 0.0 && c.0 <= 1e5 && (4..=4096).contains(&c.1)) {
-            return Err(err(
-                vec![key("array_cache")],
-                format!(
-                    "a cache needs 0 < size_gib <= 1e5 and block_kib in 4..=4096, got {} GiB, {} KiB",
-                    c.0, c.1
-                ),
-            ));
+        return Err(err(
+            vec![key("array_cache")],
+            format!(
+                "a cache needs 0 < size_gib <= 1e5 and block_kib in 4..=4096, got {} GiB, {} KiB",
+                c.size_gib, c.block_kib
+            ),
+        ));
+    }
+    for (i, h) in file.host.iter().enumerate() {
+        if let Some(c) = &h.flash_cache {
+            check_host_cache(c, |f| {
+                vec![key("host"), Seg::Index(i), key("flash_cache"), key(f)]
+            })?;
         }
+    }
+    Ok(())
+}
+
+/// Blocks of a host's flash cache.
+pub(crate) fn host_cache_blocks(c: &crate::topology::HostCacheSpec) -> u64 {
+    (c.size_gib * (1u64 << 30) as f64) as u64 / (c.block_kib as u64 * 1024)
+}
+
+/// Checks a host's `flash_cache` (`at`: the path of one of its fields) against the
+/// bounds of `weir serve`'s `flash_cache` (the model both run).
+fn check_host_cache(
+    c: &crate::topology::HostCacheSpec,
+    at: impl Fn(&str) -> Vec<Seg>,
+) -> Result<(), PathErr> {
+    if !(c.size_gib.is_finite() && c.size_gib > 0.0 && c.size_gib <= 1e5) {
+        return Err(err(
+            at("size_gib"),
+            format!("must be in (0, 1e5] GiB, got {}", c.size_gib),
+        ));
+    }
+    if !(c.block_kib.is_power_of_two() && (4..=1024).contains(&c.block_kib)) {
+        return Err(err(
+            at("block_kib"),
+            format!(
+                "must be a power of two from 4 to 1024 KiB (as the server's flash_cache.block), got {}",
+                c.block_kib
+            ),
+        ));
+    }
+    let blocks = host_cache_blocks(c);
+    if blocks == 0 {
+        return Err(err(
+            at("size_gib"),
+            format!(
+                "must hold at least one block of {} KiB, got {} GiB",
+                c.block_kib, c.size_gib
+            ),
+        ));
+    }
+    if blocks > weir_model::MAX_FLASH_CACHE_BLOCKS {
+        return Err(err(
+            at("block_kib"),
+            format!(
+                "{blocks} blocks of {} KiB is more than {} (use a larger block)",
+                c.block_kib,
+                weir_model::MAX_FLASH_CACHE_BLOCKS
+            ),
+        ));
+    }
+    if c.scan_cutoff_kib > 1 << 30 {
+        return Err(err(
+            at("scan_cutoff_kib"),
+            format!(
+                "must be at most 1 TiB (0: admit every read), got {} KiB",
+                c.scan_cutoff_kib
+            ),
+        ));
     }
     Ok(())
 }

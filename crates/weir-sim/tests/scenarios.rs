@@ -365,6 +365,74 @@ fn bad_files_name_file_line_and_field() {
     ));
 }
 
+/// A bad host `flash_cache` is reported at that host's key (it was reported as
+/// `array_cache`), with the server's bounds: a power-of-two block of 4 KiB-1 MiB,
+/// room for at least one block.
+#[test]
+fn a_bad_host_flash_cache_is_reported_at_the_host() {
+    let with_cache = |c: &str| {
+        GOOD.replace(
+            "link = \"none\"\n",
+            &format!("link = \"none\"\nflash_cache = {{ {c} }}\n"),
+        )
+    };
+    assert!(Scenario::from_toml_str("ok.toml", &with_cache("size_gib = 1")).is_ok());
+    let (line, field, msg) = invalid(&with_cache("size_gib = 0"));
+    assert_eq!(
+        (line, field.as_str()),
+        (11, "host[h1].flash_cache.size_gib"),
+        "{msg}"
+    );
+    for block in [2, 48, 2048] {
+        let (_, field, msg) = invalid(&with_cache(&format!("size_gib = 1, block_kib = {block}")));
+        assert_eq!(field, "host[h1].flash_cache.block_kib", "{msg}");
+        assert!(msg.contains("power of two from 4 to 1024"), "{msg}");
+    }
+    let (_, field, msg) = invalid(&with_cache("size_gib = 0.0000001"));
+    assert_eq!(field, "host[h1].flash_cache.size_gib", "{msg}");
+    assert!(msg.contains("at least one block"), "{msg}");
+    // The array's cache keeps its own key.
+    let (_, field, _) = invalid(&format!("{GOOD}[array_cache]\nsize_gib = 0\n"));
+    assert_eq!(field, "array_cache");
+}
+
+/// A name given twice is refused, naming the second entry: `[[policy]]` (the
+/// second replaced the first), `[[model]]` and `[[workload]]` (the second was
+/// ignored), a model and a workload of one name, and `[[vm]]` entries even with
+/// `count = 0`; `[[volume]]` and `[[host]]` as before.
+#[test]
+fn names_given_twice_are_refused() {
+    let policies =
+        "[[policy]]\nname = \"gold\"\nshares = 2000\n[[policy]]\nname = \"gold\"\nshares = 500\n";
+    let (line, field, msg) = invalid(&format!("{GOOD}{policies}"));
+    // The second one's line.
+    assert_eq!((line, field.as_str()), (21, "policy[gold].name"), "{msg}");
+    assert!(msg.contains("two policies are named \"gold\""), "{msg}");
+    let model = "[[model]]\nkind = \"oltp\"\nname = \"db\"\n";
+    let (_, field, msg) = invalid(&format!("{GOOD}{model}{model}"));
+    assert_eq!(field, "model[db].name", "{msg}");
+    assert!(msg.contains("two models are named \"db\""), "{msg}");
+    let workload = "[[workload]]\nname = \"w\"\nblock_kib = 4\nread_pct = 100\nrandom_pct = 100\n";
+    let (_, field, msg) = invalid(&format!("{GOOD}{workload}{workload}"));
+    assert_eq!(field, "workload[w].name", "{msg}");
+    assert!(msg.contains("two workloads are named \"w\""), "{msg}");
+    let (_, field, msg) = invalid(&format!(
+        "{GOOD}{}{model}",
+        workload.replace("\"w\"", "\"db\"")
+    ));
+    assert_eq!(field, "model[db].name", "{msg}");
+    let vm = "[[vm]]\nname = \"a\"\nhost = \"h1\"\nworkload = \"oltp\"\ncount = 0\n";
+    let (_, field, msg) = invalid(&format!("{GOOD}{vm}"));
+    assert_eq!(field, "vm[a].name", "{msg}");
+    assert!(msg.contains("two VMs are named \"a\""), "{msg}");
+    let host = "[[host]]\nname = \"h1\"\nlink = \"none\"\n";
+    let (_, field, msg) = invalid(&format!("{GOOD}{host}"));
+    assert_eq!(field, "host[h1].name", "{msg}");
+    let volume = "[[volume]]\nname = \"v\"\n";
+    let (_, field, msg) = invalid(&format!("{GOOD}{volume}{volume}"));
+    assert_eq!(field, "volume[v].name", "{msg}");
+}
+
 #[test]
 fn sweeps_expand_cases_with_params() {
     let text = format!(
