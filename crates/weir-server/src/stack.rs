@@ -14,6 +14,11 @@
 //!     │                                               reads through a cache file on a
 //!     │                                               fast device (weir-model's
 //!     │                                               FlashCache decides), write-through
+//!   hybrid tier       tier.rs     `tier = {…}`       a flash file in front of the files:
+//!     │                                               extents placed by heat (weir-model's
+//!     │                                               Placement decides), a migrator
+//!     │                                               through the gate, a journal; each
+//!     │                                               tier its own emulated device
 //!   fault injection   fault.rs    `[[pools.faults]]` fails or delays chosen I/Os
 //!     │
 //!   bottom, one of:
@@ -29,7 +34,8 @@
 //! that is not configured is absent, not a pass-through: a pool with no faults
 //! runs the bottom backend directly.
 //!
-//! Why this order: the cache sits above the faults so a drill's failures reach
+//! Why this order: the tier sits above the faults so a drill fails its disk
+//! I/O (and migrations) as the disk's; the cache sits above the faults so a drill's failures reach
 //! it as the backing store's (a failed miss fills nothing); faults sit above the bottom so a drill fails the volume as
 //! its clients see it, whichever bottom it has; the device is on top so the
 //! gate's released pieces (and their urgency) reach its model as they leave the
