@@ -6,21 +6,25 @@
 # `cache = "flash"` (warmed first, as 000 measured on warm caches) and once through
 # the same upstream exports without it. Prints orders per minute, vCPUs busy and the
 # reads and writes the upstream served in each run.
-#   bench/flash-oltp.sh                  # DURATION=20s DEVICE=15k-sas-raid5x24
+# DEVICE is a preset name or an array table (TOML inline table), e.g. seed 000's
+# 7.2K SATA RAID 10 of 16 as `weir sim mixed-workload-cache` models it:
+#   bench/flash-oltp.sh                  # DURATION=30s DEVICE=15k-sas-raid5x24
+#   DEVICE=seed-000 bench/flash-oltp.sh  # the scenario's [array], without its flash tier
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DURATION="${DURATION:-20s}"
+DURATION="${DURATION:-30s}"
 DEVICE="${DEVICE:-15k-sas-raid5x24}"
 WORK="${WORK:-${TMPDIR:-/tmp}/weir-flash-oltp}"
 . bench/lib.sh
 require_fio_nbd
 cargo build --release -p weir >/dev/null < /dev/null
 WEIR="${WEIR_BIN:-$PWD/target/release/weir}"
+DEVICE_TOML=$(device_toml "$DEVICE")
 rm -rf "$WORK"; mkdir -p "$WORK/up" "$WORK/gw" "$WORK/cache"
 P_UP=10951; P_UPA=10952; P_GW=10953; P_GWA=10954
 {
   printf 'listen = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\ndata_dir = "%s/up"\n' $P_UP $P_UPA "$WORK"
-  printf '[[pools]]\nname = "default"\ndevice = "%s"\n[[policies]]\nname = "best-effort"\n' "$DEVICE"
+  printf '[[pools]]\nname = "default"\ndevice = %s\n[[policies]]\nname = "best-effort"\n' "$DEVICE_TOML"
   for i in 1 2 3 4; do printf '[[volumes]]\nname = "sql%s"\nsize = "3GiB"\npolicy = "best-effort"\n' $i; done
 } > "$WORK/up.toml"
 {

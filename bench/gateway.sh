@@ -4,7 +4,10 @@
 # `upstream = "nbd://…"` in front of it, on loopback, in the same run.
 #   bench/gateway.sh                  # REPS=5 RUNTIME=10 by default
 #   DEVICE=15k-sas-raid5x24 bench/gateway.sh   # the upstream pool on an emulated array
+#   DEVICE=seed-000 bench/gateway.sh   # … on seed 000's 7.2K RAID 10 (bench/lib.sh device_toml)
 #   CONNS=8 bench/gateway.sh          # upstream_connections (default 4)
+#   SIZE=64g DEVICE=seed-000 bench/gateway.sh  # a volume beyond the array's cache (its
+#                                     # first GiB random data, the rest sparse)
 # Prints IOPS per rep and the medians, and gateway ÷ direct. Both servers run
 # with QoS on (a best-effort policy); the gateway's volume file never exists:
 # every READ crosses both servers. On a machine with few cores the three
@@ -17,6 +20,7 @@ RUNTIME="${RUNTIME:-10}"
 CONNS="${CONNS:-4}"
 DEVICE="${DEVICE:-}"
 BS="${BS:-4k}"
+SIZE="${SIZE:-1g}"
 QD="${QD:-32}"
 WORK="${WORK:-${TMPDIR:-/tmp}/weir-gateway-bench}"
 . bench/lib.sh
@@ -26,6 +30,7 @@ cargo build --release -p weir >/dev/null < /dev/null
 WEIR="${WEIR_BIN:-$PWD/target/release/weir}"  # WEIR_BIN: another build (A/B)
 rm -rf "$WORK"; mkdir -p "$WORK/up/pools/default" "$WORK/gw"
 head -c 1073741824 /dev/urandom > "$WORK/up/pools/default/vol.img"
+truncate -s "$SIZE" "$WORK/up/pools/default/vol.img"
 chmod 600 "$WORK/up/pools/default/vol.img"
 
 P_UP=10929; P_UPA=10930; P_GW=10931; P_GWA=10932
@@ -35,12 +40,12 @@ admin_listen = "127.0.0.1:$P_UPA"
 data_dir = "$WORK/up"
 [[pools]]
 name = "default"
-${DEVICE:+device = \"$DEVICE\"}
+${DEVICE:+device = $(device_toml "$DEVICE")}
 [[policies]]
 name = "best-effort"
 [[volumes]]
 name = "vol"
-size = "1GiB"
+size = "$(python3 -c "import sys; s=sys.argv[1].lower(); print(s[:-1] + 'GiB' if s.endswith('g') else s)" "$SIZE")"
 policy = "best-effort"
 CONF
 cat > "$WORK/gw.toml" <<CONF
@@ -65,12 +70,12 @@ fio --name=warm --ioengine=nbd --uri="nbd://127.0.0.1:$P_UP/vol" --rw=read --bs=
   --size=1g --output-format=terse >/dev/null 2>&1 || true
 
 run() {
-  fio --name=gw --ioengine=nbd --uri="$1" --rw=randread --bs="$BS" --iodepth="$QD" --size=1g \
+  fio --name=gw --ioengine=nbd --uri="$1" --rw=randread --bs="$BS" --iodepth="$QD" --size="$SIZE" --randrepeat=0 \
     --time_based --runtime="$RUNTIME" --ramp_time=1 --output-format=json 2>/dev/null |
     python3 -c 'import json,sys; t=sys.stdin.read(); print("%.0f" % json.loads(t[t.index("{"):])["jobs"][0]["read"]["iops"])'
 }
 echo "uptime: $(uptime)"
-echo "fio ${BS} randread QD${QD}, ${RUNTIME}s x ${REPS}; upstream_connections = $CONNS${DEVICE:+; upstream device = $DEVICE}"
+echo "fio ${BS} randread QD${QD} over $SIZE, ${RUNTIME}s x ${REPS}; upstream_connections = $CONNS${DEVICE:+; upstream device = $DEVICE}"
 direct=(); gw=()
 for rep in $(seq "$REPS"); do
   # Alternate which goes first.

@@ -6,6 +6,17 @@ require_fio_nbd() {
   fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio has no nbd engine (needs libnbd)"; exit 1; }
 }
 
+# The TOML value of a pool's `device` for DEVICE: a preset name as is, an inline
+# table as is, or `seed-000` for seed 000's array as `weir sim mixed-workload-cache`
+# models it (16 × 7.2K SATA RAID 10, write-back controller, without its flash tier).
+device_toml() {
+  case "$1" in
+    seed-000) echo '{ controller = "pcie-gen2", drive = "sata-7200", raid = { level = 10, drives = 16, stripe_element_bytes = 65536 }, policy = { write_policy = "write-back", read_policy = "no-read-ahead", io_policy = "cached", battery = "good", disk_cache = false } }' ;;
+    \{*) echo "$1" ;;
+    *) echo "\"$1\"" ;;
+  esac
+}
+
 # The Ceph cluster to use: $WEIR_CEPH_CONF's, or the dev cluster (started if
 # needed, scripts/ceph-dev.sh). Sets CLIENT and POOL, defines rbd_ (the rbd CLI
 # on that cluster).

@@ -2,7 +2,9 @@
 # Thin volumes (issue 11), each figure beside its peer measured in the same run:
 #   clones     2,500 linked clones of a 20 GiB image (weir volume clone --count)
 #              vs 2,500 `qemu-img create -b` overlays
-#   snapshot   snapshot of a 1 TiB volume with GiB written (WRITTEN_GIB, default 10)
+#   snapshot   snapshot of a 1 TiB volume with GiB written (WRITTEN_GIB, default 10;
+#              FILL_COMPRESS=N makes fio's data N % compressible, for a TMPDIR on a
+#              compressing file system when the disk is smaller than WRITTEN_GIB)
 #   writes     4 KiB random writes (fio nbd engine, QD32): first writes to a clone
 #              vs a plain volume vs qemu-nbd over a qcow2 clone of the same image;
 #              writes to owned grains vs a plain volume
@@ -22,7 +24,7 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(clones snapshot writes reads storm meta flatten)
 cargo build --release -q -p weir
 W="${WEIR_BIN:-$PWD/target/release/weir}"  # WEIR_BIN: another build (A/B)
-work=$(mktemp -d /tmp/weir-thin-bench.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/weir-thin-bench.XXXXXX")
 trap 'pkill -f "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
 NBD=127.0.0.1:13809
 ADMIN=127.0.0.1:13810
@@ -90,7 +92,8 @@ pool = \"thin\""
   # GiB written spread over the whole TiB (one 1 MiB write every 1 TiB / (gib × 1024)).
   stride=$(( 1024 / gib ))
   fio --name=fill --ioengine=nbd --uri="nbd://$NBD/big" --rw=write:$(( (stride - 1) ))m --bs=1m \
-      --iodepth=16 --size=1024g --io_size=${gib}g >/dev/null 2>&1
+      --iodepth=16 --size=1024g --io_size=${gib}g \
+      ${FILL_COMPRESS:+--buffer_compress_percentage=$FILL_COMPRESS --refill_buffers} >/dev/null 2>&1
   qemu-io -f raw -c flush "nbd://$NBD/big" >/dev/null   # written and flushed, as a VM would
   for i in 1 2 3 4 5; do
     t0=$(now); "$W" volume snapshot big "s$i" $A >/dev/null; s=$(since "$t0")

@@ -86,6 +86,10 @@ pub fn builtin_scenarios() -> &'static [(&'static str, &'static str)] {
             "mixed-workload-cache",
             include_str!("../../../scenarios/mixed-workload-cache.toml"),
         ),
+        (
+            "oltp-host-cache",
+            include_str!("../../../scenarios/oltp-host-cache.toml"),
+        ),
         ("vdi-week", include_str!("../../../scenarios/vdi-week.toml")),
         ("vdi-pod", include_str!("../../../scenarios/vdi-pod.toml")),
         ("qos-gate", include_str!("../../../scenarios/qos-gate.toml")),

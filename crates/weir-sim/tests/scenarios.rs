@@ -33,7 +33,7 @@ fn ratio(case: &CaseReport, a: &str, b: &str) -> f64 {
 
 #[test]
 fn every_shipped_scenario_loads_and_runs_shortened() {
-    assert_eq!(builtin_scenarios().len(), 11);
+    assert_eq!(builtin_scenarios().len(), 12);
     for (name, _) in builtin_scenarios() {
         if matches!(
             *name,
