@@ -426,7 +426,7 @@ impl VolumeStore {
                 store.flash.insert(p.name.clone(), dev);
             }
             if let Some(t) = &p.tier {
-                let dev = crate::tier::TierDevice::open(&p.name, t)
+                let dev = crate::tier::TierDevice::open(&p.name, t, &store.pool_dir(&p.name))
                     .map_err(|e| StoreError::Invalid(format!("pool {:?}: {e}", p.name)))?;
                 store.tiers.insert(p.name.clone(), dev);
             }

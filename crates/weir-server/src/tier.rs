@@ -239,12 +239,19 @@ pub struct TierDevice {
 
 impl TierDevice {
     /// Opens the pool's flash file and journal (replaying it: the placement of
-    /// the last run), and starts the emulated devices.
-    pub fn open(pool: &str, config: &TierConfig) -> Result<Arc<TierDevice>, String> {
+    /// the last run), and starts the emulated devices. `pool_dir`: the pool's
+    /// directory of volume files, which the journal is bound to ([`tier_id`]).
+    pub fn open(
+        pool: &str,
+        config: &TierConfig,
+        pool_dir: &Path,
+    ) -> Result<Arc<TierDevice>, String> {
         config.validate()?;
         let dir = &config.flash_dir;
         crate::store::create_dirs(dir)
             .map_err(|e| format!("tier.flash_dir {}: {e}", dir.display()))?;
+        let journal_path = dir.join(format!("{pool}.weir-tier-map"));
+        let id = tier_id(pool_dir, &journal_path)?;
         let spec = config.placement_spec();
         let flash = open_locked(&dir.join(format!("{pool}.weir-tier")))?;
         let size = spec.slots as u64 * spec.extent_bytes;
@@ -253,7 +260,7 @@ impl TierDevice {
                 .set_len(size)
                 .map_err(|e| format!("tier flash file: {e}"))?;
         }
-        let (journal, records) = Journal::open(&dir.join(format!("{pool}.weir-tier-map")), &spec)?;
+        let (journal, records) = Journal::open(&journal_path, &spec, id)?;
         let model = Placement::restore(spec, records)
             .map_err(|e| format!("tier journal of pool {pool:?}: {e}"))?;
         let emulate = |a: &Option<ArrayRef>| -> Result<Option<Arc<EmulatedDevice>>, String> {
@@ -871,6 +878,76 @@ impl Backend for TierLayer {
     }
 }
 
+/// The identity binding a pool's flash tier to its volume files: a random
+/// number kept in `<pool_dir>/.weir-tier-id` and in the journal's header. The
+/// journal keys extents by volume id, so a flash directory must never be used
+/// with another data directory (or one wiped and made again): its extents would
+/// be served to the new volumes of the same ids. Refused, with the way out,
+/// when the two disagree or one of them is missing while the other exists —
+/// the flash may hold the only copy of acknowledged writes, so nothing is
+/// dropped without the operator's word.
+fn tier_id(pool_dir: &Path, journal: &Path) -> Result<u64, String> {
+    let id_path = pool_dir.join(".weir-tier-id");
+    let journal_id = match std::fs::read(journal) {
+        Ok(b) if b.len() >= HEADER => Some(u64::from_le_bytes(b[24..32].try_into().unwrap())),
+        Ok(_) => None,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(format!("{}: {e}", journal.display())),
+    };
+    let pool_id = match std::fs::read_to_string(&id_path) {
+        Ok(t) => Some(
+            u64::from_str_radix(t.trim(), 16)
+                .map_err(|_| format!("{}: not a tier id (16 hex digits)", id_path.display()))?,
+        ),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(format!("{}: {e}", id_path.display())),
+    };
+    match (pool_id, journal_id) {
+        (Some(p), Some(j)) if p == j => Ok(p),
+        (Some(_), Some(_)) | (None, Some(_)) => Err(format!(
+            "the flash tier journal {} belongs to another data directory (or to one \
+             that was removed): its extents are not this pool's volumes. Point \
+             tier.flash_dir at this pool's flash directory, or delete {} and the \
+             {} flash file to start the tier empty",
+            journal.display(),
+            journal.display(),
+            journal.with_extension("").display(),
+        )),
+        (Some(_), None) => Err(format!(
+            "the pool's flash tier journal {} is missing (a new or wrong \
+             tier.flash_dir?): writes that were only on the old flash would be lost. \
+             Point tier.flash_dir at the old flash directory, or delete {} to start \
+             the tier empty",
+            journal.display(),
+            id_path.display(),
+        )),
+        (None, None) => {
+            crate::store::create_dirs(pool_dir)
+                .map_err(|e| format!("{}: {e}", pool_dir.display()))?;
+            let id = rand::random::<u64>() | 1;
+            write_synced(&id_path, format!("{id:016x}\n").as_bytes())
+                .map_err(|e| format!("{}: {e}", id_path.display()))?;
+            Ok(id)
+        }
+    }
+}
+
+/// Writes a small file whole and durably (file and directory synced).
+fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all_at(bytes, 0)?;
+    f.sync_all()?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 /// The placement journal: a header, then fixed-size records with a checksum
 /// (a torn tail after a crash is detected and dropped).
 struct Journal {
@@ -942,11 +1019,12 @@ impl Journal {
     /// Opens (or creates) the journal; its records up to the first torn one.
     /// A journal written for another extent size or slot count is refused: its
     /// slots would not be where it says.
-    fn open(path: &Path, spec: &PlacementSpec) -> Result<(Journal, Vec<Record>), String> {
+    fn open(path: &Path, spec: &PlacementSpec, id: u64) -> Result<(Journal, Vec<Record>), String> {
         let mut header = [0u8; HEADER];
         header[..8].copy_from_slice(MAGIC);
         header[8..16].copy_from_slice(&spec.extent_bytes.to_le_bytes());
         header[16..24].copy_from_slice(&(spec.slots as u64).to_le_bytes());
+        header[24..32].copy_from_slice(&id.to_le_bytes());
         let file = open_locked(path)?;
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut records = Vec::new();
@@ -1064,7 +1142,7 @@ mod tests {
         }
 
         fn open(&self) -> (Arc<TierDevice>, Arc<dyn Backend>) {
-            let dev = TierDevice::open("p", &self.config).unwrap();
+            let dev = TierDevice::open("p", &self.config, &self.dir).unwrap();
             let layer = dev.wrap(1, "v", self.bottom.clone());
             (dev, layer)
         }
@@ -1227,11 +1305,46 @@ mod tests {
         drop((dev, layer));
         let mut other = fx.config.clone();
         other.flash_size = ByteSize(4 * EXT);
-        let err = TierDevice::open("p", &other).err().unwrap();
+        let err = TierDevice::open("p", &other, &fx.dir).err().unwrap();
         assert!(
             err.contains("another tier.extent or tier.flash_size"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_flash_dir_serves_only_the_data_dir_it_was_made_with() {
+        let fx = Fixture::new("bound", 2);
+        let secret = pattern(7, EXT as usize);
+        {
+            let (dev, layer) = fx.open();
+            layer.write(EXT, &secret).unwrap();
+            promote(&dev, &*layer, 1);
+            layer.flush().unwrap();
+        }
+        // The same flash dir under a new (wiped, made again) data directory:
+        // volume 1 there must never read the old volume 1's extent.
+        let fresh = fx.dir.join("fresh-pool");
+        let err = TierDevice::open("p", &fx.config, &fresh).err().unwrap();
+        assert!(err.contains("belongs to another data directory"), "{err}");
+        assert!(!fresh.join(".weir-tier-id").exists());
+        // The pool's own directory with its journal gone: refused too.
+        let journal = fx.config.flash_dir.join("p.weir-tier-map");
+        let kept = std::fs::read(&journal).unwrap();
+        std::fs::remove_file(&journal).unwrap();
+        let err = TierDevice::open("p", &fx.config, &fx.dir).err().unwrap();
+        assert!(err.contains("is missing"), "{err}");
+        // Put back, it opens with the extent on flash; the way out of the
+        // first refusal (deleting the journal and flash file) starts empty.
+        std::fs::write(&journal, &kept).unwrap();
+        let (dev, layer) = fx.open();
+        assert!(dev.lock_model().slot_of(dev.key(1, EXT)).is_some());
+        assert_eq!(read(&*layer, EXT, EXT as usize), secret);
+        drop((dev, layer));
+        std::fs::remove_file(&journal).unwrap();
+        std::fs::remove_file(fx.config.flash_dir.join("p.weir-tier")).unwrap();
+        let dev = TierDevice::open("p", &fx.config, &fresh).unwrap();
+        assert!(dev.lock_model().slot_of(dev.key(1, EXT)).is_none());
     }
 
     #[test]
