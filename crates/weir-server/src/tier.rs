@@ -924,7 +924,13 @@ fn tier_id(pool_dir: &Path, journal: &Path) -> Result<u64, String> {
         (None, None) => {
             crate::store::create_dirs(pool_dir)
                 .map_err(|e| format!("{}: {e}", pool_dir.display()))?;
-            let id = rand::random::<u64>() | 1;
+            // std's hasher keys come from the OS's randomness: a random id without
+            // a dependency.
+            use std::hash::{BuildHasher, Hasher};
+            let id = std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+                | 1;
             write_synced(&id_path, format!("{id:016x}\n").as_bytes())
                 .map_err(|e| format!("{}: {e}", id_path.display()))?;
             Ok(id)
