@@ -21,6 +21,7 @@ cargo build --release -p weir >/dev/null < /dev/null
 WEIR="${WEIR_BIN:-$PWD/target/release/weir}"
 DEVICE_TOML=$(device_toml "$DEVICE")
 rm -rf "$WORK"; mkdir -p "$WORK/up" "$WORK/gw" "$WORK/cache"
+WEIR_SCRATCH=("$WORK/cache" "$WORK/up/pools")  # ≈ 11 GB after a run
 P_UP=10951; P_UPA=10952; P_GW=10953; P_GWA=10954
 {
   printf 'listen = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\ndata_dir = "%s/up"\n' $P_UP $P_UPA "$WORK"

@@ -29,6 +29,7 @@ require_fio_nbd
 cargo build --release -p weir >/dev/null < /dev/null
 WEIR="${WEIR_BIN:-$PWD/target/release/weir}"  # WEIR_BIN: another build (A/B)
 rm -rf "$WORK"; mkdir -p "$WORK/up/pools/default" "$WORK/gw"
+WEIR_SCRATCH=("$WORK/up/pools")  # the volume file
 head -c 1073741824 /dev/urandom > "$WORK/up/pools/default/vol.img"
 truncate -s "$SIZE" "$WORK/up/pools/default/vol.img"
 chmod 600 "$WORK/up/pools/default/vol.img"

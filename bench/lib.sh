@@ -32,13 +32,21 @@ ceph_cluster() {
 
 # Starts `$WEIR serve --config $WORK/NAME.toml` (output in $WORK/NAME.out and
 # .log) and waits until PORT answers; every server started so is killed when
-# the script exits.
+# the script exits, and then the paths in WEIR_SCRATCH (large data and cache
+# files a script does not keep) are removed.
 WEIR_PIDS=()
+WEIR_SCRATCH=()
+weir_stop_all() {
+  local p
+  for p in "${WEIR_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${WEIR_PIDS[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.1; done; done
+  [ ${#WEIR_SCRATCH[@]} -eq 0 ] || rm -rf "${WEIR_SCRATCH[@]}"
+}
 serve_weir() {
   local name=$1 port=$2
   "$WEIR" serve --config "$WORK/$name.toml" > "$WORK/$name.out" 2> "$WORK/$name.log" &
   WEIR_PIDS+=($!)
-  trap 'for p in "${WEIR_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+  trap weir_stop_all EXIT
   for _ in $(seq 100); do
     (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && return
     sleep 0.1
