@@ -571,9 +571,13 @@ impl TierDevice {
         }
         let weak = Arc::downgrade(self);
         let stop = self.stop.clone();
+        // Completing a move at the gate may release (and start) clients' requests
+        // on this thread, which spawn on the server's runtime.
+        let runtime = tokio::runtime::Handle::try_current().ok();
         std::thread::Builder::new()
             .name(format!("weir-tier-{}", self.pool))
             .spawn(move || {
+                let _in_runtime = runtime.as_ref().map(|r| r.enter());
                 while !stop.load(Ordering::Acquire) {
                     let Some(dev) = weak.upgrade() else { return };
                     dev.migrate_once();
