@@ -163,10 +163,16 @@ impl TierConfig {
 }
 
 /// The gate policy of migration I/O: non-critical, the lowest shares, at most
-/// `2 × migration_mbps` (each move reads and writes its extent).
+/// `2 × migration_mbps` (each move reads and writes its extent) and at least
+/// `migration_mbps` reserved. Without the reservation the moves starve: shares
+/// split the gate by bytes, so beside a 4 KiB flood the lowest shares leave
+/// 1 MiB moves a few per second (measured: 2 promotions/s beside 5,000 IOPS).
+/// Latency targets stay protected by the adaptive depth, which bounds what the
+/// reservation may keep at the device too.
 pub fn background_policy(config: &TierConfig) -> Policy {
     Policy {
         service_level: Some(ServiceLevel::NonCritical),
+        reservation_mbps: Some(config.migration_mbps),
         limit_mbps: Some(2.0 * config.migration_mbps),
         shares: Shares::new(Shares::MIN_CUSTOM).expect("the minimum is valid"),
         ..Policy::best_effort("weir-tier-migration")
