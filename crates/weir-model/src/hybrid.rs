@@ -24,6 +24,12 @@
 //!   (`write_log_bytes`) and acknowledged at flash latency, then destaged to disk by
 //!   the migrator; when the log is full, the write goes to the disk tier directly.
 //!
+//! Which extents are on flash, heat, the promotion queue, demotion and write-back
+//! decisions are [`crate::Placement`]'s (the state machine `weir serve`'s hybrid
+//! tier runs); this component adds the devices, the write log and the migration
+//! budget. A write to an extent being promoted goes to the write log (the model has
+//! no data for it to race; the server's tier makes such a write wait).
+//!
 //! Approximations (timing model, no data): a read of a block still in the write log
 //! is served by the tier its extent is in (disk) rather than the log; flash space of
 //! the write log is not taken from the placement capacity.
@@ -33,10 +39,10 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use crate::array::{Array, ArraySpec, ControllerRef, DriveRef, DriveSpec, PolicyOverride};
-use crate::block_cache::{BlockCache, CachePolicy, FastMap};
 use crate::controller::{BatteryState, IoPolicy, ReadPolicy, WritePolicy};
 use crate::error::{ModelError, check_positive};
 use crate::hdd::HddSpec;
+use crate::placement::{Move, Placement, PlacementSpec, Route};
 use crate::raid::RaidSpec;
 use crate::ssd::{Ssd, SsdSpec};
 use crate::{Completion, Component, DeviceIo, IoDir, Nanos};
@@ -238,28 +244,6 @@ impl HybridStats {
     }
 }
 
-const NIL: u32 = u32::MAX;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Migration {
-    Idle,
-    Queued,
-    Promoting,
-    WritingBack,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct ExtentInfo {
-    heat: f64,
-    heat_at_ns: Nanos,
-    /// Flash slot, or NIL.
-    slot: u32,
-    dirty: bool,
-    /// Bumped by each write to the resident extent (detects writes during write-back).
-    write_gen: u32,
-    migration: Migration,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum OpKind {
     HostFlashRead,
@@ -270,11 +254,13 @@ enum OpKind {
     /// Disk read of the extent, then flash write.
     Promote {
         extent: u64,
+        slot: u32,
+        seq: u32,
     },
     /// Flash read of the extent, then disk write.
     WriteBack {
         extent: u64,
-        write_gen: u32,
+        seq: u32,
     },
     Destage,
 }
@@ -296,24 +282,17 @@ pub struct HybridArray {
     disk: Array,
     flash: Vec<Ssd>,
     extent_shift: u32,
-    extents: FastMap<u64, ExtentInfo>,
-    /// Recency order of resident extents (demotion candidates).
-    resident: BlockCache,
-    free_slots: Vec<u32>,
-    /// Extent in each slot (NIL if free).
-    slot_extent: Vec<u64>,
-    promote_queue: VecDeque<u64>,
+    /// Which extents are on flash, and what to move next (shared with the
+    /// server's tier layer).
+    placement: Placement,
     destage_queue: VecDeque<(u64, u32)>,
     log_bytes: u64,
     migrator_free_ns: Nanos,
     migrations_in_flight: u32,
-    /// A promotion waits for a victim's write-back (cleared when a migration ends).
-    migrator_blocked: bool,
     destage_turn: bool,
     /// Next append position of the write log on each card.
     log_cursor: Vec<u64>,
     log_turn: u64,
-    half_life_ns: f64,
     ns_per_migrated_byte: f64,
     ops: Vec<Op>,
     free_ops: Vec<u32>,
@@ -332,23 +311,16 @@ impl HybridArray {
         for _ in 0..spec.flash_devices {
             flash.push(Ssd::new(&spec.flash)?);
         }
-        let slots = (spec.flash_capacity_bytes / spec.extent_bytes) as u32;
         Ok(Self {
             extent_shift: spec.extent_bytes.trailing_zeros(),
-            extents: FastMap::default(),
-            resident: BlockCache::new(slots, CachePolicy::Lru),
-            free_slots: (0..slots).rev().collect(),
-            slot_extent: vec![u64::MAX; slots as usize],
-            promote_queue: VecDeque::new(),
+            placement: Placement::new(Self::placement_spec(spec)),
             destage_queue: VecDeque::new(),
             log_bytes: 0,
             migrator_free_ns: 0,
             migrations_in_flight: 0,
-            migrator_blocked: false,
             destage_turn: false,
             log_cursor: vec![0; spec.flash_devices as usize],
             log_turn: 0,
-            half_life_ns: spec.heat_half_life_ms * 1e6,
             ns_per_migrated_byte: 1e3 / spec.migration_mbps,
             ops: Vec::new(),
             free_ops: Vec::new(),
@@ -358,6 +330,20 @@ impl HybridArray {
             flash,
             spec: spec.clone(),
         })
+    }
+
+    /// The placement's parameters: promotion and demotion as the spec says;
+    /// dirty extents are written back only to make room (the write log has its
+    /// own destage); the promotion queue is practically unbounded.
+    fn placement_spec(spec: &HybridSpec) -> PlacementSpec {
+        PlacementSpec {
+            slots: (spec.flash_capacity_bytes / spec.extent_bytes) as u32,
+            extent_bytes: spec.extent_bytes,
+            promote_heat: spec.promote_heat,
+            half_life_ns: spec.heat_half_life_ms * 1e6,
+            max_queue: 1 << 20,
+            dirty_limit: u32::MAX,
+        }
     }
 
     pub fn from_preset(name: &str, seed: u64) -> Result<Self, ModelError> {
@@ -379,8 +365,12 @@ impl HybridArray {
     }
 
     pub fn stats(&self) -> HybridStats {
+        let p = self.placement.stats();
         HybridStats {
-            resident_extents: self.resident.len() as u64,
+            resident_extents: p.resident,
+            promotions: p.promotions,
+            demotions: p.demotions,
+            write_backs: p.destages,
             ..self.stats
         }
     }
@@ -388,7 +378,7 @@ impl HybridArray {
     /// Whether the extent holding `offset_bytes` is on flash.
     pub fn is_on_flash(&self, offset_bytes: u64) -> bool {
         let e = (offset_bytes % self.capacity_bytes()) >> self.extent_shift;
-        self.extents.get(&e).is_some_and(|x| x.slot != NIL)
+        self.placement.slot_of(e).is_some()
     }
 
     /// Bytes in the flash write log not yet destaged.
@@ -455,40 +445,6 @@ impl HybridArray {
         );
     }
 
-    /// Decays and bumps the heat of extent `e`; queues a promotion if hot.
-    fn heat(&mut self, e: u64, now: Nanos) -> bool {
-        let promote = self.spec.promote_heat;
-        let hl = self.half_life_ns;
-        let x = self.extents.entry(e).or_insert(ExtentInfo {
-            heat: 0.0,
-            heat_at_ns: now,
-            slot: NIL,
-            dirty: false,
-            write_gen: 0,
-            migration: Migration::Idle,
-        });
-        let dt = now.saturating_sub(x.heat_at_ns) as f64;
-        if dt > 0.0 {
-            x.heat *= (-dt / hl).exp2();
-        }
-        x.heat_at_ns = now;
-        x.heat += 1.0;
-        let resident = x.slot != NIL;
-        if !resident && x.migration == Migration::Idle && x.heat >= promote {
-            x.migration = Migration::Queued;
-            self.promote_queue.push_back(e);
-        }
-        if resident {
-            self.resident.touch(e as u128);
-        }
-        resident
-    }
-
-    fn current_heat(&self, x: &ExtentInfo, now: Nanos) -> f64 {
-        let dt = now.saturating_sub(x.heat_at_ns) as f64;
-        x.heat * (-dt / self.half_life_ns).exp2()
-    }
-
     /// Starts migrations while the budget allows.
     fn kick_migrator(&mut self, now: Nanos) {
         while self.migrations_in_flight < MAX_MIGRATIONS && now >= self.migrator_free_ns {
@@ -500,8 +456,7 @@ impl HybridArray {
 
     /// Next time the migrator could start something (for `next_event_ns`).
     fn migrator_wakeup(&self) -> Option<Nanos> {
-        let work = !self.destage_queue.is_empty()
-            || (!self.promote_queue.is_empty() && !self.migrator_blocked);
+        let work = !self.destage_queue.is_empty() || self.placement.wants_move();
         (work && self.migrations_in_flight < MAX_MIGRATIONS).then_some(self.migrator_free_ns)
     }
 
@@ -537,93 +492,62 @@ impl HybridArray {
         true
     }
 
+    /// Starts the placement's next move (a demoted clean extent's slot is free
+    /// at once: the model keeps no records to make durable).
     fn start_promotion(&mut self, now: Nanos) -> bool {
-        if self.migrator_blocked {
-            return false;
-        }
-        while let Some(e) = self.promote_queue.pop_front() {
-            let Some(x) = self.extents.get(&e).copied() else {
-                continue;
-            };
-            if x.migration != Migration::Queued || x.slot != NIL {
-                continue;
-            }
-            let slot = match self.free_slots.pop() {
-                Some(s) => s,
-                None => match self.make_room(e, &x, now) {
-                    Room::Slot(s) => s,
-                    Room::Wait => {
-                        // Retry once the write-back is done.
-                        self.promote_queue.push_front(e);
-                        self.migrator_blocked = true;
-                        return false;
-                    }
-                    Room::Colder => {
-                        if let Some(x) = self.extents.get_mut(&e) {
-                            x.migration = Migration::Idle;
-                        }
-                        continue;
-                    }
-                    Room::Busy => return true,
-                },
-            };
-            // Reserve the slot; the extent becomes resident when the copy is done.
-            self.slot_extent[slot as usize] = e;
-            if let Some(x) = self.extents.get_mut(&e) {
-                x.migration = Migration::Promoting;
-            }
+        loop {
             let bytes = self.spec.extent_bytes;
-            let op = self.alloc_op(OpKind::Promote { extent: e }, slot as u64, now, bytes);
-            self.charge_migrator(now, bytes);
-            self.disk_submit(now, e << self.extent_shift, bytes as u32, IoDir::Read, op);
-            return true;
+            match self.placement.next_move(now) {
+                None => return false,
+                Some(Move::Release { slot }) => self.placement.released(slot),
+                Some(Move::Promote { key, slot, seq }) => {
+                    let kind = OpKind::Promote {
+                        extent: key,
+                        slot,
+                        seq,
+                    };
+                    let op = self.alloc_op(kind, 0, now, bytes);
+                    self.charge_migrator(now, bytes);
+                    let off = key << self.extent_shift;
+                    self.disk_submit(now, off, bytes as u32, IoDir::Read, op);
+                    return true;
+                }
+                Some(Move::Destage { key, slot, seq }) => {
+                    let kind = OpKind::WriteBack { extent: key, seq };
+                    let op = self.alloc_op(kind, 0, now, bytes);
+                    self.charge_migrator(now, bytes);
+                    let (dev, off) = self.flash_loc(slot, 0);
+                    self.flash_submit(dev, now, off, bytes as u32, IoDir::Read, op);
+                    return true;
+                }
+            }
         }
-        false
     }
 
-    fn make_room(&mut self, candidate: u64, cx: &ExtentInfo, now: Nanos) -> Room {
-        let Some(victim) = self.resident.peek_victim() else {
-            return Room::Colder;
-        };
-        let v = victim as u64;
-        let Some(vx) = self.extents.get(&v).copied() else {
-            return Room::Colder;
-        };
-        if self.current_heat(&vx, now) >= self.current_heat(cx, now) || v == candidate {
-            return Room::Colder;
-        }
-        if vx.migration == Migration::WritingBack {
-            return Room::Wait;
-        }
-        if vx.dirty {
-            // Write the victim back first.
-            if let Some(x) = self.extents.get_mut(&v) {
-                x.migration = Migration::WritingBack;
+    /// Routes a host I/O of extents `e0..=e1` through the placement (heat,
+    /// promotion queue, dirty marks): `Some(slot)` when it is one extent on flash.
+    /// The model times I/O but keeps no data, so each extent's I/O is reported
+    /// done at once (no move waits for it).
+    fn route(&mut self, now: Nanos, dir: IoDir, e0: u64, e1: u64) -> Option<u32> {
+        let mut slot = None;
+        for e in e0..=e1 {
+            let r = match dir {
+                IoDir::Read => self.placement.read(now, e),
+                IoDir::Write => self.placement.write(now, e, false),
+            };
+            slot = match r {
+                Route::Flash { slot } => Some(slot),
+                _ => None,
+            };
+            match (dir, r) {
+                (IoDir::Read, _) => self.placement.read_done(e, r),
+                // Timing only: a write to an extent being promoted goes to the
+                // write log (no data to race the copy).
+                (IoDir::Write, Route::Wait) => {}
+                (IoDir::Write, _) => self.placement.write_done(e, r),
             }
-            let bytes = self.spec.extent_bytes;
-            let op = self.alloc_op(
-                OpKind::WriteBack {
-                    extent: v,
-                    write_gen: vx.write_gen,
-                },
-                0,
-                now,
-                bytes,
-            );
-            self.charge_migrator(now, bytes);
-            let (dev, off) = self.flash_loc(vx.slot, 0);
-            self.flash_submit(dev, now, off, bytes as u32, IoDir::Read, op);
-            self.promote_queue.push_front(candidate);
-            return Room::Busy;
         }
-        // Clean: drop it.
-        self.resident.remove(victim);
-        self.slot_extent[vx.slot as usize] = u64::MAX;
-        if let Some(x) = self.extents.get_mut(&v) {
-            x.slot = NIL;
-        }
-        self.stats.demotions += 1;
-        Room::Slot(vx.slot)
+        slot.filter(|_| e0 == e1)
     }
 
     fn host_done(&mut self, slot: u32, t: Nanos, done: &mut Vec<Completion>) {
@@ -652,29 +576,24 @@ impl HybridArray {
                 self.log_bytes -= op.bytes;
                 self.stats.destaged_bytes += op.bytes;
                 self.migrations_in_flight -= 1;
-                self.migrator_blocked = false;
                 self.free_ops.push(slot);
             }
-            OpKind::Promote { extent } => {
-                let fslot = op.token as u32;
+            OpKind::Promote {
+                extent,
+                slot: fslot,
+                seq,
+            } => {
                 if op.phase == 0 {
                     self.ops[slot as usize].phase = 1;
                     let (dev, off) = self.flash_loc(fslot, 0);
                     self.flash_submit(dev, t, off, op.bytes as u32, IoDir::Write, slot);
                     return;
                 }
-                if let Some(x) = self.extents.get_mut(&extent) {
-                    x.slot = fslot;
-                    x.dirty = false;
-                    x.migration = Migration::Idle;
-                }
-                self.resident.insert(extent as u128);
-                self.stats.promotions += 1;
+                self.placement.promote_done(extent, fslot, seq, true);
                 self.migrations_in_flight -= 1;
-                self.migrator_blocked = false;
                 self.free_ops.push(slot);
             }
-            OpKind::WriteBack { extent, write_gen } => {
+            OpKind::WriteBack { extent, seq } => {
                 if op.phase == 0 {
                     self.ops[slot as usize].phase = 1;
                     self.disk_submit(
@@ -686,29 +605,12 @@ impl HybridArray {
                     );
                     return;
                 }
-                if let Some(x) = self.extents.get_mut(&extent) {
-                    x.migration = Migration::Idle;
-                    if x.write_gen == write_gen {
-                        x.dirty = false;
-                    }
-                }
-                self.stats.write_backs += 1;
+                self.placement.destage_done(extent, seq, true);
                 self.migrations_in_flight -= 1;
-                self.migrator_blocked = false;
                 self.free_ops.push(slot);
             }
         }
     }
-}
-
-enum Room {
-    Slot(u32),
-    /// A write-back of the victim is in flight.
-    Wait,
-    /// The victim is hotter than the candidate: do not promote.
-    Colder,
-    /// A write-back was started (counts as the migration started).
-    Busy,
 }
 
 impl Component for HybridArray {
@@ -717,18 +619,14 @@ impl Component for HybridArray {
         let offset = io.offset_bytes % cap;
         let end = offset + io.size_bytes.max(1) as u64;
         let (e0, e1) = (offset >> self.extent_shift, (end - 1) >> self.extent_shift);
-        let mut all_resident = true;
-        for e in e0..=e1 {
-            all_resident &= self.heat(e, now);
-        }
+        let on_flash = self.route(now, io.dir, e0, e1);
         let bytes = io.size_bytes as u64;
         match io.dir {
             IoDir::Read => {
                 self.stats.host_reads += 1;
                 self.stats.host_read_bytes += bytes;
-                if all_resident && e0 == e1 {
+                if let Some(s) = on_flash {
                     self.stats.flash_reads += 1;
-                    let s = self.extents[&e0].slot;
                     let (dev, off) = self.flash_loc(s, offset - (e0 << self.extent_shift));
                     let op = self.alloc_op(OpKind::HostFlashRead, token, now, bytes);
                     self.flash_submit(dev, now, off, io.size_bytes, IoDir::Read, op);
@@ -741,15 +639,8 @@ impl Component for HybridArray {
             IoDir::Write => {
                 self.stats.host_writes += 1;
                 self.stats.host_write_bytes += bytes;
-                if all_resident && e0 == e1 {
+                if let Some(s) = on_flash {
                     self.stats.flash_writes += 1;
-                    let x = self
-                        .extents
-                        .get_mut(&e0)
-                        .expect("resident extent is tracked");
-                    x.dirty = true;
-                    x.write_gen = x.write_gen.wrapping_add(1);
-                    let s = x.slot;
                     let (dev, off) = self.flash_loc(s, offset - (e0 << self.extent_shift));
                     let op = self.alloc_op(OpKind::HostFlashWrite, token, now, bytes);
                     self.flash_submit(dev, now, off, io.size_bytes, IoDir::Write, op);

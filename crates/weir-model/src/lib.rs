@@ -35,6 +35,9 @@
 //!   (`clone_cache = { size_mib, aware }`) with images and linked clones registered by
 //!   [`Array::add_image`] / [`Array::add_clone`] / [`Array::add_thin_clone`]
 //!   (redirect-on-write map per clone).
+//! * [`Placement`]: the extent placement decisions of a hybrid flash + disk tier
+//!   (heat, promotion, demotion, landing writes, destage, records), driven by
+//!   [`HybridArray`] and by `weir serve`'s tier layer
 //! * [`HybridArray`] / [`HybridSpec`]: PCIe flash tier in front of a disk [`Array`]
 //!   with dynamic data placement (extent heat with decay, promotion/demotion under a
 //!   migration bandwidth budget, writes landing on flash and destaged); preset
@@ -92,6 +95,7 @@ mod host_cache;
 mod huge_pages;
 mod hybrid;
 mod link;
+pub mod placement;
 pub mod policy_lab;
 mod prefetch;
 mod raid;
@@ -129,6 +133,7 @@ pub use host_cache::{
 };
 pub use hybrid::{HYBRID_PRESETS, HybridArray, HybridSpec, HybridStats};
 pub use link::{Link, LinkSpec};
+pub use placement::{Move, Placement, PlacementSpec, PlacementStats, Record, Route};
 pub use raid::{DataLocation, DriveIo, MIRROR_RUN_ROWS, RaidLayout, RaidPlan, RaidSpec};
 pub use ssd::{Ssd, SsdSpec};
 

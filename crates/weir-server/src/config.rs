@@ -87,6 +87,13 @@
 //! #                                 # one with a device; crate::flash_cache,
 //! #                                 # docs/FLASH_CACHE.md); also block = "4KiB",
 //! #                                 # scan_cutoff = "4MiB" (0: admit sequential scans)
+//! # tier = { flash_dir = "/nvme/weir", flash_size = "8GiB" }  # hybrid pool: a flash
+//! #                                 # tier in front of the pool's files (a file pool
+//! #                                 # without device or flash_cache; crate::tier,
+//! #                                 # docs/HYBRID.md); also extent = "1MiB",
+//! #                                 # flash_device / disk_device (emulated, as device),
+//! #                                 # promote_heat = 3, half_life_s = 60,
+//! #                                 # migration_mbps = 200, dirty_max (flash_size / 4)
 //!
 //! # [[pools]]                       # Ceph RBD (crate::rbd, docs/RBD.md): each volume
 //! # name = "ceph"                   # is an RBD image of its name; librbd is loaded at
@@ -325,6 +332,11 @@ pub struct PoolConfig {
     /// docs/FLASH_CACHE.md). Absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flash_cache: Option<crate::flash_cache::FlashCacheConfig>,
+    /// A hybrid pool: a flash tier in front of the pool's files, extents placed
+    /// by heat (`tier = { flash_dir = "/nvme/weir", flash_size = "8GiB" }`;
+    /// crate::tier, docs/HYBRID.md). Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<crate::tier::TierConfig>,
     /// Gateway mode: the pool's volumes live on a remote NBD server
     /// (`nbd://HOST[:PORT]`); each volume is the upstream export of its name, or
     /// its `export` (crate::upstream, docs/GATEWAY.md).
@@ -560,7 +572,7 @@ fn default_true() -> bool {
 fn default_pool_name() -> String {
     DEFAULT_POOL.to_string()
 }
-fn default_pools() -> Vec<PoolConfig> {
+pub(crate) fn default_pools() -> Vec<PoolConfig> {
     vec![PoolConfig {
         name: DEFAULT_POOL.into(),
         max_in_flight: DEFAULT_MAX_IN_FLIGHT,
@@ -579,6 +591,7 @@ fn default_pools() -> Vec<PoolConfig> {
         format: PoolFormat::File,
         clone_cache: default_clone_cache(),
         flash_cache: None,
+        tier: None,
         upstream: None,
         upstream_connections: default_upstream_connections(),
         upstream_timeout_s: default_upstream_timeout_s(),

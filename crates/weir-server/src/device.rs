@@ -30,9 +30,32 @@ pub struct EmulatedDevice {
     epoch: Instant,
 }
 
+/// Who waits for a request: a task, or a blocking thread ([`EmulatedDevice::submit_blocking`]).
+enum Waiter {
+    Task(oneshot::Sender<()>),
+    Thread(Arc<Done>),
+}
+
+/// A blocking thread's completion flag.
+#[derive(Default)]
+pub struct Done {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Done {
+    /// Blocks until the model completed the request.
+    pub fn wait(&self) {
+        let mut d = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        while !*d {
+            d = self.cv.wait(d).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
 struct State {
     array: Array,
-    waiters: HashMap<u64, oneshot::Sender<()>>,
+    waiters: HashMap<u64, Waiter>,
     next_token: u64,
     done: Vec<Completion>,
     stop: bool,
@@ -50,8 +73,15 @@ impl State {
         }
         self.array.advance(now, &mut self.done);
         for c in self.done.drain(..) {
-            if let Some(w) = self.waiters.remove(&c.token) {
-                let _ = w.send(());
+            match self.waiters.remove(&c.token) {
+                Some(Waiter::Task(w)) => {
+                    let _ = w.send(());
+                }
+                Some(Waiter::Thread(d)) => {
+                    *d.done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                    d.cv.notify_all();
+                }
+                None => {}
             }
         }
     }
@@ -107,6 +137,24 @@ impl EmulatedDevice {
         urgent: bool,
     ) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
+        self.submit_as(offset_bytes, size_bytes, dir, urgent, Waiter::Task(tx));
+        rx
+    }
+
+    /// As [`EmulatedDevice::submit`], for a blocking thread: wait on the result.
+    pub fn submit_blocking(&self, offset_bytes: u64, size_bytes: u32, dir: IoDir) -> Arc<Done> {
+        let done = Arc::new(Done::default());
+        self.submit_as(
+            offset_bytes,
+            size_bytes,
+            dir,
+            false,
+            Waiter::Thread(done.clone()),
+        );
+        done
+    }
+
+    fn submit_as(&self, offset_bytes: u64, size_bytes: u32, dir: IoDir, urgent: bool, w: Waiter) {
         {
             let mut st = self.lock();
             let now = self.now_ns();
@@ -114,7 +162,7 @@ impl EmulatedDevice {
             let before = st.array.next_event_ns();
             let token = st.next_token;
             st.next_token += 1;
-            st.waiters.insert(token, tx);
+            st.waiters.insert(token, w);
             let io = DeviceIo {
                 offset_bytes,
                 size_bytes: size_bytes.max(1),
@@ -131,7 +179,6 @@ impl EmulatedDevice {
                 self.wake.notify_one();
             }
         }
-        rx
     }
 
     /// Requests submitted and not completed yet.

@@ -72,6 +72,7 @@ pub mod stack;
 pub mod store;
 pub mod systemd;
 pub mod thin;
+pub mod tier;
 pub mod tls;
 pub mod upstream;
 

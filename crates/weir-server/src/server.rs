@@ -98,6 +98,16 @@ impl ServerState {
                 pool.add_volume(VolumeId(r.id), policy);
             }
         }
+        // Hybrid pools: migration I/O goes through the pool's gate.
+        for (name, pool) in &pools {
+            if let Some(tier) = store.tier(name) {
+                pool.add_volume(
+                    crate::tier::TIER_VOLUME,
+                    crate::tier::background_policy(tier.config()),
+                );
+                tier.start(Arc::new(pool.clone()));
+            }
+        }
         // After the volumes are open: what is open now counts against the limit.
         let max_connections = fit_to_fd_limit(config.max_connections.into());
         Ok(ServerState {
@@ -219,8 +229,8 @@ impl ServerState {
     pub fn delete_volume(&self, name: &str) -> Result<VolumeRecord, StoreError> {
         let (r, _open) = self.store().delete(name)?;
         if let Some(pool) = self.pools.get(&r.pool) {
-            for task in pool.remove_volume(VolumeId(r.id)) {
-                crate::session::fail(&task, NbdError::new(ErrorCode::Io, "volume was deleted"));
+            for work in pool.remove_volume(VolumeId(r.id)) {
+                work.fail(NbdError::new(ErrorCode::Io, "volume was deleted"));
             }
         }
         self.metrics.forget_volume(name);
@@ -298,6 +308,127 @@ impl ServerState {
             for (volume, u) in &rows {
                 let v = crate::metrics::escape(volume);
                 let _ = writeln!(out, "{name}{{volume=\"{v}\"}} {}", field(u));
+            }
+        }
+        out
+    }
+
+    /// Prometheus text for hybrid pools: per pool what the flash tier holds and
+    /// what moved; per volume the reads flash and disk served.
+    pub fn tier_metrics(&self) -> String {
+        use std::fmt::Write as _;
+        let pools = self.store().tier_snapshots();
+        if pools.is_empty() {
+            return String::new();
+        }
+        type F = fn(&crate::tier::TierSnapshot) -> u64;
+        let families: [(&str, &str, &str, F); 10] = [
+            (
+                "weir_pool_tier_capacity_bytes",
+                "gauge",
+                "Size of the pool's flash tier.",
+                |p| p.capacity_bytes,
+            ),
+            (
+                "weir_pool_tier_resident_bytes",
+                "gauge",
+                "Extents on the flash tier, bytes.",
+                |p| p.resident_bytes,
+            ),
+            (
+                "weir_pool_tier_dirty_bytes",
+                "gauge",
+                "Extents on flash newer than their disk copy, bytes.",
+                |p| p.dirty_bytes,
+            ),
+            (
+                "weir_pool_tier_promotions_total",
+                "counter",
+                "Extents copied disk to flash.",
+                |p| p.promotions,
+            ),
+            (
+                "weir_pool_tier_demotions_total",
+                "counter",
+                "Extents dropped from flash to make room.",
+                |p| p.demotions,
+            ),
+            (
+                "weir_pool_tier_destages_total",
+                "counter",
+                "Dirty extents copied flash to disk.",
+                |p| p.destages,
+            ),
+            (
+                "weir_pool_tier_landings_total",
+                "counter",
+                "Whole-extent writes that landed on flash.",
+                |p| p.landings,
+            ),
+            (
+                "weir_pool_tier_moves_cancelled_total",
+                "counter",
+                "Moves that did not take effect (a write raced them, or the copy failed).",
+                |p| p.moves_cancelled,
+            ),
+            (
+                "weir_pool_tier_migration_bytes_total",
+                "counter",
+                "Extent bytes moved by the migrator.",
+                |p| p.migrated_bytes,
+            ),
+            (
+                "weir_pool_tier_errors_total",
+                "counter",
+                "Migration and journal errors.",
+                |p| p.errors,
+            ),
+        ];
+        let mut out = String::new();
+        for (name, kind, help, field) in families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for p in &pools {
+                let pool = crate::metrics::escape(&p.pool);
+                let _ = writeln!(out, "{name}{{pool=\"{pool}\"}} {}", field(p));
+            }
+        }
+        for (name, help, flash) in [
+            (
+                "weir_volume_tier_flash_reads_total",
+                "Reads (extent pieces) served by the flash tier.",
+                true,
+            ),
+            (
+                "weir_volume_tier_disk_reads_total",
+                "Reads (extent pieces) served by the disk tier.",
+                false,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for p in &pools {
+                for (volume, f, d) in &p.volumes {
+                    let (v, pool) = (
+                        crate::metrics::escape(volume),
+                        crate::metrics::escape(&p.pool),
+                    );
+                    let n = if flash { f } else { d };
+                    let _ = writeln!(out, "{name}{{volume=\"{v}\",pool=\"{pool}\"}} {n}");
+                }
+            }
+        }
+        let name = "weir_volume_tier_flash_read_ratio";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Share of the volume's reads served by flash since start.\n# TYPE {name} gauge"
+        );
+        for p in &pools {
+            for (volume, f, d) in &p.volumes {
+                let (v, pool) = (
+                    crate::metrics::escape(volume),
+                    crate::metrics::escape(&p.pool),
+                );
+                let ratio = *f as f64 / (f + d).max(1) as f64;
+                let _ = writeln!(out, "{name}{{volume=\"{v}\",pool=\"{pool}\"}} {ratio}");
             }
         }
         out
@@ -744,8 +875,8 @@ async fn run(
     // them now, past the gate, until every session is done.
     loop {
         for pool in state.pools.values() {
-            for task in pool.take_queued() {
-                crate::session::execute_now(pool, task);
+            for work in pool.take_queued() {
+                work.execute_now(pool);
             }
         }
         tokio::select! {

@@ -550,6 +550,94 @@ pub struct Io;
 /// A pool whose released pieces the session performs.
 pub type Pool = QosPool<Io>;
 
+/// What travels through a pool's gate: a client's request, or a background
+/// I/O of the server's own (a hybrid tier's migration, `crate::tier`), charged
+/// to a volume of the gate like any other so the scheduler orders it.
+#[derive(Clone)]
+pub enum Work {
+    Client(Arc<Task>),
+    Background(Arc<Background>),
+}
+
+impl Work {
+    /// Answers a request that will not run (its volume was deleted while it
+    /// was queued); a background I/O is cancelled.
+    pub fn fail(&self, error: NbdError) {
+        match self {
+            Work::Client(task) => fail(task, error),
+            Work::Background(bg) => bg.cancel(),
+        }
+    }
+
+    /// Runs a request past the gate (shutdown); a background I/O is cancelled.
+    pub fn execute_now(self, pool: &Arc<Pool>) {
+        match self {
+            Work::Client(task) => execute_now(pool, task),
+            Work::Background(bg) => bg.cancel(),
+        }
+    }
+}
+
+/// A background I/O waiting for its pieces: the gate's releases are handed to
+/// the thread that submitted it (`BackgroundQos for Arc<Pool>`), which performs
+/// each and completes it at the gate.
+pub struct Background {
+    tx: std::sync::mpsc::Sender<Option<(Ticket, Piece)>>,
+}
+
+impl Background {
+    fn released(&self, ticket: Ticket, piece: Piece) {
+        let _ = self.tx.send(Some((ticket, piece)));
+    }
+    fn cancel(&self) {
+        let _ = self.tx.send(None);
+    }
+}
+
+impl crate::tier::BackgroundQos for Arc<Pool> {
+    fn run(
+        &self,
+        volume: weir_qos::VolumeId,
+        kind: IoKind,
+        offset: u64,
+        length: u32,
+        io: &mut dyn FnMut(u64, u32) -> io::Result<()>,
+    ) -> io::Result<()> {
+        if !self.qos_enabled() {
+            return io(offset, length);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let bg = Arc::new(Background { tx });
+        let request = GateRequest {
+            volume,
+            client: ClientId(u32::MAX),
+            kind,
+            offset,
+            length,
+        };
+        if let Err(r) = self.submit(request, Work::Background(bg.clone())) {
+            return Err(io::Error::other(r.error.to_string()));
+        }
+        let mut result = Ok(());
+        loop {
+            let Ok(Some((ticket, piece))) = rx.recv() else {
+                return Err(io::Error::other("background I/O cancelled"));
+            };
+            if result.is_ok() {
+                result = io(piece.offset, piece.length);
+            }
+            self.complete(Performed {
+                ticket,
+                payload: Work::Background(bg.clone()),
+                outcome: Outcome::Piece,
+            });
+            if piece.last {
+                return result;
+            }
+        }
+    }
+}
+
 thread_local! {
     /// The pool's per-thread buffers (released pieces, inline completions).
     static BUFFERS: Cell<Buffers<Io>> = const { Cell::new(Buffers::new()) };
@@ -618,7 +706,7 @@ fn start_on_device(
         match (ticket, outcome) {
             (Some(ticket), outcome) => pool.complete(Performed {
                 ticket,
-                payload: task,
+                payload: Work::Client(task),
                 outcome,
             }),
             (None, Outcome::Whole(reply, ok)) => deliver(&task.job, reply, ok),
@@ -628,20 +716,27 @@ fn start_on_device(
 }
 
 impl Perform for Io {
-    type Payload = Arc<Task>;
+    type Payload = Work;
     type Outcome = Outcome;
 
     /// Inline when the backend can serve a whole request without blocking, else
     /// on the blocking pool (one hand-off), or in a task that also waits for the
     /// emulated device. Pieces of a paced request go to the blocking pool.
-    fn start(pool: &Arc<Pool>, release: Release<Arc<Task>>) -> Option<Performed<Io>> {
+    fn start(pool: &Arc<Pool>, release: Release<Work>) -> Option<Performed<Io>> {
         let Release {
             ticket,
             piece,
             urgent,
-            payload: task,
+            payload,
             ..
         } = release;
+        let task = match payload {
+            Work::Client(task) => task,
+            Work::Background(bg) => {
+                bg.released(ticket, piece);
+                return None;
+            }
+        };
         if piece.offset == charge(&task.job.command).1 {
             // The request's first release: the time it waited in the gate.
             let wait = task.job.received_at.elapsed().as_nanos() as u64;
@@ -656,7 +751,7 @@ impl Perform for Io {
             if let Some((reply, ok)) = try_perform_inline(&task.job) {
                 return Some(Performed {
                     ticket,
-                    payload: task,
+                    payload: Work::Client(task),
                     outcome: Outcome::Whole(reply, ok),
                 });
             }
@@ -667,7 +762,7 @@ impl Perform for Io {
                 let (reply, ok) = perform(&task.job);
                 pool.complete(Performed {
                     ticket,
-                    payload: task,
+                    payload: Work::Client(task),
                     outcome: Outcome::Whole(reply, ok),
                 });
             });
@@ -676,7 +771,7 @@ impl Perform for Io {
                 perform_piece(&task, piece);
                 pool.complete(Performed {
                     ticket,
-                    payload: task,
+                    payload: Work::Client(task),
                     outcome: Outcome::Piece,
                 });
             });
@@ -685,12 +780,17 @@ impl Perform for Io {
     }
 
     fn done(performed: Performed<Io>, finished: Option<Finished>) {
+        let task = match performed.payload {
+            Work::Client(task) => task,
+            // The background thread performed it and waits for nothing more.
+            Work::Background(_) => return,
+        };
         match performed.outcome {
             // A whole request is never given back by the gate: always reply.
-            Outcome::Whole(reply, ok) => deliver(&performed.payload.job, reply, ok),
+            Outcome::Whole(reply, ok) => deliver(&task.job, reply, ok),
             Outcome::Piece => {
                 if finished.is_some() {
-                    finish_pieces(performed.payload);
+                    finish_pieces(task);
                 }
             }
         }
@@ -706,7 +806,7 @@ fn finish_whole(pool: &Arc<Pool>, ticket: Option<Ticket>, task: Arc<Task>, reply
     match ticket {
         Some(ticket) => pool.complete(Performed {
             ticket,
-            payload: task,
+            payload: Work::Client(task),
             outcome: Outcome::Whole(reply, ok),
         }),
         None => deliver(&task.job, reply, ok),
@@ -1284,11 +1384,10 @@ impl Conn {
             return;
         }
         let request = task.gate_request();
-        if let Err(rejected) = self.pool.submit(request, task) {
-            fail(
-                &rejected.payload,
-                NbdError::new(ErrorCode::Io, rejected.error.to_string()),
-            );
+        if let Err(rejected) = self.pool.submit(request, Work::Client(task)) {
+            rejected
+                .payload
+                .fail(NbdError::new(ErrorCode::Io, rejected.error.to_string()));
         }
     }
 }

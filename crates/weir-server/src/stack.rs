@@ -14,6 +14,11 @@
 //!     │                                               reads through a cache file on a
 //!     │                                               fast device (weir-model's
 //!     │                                               FlashCache decides), write-through
+//!   hybrid tier       tier.rs     `tier = {…}`       a flash file in front of the files:
+//!     │                                               extents placed by heat (weir-model's
+//!     │                                               Placement decides), a migrator
+//!     │                                               through the gate, a journal; each
+//!     │                                               tier its own emulated device
 //!   fault injection   fault.rs    `[[pools.faults]]` fails or delays chosen I/Os
 //!     │
 //!   bottom, one of:
@@ -29,7 +34,8 @@
 //! that is not configured is absent, not a pass-through: a pool with no faults
 //! runs the bottom backend directly.
 //!
-//! Why this order: the cache sits above the faults so a drill's failures reach
+//! Why this order: the tier sits above the faults so a drill fails its disk
+//! I/O (and migrations) as the disk's; the cache sits above the faults so a drill's failures reach
 //! it as the backing store's (a failed miss fills nothing); faults sit above the bottom so a drill fails the volume as
 //! its clients see it, whichever bottom it has; the device is on top so the
 //! gate's released pieces (and their urgency) reach its model as they leave the
@@ -40,6 +46,7 @@ use std::sync::Arc;
 use crate::backend::Backend;
 use crate::config::{PoolBackend, PoolConfig, PoolFormat};
 use crate::flash_cache::{FlashCacheDevice, VolumeCache};
+use crate::tier::TierDevice;
 
 /// Wraps a volume's bottom backend in the layers its pool configures, in the
 /// stack's order (bottom first).
@@ -48,12 +55,17 @@ use crate::flash_cache::{FlashCacheDevice, VolumeCache};
 pub fn build(
     pool: Option<&PoolConfig>,
     cache: Option<(&Arc<FlashCacheDevice>, &str, VolumeCache)>,
+    tier: Option<(&Arc<TierDevice>, u32, &str)>,
     bottom: Arc<dyn Backend>,
 ) -> Arc<dyn Backend> {
     let Some(pool) = pool else {
         return bottom;
     };
     let below = crate::fault::wrap(bottom, &pool.faults);
+    let below = match tier {
+        Some((dev, id, volume)) => dev.wrap(id, volume, below),
+        None => below,
+    };
     match cache {
         Some((dev, volume, setting)) => dev.wrap(volume, setting, below),
         None => below,
@@ -74,6 +86,7 @@ pub fn validate_pool(p: &PoolConfig) -> Result<(), (&'static str, String)> {
             ));
         }
     }
+    validate_tier(p)?;
     let target = p.upstream_target().map_err(|e| ("upstream", e))?;
     if target.is_some() {
         if p.format == PoolFormat::Thin {
@@ -104,6 +117,31 @@ pub fn validate_pool(p: &PoolConfig) -> Result<(), (&'static str, String)> {
             "upstream_timeout_s",
             format!("must be 1-{max}, got {}", p.upstream_timeout_s),
         ));
+    }
+    Ok(())
+}
+
+/// `tier`: a plain file pool, without a pool-wide device or a flash cache.
+fn validate_tier(p: &PoolConfig) -> Result<(), (&'static str, String)> {
+    let Some(t) = &p.tier else {
+        return Ok(());
+    };
+    t.validate().map_err(|e| ("tier", e))?;
+    let refuse = |key, why: &str| Err((key, format!("not with tier: {why}")));
+    if p.device.is_some() {
+        return refuse(
+            "device",
+            "each tier has its own emulated device (tier.flash_device, tier.disk_device)",
+        );
+    }
+    if p.flash_cache.is_some() {
+        return refuse("flash_cache", "the tier's flash already serves hot reads");
+    }
+    if p.upstream.is_some() || p.backend == PoolBackend::Rbd {
+        return refuse("tier", "a hybrid pool keeps its disk tier in local files");
+    }
+    if p.format == PoolFormat::Thin {
+        return refuse("format", "a hybrid pool's volumes are plain files");
     }
     Ok(())
 }

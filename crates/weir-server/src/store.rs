@@ -360,6 +360,8 @@ pub struct VolumeStore {
     upstreams: BTreeMap<String, Arc<crate::upstream::UpstreamBackend>>,
     /// Pools with a flash cache: its file and decisions, by pool name.
     flash: HashMap<String, Arc<FlashCacheDevice>>,
+    /// Hybrid pools: the flash tier's files and placement, by pool name.
+    tiers: HashMap<String, Arc<crate::tier::TierDevice>>,
 }
 
 impl VolumeStore {
@@ -415,12 +417,18 @@ impl VolumeStore {
             busy: HashMap::new(),
             upstreams: BTreeMap::new(),
             flash: HashMap::new(),
+            tiers: HashMap::new(),
         };
         for p in &config.pools {
             if let Some(fc) = &p.flash_cache {
                 let dev = FlashCacheDevice::open(&p.name, fc)
                     .map_err(|e| StoreError::Invalid(format!("pool {:?}: {e}", p.name)))?;
                 store.flash.insert(p.name.clone(), dev);
+            }
+            if let Some(t) = &p.tier {
+                let dev = crate::tier::TierDevice::open(&p.name, t, &store.pool_dir(&p.name))
+                    .map_err(|e| StoreError::Invalid(format!("pool {:?}: {e}", p.name)))?;
+                store.tiers.insert(p.name.clone(), dev);
             }
         }
         store.connect_rbd_pools()?;
@@ -578,7 +586,25 @@ impl VolumeStore {
         bottom: Arc<dyn Backend>,
     ) -> Arc<dyn Backend> {
         let cache = volume.and_then(|r| Some((self.flash.get(pool)?, r.name.as_str(), r.cache)));
-        crate::stack::build(self.pools.iter().find(|p| p.name == pool), cache, bottom)
+        let tier = volume.and_then(|r| Some((self.tiers.get(pool)?, r.id, r.name.as_str())));
+        crate::stack::build(
+            self.pools.iter().find(|p| p.name == pool),
+            cache,
+            tier,
+            bottom,
+        )
+    }
+
+    /// A hybrid pool's tier (`None`: the pool has none).
+    pub fn tier(&self, pool: &str) -> Option<&Arc<crate::tier::TierDevice>> {
+        self.tiers.get(pool)
+    }
+
+    /// Every hybrid pool's tier counters (metrics).
+    pub fn tier_snapshots(&self) -> Vec<crate::tier::TierSnapshot> {
+        let mut all: Vec<_> = self.tiers.values().map(|d| d.snapshot()).collect();
+        all.sort_by(|a, b| a.pool.cmp(&b.pool));
+        all
     }
 
     /// Every pool's flash cache counters (metrics).
@@ -810,6 +836,9 @@ impl VolumeStore {
     ) -> Result<(VolumeRecord, Option<Arc<OpenVolume>>), StoreError> {
         let deleted = self.delete_volume(name)?;
         self.drop_cached(&deleted.0.pool, name);
+        if let Some(t) = self.tiers.get(&deleted.0.pool) {
+            t.drop_volume(deleted.0.id);
+        }
         Ok(deleted)
     }
 
