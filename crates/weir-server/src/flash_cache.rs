@@ -159,22 +159,7 @@ impl FlashCacheDevice {
         crate::store::create_dirs(&config.dir)
             .map_err(|e| format!("flash_cache.dir {}: {e}", config.dir.display()))?;
         let path = config.dir.join(format!("{pool}.weir-cache"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| format!("flash cache {}: {e}", path.display()))?;
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(format!(
-                "flash cache {}: in use by another process ({})",
-                path.display(),
-                io::Error::last_os_error()
-            ));
-        }
+        let file = open_exclusive(&path).map_err(|e| format!("flash cache {e}"))?;
         let blocks = config.size.0 / config.block.0;
         // Volatile: whatever an earlier run left is dropped (never trusted).
         file.set_len(0)
@@ -467,4 +452,27 @@ impl Backend for FlashCacheLayer {
     fn cache(&self, offset: u64, length: u64) -> io::Result<()> {
         self.inner.cache(offset, length)
     }
+}
+
+/// Opens (creating, 0600) a file of a fast device's directory and locks it
+/// against a second server (`flock`, non-blocking): the flash cache's and the
+/// hybrid tier's files. Errors start with the path.
+pub(crate) fn open_exclusive(path: &std::path::Path) -> Result<File, String> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(format!(
+            "{}: in use by another process ({})",
+            path.display(),
+            io::Error::last_os_error()
+        ));
+    }
+    Ok(file)
 }

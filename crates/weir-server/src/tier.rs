@@ -548,23 +548,7 @@ impl TierDevice {
 }
 
 fn open_locked(path: &Path) -> Result<File, String> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| format!("tier {}: {e}", path.display()))?;
-    // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(format!(
-            "tier {}: in use by another process ({})",
-            path.display(),
-            io::Error::last_os_error()
-        ));
-    }
-    Ok(file)
+    crate::flash_cache::open_exclusive(path).map_err(|e| format!("tier {e}"))
 }
 
 /// The migrator: performs the placement's moves, one at a time, through the
