@@ -1,11 +1,11 @@
-//! Prints the CPU cost of the cache models: ns per host-cache lookup, and simulated
+//! Prints the CPU cost of the cache models: ns per flash-cache operation, and simulated
 //! I/Os per CPU second for the clone-cache array and the hybrid array.
 //! Run: `cargo bench -p weir-model --bench cache_lookup`
 
 use weir_model::harness::{SplitMix64, run_closed_loop};
 use weir_model::{
-    Array, ArraySpec, BlockCache, CachePolicy, CloneCacheSpec, Component, DeviceIo,
-    HostCacheLookup, HostCacheSpec, HostFlashCache, HybridArray, IoDir,
+    Array, ArraySpec, BlockCache, CachePolicy, CloneCacheSpec, DeviceIo, FlashCache,
+    FlashCacheSpec, HybridArray, IoDir, ReadPlan,
 };
 
 /// CPU time of this thread (immune to other processes sharing the machine), s.
@@ -19,51 +19,44 @@ fn cpu_s() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-/// 8 KiB random reads over `working_set` bytes of a 4 GiB cache; misses are filled.
+/// 8 KiB random reads over `working_set` bytes of a 4 GiB flash cache (4 KiB
+/// blocks, the server's and the simulator's model); misses are filled, one
+/// operation in four is a write (which invalidates what it covers).
 fn host_lookup(policy: CachePolicy, working_set: u64, n: u64) {
-    let mut spec = HostCacheSpec::iodrive2(4 << 30);
-    spec.policy = policy;
-    let mut c = HostFlashCache::new(&spec).expect("cache");
-    c.enable_volume(0).expect("volume");
+    let mut c = FlashCache::new(FlashCacheSpec {
+        capacity_blocks: ((4u64 << 30) / 4096) as u32,
+        block_bytes: 4096,
+        policy,
+        scan_bytes: 4 << 20,
+    });
+    let v = c.add_volume(true);
     let mut rng = SplitMix64(1);
     let blocks = working_set / 8192;
+    let op = |c: &mut FlashCache, off: u64, write: bool| {
+        if write {
+            let w = c.write_begin(v, off, 8192);
+            c.write_end(w);
+        } else if let ReadPlan::Miss { fill: Some(fill) } = c.read(v, off, 8192) {
+            let _ = c.fill_slots(fill);
+            c.filled(fill, true);
+        }
+    };
     // Warm up (and reach the steady-state table size).
     for _ in 0..n {
-        let off = rng.below(blocks) * 8192;
-        if let HostCacheLookup::Miss { fill } | HostCacheLookup::Partial { fill, .. } =
-            c.lookup(0, off, 8192)
-        {
-            c.fill_on_read_completion(0, fill);
-        }
+        op(&mut c, rng.below(blocks) * 8192, false);
     }
-    let before = c.stats();
-    let mut done = Vec::with_capacity(64);
+    let before = c.stats(v);
     let t0 = cpu_s();
     for i in 0..n {
-        let off = rng.below(blocks) * 8192;
-        if i % 4 == 3 {
-            c.on_write(i, 0, off, 8192);
-            continue;
-        }
-        match c.lookup(0, off, 8192) {
-            HostCacheLookup::Miss { fill } | HostCacheLookup::Partial { fill, .. } => {
-                c.fill_on_read_completion(i, fill);
-            }
-            _ => {}
-        }
-        if i % 1024 == 0 {
-            done.clear();
-            c.advance(i, &mut done);
-        }
+        op(&mut c, rng.below(blocks) * 8192, i % 4 == 3);
     }
     let wall = cpu_s() - t0;
-    let s = c.stats();
-    let hits = (s.read_hits - before.read_hits) as f64 / (s.lookups - before.lookups) as f64;
+    let s = c.stats(v).since(&before);
     println!(
-        "host cache {policy:?}, working set {} MiB: {:.0} ns per operation (3/4 lookups + fills, 1/4 writes), hit ratio {:.2}",
+        "flash cache {policy:?}, working set {} MiB: {:.0} ns per operation (3/4 reads + fills, 1/4 writes), hit ratio {:.2}",
         working_set >> 20,
         wall * 1e9 / n as f64,
-        hits
+        s.hit_ratio()
     );
 }
 

@@ -34,7 +34,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::block_cache::{CachePolicy, FastMap};
 use crate::error::ModelError;
-use crate::host_cache::{blocks_u32, check_block_bytes};
 use crate::raid::{RaidLayout, RaidPlan};
 use crate::read_cache::{Lookup, ReadCache};
 use crate::{DeviceIo, IoDir};
@@ -520,4 +519,28 @@ impl CloneLayer {
     pub(crate) fn clone_blocks(&self, clone: CloneId) -> Option<u64> {
         self.clones.get(clone.0 as usize).map(|c| c.blocks)
     }
+}
+pub(crate) fn check_block_bytes(what: &'static str, block_bytes: u32) -> Result<(), ModelError> {
+    if !block_bytes.is_power_of_two() || !(512..=(1 << 20)).contains(&block_bytes) {
+        return Err(ModelError::InvalidField {
+            what,
+            field: "block_bytes",
+            value: block_bytes.to_string(),
+            reason: "must be a power of two in 512..=1048576",
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn blocks_u32(what: &'static str, bytes: u64, block: u32) -> Result<u32, ModelError> {
+    let n = bytes / block as u64;
+    if n >= u32::MAX as u64 {
+        return Err(ModelError::InvalidField {
+            what,
+            field: "capacity_bytes",
+            value: bytes.to_string(),
+            reason: "too many cache blocks (at most 2^32 - 2)",
+        });
+    }
+    Ok(n as u32)
 }

@@ -27,10 +27,10 @@
 //! * [`Array`] / [`ArraySpec`]: controller + cache + RAID + drives as one component,
 //!   deserializable from TOML, with named presets ([`ARRAY_PRESETS`]).
 //! * [`Link`] / [`LinkSpec`]: full-duplex FIFO link (FC 4G/8G, 1/10 GbE presets).
-//! * [`HostFlashCache`] / [`HostCacheSpec`]: ioTurbine-like host-side flash read cache,
-//!   per volume opt-in, write-through, SLRU (scan-resistant) or LRU, hits timed by an
-//!   ioDrive2 model; `lookup` → Hit / Miss / Partial, `fill_on_read_completion`,
-//!   `on_write`.
+//! * [`FlashCache`] / [`FlashCacheSpec`]: a host-side flash read cache's decisions
+//!   (hit or miss, which misses fill, where each block lives, invalidation by
+//!   writes, a sequential-scan cutoff), with no data, I/O or clock: the server's
+//!   flash cache layer and the simulator's host caches both drive it.
 //! * [`CloneCacheSpec`]: clone-aware (or unaware) array cache, an [`ArraySpec`] option
 //!   (`clone_cache = { size_mib, aware }`) with images and linked clones registered by
 //!   [`Array::add_image`] / [`Array::add_clone`] / [`Array::add_thin_clone`]
@@ -60,26 +60,27 @@
 //! # Ok::<(), weir_model::ModelError>(())
 //! ```
 //!
-//! A host flash cache in front of that array (the driver decides where each read
-//! goes; the cache times the hits):
+//! A flash read cache's decisions (the driver does the I/O and keeps the data):
 //!
 //! ```
-//! use weir_model::{Component, DeviceIo, HostCacheLookup, HostCacheSpec, HostFlashCache, IoDir};
+//! use weir_model::{CachePolicy, FlashCache, FlashCacheSpec, ReadPlan};
 //!
-//! let mut cache = HostFlashCache::new(&HostCacheSpec::iodrive2(64 << 30))?;
-//! cache.enable_volume(3)?;
-//! let HostCacheLookup::Miss { fill } = cache.lookup(3, 1 << 20, 8192) else { unreachable!() };
-//! // ... the read goes to the array; when it completes at t = 5 ms:
-//! cache.fill_on_read_completion(5_000_000, fill);
-//! assert_eq!(cache.lookup(3, 1 << 20, 8192), HostCacheLookup::Hit);
-//! cache.submit(6_000_000, DeviceIo { offset_bytes: 1 << 20, size_bytes: 8192, dir: IoDir::Read }, 9);
-//! let mut done = Vec::new();
-//! while let Some(t) = cache.next_event_ns() {
-//!     cache.advance(t, &mut done);
-//! }
-//! assert_eq!(done.len(), 1); // the hit (the background fill write is not reported)
-//! assert!(done[0].at_ns - 6_000_000 < 100_000); // PCIe flash: under 0.1 ms
-//! # Ok::<(), weir_model::ModelError>(())
+//! let mut cache = FlashCache::new(FlashCacheSpec {
+//!     capacity_blocks: 1 << 16,
+//!     block_bytes: 4096,
+//!     policy: CachePolicy::Slru,
+//!     scan_bytes: 4 << 20,
+//! });
+//! let v = cache.add_volume(true);
+//! let ReadPlan::Miss { fill: Some(fill) } = cache.read(v, 1 << 20, 8192) else { unreachable!() };
+//! // ... the read goes to the backing store; its data is written to these slots:
+//! assert_eq!(cache.fill_slots(fill).len(), 2);
+//! cache.filled(fill, true);
+//! assert!(matches!(cache.read(v, 1 << 20, 8192), ReadPlan::Hit { .. }));
+//! // A write drops what it covers before it goes down.
+//! let w = cache.write_begin(v, 1 << 20, 4096);
+//! cache.write_end(w);
+//! assert!(matches!(cache.read(v, 1 << 20, 8192), ReadPlan::Miss { .. }));
 //! ```
 
 mod array;
@@ -91,7 +92,6 @@ mod error;
 mod flash_cache;
 pub mod harness;
 mod hdd;
-mod host_cache;
 mod huge_pages;
 mod hybrid;
 mod link;
@@ -127,10 +127,6 @@ pub use flash_cache::{
     MAX_INVALIDATE_BLOCKS, ReadPlan, SlotRef, WriteId,
 };
 pub use hdd::{DriveStats, Hdd, HddSpec};
-pub use host_cache::{
-    FillTicket, HostCacheLookup, HostCacheSpec, HostCacheStats, HostFlashCache, HostWriteMode,
-    MAX_CACHED_VOLUME,
-};
 pub use hybrid::{HYBRID_PRESETS, HybridArray, HybridSpec, HybridStats};
 pub use link::{Link, LinkSpec};
 pub use placement::{Move, Placement, PlacementSpec, PlacementStats, Record, Route};
