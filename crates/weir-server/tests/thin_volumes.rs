@@ -423,3 +423,74 @@ async fn flatten_and_merge_copy_without_the_store_lock() {
     );
     server.shutdown().await.unwrap();
 }
+
+/// A snapshot deleted while replication collapses the released layer below it
+/// (found by the SIGKILL crash test as "durable write lost"): the collapse
+/// relabels the snapshot onto the merged-into layer while the deletion copies
+/// the old layer into its child; the deletion must not then drop the layer the
+/// snapshot moved to, whose own grains were never copied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_deleted_during_a_replication_collapse_below_it_keeps_the_data() {
+    use weir_server::replicate::NbdUrl;
+    use weir_server::store::{DeleteSnapshot, StoreError};
+    let dir = weir_testkit::TempDir::new("thin-collapse-race");
+    let server = RunningServer::start(config(dir.path())).await.unwrap();
+    let state = server.state();
+    // The oldest data (only in the layer replication will release) ...
+    let mut expect = random_bytes(11, 4 << 20);
+    write_all(&server, "db", &expect).await;
+    let to = NbdUrl::parse("nbd://127.0.0.1:9/nowhere").unwrap();
+    state.store().put_replication("db", &to, None).unwrap();
+    let first = state.store().replication_begin("db").unwrap();
+    state
+        .store()
+        .replication_finish("db", &first.snapshot.name)
+        .unwrap();
+    // ... newer data under a user snapshot ...
+    let (mut c, _) = NbdClient::connect(server.nbd_addr(), ClientConfig::go("db"))
+        .await
+        .unwrap();
+    let newer = random_bytes(12, 64 << 10);
+    c.write(1 << 20, &newer, false).await.unwrap().unwrap();
+    c.flush().await.unwrap().unwrap();
+    expect[1 << 20..(1 << 20) + newer.len()].copy_from_slice(&newer);
+    state.store().snapshot("db", "s").unwrap();
+    // ... and a second cycle, which releases the first one's snapshot.
+    let second = state.store().replication_begin("db").unwrap();
+    state
+        .store()
+        .replication_finish("db", &second.snapshot.name)
+        .unwrap();
+    // The collapse copies "s" up into the released layer, outside the lock;
+    // meanwhile "s" is deleted (merged into its child), then the collapse's
+    // relabel lands before the deletion's last step.
+    let collapse = state
+        .store()
+        .replication_collapse_next("db")
+        .unwrap()
+        .expect("the released layer collapses");
+    weir_thin::commit_into(
+        &collapse.parent_layer,
+        &collapse.child_layer,
+        collapse.parent_is_base,
+        collapse.cache.as_deref(),
+    )
+    .unwrap();
+    let DeleteSnapshot::Merge(plan) = state.store().delete_snapshot_begin("db", "s").unwrap()
+    else {
+        panic!("the next snapshot's layer reads from s");
+    };
+    let merged = plan.copy();
+    assert!(state.store().replication_relabel(&collapse).unwrap());
+    match state.store().delete_snapshot_finish(plan, merged) {
+        Err(StoreError::Conflict(m)) => assert!(m.contains("try again"), "{m}"),
+        other => panic!("the deletion went on over a moved snapshot: {other:?}"),
+    }
+    assert_eq!(read_all(&server, "db", 4 << 20).await, expect);
+    // Deleted again, from its new layer, nothing is lost either.
+    state.delete_snapshot("db", "s").unwrap();
+    assert_eq!(read_all(&server, "db", 4 << 20).await, expect);
+    for check in state.store().check_thin().unwrap() {
+        assert!(check.problems.is_empty(), "{check:?}");
+    }
+}

@@ -489,6 +489,16 @@ impl VolumeStore {
         self.busy.remove(&snapshot.volume);
         merged.map_err(|e| io_err(format!("merging {}", snapshot.export_name()), e))?;
         let s = self.deletable_snapshot(&snapshot.volume, &snapshot.name)?;
+        if s.layer != snapshot.layer {
+            // A replication collapse moved the snapshot onto the layer below while
+            // its old layer was merged: that layer's own grains were not copied,
+            // so dropping it now would lose them.
+            return Err(StoreError::Conflict(format!(
+                "snapshot {} moved to another layer while it was merged (a replication \
+                 merge): try again",
+                s.export_name()
+            )));
+        }
         match self.meta.thin.children(s.layer)[..] {
             [] => {}
             [c] if c == child => {}
