@@ -36,7 +36,7 @@ admin_listen = "127.0.0.1:$P_UPA"
 data_dir = "$WORK/up"
 [[pools]]
 name = "default"
-device = "$DEVICE"
+device = $(device_toml "$DEVICE")
 [[policies]]
 name = "best-effort"
 [[volumes]]

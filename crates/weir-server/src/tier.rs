@@ -362,6 +362,12 @@ impl TierDevice {
         (volume as u64) << INDEX_BITS | index
     }
 
+    /// The inverse of [`Self::key`]: the extent's volume and first byte.
+    fn place(&self, key: u64) -> (u32, u64) {
+        let index = key & ((1 << INDEX_BITS) - 1);
+        ((key >> INDEX_BITS) as u32, index << self.shift)
+    }
+
     /// Wraps a volume's stack in the tier layer; `id`: the volume's store id.
     pub fn wrap(
         self: &Arc<Self>,
@@ -638,9 +644,8 @@ impl TierDevice {
 
     /// Disk → flash, then the flash file synced (before the `Map` record).
     fn promote(&self, key: u64, slot: u32) -> io::Result<()> {
-        let volume = (key >> INDEX_BITS) as u32;
+        let (volume, base) = self.place(key);
         let below = self.below(volume)?;
-        let base = (key & ((1 << INDEX_BITS) - 1)) << self.shift;
         let mut buf = vec![0u8; self.config.extent.0 as usize];
         let len = buf.len();
         self.gated(IoKind::Read, base, len, &mut |at, n| {
@@ -656,9 +661,8 @@ impl TierDevice {
 
     /// Flash → disk, then the pool file synced (before the `Clean` record).
     fn destage(&self, key: u64, slot: u32) -> io::Result<()> {
-        let volume = (key >> INDEX_BITS) as u32;
+        let (volume, base) = self.place(key);
         let below = self.below(volume)?;
-        let base = (key & ((1 << INDEX_BITS) - 1)) << self.shift;
         let mut buf = vec![0u8; self.config.extent.0 as usize];
         let len = buf.len();
         self.gated(IoKind::Read, base, len, &mut |at, n| {
@@ -925,27 +929,32 @@ fn tier_id(pool_dir: &Path, journal: &Path) -> Result<u64, String> {
                 .build_hasher()
                 .finish()
                 | 1;
-            write_synced(&id_path, format!("{id:016x}\n").as_bytes())
+            replace_durably(&id_path, format!("{id:016x}\n").as_bytes())
                 .map_err(|e| format!("{}: {e}", id_path.display()))?;
             Ok(id)
         }
     }
 }
 
-/// Writes a small file whole and durably (file and directory synced).
-fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// Replaces `path` by a file holding `bytes`, crash-safely: a temporary file
+/// (0600) written and synced, renamed over it, the directory synced. Returns
+/// the new file, open.
+fn replace_durably(path: &Path, bytes: &[u8]) -> io::Result<File> {
+    let tmp = path.with_extension("tmp");
     let f = OpenOptions::new()
+        .read(true)
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(path)?;
+        .open(&tmp)?;
     f.write_all_at(bytes, 0)?;
     f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
     if let Some(dir) = path.parent() {
         File::open(dir)?.sync_all()?;
     }
-    Ok(())
+    Ok(f)
 }
 
 /// The placement journal: a header, then fixed-size records with a checksum
@@ -1072,23 +1081,11 @@ impl Journal {
 
     /// Replaces the journal by the map `resident` (a new file renamed over it).
     fn rewrite(&mut self, resident: &[(u64, u32, bool)]) -> io::Result<()> {
-        let tmp = self.path.with_extension("tmp");
         let mut bytes = self.header.to_vec();
         for &(key, slot, dirty) in resident {
             bytes.extend(encode(&Record::Map { key, slot, dirty }));
         }
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all_at(&bytes, 0)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            File::open(dir)?.sync_all()?;
-        }
+        let f = replace_durably(&self.path, &bytes)?;
         // SAFETY: flock on a descriptor we own (the renamed file is the journal now).
         unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         self.file = f;
