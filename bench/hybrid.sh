@@ -11,6 +11,7 @@
 # it promotes: its p50/p99 against the target.
 #   bench/hybrid.sh                          # WARM_S=300 STEP=30
 #   WARM_S=120 STEP=15 bench/hybrid.sh       # shorter
+#   MOVES=1 bench/hybrid.sh                  # one move at a time
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WARM_S="${WARM_S:-300}"
@@ -20,6 +21,7 @@ DISK="${DISK:-15k-sas-raid5x24}"
 VOL_GIB="${VOL_GIB:-48}"   # hot 10 %: beyond the arrays' controller caches
 FLASH_GIB="${FLASH_GIB:-6}"
 MIGRATION_MBPS="${MIGRATION_MBPS:-200}"
+MOVES="${MOVES:-4}"        # the tier's moves_in_flight
 WORK="${WORK:-${TMPDIR:-/tmp}/weir-hybrid-bench}"
 . bench/lib.sh
 require_fio_nbd
@@ -35,7 +37,7 @@ admin_listen = "127.0.0.1:$PA"
 data_dir = "$WORK/data"
 [[pools]]
 name = "hybrid"
-tier = { flash_dir = "$WORK/flash", flash_size = "${FLASH_GIB}GiB", flash_device = "$FLASH", disk_device = "$DISK", promote_heat = 3, half_life_s = 60, migration_mbps = $MIGRATION_MBPS }
+tier = { flash_dir = "$WORK/flash", flash_size = "${FLASH_GIB}GiB", flash_device = "$FLASH", disk_device = "$DISK", promote_heat = 3, half_life_s = 60, migration_mbps = $MIGRATION_MBPS, moves_in_flight = $MOVES }
 [[pools]]
 name = "flash"
 device = "$FLASH"
@@ -81,7 +83,7 @@ skewed() { # VOLUME SECONDS → IOPS
 flash_iops=$(skewed f "$STEP")
 disk_iops=$(skewed d "$STEP")
 echo "all-flash ($FLASH): $flash_iops IOPS; all-disk ($DISK): $disk_iops IOPS"
-echo "hybrid (cold start, flash ${FLASH_GIB} GiB of ${VOL_GIB} GiB, migration $MIGRATION_MBPS MB/s), per $STEP s:"
+echo "hybrid (cold start, flash ${FLASH_GIB} GiB of ${VOL_GIB} GiB, migration $MIGRATION_MBPS MB/s, $MOVES moves in flight), per $STEP s:"
 # The mission-critical volume at QD1 beside the first half of the warm-up.
 fio --name=mc --ioengine=nbd --uri="nbd://127.0.0.1:$P/mc" --rw=randread --bs=4k \
   --iodepth=1 --time_based --runtime=$((WARM_S / 2)) --randrepeat=0 --output-format=json \

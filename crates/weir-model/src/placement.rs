@@ -9,10 +9,11 @@
 //!   `half_life_ns`. An extent not on flash whose heat reaches `promote_heat` is
 //!   queued for promotion (the queue holds at most `max_queue` extents).
 //! * **Promotion** copies an extent disk → flash into a free slot. When flash is
-//!   full, the least recently used resident extent is demoted first, and only if it
-//!   is colder than the candidate: a clean one is dropped (its slot is released once
-//!   the driver has made the [`Record::Unmap`] durable), a dirty one is destaged
-//!   first.
+//!   full, the least recently used resident extent is demoted first, and only if
+//!   the candidate is clearly hotter ([`DISPLACE_FACTOR`] times the victim's heat
+//!   plus `promote_heat`; an extent is then not even queued below that bar): a clean
+//!   one is dropped (its slot is released once the driver has made the
+//!   [`Record::Unmap`] durable), a dirty one is destaged first.
 //! * **Writes** to a resident extent go to flash and make it dirty; a write that
 //!   covers a whole extent not on flash *lands* on a free slot when there is one
 //!   (new writes land on flash); any other write goes to disk.
@@ -41,6 +42,19 @@ use crate::block_cache::{BlockCache, CachePolicy, FastMap};
 
 /// No slot.
 pub const NO_SLOT: u32 = u32::MAX;
+
+/// When flash is full, a candidate displaces the LRU resident extent only with
+/// more than this many times its heat (plus `promote_heat`). A swap costs two
+/// extent copies, and heat is a noisy estimate of an access rate: an extent
+/// read at a steady rate r has mean heat r·τ (τ = half-life / ln 2) and a
+/// standard deviation of √(r·τ/2), so two extents of equal rate swap on noise
+/// unless the bar has a margin. With a fixed bar (`promote_heat` alone) a
+/// 90/10 skew whose cold extents sat near the bar spent the flash tier's
+/// migration on cold extents displacing each other (docs/PERFORMANCE.md,
+/// "Hybrid pool": 1,954 demotions a minute, throughput falling back). The
+/// same hysteresis idea as dm-cache's smq, which promotes only above the
+/// hotness level of the cache's bottom.
+pub const DISPLACE_FACTOR: f64 = 2.0;
 
 /// What a placement needs to know.
 #[derive(Clone, Debug, PartialEq)]
@@ -318,9 +332,22 @@ impl Placement {
         x
     }
 
+    /// The heat an extent needs to be promoted now: `promote_heat` while a slot
+    /// is free, else enough to displace the LRU resident extent.
+    fn promote_bar(&self, now: Nanos) -> f64 {
+        let promote = self.spec.promote_heat;
+        if !self.free.is_empty() {
+            return promote;
+        }
+        match self.lru.peek_victim() {
+            Some(v) => DISPLACE_FACTOR * self.heat_at(&self.extents[&(v as u64)], now) + promote,
+            None => promote,
+        }
+    }
+
     /// Bumps `key`'s heat and queues it for promotion when it turned hot.
     fn touch(&mut self, now: Nanos, key: u64) {
-        let promote = self.spec.promote_heat;
+        let promote = self.promote_bar(now);
         let x = self.heat_up(now, key);
         let queue = x.slot == NO_SLOT && x.moving == Moving::Idle && x.heat >= promote;
         if queue {
@@ -545,8 +572,8 @@ impl Placement {
         )
     }
 
-    /// Flash is full: demote the LRU extent if it is colder than `candidate`
-    /// (destaging it first if dirty).
+    /// Flash is full: demote the LRU extent if `candidate` is clearly hotter
+    /// ([`DISPLACE_FACTOR`]; destaging the victim first if dirty).
     fn make_room(&mut self, now: Nanos, candidate: u64) -> Next {
         let Some(victim) = self.lru.peek_victim().map(|v| v as u64) else {
             // Every slot is being filled or released: wait for one.
@@ -554,7 +581,8 @@ impl Placement {
         };
         let vx = self.extents[&victim];
         if victim == candidate
-            || self.heat_at(&vx, now) >= self.heat_at(&self.extents[&candidate], now)
+            || DISPLACE_FACTOR * self.heat_at(&vx, now) + self.spec.promote_heat
+                > self.heat_at(&self.extents[&candidate], now)
         {
             return Next::Skip;
         }

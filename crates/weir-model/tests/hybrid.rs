@@ -165,8 +165,12 @@ fn full_log_sends_writes_to_disk() {
 
 #[test]
 fn dirty_extents_are_written_back_before_demotion() {
-    // Flash holds 8 extents; two hot sets of 8 in turn.
-    let mut a = HybridArray::new(&spec(8), 1).unwrap();
+    // Flash holds 8 extents; two hot sets of 8 in turn. A round lasts several
+    // half-lives, so the set of the round before cools below the displacement
+    // bar (DISPLACE_FACTOR × its heat) while the new one heats up.
+    let mut sp = spec(8);
+    sp.heat_half_life_ms = 1_000.0;
+    let mut a = HybridArray::new(&sp, 1).unwrap();
     let mut rng = SplitMix64(6);
     let mut now = 0;
     for round in 0..4u64 {

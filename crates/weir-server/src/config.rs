@@ -93,7 +93,8 @@
 //! #                                 # docs/HYBRID.md); also extent = "1MiB",
 //! #                                 # flash_device / disk_device (emulated, as device),
 //! #                                 # promote_heat = 3, half_life_s = 60,
-//! #                                 # migration_mbps = 200, dirty_max (flash_size / 4)
+//! #                                 # migration_mbps = 200, moves_in_flight = 4,
+//! #                                 # dirty_max (flash_size / 4)
 //!
 //! # [[pools]]                       # Ceph RBD (crate::rbd, docs/RBD.md): each volume
 //! # name = "ceph"                   # is an RBD image of its name; librbd is loaded at

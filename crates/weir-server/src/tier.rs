@@ -89,6 +89,10 @@ pub struct TierConfig {
     /// Extents moved per second at most, in MB/s of extent data.
     #[serde(default = "default_migration_mbps")]
     pub migration_mbps: f64,
+    /// Moves in flight at once (each a read of one tier and a write of the
+    /// other; their flash syncs are shared).
+    #[serde(default = "default_moves_in_flight")]
+    pub moves_in_flight: u32,
     /// Dirty data on flash above which extents are destaged (default a quarter
     /// of `flash_size`).
     #[serde(default)]
@@ -107,6 +111,11 @@ fn default_half_life_s() -> f64 {
 fn default_migration_mbps() -> f64 {
     200.0
 }
+fn default_moves_in_flight() -> u32 {
+    4
+}
+/// Most moves in flight (one migrator thread each).
+pub const MAX_MOVES_IN_FLIGHT: u32 = 64;
 
 /// Most slots a flash file may have (the placement keeps ~100 bytes per slot).
 pub const MAX_SLOTS: u64 = 1 << 24;
@@ -133,6 +142,12 @@ impl TierConfig {
         }
         if self.flash_dir.as_os_str().is_empty() {
             return Err("tier.flash_dir is empty".into());
+        }
+        if !(1..=MAX_MOVES_IN_FLIGHT).contains(&self.moves_in_flight) {
+            return Err(format!(
+                "tier.moves_in_flight must be 1 to {MAX_MOVES_IN_FLIGHT}, got {}",
+                self.moves_in_flight
+            ));
         }
         for (key, v, max) in [
             ("promote_heat", self.promote_heat, 1e9),
@@ -239,8 +254,39 @@ pub struct TierDevice {
     qos: OnceLock<Arc<dyn BackgroundQos>>,
     stop: Arc<AtomicBool>,
     epoch: Instant,
+    /// When the migrators' next move may start (`migration_mbps`).
+    pace: Mutex<Instant>,
+    flash_sync: GroupSync,
     migrated: AtomicU64,
     errors: AtomicU64,
+}
+
+/// Group commit of a file's fsync: callers whose writes completed before a
+/// sync began share that sync instead of each issuing their own.
+#[derive(Default)]
+struct GroupSync {
+    /// Bumped by each caller once its writes are complete.
+    written: AtomicU64,
+    /// The highest `written` value a successful sync covers (under the lock:
+    /// one sync at a time).
+    synced: Mutex<u64>,
+}
+
+impl GroupSync {
+    /// Makes every write that completed before this call durable.
+    fn sync(&self, file: &File) -> io::Result<()> {
+        let mine = self.written.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut synced = self.synced.lock().unwrap_or_else(|e| e.into_inner());
+        if *synced >= mine {
+            return Ok(()); // a sync that began after our writes covered them
+        }
+        // Every ticket up to `upto` was taken after its writes completed, so
+        // before this sync begins.
+        let upto = self.written.load(Ordering::Acquire);
+        file.sync_data()?;
+        *synced = upto;
+        Ok(())
+    }
 }
 
 impl TierDevice {
@@ -298,6 +344,8 @@ impl TierDevice {
             qos: OnceLock::new(),
             stop: Arc::new(AtomicBool::new(false)),
             epoch: Instant::now(),
+            pace: Mutex::new(Instant::now()),
+            flash_sync: GroupSync::default(),
             migrated: AtomicU64::new(0),
             errors: AtomicU64::new(0),
         });
@@ -547,7 +595,7 @@ impl TierDevice {
     /// Everything written before this call is durable: flash, then the pool
     /// file (`below`), then the journal.
     fn flush(&self, below: &dyn Backend) -> io::Result<()> {
-        self.flash.sync_data()?;
+        self.sync_flash()?;
         below.flush()?;
         self.lock_journal().sync()
     }
@@ -557,29 +605,55 @@ fn open_locked(path: &Path) -> Result<File, String> {
     crate::flash_cache::open_exclusive(path).map_err(|e| format!("tier {e}"))
 }
 
-/// The migrator: performs the placement's moves, one at a time, through the
-/// pool's gate. Runs until the device is dropped.
+/// The migrators: `moves_in_flight` threads, each performing the placement's
+/// moves one at a time through the pool's gate, paced together at
+/// `migration_mbps`. They run until the device is dropped.
 impl TierDevice {
-    /// Starts the migrator with the pool's gate (once).
+    /// Starts the migrators with the pool's gate (once).
     pub fn start(self: &Arc<Self>, qos: Arc<dyn BackgroundQos>) {
         if self.qos.set(qos).is_err() {
             return;
         }
-        let weak = Arc::downgrade(self);
-        let stop = self.stop.clone();
         // Completing a move at the gate may release (and start) clients' requests
-        // on this thread, which spawn on the server's runtime.
+        // on these threads, which spawn on the server's runtime.
         let runtime = tokio::runtime::Handle::try_current().ok();
-        std::thread::Builder::new()
-            .name(format!("weir-tier-{}", self.pool))
-            .spawn(move || {
-                let _in_runtime = runtime.as_ref().map(|r| r.enter());
-                while !stop.load(Ordering::Acquire) {
-                    let Some(dev) = weak.upgrade() else { return };
-                    dev.migrate_once();
-                }
-            })
-            .expect("spawning the tier's migrator");
+        for i in 0..self.config.moves_in_flight {
+            let weak = Arc::downgrade(self);
+            let stop = self.stop.clone();
+            let runtime = runtime.clone();
+            std::thread::Builder::new()
+                .name(format!("weir-tier-{}-{i}", self.pool))
+                .spawn(move || {
+                    let _in_runtime = runtime.as_ref().map(|r| r.enter());
+                    while !stop.load(Ordering::Acquire) {
+                        let Some(dev) = weak.upgrade() else { return };
+                        dev.migrate_once();
+                    }
+                })
+                .expect("spawning the tier's migrator");
+        }
+    }
+
+    /// Waits for this move's turn under `migration_mbps` (shared by the
+    /// migrators: moves start at most one extent per budget apart).
+    fn pace(&self) {
+        let bytes = self.config.extent.0 as f64;
+        let budget = Duration::from_secs_f64(bytes / (self.config.migration_mbps * 1e6));
+        let start = {
+            let mut next = self.pace.lock().unwrap_or_else(|e| e.into_inner());
+            let start = (*next).max(Instant::now());
+            *next = start + budget;
+            start
+        };
+        if let Some(wait) = start.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+
+    /// Makes the flash file's completed writes durable (shared with
+    /// concurrent callers).
+    fn sync_flash(&self) -> io::Result<()> {
+        self.flash_sync.sync(&self.flash)
     }
 
     fn migrate_once(&self) {
@@ -589,7 +663,9 @@ impl TierDevice {
             let _ = self.moved.wait_timeout(p, Duration::from_millis(20));
             return;
         };
-        let started = Instant::now();
+        if !matches!(m, Move::Release { .. }) {
+            self.pace();
+        }
         match m {
             Move::Release { .. } => return self.release(vec![m]),
             Move::Promote { key, slot, seq } => {
@@ -606,13 +682,8 @@ impl TierDevice {
             }
         }
         self.moved.notify_all();
-        let bytes = self.config.extent.0;
-        self.migrated.fetch_add(bytes, Ordering::Relaxed);
-        // The budget (the gate's limit paces too when QoS is on).
-        let budget = Duration::from_secs_f64(bytes as f64 / (self.config.migration_mbps * 1e6));
-        if let Some(rest) = budget.checked_sub(started.elapsed()) {
-            std::thread::sleep(rest);
-        }
+        self.migrated
+            .fetch_add(self.config.extent.0, Ordering::Relaxed);
     }
 
     fn failed(&self, what: &str, e: io::Error) {
@@ -656,7 +727,7 @@ impl TierDevice {
         self.gated(IoKind::Write, base, len, &mut |at, n| {
             self.flash_write(slot, at as u64, &buf[at..at + n])
         })?;
-        self.flash.sync_data()
+        self.sync_flash()
     }
 
     /// Flash → disk, then the pool file synced (before the `Clean` record).
@@ -750,7 +821,7 @@ impl TierLayer {
                     let r = self
                         .dev
                         .flash_write(slot, 0, data)
-                        .and_then(|_| self.dev.flash.sync_data());
+                        .and_then(|_| self.dev.sync_flash());
                     if self
                         .dev
                         .with_model(|p, _| p.land_done(key, slot, seq, r.is_ok()))
@@ -1131,6 +1202,7 @@ mod tests {
                     promote_heat: 1.5,
                     half_life_s: 60.0,
                     migration_mbps: 10_000.0,
+                    moves_in_flight: 2,
                     dirty_max: None,
                 },
                 bottom: Arc::new(FileBackend::new(f)),
@@ -1359,5 +1431,31 @@ mod tests {
         let (key, msg) = crate::stack::validate_pool(&pool).unwrap_err();
         assert_eq!(key, "tier");
         assert!(msg.contains("tier.extent"), "{msg}");
+        for moves in [0, MAX_MOVES_IN_FLIGHT + 1] {
+            let mut bad = fx.config.clone();
+            bad.moves_in_flight = moves;
+            pool.tier = Some(bad);
+            let (key, msg) = crate::stack::validate_pool(&pool).unwrap_err();
+            assert_eq!(key, "tier");
+            assert!(msg.contains("tier.moves_in_flight"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn a_group_sync_covers_writes_completed_before_it() {
+        let fx = Fixture::new("group-sync", 2);
+        let f = File::create(fx.dir.join("g")).unwrap();
+        let g = GroupSync::default();
+        g.sync(&f).unwrap();
+        assert_eq!(*g.synced.lock().unwrap(), 1);
+        // Two callers whose writes completed: the second sync covers both.
+        g.written.fetch_add(1, Ordering::AcqRel);
+        g.sync(&f).unwrap();
+        assert_eq!(*g.synced.lock().unwrap(), 3);
+        // Already covered: no new sync, nothing moves.
+        *g.synced.lock().unwrap() = 10;
+        g.sync(&f).unwrap();
+        assert_eq!(*g.synced.lock().unwrap(), 10);
+        assert_eq!(g.written.load(Ordering::Acquire), 4);
     }
 }

@@ -48,14 +48,15 @@ async fn moves_beside_a_queued_client_load_leave_no_request_unanswered() {
     }
     let promoted = pool_metric(&server, "weir_pool_tier_promotions_total");
     assert!(promoted >= 4, "{promoted} promotions");
-    // The migrator is alive: a new hot extent beyond the first 32 is promoted.
+    // The migrator is alive: a new extent beyond the first 32, read until it is
+    // hot enough to displace a resident one (more than twice its heat), is
+    // promoted.
     let (mut c, _) = common::connect(&server, "v").await;
-    for _ in 0..20 {
-        c.read(40 << 20, 4096).await.unwrap().unwrap();
-    }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while pool_metric(&server, "weir_pool_tier_promotions_total") == promoted {
         assert!(std::time::Instant::now() < deadline, "the migrator stopped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..20 {
+            c.read(40 << 20, 4096).await.unwrap().unwrap();
+        }
     }
 }
