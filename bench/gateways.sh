@@ -137,7 +137,7 @@ echo "uptime: $(uptime)"
 echo "fio nbd engine 4 KiB randread: fleet-a QD$FLOOD_QD on A, fleet-b QD$FLOOD_QD on B, db QD4 on C;" \
   "${RAMP}s ramp + ${RUNTIME}s measured; threshold ${THRESHOLD_MS} ms"
 printf '%-5s %-7s %8s %8s %6s %9s %9s %8s  %s\n' round control A_IOPS B_IOPS split db_IOPS db_mean db_p99 \
-  "window/in-flight A B C @ latency (mid-run)"
+  "window/in-flight/depth limit/queued A B C @ latency (mid-run)"
 for rep in $(seq "$REPS"); do
   for control in false true; do
     gateway 0 $control fleet-a high
@@ -153,7 +153,7 @@ for rep in $(seq "$REPS"); do
         "http://127.0.0.1:$((10960 + n))/v1/pools" | python3 -c '
 import json,sys
 p=json.load(sys.stdin)[0]; w=p.get("gateway_window")
-print(" %s/%s@%s" % (w if w is not None else "-", p["in_flight"], "%.1fms" % p["gateway_latency_ms"] if p.get("gateway_latency_ms") else "-"), end="")')
+print(" %s/%s/%s/%s@%s" % (w if w is not None else "-", p["in_flight"], p["depth_limit"], p["queued"], "%.1fms" % p["gateway_latency_ms"] if p.get("gateway_latency_ms") else "-"), end="")')
     done
     wait $fa $fb $fd || { echo "fio failed:"; tail -n 3 "$WORK"/*.json "$WORK"/*.log; exit 1; }
     read -r ai _ _ < <(stats "$WORK/a.json")
