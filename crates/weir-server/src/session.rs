@@ -618,22 +618,43 @@ impl crate::tier::BackgroundQos for Arc<Pool> {
         if let Err(r) = self.submit(request, Work::Background(bg.clone())) {
             return Err(io::Error::other(r.error.to_string()));
         }
-        let mut result = Ok(());
-        loop {
-            let Ok(Some((ticket, piece))) = rx.recv() else {
-                return Err(io::Error::other("background I/O cancelled"));
-            };
-            if result.is_ok() {
-                result = io(piece.offset, piece.length);
-            }
+        run_pieces(&rx, length, io, &mut |ticket| {
             self.complete(Performed {
                 ticket,
                 payload: Work::Background(bg.clone()),
                 outcome: Outcome::Piece,
-            });
-            if piece.last {
-                return result;
-            }
+            })
+        })
+    }
+}
+
+/// Performs a background request's pieces as the gate releases them, completing
+/// each, until they cover its `length` bytes. They may arrive in any order: the
+/// gate releases them on whichever thread pumps it, and two threads' sends race,
+/// so the last piece can come before an earlier one. (Ending at the piece marked
+/// `last` instead left the earlier one unperformed and in flight at the gate for
+/// good: four migrators beside a client load leaked five such pieces until the
+/// adaptive depth, shrunk to five, stalled the pool.) `Err`: cancelled (its volume
+/// removed, or shutdown), or the first failed piece's error.
+fn run_pieces<T>(
+    rx: &std::sync::mpsc::Receiver<Option<(T, Piece)>>,
+    length: u32,
+    io: &mut dyn FnMut(u64, u32) -> io::Result<()>,
+    complete: &mut dyn FnMut(T),
+) -> io::Result<()> {
+    let mut left = u64::from(length);
+    let mut result = Ok(());
+    loop {
+        let Ok(Some((ticket, piece))) = rx.recv() else {
+            return Err(io::Error::other("background I/O cancelled"));
+        };
+        if result.is_ok() {
+            result = io(piece.offset, piece.length);
+        }
+        complete(ticket);
+        left = left.saturating_sub(piece.length.into());
+        if left == 0 {
+            return result;
         }
     }
 }
@@ -1569,6 +1590,49 @@ async fn send_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_background_request_ends_when_its_pieces_cover_it_in_any_order() {
+        let piece = |offset, length, last| Piece {
+            offset,
+            length,
+            last,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        // The last piece arrives first (two threads' releases raced).
+        tx.send(Some((2, piece(1_000_000, 48_576, true)))).unwrap();
+        tx.send(Some((1, piece(0, 1_000_000, false)))).unwrap();
+        let (mut performed, mut completed) = (Vec::new(), Vec::new());
+        let r = run_pieces(
+            &rx,
+            1 << 20,
+            &mut |offset, length| {
+                performed.push((offset, length));
+                Ok(())
+            },
+            &mut |t| completed.push(t),
+        );
+        assert!(r.is_ok());
+        assert_eq!(performed, [(1_000_000, 48_576), (0, 1_000_000)]);
+        assert_eq!(completed, [2, 1], "every released piece is completed");
+        // A whole request of no bytes is one piece; a failure is reported once
+        // every piece is completed; a cancel ends it.
+        tx.send(Some((3, piece(0, 0, true)))).unwrap();
+        assert!(run_pieces(&rx, 0, &mut |_, _| Ok(()), &mut |_| ()).is_ok());
+        tx.send(Some((4, piece(0, 10, false)))).unwrap();
+        tx.send(Some((5, piece(10, 10, true)))).unwrap();
+        let mut done = Vec::new();
+        let r = run_pieces(
+            &rx,
+            20,
+            &mut |_, _| Err(io::Error::other("EIO")),
+            &mut |t| done.push(t),
+        );
+        assert!(r.is_err());
+        assert_eq!(done, [4, 5]);
+        tx.send(None).unwrap();
+        assert!(run_pieces(&rx, 20, &mut |_, _| Ok(()), &mut |_| ()).is_err());
+    }
 
     #[test]
     fn large_reply_buffers_are_reused_without_refill_and_bounded() {

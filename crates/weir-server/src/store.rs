@@ -493,6 +493,13 @@ impl VolumeStore {
             }
         }
         store.meta = meta;
+        for (pool, t) in &store.tiers {
+            let live = store.meta.volumes.iter().filter(|r| &r.pool == pool);
+            let dropped = t.keep_volumes(&live.map(|r| r.id).collect());
+            if dropped > 0 {
+                tracing::info!("pool {pool:?}: {dropped} flash extents of deleted volumes dropped");
+            }
+        }
         store.collect_layers()?;
         for r in store.meta.volumes.clone() {
             let volume = match upstream.remove(&r.name) {

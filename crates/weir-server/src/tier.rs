@@ -450,8 +450,22 @@ impl TierDevice {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
-        let released = self.with_model(|p, _| p.drop_where(|k| k >> INDEX_BITS == id as u64));
+        self.drop_extents(|v| v == id);
+    }
+
+    /// At start, with the catalog's volumes of this pool: the extents of any
+    /// other volume leave flash (one deleted by a process killed between the
+    /// catalog's write and [`TierDevice::drop_volume`]; volume ids are never
+    /// reused, so they would only hold slots). Returns how many.
+    pub fn keep_volumes(&self, live: &std::collections::HashSet<u32>) -> usize {
+        self.drop_extents(|v| !live.contains(&v))
+    }
+
+    fn drop_extents(&self, gone: impl Fn(u32) -> bool) -> usize {
+        let released = self.with_model(|p, _| p.drop_where(|k| gone((k >> INDEX_BITS) as u32)));
+        let n = released.len();
         self.release(released);
+        n
     }
 
     /// Syncs the journal (the `Unmap`s are durable), then frees the slots.
@@ -1356,6 +1370,31 @@ mod tests {
         assert!(dev.lock_model().is_dirty(key), "still dirty");
         assert_eq!(read(&*layer, 2 * EXT + 4096, 4096), b);
         assert_ne!(read(&*fx.bottom, 2 * EXT + 4096, 4096), b);
+    }
+
+    #[test]
+    fn extents_of_volumes_gone_from_the_catalog_leave_flash_at_start() {
+        let fx = Fixture::new("gone", 2);
+        {
+            let (dev, layer) = fx.open();
+            promote(&dev, &*layer, 1);
+            layer.write(EXT, &pattern(7, 4096)).unwrap();
+            layer.flush().unwrap();
+        }
+        let (dev, _layer) = fx.open();
+        let key = dev.key(1, EXT);
+        assert_eq!(dev.keep_volumes(&[1].into()), 0, "volume 1 is live");
+        assert!(dev.lock_model().slot_of(key).is_some());
+        assert_eq!(dev.keep_volumes(&[2].into()), 1);
+        assert_eq!(dev.lock_model().slot_of(key), None);
+        assert_eq!(dev.lock_model().stats().resident, 0);
+        // The slot is free again (its Unmap synced) and the journal says so.
+        drop(dev);
+        drop(_layer);
+        let (dev, _layer) = fx.open();
+        assert_eq!(dev.lock_model().slot_of(key), None, "durably unmapped");
+        let free = dev.lock_model().resident();
+        assert!(free.is_empty(), "{free:?}");
     }
 
     #[test]
