@@ -267,25 +267,50 @@ pub struct TierDevice {
 struct GroupSync {
     /// Bumped by each caller once its writes are complete.
     written: AtomicU64,
-    /// The highest `written` value a successful sync covers (under the lock:
-    /// one sync at a time).
-    synced: Mutex<u64>,
+    /// Under the lock (one sync at a time): the highest `written` value a
+    /// successful sync covers, and the highest one a failed sync covered.
+    state: Mutex<SyncState>,
+}
+
+#[derive(Default)]
+struct SyncState {
+    synced: u64,
+    failed: u64,
 }
 
 impl GroupSync {
     /// Makes every write that completed before this call durable.
+    ///
+    /// A caller whose writes a failed sync covered fails too, whatever later
+    /// syncs report: after a failed fsync the kernel may have dropped those
+    /// pages and cleared the error, so a later success proves nothing for them
+    /// (PostgreSQL's "fsyncgate"). Callers of writes made before an earlier
+    /// successful sync may be failed with them: conservative, and only after a
+    /// real error of the device.
     fn sync(&self, file: &File) -> io::Result<()> {
         let mine = self.written.fetch_add(1, Ordering::AcqRel) + 1;
-        let mut synced = self.synced.lock().unwrap_or_else(|e| e.into_inner());
-        if *synced >= mine {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.failed >= mine {
+            return Err(io::Error::other(
+                "an earlier sync of these writes failed (they may be lost)",
+            ));
+        }
+        if st.synced >= mine {
             return Ok(()); // a sync that began after our writes covered them
         }
         // Every ticket up to `upto` was taken after its writes completed, so
         // before this sync begins.
         let upto = self.written.load(Ordering::Acquire);
-        file.sync_data()?;
-        *synced = upto;
-        Ok(())
+        match file.sync_data() {
+            Ok(()) => {
+                st.synced = upto;
+                Ok(())
+            }
+            Err(e) => {
+                st.failed = upto;
+                Err(e)
+            }
+        }
     }
 }
 
@@ -1485,16 +1510,28 @@ mod tests {
         let fx = Fixture::new("group-sync", 2);
         let f = File::create(fx.dir.join("g")).unwrap();
         let g = GroupSync::default();
+        let synced = |g: &GroupSync| g.state.lock().unwrap().synced;
         g.sync(&f).unwrap();
-        assert_eq!(*g.synced.lock().unwrap(), 1);
+        assert_eq!(synced(&g), 1);
         // Two callers whose writes completed: the second sync covers both.
         g.written.fetch_add(1, Ordering::AcqRel);
         g.sync(&f).unwrap();
-        assert_eq!(*g.synced.lock().unwrap(), 3);
+        assert_eq!(synced(&g), 3);
         // Already covered: no new sync, nothing moves.
-        *g.synced.lock().unwrap() = 10;
+        g.state.lock().unwrap().synced = 10;
         g.sync(&f).unwrap();
-        assert_eq!(*g.synced.lock().unwrap(), 10);
+        assert_eq!(synced(&g), 10);
         assert_eq!(g.written.load(Ordering::Acquire), 4);
+        // A sync that fails (EINVAL: a pipe cannot be synced) fails every
+        // caller it covered, even once a later sync succeeds.
+        let (pipe, _w) = std::io::pipe().unwrap();
+        let pipe = File::from(std::os::fd::OwnedFd::from(pipe));
+        let g = GroupSync::default();
+        g.written.fetch_add(2, Ordering::AcqRel); // two writers, not yet synced
+        assert!(g.sync(&pipe).is_err());
+        assert_eq!(g.state.lock().unwrap().failed, 3);
+        g.sync(&f).unwrap(); // a later writer: its own sync succeeds
+        g.written.store(1, Ordering::Release); // a late caller of the failed range
+        assert!(g.sync(&f).is_err(), "covered by the failed sync");
     }
 }
