@@ -340,9 +340,14 @@ impl Placement {
             return promote;
         }
         match self.lru.peek_victim() {
-            Some(v) => DISPLACE_FACTOR * self.heat_at(&self.extents[&(v as u64)], now) + promote,
+            Some(v) => self.displace_bar(&self.extents[&(v as u64)], now),
             None => promote,
         }
+    }
+
+    /// The heat a candidate needs to displace `victim` ([`DISPLACE_FACTOR`]).
+    fn displace_bar(&self, victim: &Ext, now: Nanos) -> f64 {
+        DISPLACE_FACTOR * self.heat_at(victim, now) + self.spec.promote_heat
     }
 
     /// Bumps `key`'s heat and queues it for promotion when it turned hot.
@@ -581,8 +586,7 @@ impl Placement {
         };
         let vx = self.extents[&victim];
         if victim == candidate
-            || DISPLACE_FACTOR * self.heat_at(&vx, now) + self.spec.promote_heat
-                > self.heat_at(&self.extents[&candidate], now)
+            || self.displace_bar(&vx, now) > self.heat_at(&self.extents[&candidate], now)
         {
             return Next::Skip;
         }
