@@ -27,6 +27,8 @@ RAMP="${RAMP:-15}"
 THRESHOLD_MS="${THRESHOLD_MS:-10}"
 OSD_CPU="${OSD_CPU:-0.3}"
 FLOOD_QD="${FLOOD_QD:-64}"
+FAIR_RATE="${FAIR_RATE:-true}"
+PERIOD_MS="${PERIOD_MS:-250}"
 WORK="${WORK:-${TMPDIR:-/tmp}/weir-gateways-bench}"
 . bench/lib.sh
 require_fio_nbd
@@ -94,7 +96,7 @@ rbd_ceph_conf = "$WEIR_CEPH_CONF"
 rbd_client = "$CLIENT"
 ${WEIR_CEPH_KEYRING:+rbd_keyring = \"$WEIR_CEPH_KEYRING\"}
 max_in_flight = 128
-gateway_congestion = { enabled = $control, threshold_ms = $THRESHOLD_MS, period_ms = 250, gamma = 0.5, beta_per_1000_shares = 2 }
+gateway_congestion = { enabled = $control, threshold_ms = $THRESHOLD_MS, period_ms = $PERIOD_MS, gamma = 0.5, beta_per_1000_shares = 2, fair_rate = $FAIR_RATE }
 $( $control && printf 'gateway_stats_volume = "%s-sioc"\ngateway_id = %s\n' "$P" "$n" )
 [[policies]]
 name = "high"
@@ -146,14 +148,29 @@ for rep in $(seq "$REPS"); do
     fio_job 10950 fleet-a "$FLOOD_QD" "$WORK/a.json" & fa=$!
     fio_job 10951 fleet-b "$FLOOD_QD" "$WORK/b.json" & fb=$!
     fio_job 10952 db 4 "$WORK/db.json" & fd=$!
-    sleep $((RAMP + RUNTIME / 2))
+    if [ -n "${TRACE:-}" ]; then
+      for t in $(seq $((RAMP + RUNTIME - 2))); do
+        sleep 1; line="t=$t"
+        for n in 0 1 2; do
+          line+=$(curl -s -H "Authorization: Bearer $(cat "$WORK/gw$n/data/admin-token")" \
+            "http://127.0.0.1:$((10960 + n))/v1/pools" | python3 -c '
+import json,sys
+p=json.load(sys.stdin)[0]; w=p.get("gateway_window"); r=p.get("gateway_rate")
+print(" %s/%s/%s/%s@%s%s" % (w, p["in_flight"], p["depth_limit"], p["queued"], p.get("gateway_latency_ms"), " r=%.0f" % r if r else ""), end="")')
+        done
+        echo "$line" >> "$WORK/trace-$control"
+      done
+    else
+      sleep $((RAMP + RUNTIME / 2))
+    fi
     windows=""
     for n in 0 1 2; do # each gateway's window and the latency it stepped with, mid-run
       windows+=$(curl -s -H "Authorization: Bearer $(cat "$WORK/gw$n/data/admin-token")" \
         "http://127.0.0.1:$((10960 + n))/v1/pools" | python3 -c '
 import json,sys
 p=json.load(sys.stdin)[0]; w=p.get("gateway_window")
-print(" %s/%s/%s/%s@%s" % (w if w is not None else "-", p["in_flight"], p["depth_limit"], p["queued"], "%.1fms" % p["gateway_latency_ms"] if p.get("gateway_latency_ms") else "-"), end="")')
+r=p.get("gateway_rate")
+print(" %s/%s/%s/%s@%s%s" % (w if w is not None else "-", p["in_flight"], p["depth_limit"], p["queued"], "%.1fms" % p["gateway_latency_ms"] if p.get("gateway_latency_ms") else "-", " %.0f/s" % r if r else ""), end="")')
     done
     wait $fa $fb $fd || { echo "fio failed:"; tail -n 3 "$WORK"/*.json "$WORK"/*.log; exit 1; }
     read -r ai _ _ < <(stats "$WORK/a.json")

@@ -60,6 +60,12 @@ pub struct CongestionConfig {
     /// converges faster with a standing overshoot of `β_total / W_total` above the
     /// threshold (see the module docs).
     pub beta_per_1000_shares: f64,
+    /// Gateway windows only: also pace each gateway to its weighted max-min share
+    /// of the datastore's throughput while it is congested ([`crate::fair_rate`]) —
+    /// for devices that serve their clients in turn (Ceph OSDs) rather than in
+    /// proportion to what each has outstanding, where windows alone do not divide
+    /// the I/Os. Default off.
+    pub fair_rate: bool,
 }
 
 impl Default for CongestionConfig {
@@ -72,6 +78,7 @@ impl Default for CongestionConfig {
             max_window: 256,
             period_ms: 1000.0,
             beta_per_1000_shares: BETA_PER_1000_SHARES,
+            fair_rate: false,
         }
     }
 }
@@ -159,6 +166,7 @@ impl CongestionConfig {
             max_window,
             period_ms,
             beta_per_1000_shares,
+            fair_rate: self.fair_rate,
         }
     }
 }
@@ -460,6 +468,7 @@ mod tests {
             period_ms: 0.0,
             enabled: true,
             beta_per_1000_shares: f64::NAN,
+            fair_rate: false,
         };
         assert_eq!(c.validate(), Err(CongestionError::ThresholdMs(1000.0)));
         let mut w = HostWindow::new(c, 1000, 0);

@@ -14,6 +14,9 @@
 //!   period to the device latency against the threshold, with `β` from the shares
 //!   of the volumes that did I/O in the period — so gates that see the same latency
 //!   hold windows in proportion to their aggregate shares, with no coordinator.
+//!   With `fair_rate` it also paces its releases to its weighted max-min share of
+//!   the datastore's throughput while that is congested ([`crate::fair_rate`]), for
+//!   devices that serve their clients in turn rather than by outstanding count.
 //!
 //! Events in, decisions out: [`Gate::submit`], [`Gate::complete`] and [`Gate::wake`]
 //! take `now` and append what they release to `out`; [`Gate::next_wakeup`] says when
@@ -40,10 +43,12 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::depth::{DepthConfig, DepthController};
+use crate::fair_rate::{GatewayShare, RateCap};
 use crate::scheduler::{IoKind, IoRange};
 use crate::{
-    ClientId, CongestionConfig, DatastoreLatency, Dispatch, Dispatched, HostWindow, IoCost, Nanos,
-    Phase, Piece, Policy, PolicyError, Scheduler, SchedulerConfig, VolumeId, VolumeStats,
+    ClientId, CongestionConfig, DatastoreLatency, Dispatch, Dispatched, HostWindow, IoCost,
+    NANOS_PER_SEC, Nanos, PACE_QUANTUM_NS, Phase, Piece, Policy, PolicyError, Scheduler,
+    SchedulerConfig, VolumeId, VolumeStats,
 };
 
 #[derive(Clone, Debug, PartialEq)]
@@ -179,15 +184,30 @@ pub struct GatewayWindowStats {
     pub in_flight: u32,
     /// The device latency it last stepped with, ms (`None`: no period with I/O yet).
     pub latency_ms: Option<f64>,
+    /// The fair rate it paces to, cost units per second (`None`: not paced).
+    pub rate_units_per_s: Option<f64>,
+    /// Its last period as published to the other gateways (`fair_rate` only).
+    pub share: Option<GatewayShare>,
 }
 
 struct GatewayWindow {
+    config: CongestionConfig,
     window: HostWindow,
     /// Device time (release to completion) of class-0 pieces this period.
     latency: DatastoreLatency,
     /// Volumes with a piece completed at the device this period.
     active: HashSet<VolumeId>,
     last_latency_ms: Option<f64>,
+    /// The fair rate (`config.fair_rate`) and the period it is measured over.
+    cap: RateCap,
+    /// When the next release may go at the rate (GCRA's theoretical arrival time).
+    tat: Nanos,
+    /// Cost units released to the device this period, since `period_start`.
+    units: u64,
+    period_start: Nanos,
+    /// The rate held requests back this period.
+    paced: bool,
+    last_share: Option<GatewayShare>,
 }
 
 struct HostGate {
@@ -531,9 +551,9 @@ impl<T: Clone> Gate<T> {
         }
     }
 
-    fn has_room(&self, class: u32) -> bool {
+    fn has_room(&self, class: u32, now: Nanos) -> bool {
         match class {
-            0 => self.device_in_flight < self.room(),
+            0 => self.device_in_flight < self.room() && self.rate_wait(now).is_none(),
             c => self
                 .classes
                 .get(c as usize - 1)
@@ -556,21 +576,21 @@ impl<T: Clone> Gate<T> {
         }
         loop {
             if let Some(d) = self.parked.take() {
-                if !self.has_room(self.entries[d.payload as usize].class) {
+                if !self.has_room(self.entries[d.payload as usize].class, now) {
                     self.parked = Some(d);
                     break;
                 }
                 self.release(now, d, out);
                 continue;
             }
-            let room =
-                self.has_room(0) || (1..=self.classes.len() as u32).any(|c| self.has_room(c));
+            let room = self.has_room(0, now)
+                || (1..=self.classes.len() as u32).any(|c| self.has_room(c, now));
             if !room {
                 break;
             }
             match self.sched.dispatch(now) {
                 Dispatch::Io(d) => {
-                    if self.has_room(self.entries[d.payload as usize].class) {
+                    if self.has_room(self.entries[d.payload as usize].class, now) {
                         self.release(now, d, out);
                     } else {
                         self.parked = Some(d);
@@ -586,6 +606,36 @@ impl<T: Clone> Gate<T> {
         }
         if let Some(&(_, until)) = self.held.front() {
             self.wake_at = Some(self.wake_at.map_or(until, |t| t.min(until)));
+        }
+        if let Some(at) = self.rate_wait(now)
+            && self.queued() > 0
+        {
+            self.wake_at = Some(self.wake_at.map_or(at, |t| t.min(at)));
+            if let Some(g) = &mut self.gateway {
+                g.paced = true;
+            }
+        }
+    }
+
+    /// When the next class-0 piece may go at the gateway's fair rate (`None`: now,
+    /// or no rate): GCRA with a burst of [`PACE_QUANTUM_NS`] of the rate.
+    fn rate_wait(&self, now: Nanos) -> Option<Nanos> {
+        let g = self.gateway.as_ref()?;
+        g.cap.rate()?;
+        let at = g.tat.saturating_sub(PACE_QUANTUM_NS);
+        (at > now).then_some(at)
+    }
+
+    /// A class-0 piece of `units` cost units leaves: counted for the gateway's
+    /// period, and charged at its fair rate.
+    fn charge_gateway(&mut self, now: Nanos, units: u64) {
+        let Some(g) = &mut self.gateway else {
+            return;
+        };
+        g.units += units;
+        if let Some(rate) = g.cap.rate() {
+            let ns = (units as f64 * NANOS_PER_SEC as f64 / rate).ceil() as Nanos;
+            g.tat = g.tat.max(now) + ns;
         }
     }
 
@@ -605,7 +655,15 @@ impl<T: Clone> Gate<T> {
         e.outstanding += 1;
         let (generation, class) = (e.generation, e.class);
         match class {
-            0 => self.device_in_flight += 1,
+            0 => {
+                self.device_in_flight += 1;
+                let cost = IoCost {
+                    kind: d.cost.kind,
+                    size_bytes: d.piece.length,
+                };
+                let units = self.sched.config().units(cost);
+                self.charge_gateway(now, units);
+            }
             c => self.classes[c as usize - 1].in_flight += 1,
         }
         out.push(Release {
@@ -818,33 +876,68 @@ impl<T: Clone> Gate<T> {
     /// Turns on the gateway window (see the module docs): the cap starts at
     /// `initial_window` (the device queue depth) and follows the window from then on.
     pub fn enable_gateway_window(&mut self, config: CongestionConfig, initial_window: u32) {
-        let window = HostWindow::new(config, 1000, initial_window);
+        let config = config.sanitized();
+        let window = HostWindow::new(config.clone(), 1000, initial_window);
         self.cap = window.window();
         self.gateway = Some(GatewayWindow {
+            config,
             window,
             latency: DatastoreLatency::new(),
             active: HashSet::new(),
             last_latency_ms: None,
+            cap: RateCap::new(),
+            tat: 0,
+            units: 0,
+            period_start: 0,
+            paced: false,
+            last_share: None,
         });
     }
 
-    /// Device latencies of the period since the last call (empty without a gateway
-    /// window): a driver that can see the other gates of the datastore merges theirs
-    /// (SIOC's datastore-wide mean); one that cannot uses its own.
-    pub fn take_gateway_latency(&mut self) -> DatastoreLatency {
-        self.gateway
-            .as_mut()
-            .map(|g| std::mem::take(&mut g.latency))
-            .unwrap_or_default()
+    /// The gateway period since the last call: the device latencies (empty
+    /// without a gateway window) — a driver that can see the other gates of the
+    /// datastore merges theirs (SIOC's datastore-wide mean), one that cannot uses
+    /// its own — and, for the other gateways' fair rates, this gate's
+    /// [`GatewayShare`] (the shares of the volumes active in it, the cost units
+    /// released per second, its own mean device latency). Take it before
+    /// [`Gate::update_gateway_window`], which paces with the share.
+    pub fn take_gateway_period(&mut self, now: Nanos) -> (DatastoreLatency, Option<GatewayShare>) {
+        let sched = &self.sched;
+        let Some(g) = self.gateway.as_mut() else {
+            return (DatastoreLatency::new(), None);
+        };
+        let latency = std::mem::take(&mut g.latency);
+        let shares: u64 = g
+            .active
+            .iter()
+            .map(|v| sched.policy(*v).map_or(1000, |p| p.shares.get() as u64))
+            .sum();
+        let elapsed_ns = now.saturating_sub(g.period_start).max(1);
+        let share = GatewayShare {
+            shares: if shares > 0 {
+                shares
+            } else {
+                g.window.host_shares()
+            },
+            units_per_s: g.units as f64 * NANOS_PER_SEC as f64 / elapsed_ns as f64,
+            latency_ms: latency.clone().take_mean_ms().unwrap_or(0.0),
+            paced: g.paced,
+        };
+        (g.units, g.period_start, g.paced) = (0, now, false);
+        g.last_share = Some(share);
+        (latency, Some(share))
     }
 
     /// One gateway-window period: `β` from the shares of the volumes active in it
     /// (unchanged when none was), a step towards `mean_ms` against the threshold
-    /// (skipped when `None`), then the cap follows the window.
+    /// (skipped when `None`), then the cap follows the window. With `fair_rate`, the
+    /// pacing rate follows this gate's last [`Gate::take_gateway_period`] against
+    /// `others` (the other gateways' last periods).
     pub fn update_gateway_window(
         &mut self,
         now: Nanos,
         mean_ms: Option<f64>,
+        others: &[GatewayShare],
         out: &mut Vec<Release<T>>,
     ) {
         let Some(g) = &mut self.gateway else {
@@ -862,6 +955,11 @@ impl<T: Clone> Gate<T> {
             g.window.update(now, m);
             g.last_latency_ms = Some(m);
         }
+        if g.config.fair_rate
+            && let Some(own) = g.last_share
+        {
+            g.cap.update(&g.config, mean_ms, &own, others);
+        }
         self.cap = g.window.window();
         self.pump(now, out);
     }
@@ -873,6 +971,8 @@ impl<T: Clone> Gate<T> {
             shares: g.window.host_shares(),
             in_flight: self.device_in_flight,
             latency_ms: g.last_latency_ms,
+            rate_units_per_s: g.cap.rate(),
+            share: g.last_share.filter(|_| g.config.fair_rate),
         })
     }
 
@@ -1159,10 +1259,10 @@ mod tests {
         }
         assert_eq!(out.len(), 32, "completions refill the window");
         let mut outstanding: Vec<_> = out.drain(..).map(|r| r.ticket).collect();
-        let latency = g.take_gateway_latency().take_mean_ms().unwrap();
+        let latency = g.take_gateway_period(now).0.take_mean_ms().unwrap();
         assert!((latency - 40.0).abs() < 1e-9, "{latency}");
         out.clear();
-        g.update_gateway_window(now, Some(latency), &mut out);
+        g.update_gateway_window(now, Some(latency), &[], &mut out);
         // γ = 1: w = L/lat·w + β = 10/40·32 + 2 (2000 shares) = 10.
         let w = g.gateway_window().unwrap();
         assert_eq!((w.window, w.shares, w.latency_ms), (10, 2000, Some(40.0)));
@@ -1175,9 +1275,95 @@ mod tests {
         assert_eq!(out.len(), 10);
         assert_eq!(g.in_flight(), 10);
         // A period with no completions keeps the window and the shares.
-        g.update_gateway_window(now, None, &mut Vec::new());
+        g.update_gateway_window(now, None, &[], &mut Vec::new());
         assert_eq!(g.gateway_window().unwrap().window, 10);
         assert_eq!(g.gateway_window().unwrap().shares, 2000);
+    }
+
+    /// With `fair_rate`, a busy gate served more than its part beside another busy
+    /// gateway with twice its shares paces its releases to a third of what the
+    /// datastore delivered once the latency crosses the threshold; it reports its
+    /// period (and that its pace held requests back) for the others; the pace
+    /// lifts when the congestion ends.
+    #[test]
+    fn fair_rate_paces_a_busy_gateway_to_its_share_of_the_total() {
+        let mut g = gate(64);
+        let config = CongestionConfig {
+            threshold_ms: 10.0,
+            min_window: 2,
+            max_window: 64,
+            gamma: 1.0,
+            fair_rate: true,
+            ..CongestionConfig::default()
+        };
+        g.enable_gateway_window(config, 8);
+        g.add_volume(0, VolumeId(1), Policy::best_effort("b"));
+        let mut out = Vec::new();
+        let mut next = 0u64;
+        let mut submit = |g: &mut Gate<u32>, now, out: &mut Vec<Release<u32>>| {
+            g.submit(now, req(1, 7, IoKind::Read, next * 4096, 4096), 0, out)
+                .unwrap();
+            next += 1;
+        };
+        // One second at 20 ms per I/O, window 8, 100 waiting: 400 I/Os/s.
+        for _ in 0..108 {
+            submit(&mut g, 0, &mut out);
+        }
+        let mut now = 0;
+        while now < NANOS_PER_SEC {
+            now += 20 * NANOS_PER_MS;
+            let done: Vec<_> = out.drain(..).map(|r| r.ticket).collect();
+            for t in done {
+                g.complete(now, t, &mut out);
+                submit(&mut g, now, &mut out);
+            }
+        }
+        let (mut latency, own) = g.take_gateway_period(now);
+        let own = own.unwrap();
+        assert_eq!((own.shares, own.latency_ms), (1000, 20.0));
+        assert!((own.units_per_s - 400.0).abs() < 9.0, "{own:?}");
+        // The other gateway (2000 shares) got 400/s too, waiting at the device.
+        let other = GatewayShare {
+            shares: 2000,
+            units_per_s: 400.0,
+            latency_ms: 20.0,
+            paced: false,
+        };
+        let mean = latency.take_mean_ms();
+        g.update_gateway_window(now, mean, &[other], &mut out);
+        // Ours is a third of the 800 delivered.
+        let rate = g.gateway_window().unwrap().rate_units_per_s.unwrap();
+        assert!((rate - 800.0 / 3.0).abs() < 6.0, "rate {rate}");
+        // Completions now release at most the rate: over the next second, with
+        // the device answering in 1 ms, no more than rate + the burst.
+        let mut released = 0;
+        let start = now;
+        while now < start + NANOS_PER_SEC {
+            now += NANOS_PER_MS;
+            if g.next_wakeup().is_some_and(|t| t <= now) {
+                g.wake(now, &mut out);
+            }
+            let done: Vec<_> = out.drain(..).map(|r| r.ticket).collect();
+            released += done.len();
+            for t in done {
+                g.complete(now, t, &mut out);
+                submit(&mut g, now, &mut out);
+            }
+        }
+        // (The 8 the last completions of the first second released count here.)
+        assert!(
+            (255..=285).contains(&released),
+            "{released} released in 1 s at {rate}/s"
+        );
+        // It says its pace held requests back. The congestion ends (1 ms, under
+        // half the threshold): no pace.
+        assert!(g.take_gateway_period(now).1.unwrap().paced);
+        let other = GatewayShare {
+            latency_ms: 1.0,
+            ..other
+        };
+        g.update_gateway_window(now, Some(1.0), &[other], &mut out);
+        assert_eq!(g.gateway_window().unwrap().rate_units_per_s, None);
     }
 
     #[test]

@@ -18,6 +18,7 @@
 pub mod congestion;
 pub mod depth;
 mod fair;
+pub mod fair_rate;
 pub mod gate;
 mod heap;
 pub mod policy;
@@ -26,6 +27,7 @@ pub mod scheduler;
 pub use congestion::{CongestionConfig, CongestionError, DatastoreLatency, HostWindow};
 pub use depth::{DepthConfig, DepthController};
 pub use fair::Piece;
+pub use fair_rate::{GatewayShare, RateCap};
 pub use gate::{
     Finished, Gate, GateConfig, GateRequest, GatewayWindowStats, HostWindowStats, Rejected,
     Release, Ticket,

@@ -50,7 +50,12 @@
 //!                                   # gateways share (one Ceph pool, one upstream
 //!                                   # array): pieces at the backend follow the device
 //!                                   # latency it sees, beta from its active volumes'
-//!                                   # shares (PARDA; docs/QOS.md); same keys
+//!                                   # shares (PARDA; docs/QOS.md); same keys, and
+//!                                   # fair_rate (default true here): with the stats
+//!                                   # volume, a gateway served beyond its part of
+//!                                   # what the datastore delivers is paced to it
+//!                                   # (for devices that serve clients in turn, as
+//!                                   # Ceph OSDs: weir_qos::fair_rate)
 //! # gateway_stats_volume = "sioc"   # with gateway_id = 0-127 (unique per gateway): a
 //! # gateway_id = 0                  # volume of this pool on the shared datastore
 //!                                   # (>= 8 KiB) where the gateways share latency, so
@@ -295,8 +300,9 @@ pub struct PoolConfig {
     /// This gateway's window on a datastore other gateways share (one Ceph pool, one
     /// upstream array): the pool's pieces at the backend adapt every period to the
     /// device latency it observes against `threshold_ms`, with `β` from the shares
-    /// of its active volumes (absent: off; needs `qos`).
-    #[serde(default)]
+    /// of its active volumes (absent: off; needs `qos`). `fair_rate` is on unless
+    /// the table turns it off (`weir_qos::fair_rate`: needs `gateway_stats_volume`).
+    #[serde(default, deserialize_with = "gateway_congestion")]
     pub gateway_congestion: Option<CongestionConfig>,
     /// A volume of this pool, on the shared datastore, through which the gateways
     /// share their latency (`crate::datastore_stats`): the windows step with the
@@ -567,6 +573,24 @@ fn default_busy_poll_us() -> u32 {
 fn default_cost_factor() -> f64 {
     1.0
 }
+/// `gateway_congestion` with `fair_rate` on unless the table says otherwise: a
+/// gateway's datastore may serve its clients in turn (Ceph OSDs do), where windows
+/// alone do not divide the I/Os; on one that serves by outstanding count the rate
+/// agrees with the windows.
+fn gateway_congestion<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<CongestionConfig>, D::Error> {
+    let Some(mut table) = Option::<toml::Table>::deserialize(d)? else {
+        return Ok(None);
+    };
+    table
+        .entry("fair_rate")
+        .or_insert(toml::Value::Boolean(true));
+    CongestionConfig::deserialize(toml::Value::Table(table))
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
 fn default_true() -> bool {
     true
 }
@@ -1292,6 +1316,32 @@ mod tests {
         let text = "[[pools]]\nname = \"p\"\ndepth = { adaptve = false }\n";
         let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
         assert!(e.message.contains("adaptve"), "{e}");
+    }
+
+    #[test]
+    fn gateway_congestion_is_read_with_fair_rate_on_unless_turned_off() {
+        let pool = |table: &str| {
+            let text = format!("[[pools]]\nname = \"p\"\ngateway_congestion = {table}\n");
+            WeirConfig::from_toml_str(&text, "w.toml").map(|c| c.pools[0].clone())
+        };
+        let p =
+            pool("{ enabled = true, threshold_ms = 20, period_ms = 250, gamma = 0.5 }").unwrap();
+        let c = p.gateway_congestion.unwrap();
+        assert!(c.enabled && c.fair_rate);
+        assert_eq!((c.threshold_ms, c.period_ms, c.gamma), (20.0, 250.0, 0.5));
+        let c = pool("{ fair_rate = false }")
+            .unwrap()
+            .gateway_congestion
+            .unwrap();
+        assert!(!c.fair_rate);
+        assert_eq!(c.threshold_ms, CongestionConfig::default().threshold_ms);
+        let e = pool("{ threshold = 20 }").unwrap_err();
+        assert!(e.message.contains("threshold"), "{e}");
+        let e = pool("{ threshold_ms = 1 }").unwrap_err();
+        assert!(e.message.contains("gateway_congestion"), "{e}");
+        assert!(pool("{}").unwrap().gateway_congestion.unwrap().fair_rate);
+        let c = WeirConfig::from_toml_str("[[pools]]\nname = \"p\"\n", "w.toml").unwrap();
+        assert_eq!(c.pools[0].gateway_congestion, None);
     }
 
     #[test]

@@ -408,7 +408,7 @@ fn render_counters(out: &mut String, scope: &str, rows: &[(String, CounterSnapsh
 
 fn render_pools(out: &mut String, pools: &BTreeMap<String, PoolGauges>) {
     type Gauge = fn(&PoolGauges) -> Option<u64>;
-    let gauges: [(&str, &str, Gauge); 6] = [
+    let gauges: [(&str, &str, Gauge); 7] = [
         (
             "in_flight",
             "Pieces the pool's QoS gate has at the backend now.",
@@ -436,6 +436,12 @@ fn render_pools(out: &mut String, pools: &BTreeMap<String, PoolGauges>) {
             "gateway_shares",
             "The shares the gateway window steps with (volumes active last period).",
             |g| g.gateway_shares,
+        ),
+        (
+            "gateway_rate",
+            "The fair rate this gateway paces to, cost units per second \
+             (gateway_congestion.fair_rate, while paced).",
+            |g| g.gateway_rate.map(|r| r.round() as u64),
         ),
     ];
     for (name, help, get) in gauges {
@@ -658,6 +664,7 @@ mod tests {
                 queued: 7,
                 gateway_window: Some(21),
                 gateway_shares: Some(3000),
+                gateway_rate: Some(1234.4),
             },
         )]);
         let gold = Policy {
@@ -677,6 +684,7 @@ mod tests {
         assert!(text.contains("# TYPE weir_pool_queued gauge"));
         assert!(text.contains("weir_pool_gateway_window{pool=\"default\"} 21"));
         assert!(text.contains("weir_pool_gateway_shares{pool=\"default\"} 3000"));
+        assert!(text.contains("weir_pool_gateway_rate{pool=\"default\"} 1234"));
         assert!(text.contains("weir_volume_ios_total{volume=\"sql\",op=\"read\"} 2"));
         assert!(
             text.contains("weir_volume_latency_seconds_bucket{volume=\"sql\",le=\"0.00001\"} 1"),

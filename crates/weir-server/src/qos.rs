@@ -52,8 +52,8 @@ use std::thread::LocalKey;
 use std::time::{Duration, Instant};
 
 use weir_qos::{
-    ClientId, CongestionConfig, DatastoreLatency, Finished, Gate, GateConfig, GateRequest, Nanos,
-    Policy, Rejected, Release, Ticket, VolumeId,
+    ClientId, CongestionConfig, DatastoreLatency, Finished, Gate, GateConfig, GateRequest,
+    GatewayShare, Nanos, Policy, Rejected, Release, Ticket, VolumeId,
 };
 pub use weir_qos::{GatewayWindowStats, HostWindowStats};
 
@@ -64,6 +64,7 @@ pub type SharedStats = (
     Arc<dyn crate::backend::Backend>,
 );
 
+use crate::datastore_stats::ShareRecord;
 use crate::device::EmulatedDevice;
 
 /// CLOCK_MONOTONIC (the clock `Instant` reads on Linux) in nanoseconds, without
@@ -475,19 +476,24 @@ impl<P: Perform> QosPool<P> {
         self.lock().gate.host_windows()
     }
 
-    /// The device latencies this gateway saw since the last call.
-    pub fn take_gateway_latency(&self) -> DatastoreLatency {
-        self.lock().gate.take_gateway_latency()
+    /// The device latencies this gateway saw since the last call, and its period
+    /// for the other gateways' fair rates.
+    pub fn take_gateway_period(&self) -> (DatastoreLatency, Option<GatewayShare>) {
+        let mut g = self.lock();
+        let now = self.now_ns();
+        g.gate.take_gateway_period(now)
     }
 
     /// One gateway-window period: steps the window with `mean_ms` (skipped when
-    /// `None`: nothing completed anywhere), then performs what the new cap admits.
-    pub fn step_gateway_window(self: &Arc<Self>, mean_ms: Option<f64>) {
+    /// `None`: nothing completed anywhere) and the fair rate against `others`,
+    /// then performs what the new cap admits.
+    pub fn step_gateway_window(self: &Arc<Self>, mean_ms: Option<f64>, others: &[GatewayShare]) {
         let mut b = P::buffers().take();
         {
             let mut g = self.lock();
             let now = self.now_ns();
-            g.gate.update_gateway_window(now, mean_ms, &mut b.released);
+            g.gate
+                .update_gateway_window(now, mean_ms, others, &mut b.released);
             self.arm(&g.gate);
         }
         self.perform(b);
@@ -524,35 +530,38 @@ impl<P: Perform> QosPool<P> {
             tokio::select! {
                 _ = Self::tick(&mut hosts) => self.update_windows(),
                 _ = Self::tick(&mut gateway) => {
-                    let mean_ms = self.gateway_period_mean(&mut stats, &mut warn).await;
-                    self.step_gateway_window(mean_ms);
+                    let (mean_ms, others) = self.gateway_period_mean(&mut stats, &mut warn).await;
+                    self.step_gateway_window(mean_ms, &others);
                 }
             }
         }
     }
 
-    /// The mean latency the gateway window steps with this period: the
+    /// The mean latency the gateway window steps with this period — the
     /// datastore-wide one from the stats volume, or this gateway's own (no stats
-    /// volume, or the exchange failed: a rate-limited warning says so).
+    /// volume, or the exchange failed: a rate-limited warning says so) — and the
+    /// other gateways' periods for the fair rate (none without the stats volume).
     async fn gateway_period_mean(
         &self,
         stats: &mut Option<SharedStats>,
         warn: &mut crate::connections::RateLimited,
-    ) -> Option<f64> {
-        let mut own = self.take_gateway_latency();
+    ) -> (Option<f64>, Vec<GatewayShare>) {
+        let (mut own, share) = self.take_gateway_period();
         let Some((mut merge, backend)) = stats.take() else {
-            return own.take_mean_ms();
+            return (own.take_mean_ms(), Vec::new());
         };
+        let period_us = self.gateway_period.map_or(0, |p| p.as_micros()) as u32;
+        let share = share.map(|s| ShareRecord::from_share(&s, period_us));
         let period = own.clone();
         let (merge, backend, result) = tokio::task::spawn_blocking(move || {
-            let r = merge.exchange(&*backend, &period);
+            let r = merge.exchange(&*backend, &period, share);
             (merge, backend, r)
         })
         .await
         .expect("the stats exchange does not panic");
         *stats = Some((merge, backend));
         match result {
-            Ok(mut all) => all.take_mean_ms(),
+            Ok(mut all) => (all.latency.take_mean_ms(), all.others),
             Err(e) => {
                 if let Some(n) = warn.allow(Instant::now()) {
                     tracing::warn!(
@@ -562,7 +571,7 @@ impl<P: Perform> QosPool<P> {
                         crate::connections::suppressed_note(n)
                     );
                 }
-                own.take_mean_ms()
+                (own.take_mean_ms(), Vec::new())
             }
         }
     }
@@ -623,7 +632,8 @@ impl<P: Perform> QosPool<P> {
             max_in_flight: g.gate.depth().max(),
             queued: g.gate.queued(),
             gateway_window: gateway.as_ref().map(|w| w.window),
-            gateway_shares: gateway.map(|w| w.shares),
+            gateway_shares: gateway.as_ref().map(|w| w.shares),
+            gateway_rate: gateway.and_then(|w| w.rate_units_per_s),
         }
     }
 
@@ -662,7 +672,7 @@ impl<P: Perform> Drop for Dispatcher<P> {
 }
 
 /// A pool's gate at one moment.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PoolGauges {
     /// Pieces at the backend now (0 on a `qos = false` pool: its requests bypass
     /// the gate).
@@ -678,4 +688,8 @@ pub struct PoolGauges {
     /// The shares it steps with: its volumes active in the last period.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway_shares: Option<u64>,
+    /// The fair rate the gateway paces to, cost units per second
+    /// (`gateway_congestion.fair_rate`, while paced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_rate: Option<f64>,
 }

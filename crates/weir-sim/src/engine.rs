@@ -20,8 +20,8 @@ use weir_model::{
     ReadPlan, SlotRef, WriteId,
 };
 use weir_qos::{
-    ClientId, DatastoreLatency, DepthConfig, Gate, GateConfig, GateRequest, IoKind, Nanos, Piece,
-    Release, SchedulerConfig, Ticket, VolumeId,
+    ClientId, DatastoreLatency, DepthConfig, Gate, GateConfig, GateRequest, GatewayShare, IoKind,
+    Nanos, Piece, Release, SchedulerConfig, Ticket, VolumeId,
 };
 use weir_report::{
     CaseReport, Comparison, ComponentResult, IoCounts, IoSizeHistogram, LatencySummary,
@@ -783,15 +783,26 @@ impl<'p> Engine<'p> {
                     // The datastore-wide latency is averaged across hosts (as SIOC
                     // does through a file on the datastore); each host's gateway
                     // window steps with it and bounds its gate.
+                    // With `fair_rate` each also paces to its share of what all did.
                     let mut datastore = DatastoreLatency::new();
-                    for h in &mut self.hosts {
-                        datastore.merge(&h.qos.gate.take_gateway_latency());
-                    }
+                    let now = self.now;
+                    let shares: Vec<Option<GatewayShare>> = (self.hosts.iter_mut())
+                        .map(|h| {
+                            let (latency, share) = h.qos.gate.take_gateway_period(now);
+                            datastore.merge(&latency);
+                            share
+                        })
+                        .collect();
                     let mean_ms = datastore.take_mean_ms();
                     self.push(self.now + period_ns.max(1), Ev::CongestionTick);
                     for h in 0..self.hosts.len() {
-                        let out = self
-                            .host_gate(h, |g, now, out| g.update_gateway_window(now, mean_ms, out));
+                        let others: Vec<GatewayShare> = (shares.iter().enumerate())
+                            .filter(|(j, _)| *j != h)
+                            .filter_map(|(_, s)| *s)
+                            .collect();
+                        let out = self.host_gate(h, |g, now, out| {
+                            g.update_gateway_window(now, mean_ms, &others, out)
+                        });
                         self.host_releases(h, out.1);
                     }
                 }
