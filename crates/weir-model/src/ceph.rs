@@ -3,10 +3,10 @@
 //! An RBD image is striped over objects (`object_kib`, 4 MiB by default); an object
 //! maps to a placement group by hash, and a placement group to `replicas` distinct
 //! OSDs (its acting set; the first is the primary) by a fixed pseudo-random choice,
-//! as CRUSH does on a flat map. Each OSD is a NIC (a [`Link`]), an op-thread pool of
-//! `cores_per_osd` cores (FIFO, `cpu_us_per_op + size × cpu_us_per_kib` per op) and one
-//! drive (weir-model's HDD or SSD, with its own queue). A request split at object
-//! boundaries (as librbd splits it) runs per piece:
+//! as CRUSH does on a flat map. Each OSD is a NIC (a [`Link`]), an op queue, an
+//! op-thread pool on `cores_per_osd` cores (FIFO, `cpu_us_per_op + size ×
+//! cpu_us_per_kib` per op) and one drive (weir-model's HDD or SSD, with its own
+//! queue). A request split at object boundaries (as librbd splits it) runs per piece:
 //!
 //! ```text
 //! read : primary NIC (request) → primary CPU → primary drive → primary NIC (data) → done
@@ -14,6 +14,19 @@
 //!                                          └→ replica NIC (data) → replica CPU →    │
 //!                                             replica drive → ack (one NIC latency) ┴→ ack → done
 //! ```
+//!
+//! **The op queue serves clients in turn.** Ops wait in one FIFO per client and
+//! `op_threads` threads take them round robin across the clients (Ceph 16's `wpq`
+//! within a priority: `SubQueue::pop`; `mclock_scheduler` is per client too), so a
+//! client with many ops queued is served as often as one with a few, not in
+//! proportion — what makes windows alone unable to divide a cluster between gateways
+//! (docs/QOS.md). A client is whoever submits ([`Component::submit_from`]: the
+//! simulator's host, one gateway); a replica's sub-op is queued as coming from its
+//! primary OSD. A read holds its thread through the drive read (BlueStore reads in
+//! the op thread); a write's thread is free once its CPU is spent (the transaction
+//! goes to BlueStore's queue). Threads per OSD default to Ceph 16's
+//! `osd_op_num_shards_hdd` × `osd_op_num_threads_per_shard_hdd` = 5 × 1 on HDD OSDs
+//! and the `_ssd` ones, 8 × 2 = 16, on SSD OSDs.
 //!
 //! A write is acknowledged once every copy is durable. BlueStore defers small writes
 //! (`deferred_write_kib`, 64 KiB on HDD OSDs and off on SSD ones by default, as
@@ -33,7 +46,7 @@
 //! scenarios may set their own.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -93,6 +106,10 @@ pub struct CephSpec {
     /// on HDD OSDs, 0 on SSD OSDs.
     #[serde(default)]
     pub deferred_write_kib: Option<u32>,
+    /// Op threads per OSD, taking queued ops from the clients in turn. Default: 5
+    /// on HDD OSDs, 16 on SSD OSDs (Ceph 16's shards × threads per shard).
+    #[serde(default)]
+    pub op_threads: Option<u32>,
 }
 
 fn default_replicas() -> u32 {
@@ -123,6 +140,8 @@ const MAX_OSDS: u32 = 4096;
 const MAX_REPLICAS: u32 = 8;
 /// A drive token for a deferred write's in-place copy (nobody waits for it).
 const BACKGROUND: u64 = u64::MAX;
+/// Replica sub-ops are queued as the client `PEER_CLIENT - primary OSD`.
+const PEER_CLIENT: u32 = u32::MAX;
 /// Deferred writes are applied in place in batches of this many
 /// (`bluestore_deferred_batch_ops_hdd`, 64 in Ceph 16), so the drive can sort them.
 const DEFERRED_BATCH: usize = 64;
@@ -140,6 +159,8 @@ const DRIVE_WAKE: u8 = 7;
 #[derive(Clone, Copy, Debug)]
 struct Piece {
     op: u32,
+    /// Who submitted it (the op queue's client).
+    client: u32,
     pg: u32,
     dir: IoDir,
     /// Byte offset within the object.
@@ -156,9 +177,45 @@ struct Op {
     pieces_left: u32,
 }
 
-/// One OSD: its port, its cores (when each is next free) and its drive.
+/// An OSD's op queue: one FIFO of `(piece, role)` per client, the clients with ops
+/// queued in turn order, and the threads busy.
+#[derive(Default)]
+struct OpQueue {
+    fifos: HashMap<u32, VecDeque<(u32, u32)>>,
+    turn: VecDeque<u32>,
+    busy: u32,
+}
+
+impl OpQueue {
+    fn push(&mut self, client: u32, op: (u32, u32)) {
+        let fifo = self.fifos.entry(client).or_default();
+        if fifo.is_empty() {
+            self.turn.push_back(client);
+        }
+        fifo.push_back(op);
+    }
+
+    /// The next client's oldest op; that client goes to the back of the turn.
+    fn pop(&mut self) -> Option<(u32, u32)> {
+        let client = self.turn.pop_front()?;
+        let fifo = self
+            .fifos
+            .get_mut(&client)
+            .expect("a client in turn has ops");
+        let op = fifo.pop_front().expect("a client in turn has ops");
+        if fifo.is_empty() {
+            self.fifos.remove(&client);
+        } else {
+            self.turn.push_back(client);
+        }
+        Some(op)
+    }
+}
+
+/// One OSD: its port, its op queue, its cores (when each is next free) and its drive.
 struct Osd {
     nic: Link,
+    queue: OpQueue,
     cores_free: Vec<Nanos>,
     cpu_busy_ns: Nanos,
     drive: Drive,
@@ -188,6 +245,7 @@ pub struct CephCluster {
     /// Object slots on each drive after its WAL region.
     slots: u64,
     deferred_bytes: u32,
+    op_threads: u32,
     cpu_ns_per_op: f64,
     cpu_ns_per_byte: f64,
     ops: Vec<Op>,
@@ -243,6 +301,11 @@ impl CephSpec {
                 "must be 1-256",
             ));
         }
+        if let Some(t) = self.op_threads
+            && !(1..=1024).contains(&t)
+        {
+            return Err(invalid("op_threads", t.to_string(), "must be 1-1024"));
+        }
         check_non_negative("ceph spec", "cpu_us_per_op", self.cpu_us_per_op)?;
         check_non_negative("ceph spec", "cpu_us_per_kib", self.cpu_us_per_kib)?;
         check_positive("ceph spec", "cpu_us_per_op + 1", self.cpu_us_per_op + 1.0)?;
@@ -275,6 +338,7 @@ impl CephCluster {
         for _ in 0..spec.osds {
             osds.push(Osd {
                 nic: Link::new(&link)?,
+                queue: OpQueue::default(),
                 cores_free: vec![0; spec.cores_per_osd as usize],
                 cpu_busy_ns: 0,
                 drive: Drive::new(&drive_spec)?,
@@ -284,15 +348,17 @@ impl CephCluster {
             });
         }
         let object_bytes = (spec.object_kib as u64) << 10;
-        let deferred_kib = spec.deferred_write_kib.unwrap_or(match drive_spec {
-            DriveSpec::Hdd(_) => 64,
-            DriveSpec::Ssd(_) => 0,
-        });
+        let (deferred_kib, op_threads) = match drive_spec {
+            DriveSpec::Hdd(_) => (64, 5),
+            DriveSpec::Ssd(_) => (0, 16),
+        };
+        let deferred_kib = spec.deferred_write_kib.unwrap_or(deferred_kib);
         Ok(Self {
             acting: acting_sets(spec.pgs, spec.replicas, spec.osds),
             slots: (drive_spec.capacity_bytes() - WAL_BYTES) / object_bytes,
             object_bytes,
             deferred_bytes: deferred_kib.saturating_mul(1024),
+            op_threads: spec.op_threads.unwrap_or(op_threads),
             cpu_ns_per_op: spec.cpu_us_per_op * 1e3,
             cpu_ns_per_byte: spec.cpu_us_per_kib * 1e3 / 1024.0,
             spec: spec.clone(),
@@ -340,6 +406,37 @@ impl CephCluster {
         self.seq += 1;
         let packed = ((piece as u64) << 32) | ((kind as u64) << 16) | role as u64;
         self.events.push(Reverse((at, self.seq, packed)));
+    }
+
+    /// Piece `pi` (as copy `role`) joins OSD `osd`'s op queue as `client`'s.
+    fn enqueue_op(&mut self, now: Nanos, osd: u32, client: u32, pi: u32, role: u32) {
+        self.osds[osd as usize].queue.push(client, (pi, role));
+        self.dispatch_ops(now, osd);
+    }
+
+    /// Free op threads take queued ops, clients in turn; each runs on the cores.
+    fn dispatch_ops(&mut self, now: Nanos, osd: u32) {
+        while self.osds[osd as usize].queue.busy < self.op_threads {
+            let Some((pi, role)) = self.osds[osd as usize].queue.pop() else {
+                break;
+            };
+            self.osds[osd as usize].queue.busy += 1;
+            let at = self.cpu(osd, now, self.pieces[pi as usize].size);
+            let kind = if role == 0 {
+                PRIMARY_CPU_DONE
+            } else {
+                REPLICA_CPU_DONE
+            };
+            self.push(at, pi, kind, role);
+        }
+    }
+
+    /// An op thread of OSD `osd` is done with its op: the next one goes.
+    fn release_thread(&mut self, now: Nanos, osd: u32) {
+        let q = &mut self.osds[osd as usize].queue;
+        debug_assert!(q.busy > 0, "a thread was busy");
+        q.busy = q.busy.saturating_sub(1);
+        self.dispatch_ops(now, osd);
     }
 
     /// Runs an op's share of OSD `osd`'s cores: returns when it is done.
@@ -422,8 +519,7 @@ impl CephCluster {
             AT_PRIMARY => {
                 let p = self.pieces[pi as usize];
                 let primary = self.acting_set(p.pg)[0];
-                let at = self.cpu(primary, now, p.size);
-                self.push(at, pi, PRIMARY_CPU_DONE, 0);
+                self.enqueue_op(now, primary, p.client, pi, 0);
             }
             PRIMARY_CPU_DONE => {
                 let p = self.pieces[pi as usize];
@@ -439,6 +535,7 @@ impl CephCluster {
                     }
                     IoDir::Write => {
                         self.write_copy(now, pi, primary, 0);
+                        self.release_thread(now, primary);
                         for r in 1..self.spec.replicas {
                             let osd = self.acting_set(p.pg)[r as usize];
                             let at =
@@ -452,14 +549,16 @@ impl CephCluster {
             }
             AT_REPLICA => {
                 let p = self.pieces[pi as usize];
-                let osd = self.acting_set(p.pg)[role as usize];
-                let at = self.cpu(osd, now, p.size);
-                self.push(at, pi, REPLICA_CPU_DONE, role);
+                let set = self.acting_set(p.pg);
+                let (osd, primary) = (set[role as usize], set[0]);
+                // A sub-op's client is its primary OSD.
+                self.enqueue_op(now, osd, PEER_CLIENT - primary, pi, role);
             }
             REPLICA_CPU_DONE => {
                 let p = self.pieces[pi as usize];
                 let osd = self.acting_set(p.pg)[role as usize];
                 self.write_copy(now, pi, osd, role);
+                self.release_thread(now, osd);
             }
             COPY_DURABLE => {
                 let p = &mut self.pieces[pi as usize];
@@ -504,6 +603,7 @@ impl CephCluster {
                     .nic
                     .transfer(c.at_ns, IoDir::Read, p.size);
                 self.push(at, pi, PIECE_DONE, 0);
+                self.release_thread(c.at_ns, osd);
             }
             IoDir::Write => {
                 // A replica's ack crosses back to the primary.
@@ -581,6 +681,11 @@ fn acting_sets(pgs: u32, replicas: u32, osds: u32) -> Vec<u32> {
 
 impl Component for CephCluster {
     fn submit(&mut self, now: Nanos, io: DeviceIo, token: u64) {
+        self.submit_from(now, io, token, 0, false);
+    }
+
+    /// (No priority queueing: an urgent op is queued like any other of its client.)
+    fn submit_from(&mut self, now: Nanos, io: DeviceIo, token: u64, client: u32, _: bool) {
         let size = (io.size_bytes as u64).max(1);
         let first = io.offset_bytes / self.object_bytes;
         let last = (io.offset_bytes + size - 1) / self.object_bytes;
@@ -592,6 +697,7 @@ impl Component for CephCluster {
             let pg = (mix(object) % self.spec.pgs as u64) as u32;
             let pi = self.new_piece(Piece {
                 op,
+                client,
                 pg,
                 dir: io.dir,
                 offset: start - object * self.object_bytes,
@@ -659,6 +765,49 @@ mod tests {
         );
     }
 
+    /// One CPU-bound OSD: client 0 queues 30 reads, client 1 then 10. The first 16
+    /// of client 0's take the 16 op threads; from then on the op queue takes the
+    /// clients in turn, so client 1's ten are done among the next twenty, not after
+    /// client 0's thirty (first come, first served).
+    #[test]
+    fn the_op_queue_serves_clients_in_turn() {
+        let mut s = spec("pcie-flash", 1, 1);
+        s.cores_per_osd = 1;
+        let mut c = CephCluster::new(&s).unwrap();
+        let read = |i: u64| DeviceIo {
+            offset_bytes: i * (4 << 20),
+            size_bytes: 4096,
+            dir: IoDir::Read,
+        };
+        for i in 0..30 {
+            c.submit_from(0, read(i), i, 0, false);
+        }
+        for i in 30..40 {
+            c.submit_from(0, read(i), i, 1, false);
+        }
+        let mut done = Vec::new();
+        while let Some(t) = c.next_event_ns() {
+            c.advance(t, &mut done);
+        }
+        assert_eq!(done.len(), 40);
+        assert!(
+            done[..16].iter().all(|d| d.token < 30),
+            "the threads' first"
+        );
+        let early = done[16..36].iter().filter(|d| d.token >= 30).count();
+        assert_eq!(early, 10, "client 1's among the next 20");
+        // Without a client (plain submit) it is one FIFO: the first 30 are client 0's.
+        let mut c = CephCluster::new(&s).unwrap();
+        for i in 0..40 {
+            c.submit(0, read(i), i);
+        }
+        let mut done = Vec::new();
+        while let Some(t) = c.next_event_ns() {
+            c.advance(t, &mut done);
+        }
+        assert!(done[..30].iter().all(|d| d.token < 30));
+    }
+
     #[test]
     fn bad_specs_are_refused() {
         assert!(CephCluster::new(&spec("sata-ssd", 2, 3)).is_err());
@@ -667,5 +816,8 @@ mod tests {
         s.object_kib = 3000;
         assert!(CephCluster::new(&s).is_err());
         assert!(toml::from_str::<CephSpec>("osds = 3\ndrive = \"sata-ssd\"\nfoo = 1").is_err());
+        let mut s = spec("sata-ssd", 3, 3);
+        s.op_threads = Some(0);
+        assert!(CephCluster::new(&s).is_err());
     }
 }

@@ -201,6 +201,18 @@ pub trait Component {
     fn submit_urgent(&mut self, now: Nanos, io: DeviceIo, token: u64) {
         self.submit(now, io, token);
     }
+    /// Submits a command on behalf of `client` (a host, a gateway), `urgent` or
+    /// not: a device that serves its clients in turn (a Ceph OSD's op queue) tells
+    /// them apart; any other serves it like [`Component::submit`] or
+    /// [`Component::submit_urgent`] (this default).
+    fn submit_from(&mut self, now: Nanos, io: DeviceIo, token: u64, client: u32, urgent: bool) {
+        let _ = client;
+        if urgent {
+            self.submit_urgent(now, io, token);
+        } else {
+            self.submit(now, io, token);
+        }
+    }
     fn next_event_ns(&self) -> Option<Nanos>;
     fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>);
     /// Busy time so far (for utilisation = busy / elapsed), summed over parallel units

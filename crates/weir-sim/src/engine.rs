@@ -1152,9 +1152,16 @@ impl<'p> Engine<'p> {
     }
 
     fn submit(&mut self, comp: u32, slot: u32) {
+        self.submit_as(comp, slot, false);
+    }
+
+    /// Submits on behalf of the request's host (a device that serves its clients
+    /// in turn, as a Ceph OSD, tells the hosts apart), `urgent` or not.
+    fn submit_as(&mut self, comp: u32, slot: u32, urgent: bool) {
         let io = self.device_io(slot);
+        let host = self.vms[self.reqs[slot as usize].vm as usize].plan.host as u32;
         let c = &mut self.comps[comp as usize];
-        c.c.submit(self.now, io, slot as u64);
+        c.c.submit_from(self.now, io, slot as u64, host, urgent);
         self.arm(comp);
     }
 
@@ -1356,15 +1363,7 @@ impl<'p> Engine<'p> {
             (Stage::ArrayFlash, Some((_, flash, _, _))) => *flash,
             _ => 0,
         };
-        if urgent {
-            let io = self.device_io(slot);
-            self.comps[comp as usize]
-                .c
-                .submit_urgent(self.now, io, slot as u64);
-            self.arm(comp);
-        } else {
-            self.submit(comp, slot);
-        }
+        self.submit_as(comp, slot, urgent);
     }
 
     fn array_done(&mut self, slot: u32) {

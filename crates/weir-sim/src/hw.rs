@@ -112,6 +112,13 @@ impl Component for Hw {
             Hw::Ceph(c) => c.submit_urgent(now, io, token),
         }
     }
+    fn submit_from(&mut self, now: Nanos, io: DeviceIo, token: u64, client: u32, urgent: bool) {
+        match self {
+            Hw::Ceph(c) => c.submit_from(now, io, token, client, urgent),
+            _ if urgent => self.submit_urgent(now, io, token),
+            _ => self.submit(now, io, token),
+        }
+    }
     fn next_event_ns(&self) -> Option<Nanos> {
         match self {
             Hw::Link(l) => l.next_event_ns(),
