@@ -12,6 +12,7 @@
 #                                # $WEIR_CEPH_CONF, else scripts/ceph-dev.sh's
 #                                # (started if needed, left running)
 #   ONLY="randwrite-4k-qd1" bench/rbd.sh   # some jobs (names as printed)
+#   QOS=false bench/rbd.sh       # Weir's pool without its QoS gate (qos = false)
 #
 # qemu-nbd needs QEMU's rbd module: when the installed QEMU has none (Debian's
 # qemu-block-extra is missing, or does not match the installed qemu-utils),
@@ -70,6 +71,7 @@ rbd_pool = "$POOL"
 rbd_ceph_conf = "$WEIR_CEPH_CONF"
 rbd_client = "$CLIENT"
 ${WEIR_CEPH_KEYRING:+rbd_keyring = \"$WEIR_CEPH_KEYRING\"}
+qos = ${QOS:-true}
 [[volumes]]
 name = "$IMG"
 pool = "ceph"

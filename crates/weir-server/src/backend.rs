@@ -13,16 +13,34 @@ use weir_nbd::Extent;
 use weir_nbd::consts::{STATE_HOLE, STATE_ZERO};
 
 /// A READ or WRITE started with [`Backend::start_async`].
-pub enum AsyncOp<'a> {
+pub enum AsyncOp {
     Read {
         offset: u64,
         length: u32,
     },
     Write {
         offset: u64,
-        data: &'a [u8],
+        data: WriteData,
         fua: bool,
     },
+}
+
+/// A WRITE's data, shared with its request: a backend may keep it until the op
+/// completes and hand its bytes to a library that reads them meanwhile (librbd's
+/// AIO write does, without a copy of ours: one 1 MiB memcpy was 14 % of the
+/// server's CPU per 1 MiB write). Immutable: nothing changes the bytes while
+/// anyone holds it.
+#[derive(Clone)]
+pub struct WriteData(std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>);
+
+impl WriteData {
+    pub fn new(owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>) -> WriteData {
+        WriteData(owner)
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
 }
 
 /// Called once when an [`AsyncOp`] is done, inside the tokio runtime: the READ's
@@ -38,7 +56,7 @@ pub trait Backend: Send + Sync + 'static {
     /// server's reply), with no blocking thread waiting for it; `Err(done)`: not
     /// possible here (use the blocking calls). Layers that must see every I/O do
     /// not forward it.
-    fn start_async(&self, _op: AsyncOp<'_>, done: AsyncDone) -> Result<(), AsyncDone> {
+    fn start_async(&self, _op: AsyncOp, done: AsyncDone) -> Result<(), AsyncDone> {
         Err(done)
     }
     /// Fills `buf` from `offset`.

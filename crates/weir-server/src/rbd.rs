@@ -31,7 +31,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use weir_nbd::Extent;
 use weir_nbd::consts::{STATE_HOLE, STATE_ZERO};
 
-use crate::backend::{AsyncDone, AsyncOp, Backend};
+use crate::backend::{AsyncDone, AsyncOp, Backend, WriteData};
 
 type RadosT = *mut c_void;
 type IoctxT = *mut c_void;
@@ -477,9 +477,12 @@ impl Drop for RbdImage {
 /// What the completion callback of a started READ/WRITE owns.
 struct Pending {
     lib: &'static Lib,
-    /// The READ's buffer, or the WRITE's copy of its data (librbd may use it
-    /// without copying until the completion).
+    /// The READ's buffer.
     buf: Vec<u8>,
+    /// The WRITE's data, kept until the completion: librbd reads it at submission
+    /// (it copies unless `rbd_disable_zero_copy_writes` is off, and then reads it
+    /// until the completion), so it is handed over without a copy of ours.
+    write: Option<WriteData>,
     is_read: bool,
     runtime: tokio::runtime::Handle,
     done: AsyncDone,
@@ -715,35 +718,40 @@ impl RbdImage {
 }
 
 impl Backend for RbdImage {
-    fn start_async(&self, op: AsyncOp<'_>, done: AsyncDone) -> Result<(), AsyncDone> {
+    fn start_async(&self, op: AsyncOp, done: AsyncDone) -> Result<(), AsyncDone> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(done);
         };
-        let (offset, buf, is_read) = match op {
-            AsyncOp::Read { offset, length } => (offset, vec![0u8; length as usize], true),
+        let (offset, buf, write) = match op {
+            AsyncOp::Read { offset, length } => (offset, vec![0u8; length as usize], None),
             // FUA: the blocking path (a write, then a flush).
             AsyncOp::Write { fua: true, .. } => return Err(done),
-            AsyncOp::Write { offset, data, .. } => (offset, data.to_vec(), false),
+            AsyncOp::Write { offset, data, .. } => (offset, Vec::new(), Some(data)),
         };
+        let is_read = write.is_none();
         let g = self.image.read().unwrap_or_else(|e| e.into_inner());
         let Some(h) = *g else {
             return Err(done); // closed: the blocking path reports it
         };
         let lib = self.cluster.lib;
-        let len = buf.len();
         let mut pending = Box::new(Pending {
             lib,
             buf,
+            write,
             is_read,
             runtime,
             done,
         });
-        let ptr = pending.buf.as_mut_ptr();
+        let (ptr, len) = match &pending.write {
+            Some(w) => (w.bytes().as_ptr().cast_mut(), w.bytes().len()),
+            None => (pending.buf.as_mut_ptr(), pending.buf.len()),
+        };
         let arg = Box::into_raw(pending);
         let mut c: CompletionT = std::ptr::null_mut();
         // SAFETY: `arg` is handed to the completion, whose callback frees it; the
-        // buffer lives in it (a Vec's heap block does not move with the Box) until
-        // then; the image is open (read lock held).
+        // READ's buffer and the WRITE's data live in it (a Vec's heap block does not
+        // move with the Box; `WriteData` is shared and immutable) until then, and
+        // librbd only reads a WRITE's bytes; the image is open (read lock held).
         unsafe {
             let r = (lib.rbd_aio_create_completion)(arg.cast(), Some(on_complete), &mut c);
             let r = if r < 0 {

@@ -834,11 +834,20 @@ fn finish_whole(pool: &Arc<Pool>, ticket: Option<Ticket>, task: Arc<Task>, reply
     }
 }
 
+/// A WRITE's payload, kept by its task (immutable once read from the socket).
+struct TaskPayload(Arc<Task>);
+
+impl AsRef<[u8]> for TaskPayload {
+    fn as_ref(&self) -> &[u8] {
+        self.0.job.payload.as_deref().unwrap_or_default()
+    }
+}
+
 /// Starts a whole READ or WRITE on a backend that completes it from another
 /// thread ([`crate::backend::Backend::start_async`]: an upstream NBD server),
 /// so no blocking thread waits on it; `false`: perform it the usual way.
 fn try_start_async(pool: &Arc<Pool>, ticket: Option<Ticket>, task: &Arc<Task>) -> bool {
-    use crate::backend::{AsyncDone, AsyncOp};
+    use crate::backend::{AsyncDone, AsyncOp, WriteData};
     let job = &task.job;
     if job.volume.is_deleted() {
         return false;
@@ -847,7 +856,7 @@ fn try_start_async(pool: &Arc<Pool>, ticket: Option<Ticket>, task: &Arc<Task>) -
         Command::Read { offset, length, .. } => AsyncOp::Read { offset, length },
         Command::Write { offset, fua, .. } => AsyncOp::Write {
             offset,
-            data: job.payload.as_deref().unwrap_or_default(),
+            data: WriteData::new(Arc::new(TaskPayload(task.clone()))),
             fua,
         },
         _ => return false,

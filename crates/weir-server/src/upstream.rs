@@ -738,7 +738,7 @@ impl Backend for UpstreamBackend {
     /// READ and WRITE on a live connection, answered by its reader thread; on a
     /// broken connection (or none live, or a FUA the upstream lacks) the caller
     /// falls back to the blocking calls, which reconnect and retry.
-    fn start_async(&self, op: AsyncOp<'_>, done: AsyncDone) -> Result<(), AsyncDone> {
+    fn start_async(&self, op: AsyncOp, done: AsyncDone) -> Result<(), AsyncDone> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(done);
         };
@@ -746,7 +746,9 @@ impl Backend for UpstreamBackend {
             AsyncOp::Write { fua: true, .. } if !self.has(FLAG_SEND_FUA) => return Err(done),
             // Written by the calling (runtime) thread: only small payloads, which
             // the socket buffer takes at once.
-            AsyncOp::Write { data, .. } if data.len() > ASYNC_MAX_WRITE_BYTES => return Err(done),
+            AsyncOp::Write { ref data, .. } if data.bytes().len() > ASYNC_MAX_WRITE_BYTES => {
+                return Err(done);
+            }
             _ => {}
         }
         let n = self.slots.len();
@@ -793,7 +795,7 @@ impl Backend for UpstreamBackend {
             }
             let handle = match op {
                 AsyncOp::Read { offset, length } => st.session.read(offset, length),
-                AsyncOp::Write { offset, data, fua } => st.session.write(offset, data, fua),
+                AsyncOp::Write { offset, data, fua } => st.session.write(offset, data.bytes(), fua),
             };
             st.waiters.insert(handle, waiter);
             st.session.take_output()
