@@ -34,7 +34,11 @@ use common::{HIGH_AND_NORMAL_SHARES, ReadLoad, Sample, volume_toml};
 use weir_server::RunningServer;
 
 const WARM_UP: Duration = Duration::from_secs(4);
-const MEASURE: Duration = Duration::from_secs(5);
+const MEASURE: Duration = Duration::from_secs(8);
+/// Each flood's queue depth: deep enough that, without control, the array's queue
+/// (2 × 128 + the database's 4) is well beyond where the windows hold it (≈ 100), so
+/// the light tenant's gain stands above a loaded machine's CPU noise.
+const FLOOD_QD: usize = 128;
 
 /// The storage both gateways share: its own gate off (it is the "array").
 fn storage_config() -> String {
@@ -127,12 +131,15 @@ async fn run(control: bool) -> Run {
     let (a, b, c) = (gw_a.nbd_addr(), gw_b.nbd_addr(), gw_c.nbd_addr());
     let start = Instant::now() + WARM_UP;
     let end = start + MEASURE;
-    let fa = tokio::spawn(async move { load("fleet-a", 64, 3).run_until(a, end).await });
-    let fb = tokio::spawn(async move { load("fleet-b", 64, 5).run_until(b, end).await });
+    let fa = tokio::spawn(async move { load("fleet-a", FLOOD_QD, 3).run_until(a, end).await });
+    let fb = tokio::spawn(async move { load("fleet-b", FLOOD_QD, 5).run_until(b, end).await });
     tokio::time::sleep_until(start.into()).await;
-    let db = load("db", 4, 7).run_until(c, end).await;
+    let db = tokio::spawn(async move { load("db", 4, 7).run_until(c, end).await });
+    // The windows mid-run (at the end they grow back as the loads stop).
+    tokio::time::sleep(MEASURE / 2).await;
     let window = |gw: &RunningServer| gw.state().pool_reports()[0].gauges.gateway_window;
     let windows = (window(&gw_a), window(&gw_b), window(&gw_c));
+    let db = db.await.unwrap();
     let keep = |v: Vec<Sample>| -> Vec<Sample> {
         v.into_iter()
             .filter(|s| s.done_at >= start && s.done_at <= end)
