@@ -1215,20 +1215,26 @@ mod tests {
         }
     }
 
+    /// A gateway window of 2-64 with a 10 ms threshold that jumps to its target
+    /// (γ = 1), with or without fair rates.
+    fn window_config(fair_rate: bool) -> CongestionConfig {
+        CongestionConfig {
+            threshold_ms: 10.0,
+            min_window: 2,
+            max_window: 64,
+            gamma: 1.0,
+            fair_rate,
+            ..CongestionConfig::default()
+        }
+    }
+
     /// The gateway window bounds the pieces at the device, shrinks while the device
     /// latency is over the threshold, and takes its shares from the volumes that did
     /// I/O in the period only (an idle volume of 4000 shares does not count).
     #[test]
     fn gateway_window_caps_the_device_and_follows_active_shares() {
         let mut g = gate(64);
-        let config = CongestionConfig {
-            threshold_ms: 10.0,
-            min_window: 2,
-            max_window: 64,
-            gamma: 1.0,
-            ..CongestionConfig::default()
-        };
-        g.enable_gateway_window(config, 32);
+        g.enable_gateway_window(window_config(false), 32);
         let high = Policy {
             shares: Shares::HIGH,
             ..Policy::best_effort("high")
@@ -1288,15 +1294,7 @@ mod tests {
     #[test]
     fn fair_rate_paces_a_busy_gateway_to_its_share_of_the_total() {
         let mut g = gate(64);
-        let config = CongestionConfig {
-            threshold_ms: 10.0,
-            min_window: 2,
-            max_window: 64,
-            gamma: 1.0,
-            fair_rate: true,
-            ..CongestionConfig::default()
-        };
-        g.enable_gateway_window(config, 8);
+        g.enable_gateway_window(window_config(true), 8);
         g.add_volume(0, VolumeId(1), Policy::best_effort("b"));
         let mut out = Vec::new();
         let mut next = 0u64;
