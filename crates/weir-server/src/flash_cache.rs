@@ -131,6 +131,7 @@ pub struct FlashCacheDevice {
     pool: String,
     path: PathBuf,
     file: File,
+    nowait_reads: crate::backend::NowaitReads,
     block_bytes: u64,
     model: Mutex<FlashCache>,
     stripes: Vec<Mutex<()>>,
@@ -175,6 +176,7 @@ impl FlashCacheDevice {
             pool: pool.to_string(),
             path,
             file,
+            nowait_reads: crate::backend::NowaitReads::new(),
             block_bytes: config.block.0,
             model: Mutex::new(model),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -317,7 +319,7 @@ impl FlashCacheDevice {
         buf: &mut [u8],
     ) -> bool {
         self.read_hit_with(first_block, slots, offset, buf, |part, at| {
-            crate::backend::pread_nowait(&self.file, part, at)
+            self.nowait_reads.read(&self.file, part, at)
         })
     }
 
