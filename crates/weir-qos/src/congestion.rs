@@ -43,6 +43,10 @@ pub const MAX_BETA_PER_1000_SHARES: f64 = 100.0;
 /// Valid congestion thresholds, ms (003).
 pub const MIN_THRESHOLD_MS: f64 = 5.0;
 pub const MAX_THRESHOLD_MS: f64 = 100.0;
+/// Valid periods, ms: from 1 ms (each period may cost the driver I/O of its own:
+/// a gateway's exchange through the stats volume) to a minute.
+pub const MIN_PERIOD_MS: f64 = 1.0;
+pub const MAX_PERIOD_MS: f64 = 60_000.0;
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -85,15 +89,15 @@ impl Default for CongestionConfig {
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CongestionError {
-    #[error("congestion threshold must be 5-100 ms, got {0}")]
+    #[error("congestion threshold must be 5-100 ms, got {0:?}")]
     ThresholdMs(f64),
-    #[error("gamma must be in (0, 1], got {0}")]
+    #[error("gamma must be in (0, 1], got {0:?}")]
     Gamma(f64),
     #[error("windows must satisfy 1 <= min_window <= max_window, got min {min}, max {max}")]
     Window { min: u32, max: u32 },
-    #[error("period_ms must be a positive finite number, got {0}")]
+    #[error("period_ms must be {MIN_PERIOD_MS}-{MAX_PERIOD_MS} ms, got {0:?}")]
     PeriodMs(f64),
-    #[error("beta_per_1000_shares must be in (0, {MAX_BETA_PER_1000_SHARES}], got {0}")]
+    #[error("beta_per_1000_shares must be in (0, {MAX_BETA_PER_1000_SHARES}], got {0:?}")]
     Beta(f64),
 }
 
@@ -111,7 +115,7 @@ impl CongestionConfig {
                 max: self.max_window,
             });
         }
-        if !(self.period_ms.is_finite() && self.period_ms > 0.0) {
+        if !(MIN_PERIOD_MS..=MAX_PERIOD_MS).contains(&self.period_ms) {
             return Err(CongestionError::PeriodMs(self.period_ms));
         }
         if !(self.beta_per_1000_shares > 0.0
@@ -122,10 +126,11 @@ impl CongestionConfig {
         Ok(())
     }
 
-    /// The period in nanoseconds (at least 1).
+    /// The period in nanoseconds (clamped to 1 ms - 1 min, as `validate` demands).
     pub fn period_ns(&self) -> Nanos {
         if self.period_ms.is_finite() && self.period_ms > 0.0 {
-            ((self.period_ms * NANOS_PER_MS as f64) as Nanos).max(1)
+            let ms = self.period_ms.clamp(MIN_PERIOD_MS, MAX_PERIOD_MS);
+            (ms * NANOS_PER_MS as f64) as Nanos
         } else {
             1000 * NANOS_PER_MS
         }
@@ -375,14 +380,16 @@ mod tests {
             .validate(),
             Err(CongestionError::Window { .. })
         ));
-        assert!(matches!(
-            CongestionConfig {
-                period_ms: -1.0,
-                ..config()
-            }
-            .validate(),
-            Err(CongestionError::PeriodMs(_))
-        ));
+        for period_ms in [-1.0, 0.0, 1e-300, 0.5, 60_001.0, f64::NAN, f64::INFINITY] {
+            assert!(matches!(
+                CongestionConfig {
+                    period_ms,
+                    ..config()
+                }
+                .validate(),
+                Err(CongestionError::PeriodMs(_))
+            ));
+        }
         let msg = CongestionConfig {
             threshold_ms: 200.0,
             ..config()

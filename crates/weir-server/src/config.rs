@@ -43,7 +43,7 @@
 //! # congestion = { enabled = true, threshold_ms = 30 }
 //!                                   # datastore-wide congestion control: a window per
 //!                                   # client host (PARDA), threshold 5-100 ms; optional
-//!                                   # gamma, min_window, max_window, period_ms,
+//!                                   # gamma, min_window, max_window, period_ms (1-60000),
 //!                                   # beta_per_1000_shares
 //! # gateway_congestion = { enabled = true, threshold_ms = 30, period_ms = 250 }
 //!                                   # this gateway's window on a datastore other

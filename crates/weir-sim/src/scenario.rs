@@ -694,34 +694,19 @@ fn check_datastore(file: &ScenarioFile) -> Result<(), PathErr> {
     if let Some(t) = &file.datastore.target_link {
         hw::build_link(t).map_err(|m| err(vec![key("datastore"), key("target_link")], m))?;
     }
+    // The same rule as the server's (weir_qos's `validate`), reported at its key.
     let c = &file.datastore.congestion;
-    let cat = |f: &str| vec![key("datastore"), key("congestion"), key(f)];
-    if !(c.threshold_ms.is_finite() && (5.0..=100.0).contains(&c.threshold_ms)) {
-        return Err(err(
-            cat("threshold_ms"),
-            format!("must be 5-100 ms, got {}", c.threshold_ms),
-        ));
-    }
-    if !(c.gamma.is_finite() && c.gamma > 0.0 && c.gamma <= 1.0) {
-        return Err(err(
-            cat("gamma"),
-            format!("must be in (0, 1], got {}", c.gamma),
-        ));
-    }
-    if c.min_window == 0 || c.min_window > c.max_window {
-        return Err(err(
-            cat("min_window"),
-            format!(
-                "need 1 ≤ min_window ≤ max_window, got {} and {}",
-                c.min_window, c.max_window
-            ),
-        ));
-    }
-    if !(c.period_ms.is_finite() && c.period_ms >= 1.0) {
-        return Err(err(
-            cat("period_ms"),
-            format!("must be at least 1 ms, got {}", c.period_ms),
-        ));
+    if let Err(e) = c.validate() {
+        use weir_qos::CongestionError as E;
+        let field = match e {
+            E::ThresholdMs(_) => "threshold_ms",
+            E::Gamma(_) => "gamma",
+            E::Window { .. } => "min_window",
+            E::PeriodMs(_) => "period_ms",
+            E::Beta(_) => "beta_per_1000_shares",
+        };
+        let at = vec![key("datastore"), key("congestion"), key(field)];
+        return Err(err(at, e.to_string()));
     }
     Ok(())
 }

@@ -358,6 +358,22 @@ fn bad_files_name_file_line_and_field() {
     );
     let (_, _, msg) = invalid(&text);
     assert!(msg.contains("unknown variant `agreement`"), "{msg}");
+    // Congestion settings follow the server's rule (weir_qos's validate), named by key.
+    for (setting, key, says) in [
+        ("period_ms = 0.5", "period_ms", "1-60000"),
+        ("period_ms = 1e-300", "period_ms", "1e-300"),
+        ("threshold_ms = 200", "threshold_ms", "5-100"),
+        (
+            "beta_per_1000_shares = 1e9",
+            "beta_per_1000_shares",
+            "(0, 100]",
+        ),
+    ] {
+        let text = format!("{GOOD}\n[datastore]\nname = \"d\"\ncongestion = {{ {setting} }}\n");
+        let (_, field, msg) = invalid(&text);
+        assert_eq!(field, format!("datastore.congestion.{key}"), "{msg}");
+        assert!(msg.contains(says), "{setting}: {msg}");
+    }
     // Missing file.
     assert!(matches!(
         Scenario::from_file("/nonexistent/x.toml"),
