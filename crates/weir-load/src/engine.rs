@@ -438,6 +438,7 @@ async fn handshake(target: &Target) -> Result<(TcpStream, ClientExport, Vec<u8>)
         goal: ClientGoal::Go,
         structured_replies: true,
         meta_contexts: vec![],
+        starttls: false,
     });
     let mut buf = vec![0u8; 64 * 1024];
     let work = async {

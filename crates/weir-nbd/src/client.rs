@@ -30,6 +30,11 @@ pub struct ClientConfig {
     pub structured_replies: bool,
     /// Metadata contexts to select (needs structured replies), e.g. `base:allocation`.
     pub meta_contexts: Vec<String>,
+    /// Send `NBD_OPT_STARTTLS` first: the handshake pauses at
+    /// [`ClientOutcome::StartTls`] for the caller's TLS handshake and goes on, over
+    /// TLS, after [`ClientHandshake::tls_started`]. A server that refuses it fails
+    /// the handshake (no fallback to plain text).
+    pub starttls: bool,
 }
 
 impl ClientConfig {
@@ -40,6 +45,7 @@ impl ClientConfig {
             goal: ClientGoal::Go,
             structured_replies: true,
             meta_contexts: vec![BASE_ALLOCATION.to_string()],
+            starttls: false,
         }
     }
     pub fn list() -> ClientConfig {
@@ -48,6 +54,7 @@ impl ClientConfig {
             goal: ClientGoal::List,
             structured_replies: false,
             meta_contexts: vec![],
+            starttls: false,
         }
     }
 }
@@ -91,6 +98,10 @@ pub enum ClientOutcome {
     Info(ClientExport),
     /// `NBD_OPT_LIST` answered (an `NBD_OPT_ABORT` is in the output).
     Listed(Vec<ExportListing>),
+    /// `NBD_OPT_STARTTLS` acknowledged: run the TLS handshake on the socket now,
+    /// then call [`ClientHandshake::tls_started`] and go on feeding the
+    /// decrypted bytes.
+    StartTls,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +109,8 @@ enum CState {
     Greeting,
     OptionReply(u32),
     ExportNameReply,
+    /// STARTTLS acknowledged; no input until [`ClientHandshake::tls_started`].
+    AwaitingTls,
     Done,
 }
 
@@ -154,6 +167,24 @@ impl ClientHandshake {
         self.input.take_all()
     }
 
+    /// The TLS handshake that followed [`ClientOutcome::StartTls`] succeeded: the
+    /// next option is in the output (send it over TLS).
+    pub fn tls_started(&mut self) -> Result<Option<ClientOutcome>, ProtocolError> {
+        if self.state != CState::AwaitingTls {
+            return Err(ProtocolError::unexpected(
+                "TLS start",
+                "no STARTTLS acknowledged",
+            ));
+        }
+        if !self.input.is_empty() {
+            return Err(ProtocolError::unexpected(
+                "data",
+                "plain text after the STARTTLS acknowledgement",
+            ));
+        }
+        Ok(self.next_step(OPT_STARTTLS))
+    }
+
     fn send_option(&mut self, option: u32, data: &[u8]) {
         put_u64(&mut self.output, IHAVEOPT);
         put_u32(&mut self.output, option);
@@ -187,6 +218,12 @@ impl ClientHandshake {
 
     /// Sends the next option after `after` (0: the first one).
     fn next_step(&mut self, after: u32) -> Option<ClientOutcome> {
+        if after == 0 && self.config.starttls {
+            self.send_option(OPT_STARTTLS, &[]);
+            return None;
+        }
+        // The options a plain-text handshake starts with come first over TLS too.
+        let after = if after == OPT_STARTTLS { 0 } else { after };
         let goal = self.config.goal.clone();
         if goal == ClientGoal::List {
             if after == 0 {
@@ -223,6 +260,15 @@ impl ClientHandshake {
         loop {
             match self.state {
                 CState::Done => return Ok(None),
+                CState::AwaitingTls => {
+                    if !self.input.is_empty() {
+                        return Err(ProtocolError::unexpected(
+                            "data",
+                            "plain text after the STARTTLS acknowledgement",
+                        ));
+                    }
+                    return Ok(None);
+                }
                 CState::Greeting => {
                     let mut r = Reader::new(self.input.as_slice());
                     let (Some(magic), Some(opt_magic), Some(flags)) = (r.u64(), r.u64(), r.u16())
@@ -328,6 +374,10 @@ impl ClientHandshake {
                     description: String::from_utf8_lossy(r.rest()).into_owned(),
                 });
                 Ok(None)
+            }
+            (OPT_STARTTLS, REP_ACK) => {
+                self.state = CState::AwaitingTls;
+                Ok(Some(ClientOutcome::StartTls))
             }
             (OPT_STRUCTURED_REPLY, REP_ACK) => {
                 self.structured = true;

@@ -747,3 +747,79 @@ fn optional_tls_serves_plain_options_and_starttls_resets_negotiation() {
     input.extend(opt(OPT_LIST, &[]));
     assert!(s.input(&input, &catalog()).is_err());
 }
+
+/// A client asking for STARTTLS against a server that requires TLS: both pause at
+/// the acknowledgement (the TLS handshake happens there; here the bytes pass as
+/// they are), then the client's usual options follow and it connects. A server
+/// without TLS refuses, and the client gives up instead of going on in plain text.
+#[test]
+fn starttls_pauses_both_sides_then_goes_on() {
+    use weir_nbd::TlsPolicy;
+    let config = ClientConfig {
+        starttls: true,
+        ..ClientConfig::go("vol-a")
+    };
+    let mut server = ServerHandshake::with_tls(TlsPolicy::Required);
+    let mut client = ClientHandshake::new(config.clone());
+    let mut client_paused = false;
+    let mut server_paused = false;
+    let mut outcome = None;
+    let mut chosen = None;
+    for _ in 0..100 {
+        let to_client = server.take_output();
+        if !to_client.is_empty() {
+            match client.input(&to_client).unwrap() {
+                Some(ClientOutcome::StartTls) => {
+                    client_paused = true;
+                    assert!(
+                        client.take_output().is_empty(),
+                        "nothing sent in plain text"
+                    );
+                    assert!(server_paused, "the server acknowledged first");
+                    // ... the TLS handshake ...
+                    server.tls_started();
+                    assert_eq!(client.tls_started().unwrap(), None);
+                }
+                Some(o) => outcome = Some(o),
+                None => {}
+            }
+        }
+        let to_server = client.take_output();
+        if !to_server.is_empty() {
+            match server.input(&to_server, &catalog()).unwrap() {
+                Some(HandshakeEvent::StartTls) => server_paused = true,
+                Some(HandshakeEvent::ExportChosen(info)) => chosen = Some(info),
+                Some(e) => panic!("{e:?}"),
+                None => {}
+            }
+        }
+        if outcome.is_some() {
+            break;
+        }
+    }
+    assert!(client_paused && server_paused && server.tls_active());
+    let Some(ClientOutcome::Connected(export)) = outcome else {
+        panic!("not connected: {outcome:?}")
+    };
+    assert!(export.structured_replies, "options sent again over TLS");
+    assert_eq!(chosen.unwrap(), export.export_info());
+
+    // A server without TLS: the client does not fall back to plain text.
+    let (client, _) = pump(config, &catalog(), false);
+    assert!(
+        matches!(
+            client,
+            Err(ProtocolError::OptionRefused {
+                option: OPT_STARTTLS,
+                ..
+            })
+        ),
+        "{client:?}"
+    );
+    // No tls_started without an acknowledgement.
+    assert!(
+        ClientHandshake::new(ClientConfig::go("x"))
+            .tls_started()
+            .is_err()
+    );
+}
