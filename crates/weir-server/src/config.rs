@@ -87,6 +87,11 @@
 //! # upstream = "nbd://storage1"     # volume's name or its `export`), sized by it
 //! # upstream_connections = 4        # 1-64 per volume, requests pipelined over them
 //! # upstream_timeout_s = 30         # per request, retries after reconnects included
+//! # upstream = "nbds://storage1"    # the same over TLS (STARTTLS required):
+//! # upstream_tls_ca = "ca.pem"      # the CA the upstream's certificate chains to
+//! #                                 # (it must also name the host)
+//! # upstream_tls_cert = "gw.pem"    # optional client certificate and key: the
+//! # upstream_tls_key = "gw-key.pem" # gateway's identity for the upstream's groups
 //! # flash_cache = { dir = "/nvme/weir", size = "64GiB" }  # flash read cache for the
 //! #                                 # pool's volumes with cache = "flash" (any pool but
 //! #                                 # one with a device; crate::flash_cache,
@@ -357,6 +362,16 @@ pub struct PoolConfig {
     /// included, before it fails with EIO.
     #[serde(default = "default_upstream_timeout_s")]
     pub upstream_timeout_s: u32,
+    /// `upstream = "nbds://…"`: the CA (PEM) the upstream's certificate must chain
+    /// to; the certificate must also name the upstream's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_tls_ca: Option<PathBuf>,
+    /// `nbds://`: a client certificate (PEM) and its key to present, the
+    /// gateway's identity for the upstream's access groups. Both or neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_tls_cert: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_tls_key: Option<PathBuf>,
     /// Where the pool keeps its volumes: `"file"` (the default: files under
     /// data_dir, of the pool's `format`) or `"rbd"` (an RBD image per volume in
     /// a Ceph cluster, crate::rbd, docs/RBD.md).
@@ -395,12 +410,46 @@ fn default_rbd_connect_timeout_s() -> u32 {
 }
 
 impl PoolConfig {
-    /// The pool's upstream (`upstream = "nbd://…"`), parsed.
+    /// The pool's upstream (`upstream = "nbd://…"` or `"nbds://…"`), parsed, with
+    /// its TLS settings read (certificate files included).
     pub fn upstream_target(&self) -> Result<Option<crate::upstream::UpstreamTarget>, String> {
-        self.upstream
-            .as_deref()
-            .map(crate::upstream::UpstreamTarget::parse)
-            .transpose()
+        let tls_keys = [
+            ("upstream_tls_ca", &self.upstream_tls_ca),
+            ("upstream_tls_cert", &self.upstream_tls_cert),
+            ("upstream_tls_key", &self.upstream_tls_key),
+        ];
+        let Some(text) = self.upstream.as_deref() else {
+            if let Some((key, _)) = tls_keys.iter().find(|(_, v)| v.is_some()) {
+                return Err(format!(
+                    "{key}: only for a pool with upstream = \"nbds://…\""
+                ));
+            }
+            return Ok(None);
+        };
+        let mut target = crate::upstream::UpstreamTarget::parse(text)?;
+        if !target.secure {
+            if let Some((key, _)) = tls_keys.iter().find(|(_, v)| v.is_some()) {
+                return Err(format!(
+                    "{key}: the upstream {text:?} is plain text; TLS needs nbds://"
+                ));
+            }
+            return Ok(Some(target));
+        }
+        let Some(ca) = &self.upstream_tls_ca else {
+            return Err(format!(
+                "{text:?}: nbds:// needs upstream_tls_ca (the CA that signed the upstream's \
+                 certificate)"
+            ));
+        };
+        let cert_key = match (&self.upstream_tls_cert, &self.upstream_tls_key) {
+            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+            (None, None) => None,
+            _ => return Err("upstream_tls_cert and upstream_tls_key go together".into()),
+        };
+        let config =
+            crate::tls::upstream_client_config(ca, cert_key).map_err(|e| format!("{e:#}"))?;
+        target.tls = Some(crate::upstream::UpstreamTls(config));
+        Ok(Some(target))
     }
 
     /// An RBD pool's cluster and RADOS pool (`None`: not an RBD pool).
@@ -620,6 +669,9 @@ pub(crate) fn default_pools() -> Vec<PoolConfig> {
         upstream: None,
         upstream_connections: default_upstream_connections(),
         upstream_timeout_s: default_upstream_timeout_s(),
+        upstream_tls_ca: None,
+        upstream_tls_cert: None,
+        upstream_tls_key: None,
         backend: PoolBackend::File,
         rbd_pool: None,
         rbd_ceph_conf: None,
@@ -1316,6 +1368,41 @@ mod tests {
         let text = "[[pools]]\nname = \"p\"\ndepth = { adaptve = false }\n";
         let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
         assert!(e.message.contains("adaptve"), "{e}");
+    }
+
+    /// `nbds://` upstreams: a CA is required, TLS settings without `nbds://` and a
+    /// certificate without its key are refused, unreadable files are named.
+    #[test]
+    fn upstream_tls_settings_are_checked() {
+        let pool = |lines: &str| {
+            WeirConfig::from_toml_str(&format!("[[pools]]\nname = \"p\"\n{lines}"), "w.toml")
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert!(pool("upstream = \"nbd://storage\"\n").is_ok());
+        for (lines, says) in [
+            ("upstream = \"nbds://storage\"\n", "needs upstream_tls_ca"),
+            (
+                "upstream_tls_ca = \"ca.pem\"\n",
+                "only for a pool with upstream",
+            ),
+            (
+                "upstream = \"nbd://storage\"\nupstream_tls_ca = \"ca.pem\"\n",
+                "TLS needs nbds://",
+            ),
+            (
+                "upstream = \"nbds://storage\"\nupstream_tls_ca = \"/nonexistent/ca.pem\"\n",
+                "upstream_tls_ca /nonexistent/ca.pem",
+            ),
+            (
+                "upstream = \"nbds://storage\"\nupstream_tls_ca = \"ca.pem\"\nupstream_tls_key = \"k.pem\"\n",
+                "go together",
+            ),
+            ("upstream = \"nbds://storage/x\"\n", "no export"),
+        ] {
+            let e = pool(lines).unwrap_err();
+            assert!(e.contains(says), "{lines}: {e}");
+        }
     }
 
     #[test]

@@ -76,41 +76,55 @@ impl NbdTls {
     }
 }
 
+/// The certificates of a PEM file (`what`: the setting that names it).
+fn load_certs(path: &Path, what: &str) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| anyhow::anyhow!("{what} {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!("{what} {}: no certificate in the file", path.display());
+    }
+    Ok(certs)
+}
+
+/// A root store of the CA certificates in a PEM file.
+fn load_roots(path: &Path, what: &str) -> anyhow::Result<rustls::RootCertStore> {
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(load_certs(path, what)?);
+    if added == 0 {
+        anyhow::bail!("{what} {}: no usable CA certificate", path.display());
+    }
+    Ok(roots)
+}
+
+/// rustls on ring with AES-128-GCM first: GnuTLS clients (qemu, libnbd) put
+/// AES-256-GCM first, which costs both ends ~40 % more per byte (14 AES rounds
+/// instead of 10) for no security a storage link needs.
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider
+        .cipher_suites
+        .sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    Arc::new(provider)
+}
+
 fn server_config(
     cert: &Path,
     key: &Path,
     client_ca: Option<&Path>,
 ) -> anyhow::Result<rustls::ServerConfig> {
-    let certs = CertificateDer::pem_file_iter(cert)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| anyhow::anyhow!("tls_cert {}: {e}", cert.display()))?;
-    if certs.is_empty() {
-        anyhow::bail!("tls_cert {}: no certificate in the file", cert.display());
-    }
+    let certs = load_certs(cert, "tls_cert")?;
     let key = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| anyhow::anyhow!("tls_key {}: {e}", key.display()))?;
-    // AES-128-GCM first, and the server's order wins: GnuTLS clients (qemu,
-    // libnbd) put AES-256-GCM first, which costs both ends ~40 % more per byte
-    // (14 AES rounds instead of 10) for no security a storage link needs.
-    let mut provider = rustls::crypto::ring::default_provider();
-    provider
-        .cipher_suites
-        .sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
-    let provider = Arc::new(provider);
+    // The server's order wins (AES-128 first, see `provider`).
+    let provider = provider();
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?;
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            let cas = CertificateDer::pem_file_iter(ca)
-                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| anyhow::anyhow!("tls_client_ca {}: {e}", ca.display()))?;
-            let (added, _) = roots.add_parsable_certificates(cas);
-            if added == 0 {
-                anyhow::bail!("tls_client_ca {}: no usable CA certificate", ca.display());
-            }
+            let roots = load_roots(ca, "tls_client_ca")?;
             // A client without a certificate is still served (it has no identity,
             // so it reaches only volumes whose groups name no identities); one
             // with a certificate the CA did not sign fails the handshake.
@@ -127,6 +141,33 @@ fn server_config(
         .with_context(|| format!("tls_cert {} / tls_key", cert.display()))?;
     config.ignore_client_order = true;
     Ok(config)
+}
+
+/// A gateway's TLS towards its upstream (`upstream = "nbds://…"`): the upstream's
+/// certificate must chain to `ca` and name the upstream's host; with `cert_key`
+/// the gateway presents a client certificate (its identity for the upstream's
+/// access groups).
+pub fn upstream_client_config(
+    ca: &Path,
+    cert_key: Option<(&Path, &Path)>,
+) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let roots = load_roots(ca, "upstream_tls_ca")?;
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_root_certificates(roots);
+    let config = match cert_key {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let certs = load_certs(cert, "upstream_tls_cert")?;
+            let key = PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| anyhow::anyhow!("upstream_tls_key {}: {e}", key.display()))?;
+            builder.with_client_auth_cert(certs, key).with_context(|| {
+                format!("upstream_tls_cert {} / upstream_tls_key", cert.display())
+            })?
+        }
+    };
+    Ok(Arc::new(config))
 }
 
 /// Socket bytes read at once under rustls (see [`NbdTls::accept`]).

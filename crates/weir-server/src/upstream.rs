@@ -76,23 +76,63 @@ const MAX_RANGE: u64 = 1 << 30;
 pub struct UpstreamTarget {
     pub host: String,
     pub port: u16,
+    /// `nbds://`: STARTTLS required, with `tls` (set from the pool's
+    /// `upstream_tls_*` by `PoolConfig::upstream_target`).
+    pub secure: bool,
+    pub tls: Option<UpstreamTls>,
+}
+
+/// The rustls client configuration towards an upstream (`crate::tls`).
+#[derive(Clone)]
+pub struct UpstreamTls(pub Arc<rustls::ClientConfig>);
+
+impl PartialEq for UpstreamTls {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+impl Eq for UpstreamTls {}
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UpstreamTls")
+    }
 }
 
 impl UpstreamTarget {
+    /// `nbd://HOST[:PORT]` or `nbds://HOST[:PORT]` (TLS; its settings are added
+    /// by the caller).
     pub fn parse(text: &str) -> Result<UpstreamTarget, String> {
+        let secure = text
+            .get(..7)
+            .is_some_and(|s| s.eq_ignore_ascii_case("nbds://"));
+        let plain = if secure {
+            format!("nbd://{}", &text[7..])
+        } else {
+            text.to_string()
+        };
         // The replication target's parser, with an export to satisfy it.
-        let url = crate::replicate::NbdUrl::parse(&format!("{}/x", text.trim_end_matches('/')))
-            .map_err(|e| e.replace("/EXPORT", "").replace(&format!("{text}/x"), text))?;
+        let url = crate::replicate::NbdUrl::parse(&format!("{}/x", plain.trim_end_matches('/')))
+            .map_err(|e| {
+                e.replace("/EXPORT", "")
+                    .replace(&format!("{plain}/x"), text)
+                    .replace("nbd://HOST", "nbd[s]://HOST")
+                    .replace(
+                        "only plain nbd:// over TCP is supported",
+                        "only nbd:// and nbds:// over TCP are supported",
+                    )
+            })?;
         let rest = text.split_once("://").map_or("", |(_, r)| r);
         if rest.trim_end_matches('/').contains('/') {
             return Err(format!(
-                "{text:?}: no export in the pool's upstream (nbd://HOST[:PORT]); each volume \
+                "{text:?}: no export in the pool's upstream (nbd[s]://HOST[:PORT]); each volume \
                  is the export of its name, or its `export`"
             ));
         }
         Ok(UpstreamTarget {
             host: url.host,
             port: url.port,
+            secure,
+            tls: None,
         })
     }
 
@@ -103,10 +143,11 @@ impl UpstreamTarget {
 
 impl std::fmt::Display for UpstreamTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = if self.secure { "nbds" } else { "nbd" };
         if self.host.contains(':') {
-            write!(f, "nbd://[{}]:{}", self.host, self.port)
+            write!(f, "{scheme}://[{}]:{}", self.host, self.port)
         } else {
-            write!(f, "nbd://{}:{}", self.host, self.port)
+            write!(f, "{scheme}://{}:{}", self.host, self.port)
         }
     }
 }
@@ -169,9 +210,14 @@ struct ConnState {
 /// One connection: the protocol state shared by callers and the reader thread.
 struct Conn {
     state: Mutex<ConnState>,
+    /// Taken for the whole of a send: requests (and, over TLS, records) go out
+    /// whole and in order.
     writer: Mutex<TcpStream>,
     /// For shutting the socket down from any thread.
     socket: TcpStream,
+    /// `nbds://`: the TLS state, shared by the writers (encrypting) and the
+    /// reader thread (decrypting); never held across a socket call.
+    tls: Option<Mutex<rustls::ClientConnection>>,
 }
 
 impl Conn {
@@ -181,6 +227,33 @@ impl Conn {
 
     fn is_alive(&self) -> bool {
         self.lock().alive
+    }
+
+    /// Sends encoded requests (encrypted first over TLS).
+    fn send(&self, bytes: &[u8]) -> io::Result<()> {
+        let mut socket = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(tls) = &self.tls else {
+            return socket.write_all(bytes);
+        };
+        let records = {
+            let mut c = tls.lock().unwrap_or_else(|e| e.into_inner());
+            let mut records = Vec::with_capacity(bytes.len() + bytes.len() / 512 + 64);
+            let mut rest = bytes;
+            // rustls takes plaintext up to its buffer limit (64 KiB) at a time.
+            while !rest.is_empty() {
+                let n = c.writer().write(rest)?;
+                rest = &rest[n..];
+                let before = records.len();
+                while c.wants_write() {
+                    c.write_tls(&mut records)?;
+                }
+                if n == 0 && records.len() == before {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+            }
+            records
+        };
+        socket.write_all(&records)
     }
 
     /// Marks the connection dead and fails every waiting request over.
@@ -202,10 +275,41 @@ impl Conn {
     /// waited longer than `timeout` (blocked callers time out by themselves).
     fn reader(self: Arc<Self>, mut stream: TcpStream, timeout: Duration) {
         let mut buf = vec![0u8; READ_CHUNK];
+        let mut plain = Vec::new();
         let mut answered = Vec::new();
         let _ = stream.set_read_timeout(Some(WATCHDOG.min(timeout)));
+        // Over TLS, replies may already wait decrypted from the handshake's reads.
+        let mut n = 0;
         loop {
-            let n = match stream.read(&mut buf) {
+            let input: &[u8] = match &self.tls {
+                None => &buf[..n],
+                Some(tls) => match decrypt(tls, &buf[..n], &mut plain) {
+                    Ok(()) => &plain,
+                    Err(e) => {
+                        tracing::warn!("upstream: TLS error, reconnecting: {e}");
+                        break;
+                    }
+                },
+            };
+            if !input.is_empty() {
+                let mut st = self.lock();
+                if !st.alive {
+                    break;
+                }
+                if let Err(e) = st.session.input(input) {
+                    tracing::warn!("upstream: protocol error, reconnecting: {e}");
+                    break;
+                }
+                while let Some(c) = st.session.poll_completion() {
+                    if let Some(w) = st.waiters.remove(&c.handle) {
+                        answered.push((w, c.result));
+                    }
+                }
+            }
+            for (w, r) in answered.drain(..) {
+                w.answer(Answer::Done(r));
+            }
+            n = match stream.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e)
@@ -223,28 +327,10 @@ impl Conn {
                     if !st.alive || stale {
                         break;
                     }
-                    continue;
+                    0
                 }
                 Err(_) => break,
             };
-            {
-                let mut st = self.lock();
-                if !st.alive {
-                    break;
-                }
-                if let Err(e) = st.session.input(&buf[..n]) {
-                    tracing::warn!("upstream: protocol error, reconnecting: {e}");
-                    break;
-                }
-                while let Some(c) = st.session.poll_completion() {
-                    if let Some(w) = st.waiters.remove(&c.handle) {
-                        answered.push((w, c.result));
-                    }
-                }
-            }
-            for (w, r) in answered.drain(..) {
-                w.answer(Answer::Done(r));
-            }
         }
         self.kill();
     }
@@ -341,11 +427,18 @@ impl std::fmt::Display for UpstreamFailure {
 }
 impl std::error::Error for UpstreamFailure {}
 
-/// Connects and opens `export` (blocking, bounded by [`CONNECT_TIMEOUT`] per step).
-fn connect(
-    target: &UpstreamTarget,
-    export: &str,
-) -> io::Result<(TcpStream, ClientExport, Vec<u8>)> {
+/// A connection just opened: its socket, the export, the transmission bytes
+/// that came with the handshake's end, and the TLS state over the socket.
+type Opened = (
+    TcpStream,
+    ClientExport,
+    Vec<u8>,
+    Option<rustls::ClientConnection>,
+);
+
+/// Connects and opens `export` (blocking, bounded by [`CONNECT_TIMEOUT`] per step),
+/// over TLS after `NBD_OPT_STARTTLS` for an `nbds://` target.
+fn connect(target: &UpstreamTarget, export: &str) -> io::Result<Opened> {
     let mut last = None;
     let mut stream = None;
     for a in target.addrs()? {
@@ -362,21 +455,39 @@ fn connect(
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
     stream.set_write_timeout(Some(CONNECT_TIMEOUT))?;
-    let mut hs = ClientHandshake::new(ClientConfig::go(export));
+    let config = ClientConfig {
+        starttls: target.secure,
+        ..ClientConfig::go(export)
+    };
+    let mut hs = ClientHandshake::new(config);
+    let mut tls: Option<rustls::ClientConnection> = None;
     let mut buf = vec![0u8; 64 << 10];
     let outcome = loop {
-        let n = stream.read(&mut buf)?;
+        let n = match &mut tls {
+            None => stream.read(&mut buf)?,
+            Some(c) => rustls::Stream::new(c, &mut stream).read(&mut buf)?,
+        };
         if n == 0 {
             return Err(io_other(
                 "the upstream closed the connection during the handshake".into(),
             ));
         }
-        let outcome = hs
-            .input(&buf[..n])
-            .map_err(|e| io_other(format!("handshake: {e}")))?;
+        let handshake = |e| io_other(format!("handshake: {e}"));
+        let mut outcome = hs.input(&buf[..n]).map_err(handshake)?;
+        if outcome == Some(ClientOutcome::StartTls) {
+            tls = Some(start_tls(target, &mut stream)?);
+            outcome = hs.tls_started().map_err(handshake)?;
+        }
         let out = hs.take_output();
         if !out.is_empty() {
-            stream.write_all(&out)?;
+            match &mut tls {
+                None => stream.write_all(&out)?,
+                Some(c) => {
+                    let mut s = rustls::Stream::new(c, &mut stream);
+                    s.write_all(&out)?;
+                    s.flush()?;
+                }
+            }
         }
         if let Some(o) = outcome {
             break o;
@@ -387,7 +498,57 @@ fn connect(
     };
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
-    Ok((stream, ex, hs.take_leftover()))
+    Ok((stream, ex, hs.take_leftover(), tls))
+}
+
+/// The TLS handshake after the upstream acknowledged `NBD_OPT_STARTTLS`: its
+/// certificate must chain to `upstream_tls_ca` and name the target's host.
+fn start_tls(
+    target: &UpstreamTarget,
+    stream: &mut TcpStream,
+) -> io::Result<rustls::ClientConnection> {
+    let Some(UpstreamTls(config)) = &target.tls else {
+        return Err(io_other("nbds:// without upstream_tls_ca".into()));
+    };
+    let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+        .map_err(|e| io_other(format!("TLS server name {:?}: {e}", target.host)))?;
+    let mut c = rustls::ClientConnection::new(config.clone(), name)
+        .map_err(|e| io_other(format!("TLS: {e}")))?;
+    while c.is_handshaking() {
+        c.complete_io(stream)
+            .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake: {e}")))?;
+    }
+    Ok(c)
+}
+
+/// Decrypts `cipher` (bytes read from the socket) into `plain`, then whatever
+/// plaintext `tls` still holds. Never blocks: the lock is not held across a
+/// socket call.
+fn decrypt(
+    tls: &Mutex<rustls::ClientConnection>,
+    mut cipher: &[u8],
+    plain: &mut Vec<u8>,
+) -> io::Result<()> {
+    let mut c = tls.lock().unwrap_or_else(|e| e.into_inner());
+    plain.clear();
+    loop {
+        if !cipher.is_empty() {
+            c.read_tls(&mut cipher)?;
+            c.process_new_packets().map_err(io::Error::other)?;
+        }
+        let mut chunk = [0u8; 16 << 10];
+        loop {
+            match c.reader().read(&mut chunk) {
+                Ok(0) => break, // close_notify: the socket's end follows
+                Ok(n) => plain.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if cipher.is_empty() {
+            return Ok(());
+        }
+    }
 }
 
 impl UpstreamBackend {
@@ -404,7 +565,7 @@ impl UpstreamBackend {
     ) -> Result<Arc<UpstreamBackend>, String> {
         let first = connect(target, export);
         let (size_bytes, first) = match first {
-            Ok((stream, ex, leftover)) => (ex.size_bytes, Some((stream, ex, leftover))),
+            Ok(opened) => (opened.1.size_bytes, Some(opened)),
             Err(e) => match known_size.filter(|&s| s > 0) {
                 Some(size) => {
                     tracing::warn!(
@@ -468,10 +629,7 @@ impl UpstreamBackend {
     }
 
     /// Starts a connection from a finished handshake.
-    fn adopt(
-        &self,
-        (stream, ex, leftover): (TcpStream, ClientExport, Vec<u8>),
-    ) -> io::Result<Arc<Conn>> {
+    fn adopt(&self, (stream, ex, leftover, tls): Opened) -> io::Result<Arc<Conn>> {
         if ex.size_bytes < self.size_bytes {
             return Err(io_other(format!(
                 "upstream {} export {:?} shrank to {} bytes (the volume is {})",
@@ -495,6 +653,7 @@ impl UpstreamBackend {
             }),
             writer: Mutex::new(stream.try_clone()?),
             socket: stream.try_clone()?,
+            tls: tls.map(Mutex::new),
         });
         let reader = conn.clone();
         let timeout = self.timeout;
@@ -612,11 +771,7 @@ impl UpstreamBackend {
                 st.waiters.insert(handle, Waiter::Blocked(tx));
                 st.session.take_output()
             };
-            let written = conn
-                .writer
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .write_all(&bytes);
+            let written = conn.send(&bytes);
             drop(bytes);
             if written.is_err() {
                 conn.kill();
@@ -668,13 +823,7 @@ impl UpstreamBackend {
                     st.waiters.insert(h, Waiter::Blocked(tx));
                     st.session.take_output()
                 };
-                if conn
-                    .writer
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .write_all(&bytes)
-                    .is_err()
-                {
+                if conn.send(&bytes).is_err() {
                     conn.kill();
                 }
                 match rx.recv_timeout(self.timeout) {
@@ -800,11 +949,7 @@ impl Backend for UpstreamBackend {
             st.waiters.insert(handle, waiter);
             st.session.take_output()
         };
-        let written = conn
-            .writer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .write_all(&bytes);
+        let written = conn.send(&bytes);
         if written.is_err() {
             conn.kill();
         }
@@ -945,10 +1090,18 @@ mod tests {
         );
         let e = UpstreamTarget::parse("nbd://s/vol").unwrap_err();
         assert!(e.contains("no export"), "{e}");
-        let e = UpstreamTarget::parse("nbds://s").unwrap_err();
-        assert!(e.contains("only plain nbd://"), "{e}");
+        let t = UpstreamTarget::parse("NBDS://s:7").unwrap();
+        assert!(
+            t.secure && t.tls.is_none(),
+            "TLS settings come from the pool"
+        );
+        assert_eq!(t.to_string(), "nbds://s:7");
+        let e = UpstreamTarget::parse("nbd+unix:///s").unwrap_err();
+        assert!(e.contains("only nbd:// and nbds://"), "{e}");
         let e = UpstreamTarget::parse("http://s").unwrap_err();
         assert!(e.contains("scheme"), "{e}");
+        let e = UpstreamTarget::parse("nbds://s/vol").unwrap_err();
+        assert!(e.contains("no export") && e.contains("nbds://s/vol"), "{e}");
         let e = UpstreamTarget::parse("nbd://s:0").unwrap_err();
         assert!(e.contains("port"), "{e}");
         assert!(validate_export_name("").is_err());

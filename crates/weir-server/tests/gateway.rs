@@ -247,7 +247,11 @@ async fn bad_gateway_configurations_are_refused_clearly() {
         ),
         (
             "[[pools]]\nname = \"g\"\nupstream = \"nbds://h\"\n",
-            "only plain nbd://",
+            "nbds:// needs upstream_tls_ca",
+        ),
+        (
+            "[[pools]]\nname = \"g\"\nupstream = \"nbd+unix:///h\"\n",
+            "only nbd:// and nbds://",
         ),
         (
             "[[pools]]\nname = \"g\"\nupstream = \"nbd://h\"\nformat = \"thin\"\n",

@@ -421,3 +421,78 @@ async fn client_certificates_map_to_access_groups() {
     assert!(!p.status.success(), "{}", text(&p));
     server.shutdown().await.unwrap();
 }
+
+/// A gateway in front of a TLS-only upstream (`upstream = "nbds://…"`): it
+/// verifies the upstream's certificate against `upstream_tls_ca` and presents
+/// client1's certificate, so it opens the volume only client1 may reach, and
+/// data written through it is read back from the upstream by a TLS client.
+/// Without TLS, with another identity, or with a CA that did not sign the
+/// upstream's certificate, the gateway does not start, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_reaches_a_tls_only_upstream_with_its_client_certificate() {
+    let Some(pki) = Pki::new() else { return };
+    let (_sd, storage) = start(&pki, "require").await;
+    let port = storage.nbd_addr().port();
+    let ca = pki.path("server");
+    let gateway = |scheme: &str, ca_of: &str, creds: &str| {
+        let mut toml = format!(
+            "[[pools]]\nname = \"gw\"\nupstream = \"{scheme}://127.0.0.1:{port}\"\n\
+             upstream_connections = 2\n"
+        );
+        if scheme == "nbds" {
+            toml += &format!("upstream_tls_ca = \"{ca_of}/ca-cert.pem\"\n");
+            if creds != "anon" {
+                let c = pki.path(creds);
+                toml += &format!(
+                    "upstream_tls_cert = \"{c}/client-cert.pem\"\n\
+                     upstream_tls_key = \"{c}/client-key.pem\"\n"
+                );
+            }
+        }
+        toml + "[[volumes]]\nname = \"only1\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
+    };
+
+    let (_gd, gw) = common::start_with("tls-gw", &gateway("nbds", &ca, "client1")).await;
+    let (mut c, export) = common::connect(&gw, "only1").await;
+    assert_eq!(
+        export.size_bytes,
+        1 << 20,
+        "the size comes from the upstream"
+    );
+    let data: Vec<u8> = (0..256u32 << 10).map(|i| (i % 251) as u8).collect();
+    c.write(64 << 10, &data, false).await.unwrap().unwrap();
+    c.flush().await.unwrap().unwrap();
+    let back = c.read(64 << 10, data.len() as u32).await.unwrap().unwrap();
+    assert!(back == data, "read back through the gateway");
+    c.disconnect().await.unwrap();
+    gw.shutdown().await.unwrap();
+    if require_tool("nbdcopy", &[]) {
+        let dir = TempDir::new("tls-gw-check");
+        let out = dir.join("only1.raw").display().to_string();
+        let uri = nbds(&storage, "only1", &pki, "client1");
+        run_ok("nbdcopy", &[&uri, &out]).await;
+        let on_upstream = std::fs::read(&out).unwrap();
+        assert!(on_upstream[64 << 10..(64 << 10) + data.len()] == data[..]);
+    }
+
+    let other_pki = Pki::new().unwrap();
+    let other_ca = other_pki.path("server");
+    for (scheme, ca_of, creds, says) in [
+        ("nbd", &ca, "client1", "tls"),
+        ("nbds", &ca, "client2", "only1"),
+        ("nbds", &ca, "anon", "only1"),
+        ("nbds", &other_ca, "client1", "certificate"),
+    ] {
+        let dir = TempDir::new("tls-gw-refused");
+        let config = common::config_from(&gateway(scheme, ca_of, creds), dir.path());
+        let e = match weir_server::RunningServer::start(config).await {
+            Ok(s) => {
+                s.shutdown().await.unwrap();
+                panic!("{scheme} as {creds}: the gateway started")
+            }
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(e.to_lowercase().contains(says), "{scheme} as {creds}: {e}");
+    }
+    storage.shutdown().await.unwrap();
+}
