@@ -6,6 +6,9 @@
 #   DEVICE=15k-sas-raid5x24 bench/gateway.sh   # the upstream pool on an emulated array
 #   DEVICE=seed-000 bench/gateway.sh   # … on seed 000's 7.2K RAID 10 (bench/lib.sh device_toml)
 #   CONNS=8 bench/gateway.sh          # upstream_connections (default 4)
+#   UPSTREAM_TLS=1 bench/gateway.sh   # the gateway reaches its upstream over nbds://
+#                                     # (the upstream: tls = "on"; certificates made
+#                                     # with openssl; fio still reads both in plain text)
 #   SIZE=64g DEVICE=seed-000 bench/gateway.sh  # a volume beyond the array's cache (its
 #                                     # first GiB random data, the rest sparse)
 # Prints IOPS per rep and the medians, and gateway ÷ direct. Both servers run
@@ -22,6 +25,7 @@ DEVICE="${DEVICE:-}"
 BS="${BS:-4k}"
 SIZE="${SIZE:-1g}"
 QD="${QD:-32}"
+UPSTREAM_TLS="${UPSTREAM_TLS:-}"
 WORK="${WORK:-${TMPDIR:-/tmp}/weir-gateway-bench}"
 . bench/lib.sh
 require_fio_nbd
@@ -35,10 +39,28 @@ truncate -s "$SIZE" "$WORK/up/pools/default/vol.img"
 chmod 600 "$WORK/up/pools/default/vol.img"
 
 P_UP=10929; P_UPA=10930; P_GW=10931; P_GWA=10932
+UP_TLS=""; GW_TLS=""; SCHEME=nbd
+if [ -n "$UPSTREAM_TLS" ]; then
+  command -v openssl >/dev/null || { echo "UPSTREAM_TLS needs openssl"; exit 1; }
+  mkdir -p "$WORK/pki"
+  (cd "$WORK/pki"
+   ec=(-newkey ec -pkeyopt ec_paramgen_curve:P-256)
+   openssl req -x509 -nodes -days 2 "${ec[@]}" -keyout ca-key.pem -out ca-cert.pem -subj "/CN=bench CA" 2>/dev/null
+   openssl req -new -nodes "${ec[@]}" -keyout server-key.pem -out server.csr -subj "/CN=127.0.0.1" 2>/dev/null
+   printf 'subjectAltName=IP:127.0.0.1\n' > server.ext
+   openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial -days 2 \
+     -out server-cert.pem -extfile server.ext 2>/dev/null)
+  UP_TLS="tls = \"on\"
+tls_cert = \"$WORK/pki/server-cert.pem\"
+tls_key = \"$WORK/pki/server-key.pem\""
+  GW_TLS="upstream_tls_ca = \"$WORK/pki/ca-cert.pem\""
+  SCHEME=nbds
+fi
 cat > "$WORK/up.toml" <<CONF
 listen = "127.0.0.1:$P_UP"
 admin_listen = "127.0.0.1:$P_UPA"
 data_dir = "$WORK/up"
+$UP_TLS
 [[pools]]
 name = "default"
 ${DEVICE:+device = $(device_toml "$DEVICE")}
@@ -55,8 +77,9 @@ admin_listen = "127.0.0.1:$P_GWA"
 data_dir = "$WORK/gw"
 [[pools]]
 name = "gw"
-upstream = "nbd://127.0.0.1:$P_UP"
+upstream = "$SCHEME://127.0.0.1:$P_UP"
 upstream_connections = $CONNS
+$GW_TLS
 [[policies]]
 name = "best-effort"
 [[volumes]]
@@ -76,7 +99,7 @@ run() {
     python3 -c 'import json,sys; t=sys.stdin.read(); print("%.0f" % json.loads(t[t.index("{"):])["jobs"][0]["read"]["iops"])'
 }
 echo "uptime: $(uptime)"
-echo "fio ${BS} randread QD${QD} over $SIZE, ${RUNTIME}s x ${REPS}; upstream_connections = $CONNS${DEVICE:+; upstream device = $DEVICE}"
+echo "fio ${BS} randread QD${QD} over $SIZE, ${RUNTIME}s x ${REPS}; upstream_connections = $CONNS${DEVICE:+; upstream device = $DEVICE}; gateway to upstream: $SCHEME://"
 direct=(); gw=()
 for rep in $(seq "$REPS"); do
   # Alternate which goes first.
