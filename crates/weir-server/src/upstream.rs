@@ -533,7 +533,11 @@ fn decrypt(
     plain.clear();
     loop {
         if !cipher.is_empty() {
-            c.read_tls(&mut cipher)?;
+            if c.read_tls(&mut cipher)? == 0 {
+                // rustls took nothing (never expected once its plaintext is
+                // drained): fail the connection rather than spin.
+                return Err(io::Error::other("TLS: the record buffer is full"));
+            }
             c.process_new_packets().map_err(io::Error::other)?;
         }
         let mut chunk = [0u8; 16 << 10];
