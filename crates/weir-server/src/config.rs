@@ -413,27 +413,30 @@ impl PoolConfig {
     /// The pool's upstream (`upstream = "nbd://…"` or `"nbds://…"`), parsed, with
     /// its TLS settings read (certificate files included).
     pub fn upstream_target(&self) -> Result<Option<crate::upstream::UpstreamTarget>, String> {
-        let tls_keys = [
+        // The first TLS setting given, for a pool that cannot use it.
+        let stray = [
             ("upstream_tls_ca", &self.upstream_tls_ca),
             ("upstream_tls_cert", &self.upstream_tls_cert),
             ("upstream_tls_key", &self.upstream_tls_key),
-        ];
+        ]
+        .into_iter()
+        .find_map(|(key, v)| v.is_some().then_some(key));
         let Some(text) = self.upstream.as_deref() else {
-            if let Some((key, _)) = tls_keys.iter().find(|(_, v)| v.is_some()) {
-                return Err(format!(
+            return match stray {
+                Some(key) => Err(format!(
                     "{key}: only for a pool with upstream = \"nbds://…\""
-                ));
-            }
-            return Ok(None);
+                )),
+                None => Ok(None),
+            };
         };
         let mut target = crate::upstream::UpstreamTarget::parse(text)?;
         if !target.secure {
-            if let Some((key, _)) = tls_keys.iter().find(|(_, v)| v.is_some()) {
-                return Err(format!(
+            return match stray {
+                Some(key) => Err(format!(
                     "{key}: the upstream {text:?} is plain text; TLS needs nbds://"
-                ));
-            }
-            return Ok(Some(target));
+                )),
+                None => Ok(Some(target)),
+            };
         }
         let Some(ca) = &self.upstream_tls_ca else {
             return Err(format!(

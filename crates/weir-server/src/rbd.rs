@@ -483,7 +483,6 @@ struct Pending {
     /// (it copies unless `rbd_disable_zero_copy_writes` is off, and then reads it
     /// until the completion), so it is handed over without a copy of ours.
     write: Option<WriteData>,
-    is_read: bool,
     runtime: tokio::runtime::Handle,
     done: AsyncDone,
 }
@@ -500,14 +499,14 @@ unsafe extern "C" fn on_complete(c: CompletionT, arg: *mut c_void) {
     };
     let Pending {
         buf,
-        is_read,
+        write,
         runtime,
         done,
         ..
     } = *p;
     let result = if r < 0 {
         Err(errno(r as i64))
-    } else if is_read {
+    } else if write.is_none() {
         let mut buf = buf;
         let n = (r as usize).min(buf.len());
         buf[n..].fill(0); // past the end of the image: zeroes
@@ -738,7 +737,6 @@ impl Backend for RbdImage {
             lib,
             buf,
             write,
-            is_read,
             runtime,
             done,
         });

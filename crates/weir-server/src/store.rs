@@ -352,6 +352,9 @@ pub struct VolumeStore {
     /// Upstream pools: the export of each volume the configuration maps
     /// (`export = …`); others are the export of their name.
     upstream_exports: HashMap<String, String>,
+    /// Upstream pools: each pool's target, TLS settings read once (every volume
+    /// of the pool shares one rustls configuration).
+    upstream_targets: HashMap<String, crate::upstream::UpstreamTarget>,
     /// RBD pools: clusters and open images.
     rbd: rbd_ops::RbdState,
     /// Volumes whose layers a copy outside the lock works on, and what it is.
@@ -413,6 +416,7 @@ impl VolumeStore {
                 .iter()
                 .filter_map(|v| Some((v.name.clone(), v.export.clone()?)))
                 .collect(),
+            upstream_targets: upstream_ops::upstream_targets(&config.pools)?,
             rbd: rbd_ops::RbdState::default(),
             busy: HashMap::new(),
             upstreams: BTreeMap::new(),

@@ -25,13 +25,13 @@ impl VolumeStore {
         pool: &PoolConfig,
         known_size: Option<u64>,
     ) -> Result<Arc<UpstreamBackend>, StoreError> {
-        let target = pool
-            .upstream_target()
-            .map_err(StoreError::Invalid)?
+        let target = self
+            .upstream_targets
+            .get(&pool.name)
             .ok_or_else(|| StoreError::Invalid(format!("pool {:?} has no upstream", pool.name)))?;
         let export = self.upstream_exports.get(name).map_or(name, String::as_str);
         UpstreamBackend::open(
-            &target,
+            target,
             export,
             pool.upstream_connections,
             std::time::Duration::from_secs(pool.upstream_timeout_s.into()),
@@ -148,4 +148,21 @@ impl VolumeStore {
             .map(|(n, b)| (n.clone(), b.snapshot()))
             .collect()
     }
+}
+
+/// Each upstream pool's target (`PoolConfig::upstream_target`: the URL parsed,
+/// certificate files read), by pool name.
+pub(super) fn upstream_targets(
+    pools: &[PoolConfig],
+) -> Result<HashMap<String, crate::upstream::UpstreamTarget>, StoreError> {
+    let mut targets = HashMap::new();
+    for p in pools {
+        let target = p
+            .upstream_target()
+            .map_err(|e| StoreError::Invalid(format!("pool {:?}: {e}", p.name)))?;
+        if let Some(t) = target {
+            targets.insert(p.name.clone(), t);
+        }
+    }
+    Ok(targets)
 }
