@@ -1608,6 +1608,7 @@ fn window_results(core: &Core, opts: &LoadOptions, end_model_ns: u64) -> Vec<Win
                 start_s: w.start_ns as f64 / 1e9,
                 end_s: w.end_ns as f64 / 1e9,
                 figures,
+                components: Vec::new(),
             }
         })
         .collect()

@@ -27,6 +27,9 @@
 //! * [`Array`] / [`ArraySpec`]: controller + cache + RAID + drives as one component,
 //!   deserializable from TOML, with named presets ([`ARRAY_PRESETS`]).
 //! * [`Link`] / [`LinkSpec`]: full-duplex FIFO link (FC 4G/8G, 1/10 GbE presets).
+//! * [`Processor`] / [`ProcessorSpec`]: CPUs doing per-request work (a controller,
+//!   a software iSCSI target or initiator): cores, a fixed cost per read and per
+//!   write, a per-byte rate; presets name the measurement they were fitted on.
 //! * [`FlashCache`] / [`FlashCacheSpec`]: a host-side flash read cache's decisions
 //!   (hit or miss, which misses fill, where each block lives, invalidation by
 //!   writes, a sequential-scan cutoff), with no data, I/O or clock: the server's
@@ -98,6 +101,7 @@ mod link;
 pub mod placement;
 pub mod policy_lab;
 mod prefetch;
+mod processor;
 mod raid;
 mod read_cache;
 mod ssd;
@@ -108,6 +112,7 @@ pub use array::{
 };
 pub use block_cache::{BlockCache, CachePolicy};
 pub use ceph::{CephCluster, CephSpec, LinkRef, OsdStats};
+pub use processor::{PROCESSOR_PRESETS, Processor, ProcessorSpec};
 pub use read_cache::{Lookup, ReadCache, ReadCacheStats};
 
 /// Where volume `volume_id` starts on a device of `capacity_bytes` when volumes are

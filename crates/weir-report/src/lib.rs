@@ -134,6 +134,10 @@ pub struct WindowResult {
     /// Per volume ("volume:<name>"), per service level ("level:<name>") and "total":
     /// IOPS, MB/s and mean latency inside the window.
     pub figures: Vec<WorkloadResult>,
+    /// The simulated components' busy fractions inside the window (name and
+    /// utilisation; the other fields zero).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<ComponentResult>,
 }
 
 /// Completed transfers by size bucket (004's histogram buckets: each holds the sizes

@@ -195,6 +195,12 @@ pub struct DatastoreSpec {
     /// table), shared by every host; none: the hosts' links are the only links.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_link: Option<toml::Value>,
+    /// The storage server's processors (weir-model `ProcessorSpec`: a preset such as
+    /// `"ms-iscsi-target"` or a table `{ cores, read_us, write_us, mbps }`): every
+    /// request takes one of its cores on arrival, before the array; none: requests
+    /// cost no CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_cpu: Option<toml::Value>,
     /// Where the VM disks lie on the array: `"contiguous"` (default: one after
     /// another in declaration order) or `"spread"`: the scenario's N-th `[[volume]]`
     /// starts where `weir serve`'s emulated device puts volume id N
@@ -218,6 +224,7 @@ impl Default for DatastoreSpec {
             name: default_datastore_name(),
             congestion: congestion_off(),
             target_link: None,
+            target_cpu: None,
             placement: Placement::Contiguous,
         }
     }
@@ -302,6 +309,11 @@ pub struct HostSpec {
     /// A host-side flash read cache for the VMs that opt in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flash_cache: Option<HostCacheSpec>,
+    /// The host's storage stack as a processor (weir-model `ProcessorSpec`: a preset
+    /// such as `"esxi5-sw-iscsi"` or a table): every request its gate releases takes
+    /// one of its cores before the host's link; none: the host costs no CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<toml::Value>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -75,7 +75,11 @@ struct Wake {
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Stage {
+    /// On the host's processor (its storage stack), before its link.
+    HostCpu,
     HostLinkOut,
+    /// On the storage server's processor, before the array.
+    TargetCpu,
     TargetLinkOut,
     Array,
     TargetLinkBack,
@@ -164,16 +168,22 @@ fn flash_component(
     name: String,
     flash: &crate::topology::FlashSpec,
 ) -> Result<u32, String> {
+    Ok(push_comp(comps, hw::build_flash(flash)?, name, "flash"))
+}
+
+/// Adds a component; its index.
+fn push_comp(comps: &mut Vec<Comp>, c: Hw, name: String, kind: &'static str) -> u32 {
     comps.push(Comp {
-        c: hw::build_flash(flash)?,
+        c,
         pending: None,
         name,
-        kind: "flash",
+        kind,
         busy_at_start: 0,
+        busy_at: vec![0],
         ios: 0,
         bytes: 0,
     });
-    Ok(comps.len() as u32 - 1)
+    comps.len() as u32 - 1
 }
 
 /// A host's flash read cache: `weir serve`'s decisions ([`FlashCache`]: whole-read
@@ -218,6 +228,9 @@ struct Comp {
     name: String,
     kind: &'static str,
     busy_at_start: Nanos,
+    /// Busy time at each sampling interval's start (index k: k intervals in), for
+    /// the utilisation inside a window.
+    busy_at: Vec<Nanos>,
     ios: u64,
     bytes: u64,
 }
@@ -261,6 +274,7 @@ struct HostState {
     qos: Tier,
     queue_depth: u32,
     link: Option<u32>,
+    cpu: Option<u32>,
     area: u128,
     last_change: Nanos,
     dispatched: u64,
@@ -372,6 +386,7 @@ pub(crate) struct Engine<'p> {
     hosts: Vec<HostState>,
     comps: Vec<Comp>,
     target_link: Option<u32>,
+    target_cpu: Option<u32>,
     array_qos: Option<Tier>,
     /// `[array_qos] priority_queueing`: pass the gate's urgent pieces on as urgent.
     priority_queueing: bool,
@@ -488,30 +503,23 @@ impl<'p> Engine<'p> {
         let mut comps = Vec::new();
         let disks_bytes: u64 = plan.vms.iter().map(|v| v.disk_bytes).sum();
         let array = hw::build_array(&plan.file.array, stream_seed(seed, "array"), disks_bytes)?;
-        comps.push(Comp {
-            c: array,
-            pending: None,
-            name: "array".into(),
-            kind: "array",
-            busy_at_start: 0,
-            ios: 0,
-            bytes: 0,
-        });
+        push_comp(&mut comps, array, "array".into(), "array");
         let mut target_link = None;
         if let Some(spec) = &plan.file.datastore.target_link
             && let Some(c) = hw::build_link(spec)?
         {
-            target_link = Some(comps.len() as u32);
-            comps.push(Comp {
-                c,
-                pending: None,
-                name: format!("target link {}", plan.file.datastore.name),
-                kind: "link",
-                busy_at_start: 0,
-                ios: 0,
-                bytes: 0,
-            });
+            let name = format!("target link {}", plan.file.datastore.name);
+            target_link = Some(push_comp(&mut comps, c, name, "link"));
         }
+        let target_cpu = match &plan.file.datastore.target_cpu {
+            Some(spec) => Some(push_comp(
+                &mut comps,
+                hw::build_processor(spec)?,
+                format!("target cpu {}", plan.file.datastore.name),
+                "cpu",
+            )),
+            None => None,
+        };
         let mut hosts = Vec::new();
         for (hi, h) in plan.hosts.iter().enumerate() {
             // ESX keeps a fixed device queue depth: no depth controller at the host.
@@ -532,19 +540,15 @@ impl<'p> Engine<'p> {
                 qos.gate
                     .enable_gateway_window(plan.congestion.clone(), h.queue_depth);
             }
-            let link = match hw::build_link(&h.link)? {
-                Some(c) => {
-                    comps.push(Comp {
-                        c,
-                        pending: None,
-                        name: format!("link {}", h.name),
-                        kind: "link",
-                        busy_at_start: 0,
-                        ios: 0,
-                        bytes: 0,
-                    });
-                    Some(comps.len() as u32 - 1)
-                }
+            let link = hw::build_link(&h.link)?
+                .map(|c| push_comp(&mut comps, c, format!("link {}", h.name), "link"));
+            let cpu = match &h.cpu {
+                Some(spec) => Some(push_comp(
+                    &mut comps,
+                    hw::build_processor(spec)?,
+                    format!("cpu {}", h.name),
+                    "cpu",
+                )),
                 None => None,
             };
             let cache = match plan.file.host[hi]
@@ -564,6 +568,7 @@ impl<'p> Engine<'p> {
                 qos,
                 queue_depth: h.queue_depth,
                 link,
+                cpu,
                 area: 0,
                 last_change: 0,
                 dispatched: 0,
@@ -660,6 +665,7 @@ impl<'p> Engine<'p> {
             hosts,
             comps,
             target_link,
+            target_cpu,
             array_qos,
             priority_queueing: plan
                 .file
@@ -807,6 +813,9 @@ impl<'p> Engine<'p> {
                     }
                 }
                 Ev::Sample => {
+                    for c in &mut self.comps {
+                        c.busy_at.push(c.c.busy_ns());
+                    }
                     for h in &mut self.hosts {
                         if let Some(w) = h.qos.gate.gateway_window() {
                             h.window_series.push(w.window as f64);
@@ -1114,20 +1123,32 @@ impl<'p> Engine<'p> {
             let h = &mut self.hosts[hi];
             h.dispatched += 1;
             h.dispatched_bytes += rel.piece.length as u64;
-            let link = h.link;
+            let cpu = h.cpu;
             let r = &mut self.reqs[p as usize];
             r.host_ticket = Some(rel.ticket);
             r.host_dispatched_at = now;
-            if r.io.dir == Direction::Write
-                && let Some(l) = link
-            {
-                r.stage = Stage::HostLinkOut;
-                self.submit(l, p);
-            } else {
-                self.after_host_link(p);
+            match cpu {
+                Some(c) => {
+                    r.stage = Stage::HostCpu;
+                    self.submit(c, p);
+                }
+                None => self.leave_host(hi, p),
             }
         }
         self.release_bufs.push(out);
+    }
+
+    /// A request the host's storage stack has processed goes onto the host's link.
+    fn leave_host(&mut self, hi: usize, slot: u32) {
+        let r = &mut self.reqs[slot as usize];
+        if r.io.dir == Direction::Write
+            && let Some(l) = self.hosts[hi].link
+        {
+            r.stage = Stage::HostLinkOut;
+            self.submit(l, slot);
+        } else {
+            self.after_host_link(slot);
+        }
     }
 
     /// Sends what the array's gate released to the tier each request was given.
@@ -1197,7 +1218,12 @@ impl<'p> Engine<'p> {
                 c.bytes += self.reqs[slot as usize].io.size_bytes as u64;
             }
             match self.reqs[slot as usize].stage {
+                Stage::HostCpu => {
+                    let vm = self.reqs[slot as usize].vm;
+                    self.leave_host(self.vms[vm as usize].plan.host, slot);
+                }
                 Stage::HostLinkOut => self.after_host_link(slot),
+                Stage::TargetCpu => self.reach_array(slot),
                 Stage::TargetLinkOut => self.arrive_array(slot),
                 Stage::Array | Stage::ArrayFlash => self.array_done(slot),
                 Stage::HostFlash => self.cache_hit_complete(slot),
@@ -1226,7 +1252,18 @@ impl<'p> Engine<'p> {
         }
     }
 
+    /// A request reaches the storage server: its processor first, if it has one.
     fn arrive_array(&mut self, slot: u32) {
+        match self.target_cpu {
+            Some(c) => {
+                self.reqs[slot as usize].stage = Stage::TargetCpu;
+                self.submit(c, slot);
+            }
+            None => self.reach_array(slot),
+        }
+    }
+
+    fn reach_array(&mut self, slot: u32) {
         self.reqs[slot as usize].array_arrived_at = self.now;
         let io = self.device_io(slot);
         match self.faults.before_array(self.now, &io) {
@@ -1711,11 +1748,25 @@ impl<'p> Engine<'p> {
         }
         let all: Vec<&Vec<(u64, u64, u128)>> = self.volume_buckets.iter().collect();
         figures.push(fig("total".into(), sum(&all)));
+        let components = self
+            .comps
+            .iter()
+            .map(|c| {
+                let at = |k: usize| c.busy_at.get(k).copied().unwrap_or(c.c.busy_ns());
+                ComponentResult {
+                    name: c.name.clone(),
+                    kind: c.kind.into(),
+                    utilisation: at(b).saturating_sub(at(a)) as f64 / 1e9 / secs,
+                    ..Default::default()
+                }
+            })
+            .collect();
         WindowResult {
             name: w.name.clone(),
             start_s: w.start_ns as f64 / 1e9,
             end_s: w.end_ns as f64 / 1e9,
             figures,
+            components,
         }
     }
 
@@ -2076,6 +2127,15 @@ pub(crate) fn check_metric(
             ))
         };
     }
+    if window.is_some() && metric.starts_with("component:") {
+        return if metric.ends_with(".utilisation") {
+            Ok(())
+        } else {
+            Err(format!(
+                "metric {metric:?}: inside a window a component has only its utilisation"
+            ))
+        };
+    }
     if window.is_some() {
         let ok = metric.starts_with("volume:")
             || metric.starts_with("level:")
@@ -2154,6 +2214,10 @@ pub(crate) fn metric_value(report: &CaseReport, metric: &str) -> Option<f64> {
     if !window.is_empty() {
         let w = report.windows.iter().find(|w| w.name == window)?;
         let (name, field) = metric.rsplit_once('.')?;
+        if let Some(c) = name.strip_prefix("component:") {
+            let c = w.components.iter().find(|x| x.name == c)?;
+            return (field == "utilisation").then_some(c.utilisation);
+        }
         let f = w.figures.iter().find(|f| f.name == name)?;
         return match field {
             "iops" => Some(f.iops),

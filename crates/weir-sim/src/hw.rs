@@ -8,16 +8,16 @@
 //! weir-model `LinkSpec`s: a preset name (`fc-4g`, `fc-8g`, `10gbe`, `1gbe`) or a
 //! table (`bandwidth_mbps`, `latency_us`); `"none"` means no link at all.
 
-use std::collections::VecDeque;
 use weir_model::{
     Array, ArraySpec, CephCluster, CephSpec, Completion, Component, DeviceIo, IoDir, Link,
-    LinkSpec, Nanos,
+    LinkSpec, Nanos, Processor, ProcessorSpec,
 };
 
 /// Every simulated component, statically dispatched.
 pub(crate) enum Hw {
     Link(Link),
-    Ideal(IdealArray),
+    /// Parallel FIFO servers: an ideal array, a flash device's channels, a CPU.
+    Cpu(Processor),
     Array(Box<Array>),
     Ceph(Box<CephCluster>),
 }
@@ -99,7 +99,7 @@ impl Component for Hw {
     fn submit(&mut self, now: Nanos, io: DeviceIo, token: u64) {
         match self {
             Hw::Link(l) => l.submit(now, io, token),
-            Hw::Ideal(a) => a.submit(now, io, token),
+            Hw::Cpu(a) => a.submit(now, io, token),
             Hw::Array(a) => a.submit(now, io, token),
             Hw::Ceph(c) => c.submit(now, io, token),
         }
@@ -107,7 +107,7 @@ impl Component for Hw {
     fn submit_urgent(&mut self, now: Nanos, io: DeviceIo, token: u64) {
         match self {
             Hw::Link(l) => l.submit_urgent(now, io, token),
-            Hw::Ideal(a) => a.submit_urgent(now, io, token),
+            Hw::Cpu(a) => a.submit_urgent(now, io, token),
             Hw::Array(a) => a.submit_urgent(now, io, token),
             Hw::Ceph(c) => c.submit_urgent(now, io, token),
         }
@@ -122,7 +122,7 @@ impl Component for Hw {
     fn next_event_ns(&self) -> Option<Nanos> {
         match self {
             Hw::Link(l) => l.next_event_ns(),
-            Hw::Ideal(a) => a.next_event_ns(),
+            Hw::Cpu(a) => a.next_event_ns(),
             Hw::Array(a) => a.next_event_ns(),
             Hw::Ceph(c) => c.next_event_ns(),
         }
@@ -130,7 +130,7 @@ impl Component for Hw {
     fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>) {
         match self {
             Hw::Link(l) => l.advance(now, done),
-            Hw::Ideal(a) => a.advance(now, done),
+            Hw::Cpu(a) => a.advance(now, done),
             Hw::Array(a) => a.advance(now, done),
             Hw::Ceph(c) => c.advance(now, done),
         }
@@ -138,7 +138,7 @@ impl Component for Hw {
     fn busy_ns(&self) -> Nanos {
         match self {
             Hw::Link(l) => l.busy_ns(),
-            Hw::Ideal(a) => a.busy_ns(),
+            Hw::Cpu(a) => a.busy_ns(),
             Hw::Array(a) => a.busy_ns(),
             Hw::Ceph(c) => c.busy_ns(),
         }
@@ -167,9 +167,7 @@ pub(crate) fn build_flash(f: &crate::topology::FlashSpec) -> Result<Hw, String> 
         service_us: f.service_us,
         mbps: f.mbps,
     };
-    Ok(Hw::Ideal(
-        IdealArray::new(&spec).map_err(|e| format!("flash: {e}"))?,
-    ))
+    Ok(Hw::Cpu(spec.build().map_err(|e| format!("flash: {e}"))?))
 }
 
 /// Builds the array; `needed_bytes` is the space the VMs' disks take.
@@ -182,7 +180,7 @@ pub(crate) fn build_array(spec: &toml::Table, seed: u64, needed_bytes: u64) -> R
             .clone()
             .try_into()
             .map_err(|e: toml::de::Error| format!("ideal: {}", e.message()))?;
-        return Ok(Hw::Ideal(IdealArray::new(&ideal)?));
+        return Ok(Hw::Cpu(ideal.build().map_err(|e| format!("ideal: {e}"))?));
     }
     if let Some(ceph) = spec.get("ceph") {
         if spec.len() != 1 {
@@ -237,86 +235,34 @@ pub struct IdealArraySpec {
     pub mbps: f64,
 }
 
-pub(crate) struct IdealArray {
-    servers: u32,
-    service_ns: f64,
-    ns_per_byte: f64,
-    queue: VecDeque<(u64, Nanos)>,
-    /// In service: (finish time, token), kept sorted by finish time.
-    running: VecDeque<(Nanos, u64)>,
-    busy_ns: u128,
-}
-
-impl IdealArray {
-    pub(crate) fn new(spec: &IdealArraySpec) -> Result<Self, String> {
-        if spec.servers == 0 || spec.servers > 100_000 {
-            return Err(format!(
-                "ideal.servers must be 1-100000, got {}",
-                spec.servers
-            ));
-        }
-        if !(spec.service_us.is_finite()
-            && spec.service_us >= 0.0
-            && spec.mbps.is_finite()
-            && spec.mbps >= 0.0)
-        {
-            return Err("ideal.service_us and ideal.mbps must be finite and ≥ 0".into());
-        }
-        if spec.service_us == 0.0 && spec.mbps == 0.0 {
+impl IdealArraySpec {
+    /// The ideal array as the processor queue it is: `servers` cores, each request
+    /// `service_us` plus its bytes at `mbps`.
+    pub(crate) fn build(&self) -> Result<Processor, String> {
+        if self.service_us == 0.0 && self.mbps == 0.0 {
             return Err("an ideal array needs service_us > 0 or mbps > 0".into());
         }
-        Ok(IdealArray {
-            servers: spec.servers,
-            service_ns: spec.service_us * 1e3,
-            ns_per_byte: if spec.mbps > 0.0 {
-                1e3 / spec.mbps
-            } else {
-                0.0
-            },
-            queue: VecDeque::new(),
-            running: VecDeque::new(),
-            busy_ns: 0,
+        Processor::new(&ProcessorSpec {
+            cores: self.servers,
+            read_us: self.service_us,
+            write_us: self.service_us,
+            mbps: self.mbps,
         })
-    }
-
-    fn start(&mut self, at: Nanos, token: u64, size: u32) {
-        let service = weir_model::round_ns(self.service_ns + size as f64 * self.ns_per_byte).max(1);
-        self.busy_ns += service as u128;
-        let finish = at + service;
-        let pos = self.running.partition_point(|&(f, _)| f <= finish);
-        self.running.insert(pos, (finish, token));
+        .map_err(|e| e.to_string())
     }
 }
 
-impl Component for IdealArray {
-    fn submit(&mut self, now: Nanos, io: DeviceIo, token: u64) {
-        if (self.running.len() as u32) < self.servers {
-            self.start(now, token, io.size_bytes);
-        } else {
-            self.queue.push_back((token, io.size_bytes as Nanos));
-        }
-    }
-    fn next_event_ns(&self) -> Option<Nanos> {
-        self.running.front().map(|&(f, _)| f)
-    }
-    fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>) {
-        while let Some(&(finish, token)) = self.running.front() {
-            if finish > now {
-                break;
-            }
-            self.running.pop_front();
-            done.push(Completion {
-                token,
-                at_ns: finish,
-            });
-            if let Some((t, size)) = self.queue.pop_front() {
-                self.start(finish, t, size as u32);
-            }
-        }
-    }
-    fn busy_ns(&self) -> Nanos {
-        (self.busy_ns / self.servers as u128) as Nanos
-    }
+/// A processor: a preset name (`PROCESSOR_PRESETS`) or a table (`cores`, `read_us`,
+/// `write_us`, `mbps`).
+pub(crate) fn build_processor(spec: &toml::Value) -> Result<Hw, String> {
+    let spec = match spec {
+        toml::Value::String(s) => ProcessorSpec::preset(s).map_err(|e| e.to_string())?,
+        other => other
+            .clone()
+            .try_into::<ProcessorSpec>()
+            .map_err(|e| e.message().to_string())?,
+    };
+    Ok(Hw::Cpu(Processor::new(&spec).map_err(|e| e.to_string())?))
 }
 
 /// Direction of a request as the hardware sees it.
@@ -330,11 +276,12 @@ mod tests {
 
     #[test]
     fn ideal_array_is_fifo_over_parallel_servers() {
-        let mut a = IdealArray::new(&IdealArraySpec {
+        let mut a = (IdealArraySpec {
             servers: 2,
             service_us: 1000.0,
             mbps: 0.0,
         })
+        .build()
         .unwrap();
         let io = DeviceIo {
             offset_bytes: 0,

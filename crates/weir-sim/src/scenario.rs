@@ -61,6 +61,7 @@ pub(crate) struct CasePlan {
 pub(crate) struct HostPlan {
     pub name: String,
     pub link: toml::Value,
+    pub cpu: Option<toml::Value>,
     pub queue_depth: u32,
     pub cost_unit_bytes: u32,
 }
@@ -679,9 +680,13 @@ fn plan_hosts(file: &ScenarioFile) -> Result<Vec<HostPlan>, PathErr> {
             return Err(err(at("cost_unit_bytes"), "must be at least 1".into()));
         }
         hw::build_link(&hs.link).map_err(|m| err(at("link"), m))?;
+        if let Some(cpu) = &hs.cpu {
+            hw::build_processor(cpu).map_err(|m| err(at("cpu"), m))?;
+        }
         hosts.push(HostPlan {
             name: hs.name.clone(),
             link: hs.link.clone(),
+            cpu: hs.cpu.clone(),
             queue_depth: hs.queue_depth,
             cost_unit_bytes: hs.cost_unit_bytes,
         });
@@ -689,10 +694,13 @@ fn plan_hosts(file: &ScenarioFile) -> Result<Vec<HostPlan>, PathErr> {
     Ok(hosts)
 }
 
-/// Checks `[datastore]`: its target link and the congestion control's settings.
+/// Checks `[datastore]`: its target link and processor and the congestion control's settings.
 fn check_datastore(file: &ScenarioFile) -> Result<(), PathErr> {
     if let Some(t) = &file.datastore.target_link {
         hw::build_link(t).map_err(|m| err(vec![key("datastore"), key("target_link")], m))?;
+    }
+    if let Some(c) = &file.datastore.target_cpu {
+        hw::build_processor(c).map_err(|m| err(vec![key("datastore"), key("target_cpu")], m))?;
     }
     // The same rule as the server's (weir_qos's `validate`), reported at its key.
     let c = &file.datastore.congestion;
