@@ -19,6 +19,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ModelError, check_in_range, check_non_negative};
 use crate::{Completion, Component, DeviceIo, IoDir, Nanos, round_ns};
 
+const MAX_FIXED_US: f64 = 1e7;
+const MIN_MBPS: f64 = 1e-3;
+const MAX_MBPS: f64 = 1e9;
+
 /// Cores, and what one request costs on one of them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -113,6 +117,26 @@ impl ProcessorSpec {
         check_non_negative("processor", "read_us", self.read_us)?;
         check_non_negative("processor", "write_us", self.write_us)?;
         check_non_negative("processor", "mbps", self.mbps)?;
+        // Bounded so that a request's service time stays far inside `Nanos`: at most
+        // 10 s fixed, and at least 1 kB/s (a 4 GiB request: ≈ 50 days).
+        for (field, us) in [("read_us", self.read_us), ("write_us", self.write_us)] {
+            if us > MAX_FIXED_US {
+                return Err(ModelError::InvalidField {
+                    what: "processor",
+                    field,
+                    value: us.to_string(),
+                    reason: "must be at most 10000000 (10 s)",
+                });
+            }
+        }
+        if self.mbps != 0.0 && !(MIN_MBPS..=MAX_MBPS).contains(&self.mbps) {
+            return Err(ModelError::InvalidField {
+                what: "processor",
+                field: "mbps",
+                value: self.mbps.to_string(),
+                reason: "must be 0 (no cost per byte) or 0.001-1000000000",
+            });
+        }
         if self.read_us == 0.0 && self.write_us == 0.0 && self.mbps == 0.0 {
             return Err(ModelError::InvalidField {
                 what: "processor",
@@ -171,6 +195,8 @@ impl Processor {
         round_ns(fixed + io.size_bytes as f64 * self.ns_per_byte).max(1)
     }
 
+    /// Starts `io` on a core. Its whole service is counted busy at once, so busy
+    /// time read mid-service runs ahead by at most one service per core.
     fn start(&mut self, at: Nanos, token: u64, io: &DeviceIo) {
         let service = self.service_ns(io);
         self.busy_ns += service as u128;
@@ -281,6 +307,10 @@ mod tests {
             (1, 0.0, f64::NAN, 0.0),
             (1, 0.0, 0.0, f64::INFINITY),
             (200_000, 1.0, 1.0, 0.0),
+            (1, 2e7, 0.0, 0.0),
+            (1, 0.0, 1e300, 0.0),
+            (1, 0.0, 0.0, 1e-300),
+            (1, 0.0, 0.0, 1e12),
         ];
         for (cores, read_us, write_us, mbps) in bad {
             let spec = ProcessorSpec {

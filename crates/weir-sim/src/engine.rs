@@ -114,7 +114,6 @@ struct Req {
     stage: Stage,
     issued_at: Nanos,
     host_dispatched_at: Nanos,
-    array_arrived_at: Nanos,
     /// Hand back to the host's / the array's gate when this piece completes there.
     host_ticket: Option<Ticket>,
     array_ticket: Option<Ticket>,
@@ -153,7 +152,6 @@ const FREE_REQ: Req = Req {
     stage: Stage::Free,
     issued_at: 0,
     host_dispatched_at: 0,
-    array_arrived_at: 0,
     host_ticket: None,
     array_ticket: None,
     tier: Stage::Array,
@@ -1264,7 +1262,6 @@ impl<'p> Engine<'p> {
     }
 
     fn reach_array(&mut self, slot: u32) {
-        self.reqs[slot as usize].array_arrived_at = self.now;
         let io = self.device_io(slot);
         match self.faults.before_array(self.now, &io) {
             FaultAction::Pass => self.enter_array(slot),

@@ -239,6 +239,9 @@ impl IdealArraySpec {
     /// The ideal array as the processor queue it is: `servers` cores, each request
     /// `service_us` plus its bytes at `mbps`.
     pub(crate) fn build(&self) -> Result<Processor, String> {
+        if self.servers == 0 || self.servers > 100_000 {
+            return Err(format!("servers must be 1-100000, got {}", self.servers));
+        }
         if self.service_us == 0.0 && self.mbps == 0.0 {
             return Err("an ideal array needs service_us > 0 or mbps > 0".into());
         }
@@ -248,7 +251,12 @@ impl IdealArraySpec {
             write_us: self.service_us,
             mbps: self.mbps,
         })
-        .map_err(|e| e.to_string())
+        .map_err(|e| {
+            // Say it in the spec's own words.
+            e.to_string()
+                .replace("processor", "ideal/flash device")
+                .replace("read_us", "service_us")
+        })
     }
 }
 
