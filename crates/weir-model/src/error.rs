@@ -34,7 +34,7 @@ pub(crate) fn check_positive(
         Err(ModelError::InvalidField {
             what,
             field,
-            value: value.to_string(),
+            value: format!("{value:?}"),
             reason: "must be a finite number > 0",
         })
     }
@@ -51,7 +51,7 @@ pub(crate) fn check_non_negative(
         Err(ModelError::InvalidField {
             what,
             field,
-            value: value.to_string(),
+            value: format!("{value:?}"),
             reason: "must be a finite number >= 0",
         })
     }

@@ -124,7 +124,7 @@ impl ProcessorSpec {
                 return Err(ModelError::InvalidField {
                     what: "processor",
                     field,
-                    value: us.to_string(),
+                    value: format!("{us:?}"),
                     reason: "must be at most 10000000 (10 s)",
                 });
             }
@@ -133,7 +133,7 @@ impl ProcessorSpec {
             return Err(ModelError::InvalidField {
                 what: "processor",
                 field: "mbps",
-                value: self.mbps.to_string(),
+                value: format!("{:?}", self.mbps),
                 reason: "must be 0 (no cost per byte) or 0.001-1000000000",
             });
         }

@@ -265,10 +265,16 @@ impl IdealArraySpec {
 pub(crate) fn build_processor(spec: &toml::Value) -> Result<Hw, String> {
     let spec = match spec {
         toml::Value::String(s) => ProcessorSpec::preset(s).map_err(|e| e.to_string())?,
-        other => other
+        toml::Value::Table(_) => spec
             .clone()
             .try_into::<ProcessorSpec>()
             .map_err(|e| e.message().to_string())?,
+        other => {
+            return Err(format!(
+                "a processor is a preset name or a table {{ cores, read_us, write_us, mbps }}, got {}",
+                other.type_str()
+            ));
+        }
     };
     Ok(Hw::Cpu(Processor::new(&spec).map_err(|e| e.to_string())?))
 }

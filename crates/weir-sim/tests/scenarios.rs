@@ -1113,4 +1113,9 @@ source = "a test"
     let (_, field, msg) = invalid(&file("", "target_cpu = \"pentium\""));
     assert_eq!(field, "datastore.target_cpu", "{msg}");
     assert!(msg.contains("ms-iscsi-target"), "the known presets: {msg}");
+    let (_, field, msg) = invalid(&file("", "target_cpu = 5"));
+    assert_eq!(field, "datastore.target_cpu", "{msg}");
+    assert!(msg.contains("a preset name or a table"), "{msg}");
+    let (_, _, msg) = invalid(&file("cpu = { cores = 1, mbps = 1e-300 }", ""));
+    assert!(msg.contains("mbps = 1e-300"), "{msg}");
 }
