@@ -77,6 +77,33 @@ impl SsdSpec {
         }
     }
 
+    /// `count` identical devices with requests spread evenly over them (a flash
+    /// tier or cache of several cards), as one device: `count` times the channels,
+    /// bandwidth, IOPS caps and capacity, the same access latencies. Exact for
+    /// the channels; for the data path it assumes perfect striping (a request's
+    /// transfer never waits on a busy card while another is idle).
+    pub fn striped(&self, count: u32) -> Result<Self, ModelError> {
+        check_in_range(
+            "SSD spec",
+            "count",
+            count.into(),
+            1..=64,
+            "must be in 1..=64",
+        )?;
+        let n = count as f64;
+        let s = Self {
+            channels: self.channels.saturating_mul(count),
+            read_bandwidth_mbps: self.read_bandwidth_mbps * n,
+            write_bandwidth_mbps: self.write_bandwidth_mbps * n,
+            read_iops: self.read_iops * n,
+            write_iops: self.write_iops * n,
+            capacity_bytes: self.capacity_bytes.saturating_mul(count as u64),
+            ..self.clone()
+        };
+        s.validate()?;
+        Ok(s)
+    }
+
     pub fn validate(&self) -> Result<(), ModelError> {
         const W: &str = "SSD spec";
         check_non_negative(W, "read_latency_us", self.read_latency_us)?;

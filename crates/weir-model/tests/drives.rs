@@ -304,3 +304,31 @@ fn hdd_serves_an_urgent_command_next() {
         "without priority it waits its SPTF turn ({ordinary})"
     );
 }
+
+#[test]
+fn striped_cards_add_their_throughput_and_keep_their_latency() {
+    let one = SsdSpec::iodrive2();
+    let two = one.striped(2).unwrap();
+    let run = |spec: &SsdSpec, qd| {
+        let mut ssd = Ssd::new(spec).unwrap();
+        let mut rng = SplitMix64(9);
+        run_closed_loop(&mut ssd, qd, 40_000, |_| {
+            random_io(&mut rng, spec.capacity_bytes, 4 * KIB, IoDir::Read)
+        })
+    };
+    // Saturated: twice the IOPS cap.
+    let (a, b) = (run(&one, 128), run(&two, 128));
+    assert!(
+        (b.iops() / a.iops() - 2.0).abs() < 0.05,
+        "{} vs {}",
+        b.iops(),
+        a.iops()
+    );
+    // Unloaded: the same flash access; only the data path's few µs shrink (the
+    // approximation of perfect striping: 68 + 3.7 µs vs 68 + 1.9 µs).
+    let (a, b) = (run(&one, 1), run(&two, 1));
+    let r = b.mean_latency_ns / a.mean_latency_ns;
+    assert!((0.97..=1.0).contains(&r), "{r}");
+    assert_eq!(two.capacity_bytes, 2 * one.capacity_bytes);
+    assert!(one.striped(0).is_err() && one.striped(65).is_err());
+}

@@ -62,37 +62,93 @@ pub struct WindowSpec {
     pub end_s: f64,
 }
 
-/// A flash device serving cache hits: `servers` parallel channels, each hit takes
-/// `service_us + size / mbps` on one of them.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FlashSpec {
-    #[serde(default = "d_flash_servers")]
-    pub servers: u32,
-    #[serde(default = "d_flash_service")]
-    pub service_us: f64,
-    #[serde(default = "d_flash_mbps")]
-    pub mbps: f64,
+/// A flash device serving cache hits. Either a device of the hardware library —
+/// a weir-model SSD drive by preset name (`"pcie-flash"`: a Fusion-io ioDrive2;
+/// `"sata-ssd"`: an Intel 710) or as a table (`{ kind = "ssd", … }`), `count` of
+/// them striped — or an abstract device of `servers` parallel FIFO channels, each
+/// hit taking `service_us + size / mbps` on one of them.
+///
+/// In TOML: `flash = "pcie-flash"`, `flash = { device = "pcie-flash", count = 2 }`
+/// or `flash = { servers = 8, service_us = 250, mbps = 400 }`. Default: one
+/// `pcie-flash` card.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "toml::Value")]
+pub enum FlashSpec {
+    Device {
+        device: toml::Value,
+        count: u32,
+    },
+    Ideal {
+        servers: u32,
+        service_us: f64,
+        mbps: f64,
+    },
 }
 
 impl Default for FlashSpec {
     fn default() -> Self {
-        FlashSpec {
-            servers: d_flash_servers(),
-            service_us: d_flash_service(),
-            mbps: d_flash_mbps(),
+        FlashSpec::Device {
+            device: toml::Value::String("pcie-flash".into()),
+            count: 1,
         }
     }
 }
 
-fn d_flash_servers() -> u32 {
-    32
+const FLASH_FORMS: &str = "a flash device is a drive preset name (\"pcie-flash\", \"sata-ssd\"), \
+     { device = …, count = N } or { servers = N, service_us = µs, mbps = MB/s }";
+
+impl TryFrom<toml::Value> for FlashSpec {
+    type Error = String;
+
+    fn try_from(v: toml::Value) -> Result<Self, String> {
+        let t = match v {
+            toml::Value::String(_) => {
+                return Ok(FlashSpec::Device {
+                    device: v,
+                    count: 1,
+                });
+            }
+            toml::Value::Table(t) => t,
+            other => return Err(format!("{FLASH_FORMS}, got {other}")),
+        };
+        let allowed: &[&str] = if t.contains_key("device") {
+            &["device", "count"]
+        } else {
+            &["servers", "service_us", "mbps"]
+        };
+        if let Some(k) = t.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(format!("unknown key `{k}` ({FLASH_FORMS})"));
+        }
+        if let Some(device) = t.get("device") {
+            return Ok(FlashSpec::Device {
+                device: device.clone(),
+                count: flash_whole(&t, "count")?.unwrap_or(1),
+            });
+        }
+        Ok(FlashSpec::Ideal {
+            servers: flash_whole(&t, "servers")?.unwrap_or(32),
+            service_us: flash_num(&t, "service_us")?.unwrap_or(100.0),
+            mbps: flash_num(&t, "mbps")?.unwrap_or(1500.0),
+        })
+    }
 }
-fn d_flash_service() -> f64 {
-    100.0
+
+fn flash_num(t: &toml::Table, k: &str) -> Result<Option<f64>, String> {
+    match t.get(k) {
+        None => Ok(None),
+        Some(toml::Value::Integer(i)) => Ok(Some(*i as f64)),
+        Some(toml::Value::Float(f)) => Ok(Some(*f)),
+        Some(o) => Err(format!("`{k}` must be a number, got {o}")),
+    }
 }
-fn d_flash_mbps() -> f64 {
-    1500.0
+
+fn flash_whole(t: &toml::Table, k: &str) -> Result<Option<u32>, String> {
+    match flash_num(t, k)? {
+        Some(x) if x.fract() != 0.0 || !(0.0..=u32::MAX as f64).contains(&x) => {
+            Err(format!("`{k}` must be a whole number ≥ 0, got {x}"))
+        }
+        x => Ok(x.map(|x| x as u32)),
+    }
 }
 
 /// Array-side flash read cache. Reads that hit are served by the flash device;

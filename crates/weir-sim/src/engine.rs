@@ -160,13 +160,14 @@ const FREE_REQ: Req = Req {
     host_cache: HostCacheOp::None,
 };
 
-/// A cache's flash device as a new component; its index.
+/// A cache's flash device as a new component: its index and its channels.
 fn flash_component(
     comps: &mut Vec<Comp>,
     name: String,
     flash: &crate::topology::FlashSpec,
-) -> Result<u32, String> {
-    Ok(push_comp(comps, hw::build_flash(flash)?, name, "flash"))
+) -> Result<(u32, u32), String> {
+    let (hw, channels) = hw::build_flash(flash)?;
+    Ok((push_comp(comps, hw, name, "flash"), channels))
 }
 
 /// Adds a component; its index.
@@ -202,7 +203,7 @@ impl HostCache {
         name: String,
         spec: &crate::topology::HostCacheSpec,
     ) -> Result<HostCache, String> {
-        let comp = flash_component(comps, name, &spec.flash)?;
+        let (comp, _) = flash_component(comps, name, &spec.flash)?;
         let block_bytes = spec.block_kib as u64 * 1024;
         let model = FlashCache::new(FlashCacheSpec {
             capacity_blocks: crate::scenario::host_cache_blocks(spec) as u32,
@@ -574,26 +575,28 @@ impl<'p> Engine<'p> {
                 window_series: Vec::new(),
             });
         }
+        let mut flash_channels = 1;
         let mut array_cache = match plan.file.array_cache.as_ref().filter(|c| c.enabled) {
             Some(c) => {
-                let comp = flash_component(&mut comps, "array flash".into(), &c.flash)?;
+                let (comp, channels) = flash_component(&mut comps, "array flash".into(), &c.flash)?;
                 let cache = BlockCache::new(
                     (c.size_gib * (1u64 << 30) as f64) as u64,
                     c.block_kib as u64 * 1024,
                 );
+                flash_channels = channels;
                 Some((cache, comp, c.clone_aware, c.write_back))
             }
             None => None,
         };
         // Without a flash tier nothing is ever sent there, and the gate has one class.
-        let flash_tier = plan.file.array_cache.as_ref().filter(|c| c.enabled);
+        let flash_tier = array_cache.is_some();
         let array_qos = plan.file.array_qos.as_ref().filter(|q| q.enabled).map(|q| {
             let mut qos = Tier::new(q.cost_unit_bytes, q.backend_concurrency, q.depth.clone());
             for (i, v) in plan.volumes.iter().enumerate() {
                 qos.gate.add_volume(0, VolumeId(i as u32), v.policy.clone());
             }
-            if let Some(c) = flash_tier {
-                let bound = q.flash_concurrency.unwrap_or(c.flash.servers.max(1));
+            if flash_tier {
+                let bound = q.flash_concurrency.unwrap_or(flash_channels.max(1));
                 qos.gate
                     .set_class_limit(0, FLASH_CLASS, bound, &mut Vec::new());
             }

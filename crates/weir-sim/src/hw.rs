@@ -9,8 +9,8 @@
 //! table (`bandwidth_mbps`, `latency_us`); `"none"` means no link at all.
 
 use weir_model::{
-    Array, ArraySpec, CephCluster, CephSpec, Completion, Component, DeviceIo, IoDir, Link,
-    LinkSpec, Nanos, Processor, ProcessorSpec,
+    Array, ArraySpec, CephCluster, CephSpec, Completion, Component, DeviceIo, DriveRef, DriveSpec,
+    IoDir, Link, LinkSpec, Nanos, Processor, ProcessorSpec, Ssd,
 };
 
 /// Every simulated component, statically dispatched.
@@ -18,6 +18,8 @@ pub(crate) enum Hw {
     Link(Link),
     /// Parallel FIFO servers: an ideal array, a flash device's channels, a CPU.
     Cpu(Processor),
+    /// A flash device of the hardware library (one or more SSDs striped).
+    Ssd(Box<Ssd>),
     Array(Box<Array>),
     Ceph(Box<CephCluster>),
 }
@@ -100,6 +102,7 @@ impl Component for Hw {
         match self {
             Hw::Link(l) => l.submit(now, io, token),
             Hw::Cpu(a) => a.submit(now, io, token),
+            Hw::Ssd(s) => s.submit(now, io, token),
             Hw::Array(a) => a.submit(now, io, token),
             Hw::Ceph(c) => c.submit(now, io, token),
         }
@@ -108,6 +111,7 @@ impl Component for Hw {
         match self {
             Hw::Link(l) => l.submit_urgent(now, io, token),
             Hw::Cpu(a) => a.submit_urgent(now, io, token),
+            Hw::Ssd(s) => s.submit_urgent(now, io, token),
             Hw::Array(a) => a.submit_urgent(now, io, token),
             Hw::Ceph(c) => c.submit_urgent(now, io, token),
         }
@@ -123,6 +127,7 @@ impl Component for Hw {
         match self {
             Hw::Link(l) => l.next_event_ns(),
             Hw::Cpu(a) => a.next_event_ns(),
+            Hw::Ssd(s) => s.next_event_ns(),
             Hw::Array(a) => a.next_event_ns(),
             Hw::Ceph(c) => c.next_event_ns(),
         }
@@ -131,6 +136,7 @@ impl Component for Hw {
         match self {
             Hw::Link(l) => l.advance(now, done),
             Hw::Cpu(a) => a.advance(now, done),
+            Hw::Ssd(s) => s.advance(now, done),
             Hw::Array(a) => a.advance(now, done),
             Hw::Ceph(c) => c.advance(now, done),
         }
@@ -139,6 +145,7 @@ impl Component for Hw {
         match self {
             Hw::Link(l) => l.busy_ns(),
             Hw::Cpu(a) => a.busy_ns(),
+            Hw::Ssd(s) => s.busy_ns(),
             Hw::Array(a) => a.busy_ns(),
             Hw::Ceph(c) => c.busy_ns(),
         }
@@ -160,14 +167,47 @@ pub(crate) fn build_link(spec: &toml::Value) -> Result<Option<Hw>, String> {
     )))
 }
 
-/// A flash device serving cache hits: an ideal array of `servers` channels.
-pub(crate) fn build_flash(f: &crate::topology::FlashSpec) -> Result<Hw, String> {
-    let spec = IdealArraySpec {
-        servers: f.servers,
-        service_us: f.service_us,
-        mbps: f.mbps,
-    };
-    Ok(Hw::Cpu(spec.build().map_err(|e| format!("flash: {e}"))?))
+/// A cache's flash device and the operations it serves at once (its channels):
+/// `count` SSDs of the hardware library striped (weir-model `Ssd`), or an ideal
+/// array of `servers` channels.
+pub(crate) fn build_flash(f: &crate::topology::FlashSpec) -> Result<(Hw, u32), String> {
+    use crate::topology::FlashSpec;
+    match f {
+        FlashSpec::Device { device, count } => {
+            let drive: DriveRef = device
+                .clone()
+                .try_into()
+                .map_err(|e: toml::de::Error| format!("flash device: {}", e.message()))?;
+            let ssd = match drive.spec().map_err(|e| format!("flash device: {e}"))? {
+                DriveSpec::Ssd(s) => s,
+                DriveSpec::Hdd(_) => {
+                    return Err(format!(
+                        "flash device {device} is a hard disk; a flash device is an SSD \
+                         (\"pcie-flash\", \"sata-ssd\" or {{ kind = \"ssd\", … }})"
+                    ));
+                }
+            };
+            let ssd = ssd
+                .striped(*count)
+                .map_err(|e| format!("flash device: {e}"))?;
+            let channels = ssd.channels;
+            let dev = Ssd::new(&ssd).map_err(|e| format!("flash device: {e}"))?;
+            Ok((Hw::Ssd(Box::new(dev)), channels))
+        }
+        FlashSpec::Ideal {
+            servers,
+            service_us,
+            mbps,
+        } => {
+            let spec = IdealArraySpec {
+                servers: *servers,
+                service_us: *service_us,
+                mbps: *mbps,
+            };
+            let cpu = spec.build().map_err(|e| format!("flash: {e}"))?;
+            Ok((Hw::Cpu(cpu), *servers))
+        }
+    }
 }
 
 /// Builds the array; `needed_bytes` is the space the VMs' disks take.

@@ -1215,11 +1215,14 @@ fn check_caches(file: &ScenarioFile) -> Result<(), PathErr> {
             ),
         ));
     }
+    if let Some(c) = &file.array_cache {
+        hw::build_flash(&c.flash).map_err(|m| err(vec![key("array_cache"), key("flash")], m))?;
+    }
     for (i, h) in file.host.iter().enumerate() {
         if let Some(c) = &h.flash_cache {
-            check_host_cache(c, |f| {
-                vec![key("host"), Seg::Index(i), key("flash_cache"), key(f)]
-            })?;
+            let at = |f: &str| vec![key("host"), Seg::Index(i), key("flash_cache"), key(f)];
+            check_host_cache(c, at)?;
+            hw::build_flash(&c.flash).map_err(|m| err(at("flash"), m))?;
         }
     }
     Ok(())

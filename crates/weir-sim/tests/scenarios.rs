@@ -425,6 +425,52 @@ fn a_bad_host_flash_cache_is_reported_at_the_host() {
     assert_eq!(field, "array_cache");
 }
 
+/// Flash devices come from the hardware library (an SSD drive preset or table,
+/// `count` striped) or are an abstract FIFO device; a hard disk, an unknown name,
+/// a key of the other form or a bad count is refused at the cache's `flash` key.
+#[test]
+fn flash_devices_are_library_ssds_or_ideal_and_refused_at_their_key() {
+    let host = |f: &str| {
+        GOOD.replace(
+            "link = \"none\"\n",
+            &format!("link = \"none\"\nflash_cache = {{ size_gib = 1, flash = {f} }}\n"),
+        )
+    };
+    for ok in [
+        "\"pcie-flash\"",
+        "{ device = \"sata-ssd\", count = 2 }",
+        "{ servers = 4, service_us = 50 }",
+    ] {
+        assert!(
+            Scenario::from_toml_str("ok.toml", &host(ok)).is_ok(),
+            "{ok}"
+        );
+    }
+    let at = "host[h1].flash_cache.flash";
+    for (bad, says) in [
+        ("\"sas-15k\"", "is a hard disk"),
+        ("\"warp-drive\"", "warp-drive"),
+        ("{ device = \"pcie-flash\", count = 0 }", "count"),
+        (
+            "{ device = \"pcie-flash\", servers = 4 }",
+            "unknown key `servers`",
+        ),
+        ("{ servers = 4, count = 2 }", "unknown key `count`"),
+        ("7", "got 7"),
+        (
+            "{ servers = \"many\" }",
+            "`servers` must be a number, got \"many\"",
+        ),
+    ] {
+        let (_, field, msg) = invalid(&host(bad));
+        assert!(field.starts_with(at), "{bad}: {field}: {msg}");
+        assert!(msg.contains(says), "{bad}: {msg}");
+    }
+    let array = format!("{GOOD}[array_cache]\nsize_gib = 1\nflash = \"sata-7200\"\n");
+    let (_, field, msg) = invalid(&array);
+    assert_eq!(field, "array_cache.flash", "{msg}");
+}
+
 /// A name given twice is refused, naming the second entry: `[[policy]]` (the
 /// second replaced the first), `[[model]]` and `[[workload]]` (the second was
 /// ignored), a model and a workload of one name, and `[[vm]]` entries even with
