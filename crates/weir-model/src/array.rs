@@ -42,7 +42,7 @@ pub enum DriveSpec {
 impl DriveSpec {
     /// Named drive presets: `sas-15k` (Savvio 15K.3), `sas-15k-lff` (Cheetah 15K.7),
     /// `sas-10k` (Savvio 10K.5), `sata-7200`, `sata-ssd` (Intel 710), `pcie-flash`
-    /// (ioDrive2).
+    /// (ioDrive2), `ramsan-400` (a whole RAM SSD array, as one device).
     pub fn preset(name: &str) -> Result<Self, ModelError> {
         Ok(match name {
             "sas-15k" => Self::Hdd(HddSpec::savvio_15k3()),
@@ -51,11 +51,14 @@ impl DriveSpec {
             "sata-7200" => Self::Hdd(HddSpec::sata_7200()),
             "sata-ssd" => Self::Ssd(SsdSpec::intel_710()),
             "pcie-flash" => Self::Ssd(SsdSpec::iodrive2()),
+            "ramsan-400" => Self::Ssd(SsdSpec::ramsan_400()),
             _ => {
                 return Err(ModelError::UnknownPreset {
                     kind: "drive",
                     name: name.to_string(),
-                    known: "sas-15k, sas-15k-lff, sas-10k, sata-7200, sata-ssd, pcie-flash".into(),
+                    known:
+                        "sas-15k, sas-15k-lff, sas-10k, sata-7200, sata-ssd, pcie-flash, ramsan-400"
+                            .into(),
                 });
             }
         })

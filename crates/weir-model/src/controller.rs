@@ -119,14 +119,33 @@ impl ControllerSpec {
         }
     }
 
+    /// The Cisco UCS C220 M3's embedded RAID (UCSC-RAID-ROM55: the chipset's SAS
+    /// ports with LSI's software RAID, no cache, so write-through, no read-ahead,
+    /// direct I/O). CALIBRATION: `bandwidth_mbps = 1,000` is seed 002's Figure 19
+    /// peak ("Read bandwidth on embedded RAID peaked at 1 GBps"); no datasheet
+    /// gives it. Its per-I/O rate is the MegaRAID's order, not measured.
+    pub fn embedded_rom55() -> Self {
+        Self {
+            bandwidth_mbps: 1_000.0,
+            max_iops: 100_000.0,
+            cache_mib: 0,
+            write_policy: WritePolicy::WriteThrough,
+            read_policy: ReadPolicy::NoReadAhead,
+            io_policy: IoPolicy::Direct,
+            battery: BatteryState::Absent,
+            ..Self::pcie_gen2()
+        }
+    }
+
     pub fn preset(name: &str) -> Result<Self, ModelError> {
         match name {
             "pcie-gen2" => Ok(Self::pcie_gen2()),
             "pcie-gen3" => Ok(Self::pcie_gen3()),
+            "embedded-rom55" => Ok(Self::embedded_rom55()),
             _ => Err(ModelError::UnknownPreset {
                 kind: "controller",
                 name: name.to_string(),
-                known: "pcie-gen2, pcie-gen3".into(),
+                known: "pcie-gen2, pcie-gen3, embedded-rom55".into(),
             }),
         }
     }

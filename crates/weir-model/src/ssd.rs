@@ -77,6 +77,26 @@ impl SsdSpec {
         }
     }
 
+    /// Texas Memory Systems RamSan-400 (DDR RAM solid-state disk, 4 controllers with
+    /// two 4 Gb FC ports each), seed 001's arrays: 400,000 random I/Os per second and
+    /// 3,000 MB/s (TMS's ratings), 15 µs access (TMS's figure for its RAM access).
+    /// Writes take the read figures (RAM; the model still charges a random write one
+    /// slot per 4 KiB, so large random writes are paced by the 4 KiB rate). Channels
+    /// 8, one per FC port (enough for the IOPS cap at 15 µs: 400k × 15 µs = 6 in
+    /// flight). 128 GB.
+    pub fn ramsan_400() -> Self {
+        Self {
+            read_latency_us: 15.0,
+            write_latency_us: 15.0,
+            channels: 8,
+            read_bandwidth_mbps: 3_000.0,
+            write_bandwidth_mbps: 3_000.0,
+            read_iops: 400_000.0,
+            write_iops: 400_000.0,
+            capacity_bytes: 128_000_000_000,
+        }
+    }
+
     /// `count` identical devices with requests spread evenly over them (a flash
     /// tier or cache of several cards), as one device: `count` times the channels,
     /// bandwidth, IOPS caps and capacity, the same access latencies. Exact for

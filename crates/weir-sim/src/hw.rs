@@ -3,6 +3,8 @@
 //! `[array]` is a weir-model `ArraySpec` (`controller`, `raid`, `drive`, `policy`), or
 //! `preset = "15k-sas-raid5x24"` (a weir-model array preset), or
 //! `ideal = { servers, service_us, mbps }` (an [`IdealArraySpec`]), or
+//! `device = "ramsan-400"` (+ `count = N`: a flash device of the library, or N
+//! striped, as the whole array), or
 //! `ceph = { osds, replicas, drive, … }` (a weir-model `CephSpec`: a RADOS pool
 //! behind the hosts, which are then its RBD gateways). Links are
 //! weir-model `LinkSpec`s: a preset name (`fc-4g`, `fc-8g`, `10gbe`, `1gbe`) or a
@@ -40,6 +42,7 @@ impl Hw {
         match self {
             Hw::Array(a) => Some(a.capacity_bytes()),
             Hw::Ceph(c) => Some(c.capacity_bytes()),
+            Hw::Ssd(s) => Some(s.spec().capacity_bytes),
             _ => None,
         }
     }
@@ -221,6 +224,11 @@ pub(crate) fn build_array(spec: &toml::Table, seed: u64, needed_bytes: u64) -> R
             .try_into()
             .map_err(|e: toml::de::Error| format!("ideal: {}", e.message()))?;
         return Ok(Hw::Cpu(ideal.build().map_err(|e| format!("ideal: {e}"))?));
+    }
+    if spec.contains_key("device") {
+        // One flash device of the library (or `count` striped) as the whole array.
+        let flash = crate::topology::FlashSpec::try_from(toml::Value::Table(spec.clone()))?;
+        return fits(build_flash(&flash)?.0, needed_bytes);
     }
     if let Some(ceph) = spec.get("ceph") {
         if spec.len() != 1 {

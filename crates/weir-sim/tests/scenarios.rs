@@ -469,6 +469,24 @@ fn flash_devices_are_library_ssds_or_ideal_and_refused_at_their_key() {
     let array = format!("{GOOD}[array_cache]\nsize_gib = 1\nflash = \"sata-7200\"\n");
     let (_, field, msg) = invalid(&array);
     assert_eq!(field, "array_cache.flash", "{msg}");
+    // A library flash device may be the whole array (001's RamSans), if it holds
+    // the VMs' disks.
+    let whole = |a: &str| GOOD.replace("ideal = { servers = 4, service_us = 100 }", a);
+    assert!(
+        Scenario::from_toml_str("ok.toml", &whole("device = \"ramsan-400\"\ncount = 2")).is_ok()
+    );
+    for (bad, says) in [
+        ("device = \"sas-15k\"", "is a hard disk"),
+        (
+            "device = \"ramsan-400\"\nraid = { level = 0, drives = 2 }",
+            "unknown key `raid`",
+        ),
+        ("device = \"sata-ssd\"\ncount = 0", "count"),
+    ] {
+        let (_, field, msg) = invalid(&whole(bad));
+        assert_eq!(field, "array", "{bad}: {msg}");
+        assert!(msg.contains(says), "{bad}: {msg}");
+    }
 }
 
 /// A name given twice is refused, naming the second entry: `[[policy]]` (the
