@@ -71,6 +71,15 @@ pub const PROCESSOR_PRESETS: &[(&str, &str)] = &[
          8.0.1 controller CPU: Table 14 (860 reads + 3,794 writes/s at 27 %) and Table 16 \
          (19,938 reads + 4,916 writes/s at 95 %): 127.5 µs per read, 255.8 µs per write",
     ),
+    (
+        "iocontrol-n5-150-sp",
+        "Fusion ioControl n5-150, seed 000's appliance: its storage processors as they \
+         serve hits from the flash tier, 8 at a time, 320 µs each plus the bytes at \
+         400 MB/s (≈ 25,000 IOPS). CALIBRATION on seed 000's boot storm (bursts over \
+         20,000 IOPS for about five minutes), not a rating: NexGen rated the n5-150 \
+         at 150,000 IOPS (4 KiB, 50/50), and with that 000's storm would not have \
+         contended (docs/FIDELITY.md)",
+    ),
 ];
 
 impl ProcessorSpec {
@@ -94,6 +103,12 @@ impl ProcessorSpec {
             "ms-iscsi-target" => Ok(one_core(788.0)),
             "fas3270-ontap-8.1" => Ok(per_op(74.2, 221.4)),
             "fas3270-ontap-8.0.1" => Ok(per_op(127.5, 255.8)),
+            "iocontrol-n5-150-sp" => Ok(ProcessorSpec {
+                cores: 8,
+                read_us: 320.0,
+                write_us: 320.0,
+                mbps: 400.0,
+            }),
             _ => Err(ModelError::UnknownPreset {
                 kind: "processor",
                 name: name.to_string(),

@@ -65,18 +65,23 @@ pub struct WindowSpec {
 /// A flash device serving cache hits. Either a device of the hardware library —
 /// a weir-model SSD drive by preset name (`"pcie-flash"`: a Fusion-io ioDrive2;
 /// `"sata-ssd"`: an Intel 710) or as a table (`{ kind = "ssd", … }`), `count` of
-/// them striped — or an abstract device of `servers` parallel FIFO channels, each
-/// hit taking `service_us + size / mbps` on one of them.
+/// them striped — or a storage processor that serves the hits (a weir-model
+/// processor preset: its cores, each hit its fixed cost plus its bytes) — or an
+/// abstract device of `servers` parallel FIFO channels, each hit taking
+/// `service_us + size / mbps` on one of them.
 ///
-/// In TOML: `flash = "pcie-flash"`, `flash = { device = "pcie-flash", count = 2 }`
-/// or `flash = { servers = 8, service_us = 250, mbps = 400 }`. Default: one
-/// `pcie-flash` card.
+/// In TOML: `flash = "pcie-flash"`, `flash = { device = "pcie-flash", count = 2 }`,
+/// `flash = { processor = "iocontrol-n5-150-sp" }` or `flash = { servers = 8,
+/// service_us = 250, mbps = 400 }`. Default: one `pcie-flash` card.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "toml::Value")]
 pub enum FlashSpec {
     Device {
         device: toml::Value,
         count: u32,
+    },
+    Processor {
+        processor: toml::Value,
     },
     Ideal {
         servers: u32,
@@ -95,7 +100,7 @@ impl Default for FlashSpec {
 }
 
 const FLASH_FORMS: &str = "a flash device is a drive preset name (\"pcie-flash\", \"sata-ssd\"), \
-     { device = …, count = N } or { servers = N, service_us = µs, mbps = MB/s }";
+     { device = …, count = N }, { processor = … } or { servers = N, service_us = µs, mbps = MB/s }";
 
 impl TryFrom<toml::Value> for FlashSpec {
     type Error = String;
@@ -113,6 +118,8 @@ impl TryFrom<toml::Value> for FlashSpec {
         };
         let allowed: &[&str] = if t.contains_key("device") {
             &["device", "count"]
+        } else if t.contains_key("processor") {
+            &["processor"]
         } else {
             &["servers", "service_us", "mbps"]
         };
@@ -123,6 +130,11 @@ impl TryFrom<toml::Value> for FlashSpec {
             return Ok(FlashSpec::Device {
                 device: device.clone(),
                 count: flash_whole(&t, "count")?.unwrap_or(1),
+            });
+        }
+        if let Some(processor) = t.get("processor") {
+            return Ok(FlashSpec::Processor {
+                processor: processor.clone(),
             });
         }
         Ok(FlashSpec::Ideal {

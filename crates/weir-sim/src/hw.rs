@@ -197,6 +197,11 @@ pub(crate) fn build_flash(f: &crate::topology::FlashSpec) -> Result<(Hw, u32), S
             let dev = Ssd::new(&ssd).map_err(|e| format!("flash device: {e}"))?;
             Ok((Hw::Ssd(Box::new(dev)), channels))
         }
+        FlashSpec::Processor { processor } => {
+            let spec = processor_spec(processor)?;
+            let cpu = Processor::new(&spec).map_err(|e| e.to_string())?;
+            Ok((Hw::Cpu(cpu), spec.cores))
+        }
         FlashSpec::Ideal {
             servers,
             service_us,
@@ -311,20 +316,22 @@ impl IdealArraySpec {
 /// A processor: a preset name (`PROCESSOR_PRESETS`) or a table (`cores`, `read_us`,
 /// `write_us`, `mbps`).
 pub(crate) fn build_processor(spec: &toml::Value) -> Result<Hw, String> {
-    let spec = match spec {
-        toml::Value::String(s) => ProcessorSpec::preset(s).map_err(|e| e.to_string())?,
+    let spec = processor_spec(spec)?;
+    Ok(Hw::Cpu(Processor::new(&spec).map_err(|e| e.to_string())?))
+}
+
+fn processor_spec(spec: &toml::Value) -> Result<ProcessorSpec, String> {
+    match spec {
+        toml::Value::String(s) => ProcessorSpec::preset(s).map_err(|e| e.to_string()),
         toml::Value::Table(_) => spec
             .clone()
             .try_into::<ProcessorSpec>()
-            .map_err(|e| e.message().to_string())?,
-        other => {
-            return Err(format!(
-                "a processor is a preset name or a table {{ cores, read_us, write_us, mbps }}, got {}",
-                other.type_str()
-            ));
-        }
-    };
-    Ok(Hw::Cpu(Processor::new(&spec).map_err(|e| e.to_string())?))
+            .map_err(|e| e.message().to_string()),
+        other => Err(format!(
+            "a processor is a preset name or a table {{ cores, read_us, write_us, mbps }}, got {}",
+            other.type_str()
+        )),
+    }
 }
 
 /// Direction of a request as the hardware sees it.

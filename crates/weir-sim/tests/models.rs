@@ -160,15 +160,19 @@ fn mixed_workload_runs_the_models_and_reports_windows() {
 }
 
 /// The mixed workload's boot storm at a quarter of the flash tier: 2 flash channels
-/// instead of 8 and 32 desktops booting at once instead of 128 (16 per channel, as in
-/// the shipped file), 3 SQL threads per VM (the OLTP load keeps about the same share
+/// of 320 µs instead of the `iocontrol-n5-150-sp` processor's 8, and 32 desktops
+/// booting at once instead of 128 (16 per channel, as in the shipped file), 3 SQL
+/// threads per VM (the OLTP load keeps about the same share
 /// of the flash), 2 GiB pre-warmed databases; 10 s warm-up, pre-storm 10-30 s, storm
 /// 30-50 s, no logins.
 fn mixed_storm_small(text: &str) -> String {
     replaced(
         retimed(text, 10.0, 40.0, [(10.0, 30.0), (30.0, 50.0), (50.0, 50.5)]),
         &[
-            ("flash = { servers = 8,", "flash = { servers = 2,"),
+            (
+                "flash = { processor = \"iocontrol-n5-150-sp\" }",
+                "flash = { servers = 2, service_us = 320, mbps = 400 }",
+            ),
             ("desktops = 150", "desktops = 8"),
             (
                 "max_concurrent_power_on = 128 # the whole model: 32 per pool",

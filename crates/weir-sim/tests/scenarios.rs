@@ -440,6 +440,7 @@ fn flash_devices_are_library_ssds_or_ideal_and_refused_at_their_key() {
         "\"pcie-flash\"",
         "{ device = \"sata-ssd\", count = 2 }",
         "{ servers = 4, service_us = 50 }",
+        "{ processor = \"iocontrol-n5-150-sp\" }",
     ] {
         assert!(
             Scenario::from_toml_str("ok.toml", &host(ok)).is_ok(),
@@ -456,6 +457,11 @@ fn flash_devices_are_library_ssds_or_ideal_and_refused_at_their_key() {
             "unknown key `servers`",
         ),
         ("{ servers = 4, count = 2 }", "unknown key `count`"),
+        ("{ processor = \"pentium\" }", "pentium"),
+        (
+            "{ processor = \"fas3270-ontap-8.1\", count = 2 }",
+            "unknown key `count`",
+        ),
         ("7", "got 7"),
         (
             "{ servers = \"many\" }",
