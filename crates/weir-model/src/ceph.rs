@@ -51,7 +51,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::array::{Drive, DriveRef, DriveSpec};
-use crate::error::{ModelError, check_non_negative, check_positive};
+use crate::error::{ModelError, check_between};
 use crate::link::{Link, LinkSpec};
 use crate::{Completion, Component, DeviceIo, IoDir, Nanos, round_ns};
 
@@ -306,9 +306,22 @@ impl CephSpec {
         {
             return Err(invalid("op_threads", t.to_string(), "must be 1-1024"));
         }
-        check_non_negative("ceph spec", "cpu_us_per_op", self.cpu_us_per_op)?;
-        check_non_negative("ceph spec", "cpu_us_per_kib", self.cpu_us_per_kib)?;
-        check_positive("ceph spec", "cpu_us_per_op + 1", self.cpu_us_per_op + 1.0)?;
+        let op = "must be 0-1e7 µs (10 s)";
+        check_between(
+            "ceph spec",
+            "cpu_us_per_op",
+            self.cpu_us_per_op,
+            (0.0, 1e7),
+            op,
+        )?;
+        let kib = "must be 0-1e3 µs (1 MB/s or faster)";
+        check_between(
+            "ceph spec",
+            "cpu_us_per_kib",
+            self.cpu_us_per_kib,
+            (0.0, 1e3),
+            kib,
+        )?;
         self.network.resolve()?.validate()?;
         let drive = self.drive.spec()?;
         drive.validate()?;

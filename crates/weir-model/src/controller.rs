@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ModelError, check_positive};
+use crate::error::{ModelError, check_between};
 
 /// When a write is acknowledged.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,8 +152,15 @@ impl ControllerSpec {
 
     pub fn validate(&self) -> Result<(), ModelError> {
         const W: &str = "controller spec";
-        check_positive(W, "bandwidth_mbps", self.bandwidth_mbps)?;
-        check_positive(W, "max_iops", self.max_iops)?;
+        check_between(
+            W,
+            "bandwidth_mbps",
+            self.bandwidth_mbps,
+            (1.0, 1e9),
+            "must be 1-1e9 MB/s",
+        )?;
+        let iops = "must be 1-1e12 I/Os per second";
+        check_between(W, "max_iops", self.max_iops, (1.0, 1e12), iops)?;
         if !(self.dirty_fraction.is_finite()
             && self.dirty_fraction > 0.0
             && self.dirty_fraction <= 1.0)

@@ -28,16 +28,8 @@ pub(crate) fn check_positive(
     field: &'static str,
     value: f64,
 ) -> Result<(), ModelError> {
-    if value.is_finite() && value > 0.0 {
-        Ok(())
-    } else {
-        Err(ModelError::InvalidField {
-            what,
-            field,
-            value: format!("{value:?}"),
-            reason: "must be a finite number > 0",
-        })
-    }
+    let range = (f64::MIN_POSITIVE, f64::MAX);
+    check_between(what, field, value, range, "must be a finite number > 0")
 }
 
 pub(crate) fn check_non_negative(
@@ -45,16 +37,13 @@ pub(crate) fn check_non_negative(
     field: &'static str,
     value: f64,
 ) -> Result<(), ModelError> {
-    if value.is_finite() && value >= 0.0 {
-        Ok(())
-    } else {
-        Err(ModelError::InvalidField {
-            what,
-            field,
-            value: format!("{value:?}"),
-            reason: "must be a finite number >= 0",
-        })
-    }
+    check_between(
+        what,
+        field,
+        value,
+        (0.0, f64::MAX),
+        "must be a finite number >= 0",
+    )
 }
 
 /// `value` must lie in `range`; `reason` says so in the error.
@@ -72,6 +61,27 @@ pub(crate) fn check_in_range(
             what,
             field,
             value: value.to_string(),
+            reason,
+        })
+    }
+}
+
+/// `value` within `[lo, hi]` (and finite): the physical range of a field, which also
+/// keeps the device's nanosecond arithmetic far from overflow.
+pub(crate) fn check_between(
+    what: &'static str,
+    field: &'static str,
+    value: f64,
+    (lo, hi): (f64, f64),
+    reason: &'static str,
+) -> Result<(), ModelError> {
+    if value.is_finite() && (lo..=hi).contains(&value) {
+        Ok(())
+    } else {
+        Err(ModelError::InvalidField {
+            what,
+            field,
+            value: format!("{value:?}"),
             reason,
         })
     }

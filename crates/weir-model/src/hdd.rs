@@ -17,7 +17,7 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ModelError, check_in_range, check_non_negative, check_positive};
+use crate::error::{ModelError, check_between, check_in_range};
 use crate::{Completion, Component, DeviceIo, IoDir, Nanos, round_ns};
 
 /// Datasheet-level description of a hard disk drive.
@@ -173,7 +173,13 @@ impl HddSpec {
 
     fn seek_curve(&self) -> Result<SeekCurve, ModelError> {
         const W: &str = "HDD spec";
-        check_in_range(W, "rpm", self.rpm.into(), 1..=u64::MAX, "must be > 0")?;
+        check_in_range(
+            W,
+            "rpm",
+            self.rpm.into(),
+            1..=1_000_000,
+            "must be 1-1,000,000",
+        )?;
         check_in_range(
             W,
             "queue_depth",
@@ -188,14 +194,52 @@ impl HddSpec {
             1..=u64::MAX,
             "must be > 0",
         )?;
-        check_positive(W, "track_to_track_seek_ms", self.track_to_track_seek_ms)?;
-        check_positive(W, "average_seek_ms", self.average_seek_ms)?;
-        check_positive(W, "full_stroke_seek_ms", self.full_stroke_seek_ms)?;
-        check_non_negative(W, "write_settle_ms", self.write_settle_ms)?;
-        check_positive(W, "media_rate_outer_mbps", self.media_rate_outer_mbps)?;
-        check_positive(W, "media_rate_inner_mbps", self.media_rate_inner_mbps)?;
-        check_non_negative(W, "command_overhead_us", self.command_overhead_us)?;
-        check_positive(W, "interface_mbps", self.interface_mbps)?;
+        // Physical ranges, wide enough for any drive and narrow enough that the
+        // nanosecond arithmetic cannot overflow.
+        const MS: (f64, f64) = (1e-6, 1e4);
+        const MBPS: (f64, f64) = (0.1, 1e9);
+        let ms = "must be 1e-6-1e4 ms (10 s)";
+        let mbps = "must be 0.1-1e9 MB/s";
+        check_between(
+            W,
+            "track_to_track_seek_ms",
+            self.track_to_track_seek_ms,
+            MS,
+            ms,
+        )?;
+        check_between(W, "average_seek_ms", self.average_seek_ms, MS, ms)?;
+        check_between(W, "full_stroke_seek_ms", self.full_stroke_seek_ms, MS, ms)?;
+        let settle = "must be 0-1e4 ms (10 s)";
+        check_between(
+            W,
+            "write_settle_ms",
+            self.write_settle_ms,
+            (0.0, 1e4),
+            settle,
+        )?;
+        check_between(
+            W,
+            "media_rate_outer_mbps",
+            self.media_rate_outer_mbps,
+            MBPS,
+            mbps,
+        )?;
+        check_between(
+            W,
+            "media_rate_inner_mbps",
+            self.media_rate_inner_mbps,
+            MBPS,
+            mbps,
+        )?;
+        let overhead = "must be 0-1e7 µs (10 s)";
+        check_between(
+            W,
+            "command_overhead_us",
+            self.command_overhead_us,
+            (0.0, 1e7),
+            overhead,
+        )?;
+        check_between(W, "interface_mbps", self.interface_mbps, MBPS, mbps)?;
         if !(self.track_to_track_seek_ms < self.average_seek_ms
             && self.average_seek_ms < self.full_stroke_seek_ms)
         {

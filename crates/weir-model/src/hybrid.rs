@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::array::{Array, ArraySpec, ControllerRef, DriveRef, DriveSpec, PolicyOverride};
 use crate::controller::{BatteryState, IoPolicy, ReadPolicy, WritePolicy};
-use crate::error::{ModelError, check_positive};
+use crate::error::{ModelError, check_between, check_positive};
 use crate::hdd::HddSpec;
 use crate::placement::{Move, Placement, PlacementSpec, Route};
 use crate::raid::RaidSpec;
@@ -193,8 +193,16 @@ impl HybridSpec {
             );
         }
         check_positive(W, "promote_heat", self.promote_heat)?;
-        check_positive(W, "heat_half_life_ms", self.heat_half_life_ms)?;
-        check_positive(W, "migration_mbps", self.migration_mbps)?;
+        let ms = "must be 1e-3-1e9 ms";
+        check_between(
+            W,
+            "heat_half_life_ms",
+            self.heat_half_life_ms,
+            (1e-3, 1e9),
+            ms,
+        )?;
+        let mbps = "must be 1e-3-1e9 MB/s";
+        check_between(W, "migration_mbps", self.migration_mbps, (1e-3, 1e9), mbps)?;
         Ok(())
     }
 }

@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ModelError, check_non_negative, check_positive};
+use crate::error::{ModelError, check_between};
 use crate::{Completion, Component, DeviceIo, IoDir, Nanos, round_ns};
 
 /// A link's payload bandwidth (per direction) and one-way latency.
@@ -81,8 +81,21 @@ impl LinkSpec {
     }
 
     pub fn validate(&self) -> Result<(), ModelError> {
-        check_positive("link spec", "bandwidth_mbps", self.bandwidth_mbps)?;
-        check_non_negative("link spec", "latency_us", self.latency_us)
+        const W: &str = "link spec";
+        check_between(
+            W,
+            "bandwidth_mbps",
+            self.bandwidth_mbps,
+            (0.1, 1e9),
+            "must be 0.1-1e9 MB/s",
+        )?;
+        check_between(
+            W,
+            "latency_us",
+            self.latency_us,
+            (0.0, 1e7),
+            "must be 0-1e7 µs (10 s)",
+        )
     }
 }
 

@@ -14,7 +14,7 @@ use std::collections::BinaryHeap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ModelError, check_in_range, check_non_negative, check_positive};
+use crate::error::{ModelError, check_between, check_in_range};
 use crate::hdd::DriveStats;
 use crate::{Completion, Component, DeviceIo, IoDir, Nanos, round_ns};
 
@@ -126,12 +126,36 @@ impl SsdSpec {
 
     pub fn validate(&self) -> Result<(), ModelError> {
         const W: &str = "SSD spec";
-        check_non_negative(W, "read_latency_us", self.read_latency_us)?;
-        check_non_negative(W, "write_latency_us", self.write_latency_us)?;
-        check_positive(W, "read_bandwidth_mbps", self.read_bandwidth_mbps)?;
-        check_positive(W, "write_bandwidth_mbps", self.write_bandwidth_mbps)?;
-        check_positive(W, "read_iops", self.read_iops)?;
-        check_positive(W, "write_iops", self.write_iops)?;
+        const LATENCY: (f64, f64) = (0.0, 1e7);
+        const MBPS: (f64, f64) = (1.0, 1e9);
+        const IOPS: (f64, f64) = (1.0, 1e12);
+        let latency = "must be 0-1e7 µs (10 s)";
+        check_between(W, "read_latency_us", self.read_latency_us, LATENCY, latency)?;
+        check_between(
+            W,
+            "write_latency_us",
+            self.write_latency_us,
+            LATENCY,
+            latency,
+        )?;
+        let mbps = "must be 1-1e9 MB/s";
+        check_between(
+            W,
+            "read_bandwidth_mbps",
+            self.read_bandwidth_mbps,
+            MBPS,
+            mbps,
+        )?;
+        check_between(
+            W,
+            "write_bandwidth_mbps",
+            self.write_bandwidth_mbps,
+            MBPS,
+            mbps,
+        )?;
+        let iops = "must be 1-1e12 I/Os per second";
+        check_between(W, "read_iops", self.read_iops, IOPS, iops)?;
+        check_between(W, "write_iops", self.write_iops, IOPS, iops)?;
         check_in_range(
             W,
             "channels",

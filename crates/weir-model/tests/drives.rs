@@ -332,3 +332,111 @@ fn striped_cards_add_their_throughput_and_keep_their_latency() {
     assert_eq!(two.capacity_bytes, 2 * one.capacity_bytes);
     assert!(one.striped(0).is_err() && one.striped(65).is_err());
 }
+
+/// Values no device has (a 1e300 µs access, a 1e-300 MB/s path) are refused with
+/// the field named, instead of overflowing the nanosecond clock into nonsense: a
+/// 1e300 µs SSD used to simulate at 293,000 IOPS.
+#[test]
+fn absurd_values_are_refused_before_they_overflow() {
+    let field = |r: Result<(), weir_model::ModelError>| match r {
+        Err(weir_model::ModelError::InvalidField { field, .. }) => field,
+        other => panic!("accepted: {other:?}"),
+    };
+    let ssd = SsdSpec::iodrive2();
+    for (spec, name) in [
+        (
+            SsdSpec {
+                read_latency_us: 1e300,
+                ..ssd.clone()
+            },
+            "read_latency_us",
+        ),
+        (
+            SsdSpec {
+                write_latency_us: f64::NAN,
+                ..ssd.clone()
+            },
+            "write_latency_us",
+        ),
+        (
+            SsdSpec {
+                read_bandwidth_mbps: 1e-300,
+                ..ssd.clone()
+            },
+            "read_bandwidth_mbps",
+        ),
+        (
+            SsdSpec {
+                write_iops: 1e-9,
+                ..ssd.clone()
+            },
+            "write_iops",
+        ),
+    ] {
+        assert_eq!(field(spec.validate()), name);
+        assert!(Ssd::new(&spec).is_err());
+    }
+    let hdd = HddSpec::savvio_15k3();
+    for (spec, name) in [
+        (
+            HddSpec {
+                full_stroke_seek_ms: 1e300,
+                ..hdd.clone()
+            },
+            "full_stroke_seek_ms",
+        ),
+        (
+            HddSpec {
+                media_rate_inner_mbps: 1e-300,
+                ..hdd.clone()
+            },
+            "media_rate_inner_mbps",
+        ),
+        (
+            HddSpec {
+                command_overhead_us: 1e300,
+                ..hdd.clone()
+            },
+            "command_overhead_us",
+        ),
+        (
+            HddSpec {
+                rpm: u32::MAX,
+                ..hdd.clone()
+            },
+            "rpm",
+        ),
+    ] {
+        assert_eq!(field(spec.validate()), name);
+    }
+    let ctl = weir_model::ControllerSpec::pcie_gen2();
+    let bad = weir_model::ControllerSpec {
+        bandwidth_mbps: 1e-300,
+        ..ctl.clone()
+    };
+    assert_eq!(field(bad.validate()), "bandwidth_mbps");
+    let bad = weir_model::ControllerSpec {
+        max_iops: 1e300,
+        ..ctl
+    };
+    assert_eq!(field(bad.validate()), "max_iops");
+    let link = weir_model::LinkSpec::preset("10gbe").unwrap();
+    let bad = weir_model::LinkSpec {
+        latency_us: 1e300,
+        ..link.clone()
+    };
+    assert_eq!(field(bad.validate()), "latency_us");
+    let bad = weir_model::LinkSpec {
+        bandwidth_mbps: 1e-300,
+        ..link
+    };
+    assert_eq!(field(bad.validate()), "bandwidth_mbps");
+    // The presets themselves are inside the ranges.
+    for s in [
+        SsdSpec::intel_710(),
+        SsdSpec::iodrive2(),
+        SsdSpec::ramsan_400(),
+    ] {
+        s.validate().unwrap();
+    }
+}
