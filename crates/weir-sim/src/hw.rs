@@ -171,8 +171,8 @@ pub(crate) fn build_link(spec: &toml::Value) -> Result<Option<Hw>, String> {
 }
 
 /// A cache's flash device and the operations it serves at once (its channels):
-/// `count` SSDs of the hardware library striped (weir-model `Ssd`), or an ideal
-/// array of `servers` channels.
+/// `count` SSDs of the hardware library striped (weir-model `Ssd`), a processor
+/// preset serving the hits (its cores), or an ideal array of `servers` channels.
 pub(crate) fn build_flash(f: &crate::topology::FlashSpec) -> Result<(Hw, u32), String> {
     use crate::topology::FlashSpec;
     match f {
