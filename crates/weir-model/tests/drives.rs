@@ -342,70 +342,42 @@ fn absurd_values_are_refused_before_they_overflow() {
         Err(weir_model::ModelError::InvalidField { field, .. }) => field,
         other => panic!("accepted: {other:?}"),
     };
-    let ssd = SsdSpec::iodrive2();
+    let ssd = |f: fn(&mut SsdSpec)| {
+        let mut s = SsdSpec::iodrive2();
+        f(&mut s);
+        s
+    };
     for (spec, name) in [
+        (ssd(|s| s.read_latency_us = 1e300), "read_latency_us"),
+        (ssd(|s| s.write_latency_us = f64::NAN), "write_latency_us"),
         (
-            SsdSpec {
-                read_latency_us: 1e300,
-                ..ssd.clone()
-            },
-            "read_latency_us",
-        ),
-        (
-            SsdSpec {
-                write_latency_us: f64::NAN,
-                ..ssd.clone()
-            },
-            "write_latency_us",
-        ),
-        (
-            SsdSpec {
-                read_bandwidth_mbps: 1e-300,
-                ..ssd.clone()
-            },
+            ssd(|s| s.read_bandwidth_mbps = 1e-300),
             "read_bandwidth_mbps",
         ),
-        (
-            SsdSpec {
-                write_iops: 1e-9,
-                ..ssd.clone()
-            },
-            "write_iops",
-        ),
+        (ssd(|s| s.write_iops = 1e-9), "write_iops"),
     ] {
         assert_eq!(field(spec.validate()), name);
         assert!(Ssd::new(&spec).is_err());
     }
-    let hdd = HddSpec::savvio_15k3();
+    let hdd = |f: fn(&mut HddSpec)| {
+        let mut h = HddSpec::savvio_15k3();
+        f(&mut h);
+        h
+    };
     for (spec, name) in [
         (
-            HddSpec {
-                full_stroke_seek_ms: 1e300,
-                ..hdd.clone()
-            },
+            hdd(|h| h.full_stroke_seek_ms = 1e300),
             "full_stroke_seek_ms",
         ),
         (
-            HddSpec {
-                media_rate_inner_mbps: 1e-300,
-                ..hdd.clone()
-            },
+            hdd(|h| h.media_rate_inner_mbps = 1e-300),
             "media_rate_inner_mbps",
         ),
         (
-            HddSpec {
-                command_overhead_us: 1e300,
-                ..hdd.clone()
-            },
+            hdd(|h| h.command_overhead_us = 1e300),
             "command_overhead_us",
         ),
-        (
-            HddSpec {
-                rpm: u32::MAX,
-                ..hdd.clone()
-            },
-            "rpm",
-        ),
+        (hdd(|h| h.rpm = u32::MAX), "rpm"),
     ] {
         assert_eq!(field(spec.validate()), name);
     }

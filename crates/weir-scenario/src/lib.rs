@@ -113,7 +113,7 @@ impl TryFrom<toml::Value> for FlashSpec {
                     count: 1,
                 });
             }
-            toml::Value::Table(t) => t,
+            toml::Value::Table(t) if !t.is_empty() => t,
             other => return Err(format!("{FLASH_FORMS}, got {other}")),
         };
         let allowed: &[&str] = if t.contains_key("device") {

@@ -463,6 +463,7 @@ fn flash_devices_are_library_ssds_or_ideal_and_refused_at_their_key() {
             "unknown key `count`",
         ),
         ("7", "got 7"),
+        ("{}", "got {}"),
         (
             "{ servers = \"many\" }",
             "`servers` must be a number, got \"many\"",
