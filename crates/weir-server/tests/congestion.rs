@@ -49,6 +49,7 @@ async fn flood(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_windows_shrink_under_congestion_and_follow_shares() {
+    let _alone = common::timed_alone().await;
     let (_dir, server) = common::start_with("congestion", &config()).await;
     let server = Arc::new(server);
     let pool = server.state().pool("array").unwrap();
@@ -99,6 +100,7 @@ async fn host_windows_shrink_under_congestion_and_follow_shares() {
 
 #[tokio::test]
 async fn congestion_off_means_no_host_windows_and_bad_thresholds_are_refused() {
+    let _alone = common::timed_alone().await;
     let text = config().replace("enabled = true", "enabled = false");
     let (_dir, server) = common::start_with("congestion-off", &text).await;
     let (mut c, _) = common::connect(&server, "a").await;

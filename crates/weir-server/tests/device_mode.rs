@@ -46,6 +46,7 @@ async fn mean_random_read_latency(server: &RunningServer, volume: &str) -> Durat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_on_an_emulated_array_take_disk_time_and_data_stays_correct() {
+    let _alone = common::timed_alone().await;
     let (_dir, server) = common::start_with("device", CONFIG).await;
     let on_array = mean_random_read_latency(&server, "on-array").await;
     // A random read on a 15K drive is milliseconds (seek + rotation); from page
@@ -70,6 +71,7 @@ async fn reads_on_an_emulated_array_take_disk_time_and_data_stays_correct() {
 
 #[tokio::test]
 async fn an_unknown_device_is_refused_at_start() {
+    let _alone = common::timed_alone().await;
     let dir = common::TempDir::new("baddevice");
     let text = CONFIG.replace("15k-sas-raid5x24", "floppy-raid");
     let config = common::config_from(&text, dir.path());

@@ -231,6 +231,7 @@ async fn every_command_stays_under(limit: Limit, tag: &str) {
 /// released by the gate and as completed at the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_stays_under_a_1000_iops_limit() {
+    let _alone = common::timed_alone().await;
     every_command_stays_under(IOPS_1000, "gate-ops").await;
 }
 
@@ -240,6 +241,7 @@ async fn every_command_stays_under_a_1000_iops_limit() {
 /// reported bypasses).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_stays_under_a_10_mbps_limit() {
+    let _alone = common::timed_alone().await;
     every_command_stays_under(MBPS_10, "gate-ops-mbps").await;
 }
 
@@ -250,6 +252,7 @@ async fn every_command_stays_under_a_10_mbps_limit() {
 /// behind 32 MiB, 8 s of the limit, if the read left whole).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_32_mib_read_is_paced_and_a_small_reader_on_another_host_keeps_its_share() {
+    let _alone = common::timed_alone().await;
     let config = [
         CAPPED_1000,
         &common::volume_toml("shared", "64MiB", "capped", "default"),
@@ -332,6 +335,7 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 /// back right whole, at an offset and length that are not piece-aligned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_in_pieces_read_and_write_exactly_their_bytes() {
+    let _alone = common::timed_alone().await;
     let config = r#"
 [[policies]]
 name = "paced"

