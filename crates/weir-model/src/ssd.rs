@@ -188,6 +188,28 @@ pub struct Ssd {
     stats: DriveStats,
 }
 
+/// The channel an I/O submitted at `now` takes: the earliest free (ties: the
+/// lowest index). A channel already free at `now` serves as well as the
+/// earliest: the I/O starts now either way, and since time never goes back,
+/// every channel free by now is free for every later submission too, so which
+/// one keeps its past free time changes no later start (test
+/// `stopping_at_a_free_channel_starts_every_io_when_the_earliest_would`). The
+/// scan stops at the first.
+fn channel_for(free_ns: &[Nanos], now: Nanos) -> usize {
+    let (mut ch, mut earliest) = (0, free_ns[0]);
+    if earliest > now {
+        for (i, &f) in free_ns.iter().enumerate().skip(1) {
+            if f < earliest {
+                (ch, earliest) = (i, f);
+                if f <= now {
+                    break;
+                }
+            }
+        }
+    }
+    ch
+}
+
 impl Ssd {
     pub fn new(spec: &SsdSpec) -> Result<Self, ModelError> {
         spec.validate()?;
@@ -229,13 +251,7 @@ impl Component for Ssd {
                 self.spec.write_iops,
             ),
         };
-        // Earliest free channel (ties: lowest index, deterministic).
-        let mut ch = 0;
-        for (i, &f) in self.channel_free_ns.iter().enumerate() {
-            if f < self.channel_free_ns[ch] {
-                ch = i;
-            }
-        }
+        let ch = channel_for(&self.channel_free_ns, now);
         let access_ns = (latency_us * 1e3).round() as Nanos;
         let start = now.max(self.channel_free_ns[ch]);
         let flash_done = start + access_ns;
@@ -288,5 +304,46 @@ impl Component for Ssd {
 
     fn busy_ns(&self) -> Nanos {
         self.channel_busy_ns / self.spec.channels as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The earliest free channel, by a full scan (what `channel_for` replaced).
+    fn earliest(free_ns: &[Nanos]) -> usize {
+        (0..free_ns.len()).min_by_key(|&i| free_ns[i]).unwrap()
+    }
+
+    #[test]
+    fn stopping_at_a_free_channel_starts_every_io_when_the_earliest_would() {
+        let mut x = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for channels in [1, 2, 5, 32, 64] {
+            let (mut fast, mut full) = (vec![0; channels], vec![0; channels]);
+            let mut now = 0;
+            let mut waited = 0;
+            for _ in 0..20_000 {
+                // Bursts (many I/Os at one instant) and gaps, so that channels
+                // are sometimes all busy and sometimes mostly free.
+                now += [0, 0, 0, 1_000, 50_000][next(5) as usize];
+                let access = 20_000 + next(80_000);
+                let (a, b) = (channel_for(&fast, now), earliest(&full));
+                let (start_a, start_b) = (now.max(fast[a]), now.max(full[b]));
+                assert_eq!(start_a, start_b, "{channels} channels at {now}");
+                waited += u64::from(start_a > now);
+                fast[a] = start_a + access;
+                full[b] = start_b + access;
+            }
+            if channels <= 5 {
+                assert!(waited > 100, "{channels} channels: the queue never formed");
+            }
+        }
     }
 }
