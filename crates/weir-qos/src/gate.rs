@@ -44,7 +44,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::depth::{DepthConfig, DepthController};
 use crate::fair_rate::{GatewayShare, RateCap};
-use crate::scheduler::{IoKind, IoRange};
+use crate::scheduler::{IdMap, IoKind, IoRange};
 use crate::{
     ClientId, CongestionConfig, DatastoreLatency, Dispatch, Dispatched, HostWindow, IoCost,
     NANOS_PER_SEC, Nanos, PACE_QUANTUM_NS, Phase, Piece, Policy, PolicyError, Scheduler,
@@ -254,7 +254,7 @@ pub struct Gate<T> {
     wake_at: Option<Nanos>,
     /// Per volume: requests submitted and not finished, and the sum and count of
     /// that figure sampled at its completions this period (the share bound).
-    demand: HashMap<VolumeId, Demand>,
+    demand: IdMap<VolumeId, Demand>,
     /// Slots held for a volume's next request (anticipation), until a deadline.
     held: VecDeque<(VolumeId, Nanos)>,
 }
@@ -284,7 +284,7 @@ impl<T: Clone> Gate<T> {
             gateway: None,
             period_latency: DatastoreLatency::new(),
             wake_at: None,
-            demand: HashMap::new(),
+            demand: IdMap::default(),
             held: VecDeque::new(),
         }
     }

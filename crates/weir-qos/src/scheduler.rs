@@ -515,6 +515,12 @@ impl Rates {
     }
 
     fn share_increment(&self, units: u64) -> u128 {
+        // The same quotient in 64 bits when it fits (every request under 2^24 units):
+        // a 128-bit division is a library call.
+        const _: () = assert!(SHARE_SCALE == 1 << 40);
+        if units < 1 << 24 && self.shares <= u64::MAX as u128 {
+            return ((units << 40) / self.shares as u64) as u128;
+        }
         units as u128 * SHARE_SCALE / self.shares
     }
 }
@@ -553,7 +559,7 @@ struct Volume<T> {
 /// A small multiplicative hasher for the u32 ids (the default SipHash costs more than
 /// the rest of a decision).
 #[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
+pub(crate) struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -569,7 +575,7 @@ impl Hasher for IdHasher {
     }
 }
 
-type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// The per-volume tag scheduler (see the module docs for the rules).
 pub struct Scheduler<T> {
@@ -1254,6 +1260,32 @@ mod tests {
         match d {
             Dispatch::Io(d) => d,
             other => panic!("expected Io, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_64_bit_share_increment_is_the_128_bit_quotient() {
+        let mut r = Rates::from_policy(&policy("p"), &SchedulerConfig::default());
+        for shares in [
+            1u128,
+            3,
+            7,
+            200,
+            1000,
+            4000,
+            65_535,
+            u32::MAX as u128,
+            1 << 70,
+        ] {
+            r.shares = shares;
+            for units in [0, 1, 2, 255, 256, 4097, (1 << 24) - 1, 1 << 24, 1 << 40] {
+                let want = units as u128 * SHARE_SCALE / r.shares;
+                assert_eq!(
+                    r.share_increment(units),
+                    want,
+                    "{units} units, {shares} shares"
+                );
+            }
         }
     }
 

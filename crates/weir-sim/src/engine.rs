@@ -702,6 +702,7 @@ impl<'p> Engine<'p> {
         })
     }
 
+    #[inline]
     fn push(&mut self, at: Nanos, ev: Ev) {
         self.seq += 1;
         let seq = self.seq;

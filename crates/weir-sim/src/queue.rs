@@ -25,6 +25,7 @@ impl<E: Ord + Copy> SortedQueue<E> {
         }
     }
 
+    #[inline]
     pub(crate) fn push(&mut self, e: E) {
         self.entries.push(e);
         // Insertion step from the back, past the entries earlier than `e` (no
