@@ -1,21 +1,33 @@
 #!/usr/bin/env bash
 # NBD over TLS: weir serve with and without TLS against nbdkit with and without
-# --tls, same file, same client: nbdcopy (libnbd, GnuTLS; fio's nbd engine
-# cannot do TLS, qemu-img bench takes no TLS object) on one connection and one
-# thread, so --requests is the queue depth: 4 KiB reads at depth 32 (export →
-# null:), 4 KiB writes at depth 32 (a file in the page cache → export), 1 MiB
-# reads at depth 4; all on loopback.
-#   bench/tls.sh                 # REPS=3 SIZE_MIB=256 by default
+# --tls, same file, two clients for all four: nbdcopy (libnbd, GnuTLS) on one
+# connection and one thread, so --requests is the queue depth, and `weir load`
+# (rustls) with one VM on one connection at the same depth. 4 KiB reads at depth 32
+# (export → null:), 4 KiB writes at depth 32 (a file in the page cache → export),
+# 1 MiB reads at depth 4; all on loopback. fio's nbd engine cannot do TLS (libnbd
+# refuses a certificate directory in the URI it is given) and qemu-img bench takes
+# no TLS object.
+#
+# The two clients send a request differently over TLS: libnbd seals a WRITE's header
+# and its payload as two TLS records and sends them as two TCP segments (its
+# tls_send ignores MSG_MORE, also upstream), and takes each reply in its own
+# record; weir load hands rustls all it has ready at once. On a 2-core machine the
+# client shares the cores with the server, so a client's own cost per TLS request
+# caps both servers: the server's CPU per I/O is printed beside the rates.
+#   bench/tls.sh                 # REPS=3 SIZE_MIB=256 RUNTIME=5 by default
 #   REPS=5 SIZE_MIB=512 bench/tls.sh
-# Prints IOPS (and MB/s) per server and cell, medians of REPS runs (servers
-# interleaved within each rep), weir TLS ÷ weir plain and weir TLS ÷ nbdkit TLS,
-# then the server's and the client's CPU per I/O (client and server share the
-# machine's cores: a client that spends more per I/O over TLS caps both servers). Certificates are made with openssl in the work
-# directory. Missing tools (nbdcopy, nbdkit, openssl) are installed with apt-get.
+#   CLIENTS=nbdcopy bench/tls.sh # one client only (nbdcopy or weir-load)
+# Prints, per client, IOPS (and MB/s) per server and cell, medians of REPS runs
+# (servers interleaved within each rep), weir TLS ÷ weir plain and weir TLS ÷
+# nbdkit TLS, then the server's and the client's CPU per I/O. Certificates are made
+# with openssl in the work directory. Missing tools (nbdcopy, nbdkit, openssl) are
+# installed with apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS="${REPS:-3}"
 SIZE_MIB="${SIZE_MIB:-256}"
+RUNTIME="${RUNTIME:-5}"
+read -r -a CLIENT_LIST <<< "${CLIENTS:-nbdcopy weir-load}"
 WORK="${WORK:-${TMPDIR:-/tmp}/weir-tls-bench}"
 
 need() { command -v "$1" >/dev/null 2>&1; }
@@ -92,6 +104,7 @@ done
 
 SERVERS=(weir-tls weir-plain nbdkit-tls nbdkit-plain)
 declare -A PID=([weir-tls]=$PID_WEIR [weir-plain]=$PID_WEIR [nbdkit-tls]=$PID_NBDKIT_TLS [nbdkit-plain]=$PID_NBDKIT)
+declare -A PORT=([weir-tls]=$P_WEIR [weir-plain]=$P_WEIR [nbdkit-tls]=$P_NBDKIT_TLS [nbdkit-plain]=$P_NBDKIT)
 declare -A URI=(
   [weir-tls]="nbds://127.0.0.1:$P_WEIR/bench?tls-certificates=$WORK/pki/client"
   [weir-plain]="nbd://127.0.0.1:$P_WEIR/bench"
@@ -103,8 +116,10 @@ TICK_HZ=$(getconf CLK_TCK)
 CELLS=(4k-read-qd32 4k-write-qd32 1m-read-qd4)
 declare -A SIZE=([4k-read-qd32]=4096 [4k-write-qd32]=4096 [1m-read-qd4]=1048576)
 declare -A DEPTH=([4k-read-qd32]=32 [4k-write-qd32]=32 [1m-read-qd4]=4)
+declare -A SPEC=([4k-read-qd32]="bs=4k,seqread,qd=32,vms=1" [4k-write-qd32]="bs=4k,seqwrite,qd=32,vms=1" [1m-read-qd4]="bs=1m,seqread,qd=4,vms=1")
 declare -A RESULTS CPU CLIENT
 # One nbdcopy run of `cell` against server `s`: the whole export, one connection.
+# Prints the I/Os it did.
 copy() {
   local s=$1 cell=$2 src dst
   if [ "$cell" = 4k-write-qd32 ]; then src="$WORK/source.img"; dst="${URI[$s]}"
@@ -112,55 +127,71 @@ copy() {
   /usr/bin/time -o "$WORK/client.time" -f "%U %S" \
     nbdcopy --connections=1 --threads=1 --requests="${DEPTH[$cell]}" \
     --request-size="${SIZE[$cell]}" "$src" "$dst"
+  echo $(( (SIZE_MIB << 20) / SIZE[$cell] ))
+}
+# One `weir load` run of `cell` against server `s` for RUNTIME seconds, one VM on
+# one connection. Prints the I/Os it did.
+load() {
+  local s=$1 cell=$2 scheme=nbd tls=()
+  case $s in *-tls) scheme=nbds; tls=(--tls-ca "$WORK/pki/client/ca-cert.pem") ;; esac
+  /usr/bin/time -o "$WORK/client.time" -f "%U %S" \
+    "$WEIR" load -q --json -d "$RUNTIME" -t "$scheme://127.0.0.1:${PORT[$s]}/bench" "${tls[@]}" \
+    "${SPEC[$cell]}" > "$WORK/load.json"
+  python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['cases'][0]['total']['ios'])" "$WORK/load.json"
 }
 # Warm the page cache and each server's first connection.
-for s in "${SERVERS[@]}"; do copy "$s" 1m-read-qd4; done
+for s in "${SERVERS[@]}"; do copy "$s" 1m-read-qd4 > /dev/null; done
 
 echo "uptime: $(uptime)"
 for rep in $(seq "$REPS"); do
-  for cell in "${CELLS[@]}"; do
-    count=$(( (SIZE_MIB << 20) / SIZE[$cell] ))
-    for s in "${SERVERS[@]}"; do
-      c0=$(cpu_ticks "${PID[$s]}")
-      t0=$(date +%s.%N)
-      copy "$s" "$cell"
-      t1=$(date +%s.%N)
-      c1=$(cpu_ticks "${PID[$s]}")
-      iops=$(python3 -c "print(f'{$count / ($t1 - $t0):.0f}')")
-      cpu_us=$(python3 -c "print(f'{($c1 - $c0) / $TICK_HZ / $count * 1e6:.2f}')")
-      RESULTS[$s/$cell]+="$iops "
-      CPU[$s/$cell]+="$cpu_us "
-      CLIENT[$s/$cell]+="$(python3 -c "import sys; u, s = map(float, open(sys.argv[1]).read().split()[-2:]); print(f'{(u + s) / $count * 1e6:.2f}')" "$WORK/client.time") "
+  for client in "${CLIENT_LIST[@]}"; do
+    for cell in "${CELLS[@]}"; do
+      for s in "${SERVERS[@]}"; do
+        c0=$(cpu_ticks "${PID[$s]}")
+        t0=$(date +%s.%N)
+        if [ "$client" = nbdcopy ]; then count=$(copy "$s" "$cell"); else count=$(load "$s" "$cell"); fi
+        t1=$(date +%s.%N)
+        c1=$(cpu_ticks "${PID[$s]}")
+        key="$client/$s/$cell"
+        if [ "$client" = nbdcopy ]; then
+          RESULTS[$key]+="$(python3 -c "print(f'{$count / ($t1 - $t0):.0f}')") "
+        else
+          RESULTS[$key]+="$(python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['cases'][0]['total']['iops']))" "$WORK/load.json") "
+        fi
+        CPU[$key]+="$(python3 -c "print(f'{($c1 - $c0) / $TICK_HZ / $count * 1e6:.2f}')") "
+        CLIENT[$key]+="$(python3 -c "import sys; u, s = map(float, open(sys.argv[1]).read().split()[-2:]); print(f'{(u + s) / $count * 1e6:.2f}')" "$WORK/client.time") "
+      done
     done
   done
 done
 
 median() { python3 -c "import statistics,sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
-printf '\n%-14s' "cell"; for s in "${SERVERS[@]}"; do printf '%24s' "$s IOPS (MB/s)"; done
-printf '%18s%18s\n' "TLS ÷ plain" "TLS ÷ nbdkit TLS"
-for cell in "${CELLS[@]}"; do
-  printf '%-14s' "$cell"
-  declare -A M=()
-  for s in "${SERVERS[@]}"; do
-    # shellcheck disable=SC2086
-    M[$s]=$(median ${RESULTS[$s/$cell]})
-    printf '%24s' "$(python3 -c "print(f'{${M[$s]}:,.0f} ({${M[$s]} * ${SIZE[$cell]} / 1e6:,.0f})')")"
+for client in "${CLIENT_LIST[@]}"; do
+  printf '\nclient: %s\n%-14s' "$client" "cell"; for s in "${SERVERS[@]}"; do printf '%24s' "$s IOPS (MB/s)"; done
+  printf '%18s%18s\n' "TLS ÷ plain" "TLS ÷ nbdkit TLS"
+  for cell in "${CELLS[@]}"; do
+    printf '%-14s' "$cell"
+    declare -A M=()
+    for s in "${SERVERS[@]}"; do
+      # shellcheck disable=SC2086
+      M[$s]=$(median ${RESULTS[$client/$s/$cell]})
+      printf '%24s' "$(python3 -c "print(f'{${M[$s]}:,.0f} ({${M[$s]} * ${SIZE[$cell]} / 1e6:,.0f})')")"
+    done
+    printf '%18s%18s\n' "$(python3 -c "print(f'{${M[weir-tls]} / ${M[weir-plain]}:.2f}x')")" \
+      "$(python3 -c "print(f'{${M[weir-tls]} / ${M[nbdkit-tls]}:.2f}x')")"
   done
-  printf '%18s%18s\n' "$(python3 -c "print(f'{${M[weir-tls]} / ${M[weir-plain]}:.2f}x')")" \
-    "$(python3 -c "print(f'{${M[weir-tls]} / ${M[nbdkit-tls]}:.2f}x')")"
-done
-printf '\nserver CPU µs per I/O (median)\n%-14s' "cell"; for s in "${SERVERS[@]}"; do printf '%14s' "$s"; done; echo
-for cell in "${CELLS[@]}"; do
-  printf '%-14s' "$cell"
-  # shellcheck disable=SC2086
-  for s in "${SERVERS[@]}"; do printf '%14s' "$(median ${CPU[$s/$cell]})"; done
-  echo
-done
-printf '\nclient (nbdcopy) CPU µs per I/O (median)\n%-14s' "cell"; for s in "${SERVERS[@]}"; do printf '%14s' "$s"; done; echo
-for cell in "${CELLS[@]}"; do
-  printf '%-14s' "$cell"
-  # shellcheck disable=SC2086
-  for s in "${SERVERS[@]}"; do printf '%14s' "$(median ${CLIENT[$s/$cell]})"; done
-  echo
+  for what in server client; do
+    printf '\n%s CPU µs per I/O, client %s (median)\n%-14s' "$what" "$client" "cell"
+    for s in "${SERVERS[@]}"; do printf '%14s' "$s"; done; echo
+    for cell in "${CELLS[@]}"; do
+      printf '%-14s' "$cell"
+      for s in "${SERVERS[@]}"; do
+        if [ "$what" = server ]; then v=${CPU[$client/$s/$cell]}; else v=${CLIENT[$client/$s/$cell]}; fi
+        # shellcheck disable=SC2086
+        printf '%14.2f' "$(median $v)"
+      done
+      echo
+    done
+  done
 done
 echo "raw IOPS per rep:"; for k in "${!RESULTS[@]}"; do echo "  $k: ${RESULTS[$k]}"; done | sort

@@ -4,6 +4,7 @@
 //! a reader and a writer task per connection, one timer task, and the caller's future
 //! ticking the timeline. No `RefCell` borrow is held across an `.await`.
 
+use crate::conn::{ReadHalf, Stream, WriteHalf, handshake, tls_config};
 use crate::scenario::{LoadScenario, VmWorkload};
 use crate::stats::{Counters, Interval, timeline};
 use crate::verify::{ReadTicket, SECTOR_BYTES, Shadow};
@@ -12,20 +13,17 @@ use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::Notify;
 use weir_nbd::consts::DEFAULT_MAX_PAYLOAD;
-use weir_nbd::{
-    ClientConfig, ClientExport, ClientGoal, ClientHandshake, ClientOutcome, ClientSession,
-    Completion, ReplyData,
-};
+use weir_nbd::{ClientSession, Completion, ReplyData};
 use weir_report::{
     CaseReport, ComponentResult, IoSizeHistogram, ModelMetricResult, ScenarioReport, WindowResult,
     WorkloadResult,
 };
+use weir_tls::rustls;
 use weir_workload::{AccessGenerator, Direction, IoGenerator, IoRequest, Issue, ModelMetric};
 
 const MAX_NOTED: usize = 20;
@@ -60,7 +58,6 @@ struct WindowCounters {
 /// Issues one pump may make before yielding (a guard against a generator that never
 /// blocks).
 const MAX_ISSUES_PER_PUMP: u32 = 1 << 16;
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Vm {
     name: String,
@@ -426,53 +423,7 @@ impl Core {
     }
 }
 
-async fn handshake(target: &Target) -> Result<(TcpStream, ClientExport, Vec<u8>), String> {
-    let addr = target.socket_address();
-    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&addr))
-        .await
-        .map_err(|_| format!("connecting to {addr} timed out"))?
-        .map_err(|e| format!("connecting to {addr}: {e}"))?;
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    let mut hs = ClientHandshake::new(ClientConfig {
-        export_name: target.export.clone(),
-        goal: ClientGoal::Go,
-        structured_replies: true,
-        meta_contexts: vec![],
-        starttls: false,
-    });
-    let mut buf = vec![0u8; 64 * 1024];
-    let work = async {
-        loop {
-            let n = stream
-                .read(&mut buf)
-                .await
-                .map_err(|e| format!("handshake: {e}"))?;
-            if n == 0 {
-                return Err("the server closed the connection during the handshake".to_string());
-            }
-            let outcome = hs.input(&buf[..n]).map_err(|e| format!("handshake: {e}"))?;
-            let out = hs.take_output();
-            if !out.is_empty() {
-                stream
-                    .write_all(&out)
-                    .await
-                    .map_err(|e| format!("handshake: {e}"))?;
-            }
-            match outcome {
-                Some(ClientOutcome::Connected(export)) => return Ok(export),
-                Some(other) => return Err(format!("handshake ended without an export: {other:?}")),
-                None => {}
-            }
-        }
-    };
-    let export = tokio::time::timeout(CONNECT_TIMEOUT, work)
-        .await
-        .map_err(|_| "handshake timed out".to_string())??;
-    let leftover = hs.take_leftover();
-    Ok((stream, export, leftover))
-}
-
-async fn writer_task(core: Rc<RefCell<Core>>, conn_i: usize, mut wh: OwnedWriteHalf) {
+async fn writer_task(core: Rc<RefCell<Core>>, conn_i: usize, mut wh: WriteHalf) {
     let notify = core.borrow().conns[conn_i].notify.clone();
     loop {
         notify.notified().await;
@@ -484,8 +435,13 @@ async fn writer_task(core: Rc<RefCell<Core>>, conn_i: usize, mut wh: OwnedWriteH
         if broken && !closing {
             return;
         }
+        // A flush after each batch: over TLS it is what puts the records on the wire.
         if !out.is_empty()
-            && let Err(e) = wh.write_all(&out).await
+            && let Err(e) = async {
+                wh.write_all(&out).await?;
+                wh.flush().await
+            }
+            .await
         {
             core.borrow_mut()
                 .break_conn(conn_i, format!("write: {e}"), Instant::now());
@@ -498,7 +454,7 @@ async fn writer_task(core: Rc<RefCell<Core>>, conn_i: usize, mut wh: OwnedWriteH
     }
 }
 
-async fn reader_task(core: Rc<RefCell<Core>>, conn_i: usize, mut rh: OwnedReadHalf) {
+async fn reader_task(core: Rc<RefCell<Core>>, conn_i: usize, mut rh: ReadHalf) {
     let mut buf = vec![0u8; 256 * 1024];
     loop {
         let r = rh.read(&mut buf).await;
@@ -747,11 +703,12 @@ pub(crate) async fn run(
     progress: &mut dyn FnMut(&LoadProgress),
 ) -> Result<LoadOutcome, LoadError> {
     let timing = check_options(&opts)?;
+    let tls = tls_config(&opts)?;
     let scenario = &opts.scenario;
     let seed = opts.seed.unwrap_or(scenario.seed);
     let n_targets = opts.targets.len();
     let conns_for = connections_per_target(&opts)?;
-    let connected = connect(&opts.targets, &conns_for).await?;
+    let connected = connect(&opts.targets, &conns_for, tls.as_ref()).await?;
     let plan = layout(scenario, &opts.targets, &connected.sizes)?;
     let (vms, max_size) = build_vms(&opts, &plan, &connected, seed)?;
     let Connected { streams, sizes, .. } = connected;
@@ -819,8 +776,13 @@ fn check_options(opts: &LoadOptions) -> Result<Timing, LoadError> {
     if opts.targets.is_empty() {
         return Err(LoadError::InvalidOption("give at least one target".into()));
     }
+    let export_of = |t: &Target| (t.host.clone(), t.port, t.export.clone());
     for (i, t) in opts.targets.iter().enumerate() {
-        if opts.targets[..i].contains(t) {
+        // The same export over TLS and in plain text is still the same disk.
+        if opts.targets[..i]
+            .iter()
+            .any(|o| export_of(o) == export_of(t))
+        {
             return Err(LoadError::InvalidOption(format!(
                 "target {t} is listed twice (its VMs' disks would overlap)"
             )));
@@ -910,14 +872,19 @@ fn connections_per_target(opts: &LoadOptions) -> Result<Vec<u32>, LoadError> {
 /// The open connections (target index, socket, session) and, per target, what its
 /// export said.
 struct Connected {
-    streams: Vec<(u32, TcpStream, ClientSession)>,
+    streams: Vec<(u32, Stream, ClientSession)>,
     sizes: Vec<u64>,
     read_only: Vec<bool>,
     max_payload: Vec<u32>,
 }
 
-/// Opens `conns_for[t]` connections to each target `t`, one after the other.
-async fn connect(targets: &[Target], conns_for: &[u32]) -> Result<Connected, LoadError> {
+/// Opens `conns_for[t]` connections to each target `t`, one after the other
+/// (`nbds://` ones over TLS with `tls`).
+async fn connect(
+    targets: &[Target],
+    conns_for: &[u32],
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<Connected, LoadError> {
     let n_targets = targets.len();
     let mut connected = Connected {
         streams: Vec::new(),
@@ -928,7 +895,7 @@ async fn connect(targets: &[Target], conns_for: &[u32]) -> Result<Connected, Loa
     for (t, target) in targets.iter().enumerate() {
         for _ in 0..conns_for[t] {
             let (stream, export, leftover) =
-                handshake(target)
+                handshake(target, tls)
                     .await
                     .map_err(|message| LoadError::Connect {
                         target: target.to_string(),
@@ -1078,13 +1045,12 @@ fn write_pattern(seed: u64, max_size: u32) -> Vec<u8> {
 
 /// Splits the connected sockets into the connections' state and their socket halves.
 fn split_connections(
-    streams: Vec<(u32, TcpStream, ClientSession)>,
-) -> (Vec<Conn>, Vec<(OwnedReadHalf, OwnedWriteHalf)>) {
+    streams: Vec<(u32, Stream, ClientSession)>,
+) -> (Vec<Conn>, Vec<(ReadHalf, WriteHalf)>) {
     let mut conns = Vec::new();
     let mut halves = Vec::new();
     for (t, stream, session) in streams {
-        let (rh, wh) = stream.into_split();
-        halves.push((rh, wh));
+        halves.push(stream.split());
         conns.push(Conn {
             target: t,
             session,
@@ -1157,7 +1123,7 @@ struct Tasks {
 
 impl Tasks {
     /// Starts the tasks on the current `LocalSet`.
-    fn spawn(core: &Rc<RefCell<Core>>, halves: Vec<(OwnedReadHalf, OwnedWriteHalf)>) -> Tasks {
+    fn spawn(core: &Rc<RefCell<Core>>, halves: Vec<(ReadHalf, WriteHalf)>) -> Tasks {
         let mut writers = Vec::new();
         let mut readers = Vec::new();
         for (i, (rh, wh)) in halves.into_iter().enumerate() {

@@ -6,7 +6,8 @@
 //!
 //! - many simulated VMs multiplexed over a bounded number of NBD connections
 //!   ([`LoadOptions::connections`]); every connection is pipelined (all the VMs'
-//!   outstanding requests in flight at once, replies taken in any order);
+//!   outstanding requests in flight at once, replies taken in any order); `nbds://`
+//!   targets over TLS ([`LoadOptions::tls`]: the CA, optionally a client certificate);
 //! - model time runs [`LoadOptions::time_scale`] times faster than the wall clock
 //!   (a 30-minute storm in 3 minutes with `time_scale = 10`): think times and bursts
 //!   shrink, and the generators see latencies on the model clock (real × scale);
@@ -28,12 +29,14 @@
 //! scenario file (its workload part), a built-in profile, or a one-line access
 //! specification; see [`scenario`].
 
+mod conn;
 mod engine;
 pub mod scenario;
 mod stats;
 pub mod target;
 pub mod verify;
 
+pub use conn::TlsFiles;
 pub use scenario::{LoadScenario, LoadVm, ScenarioSource, VmWorkload, Window, parse_bytes};
 pub use target::{DEFAULT_NBD_PORT, Target};
 
@@ -71,6 +74,9 @@ pub struct LoadOptions {
     /// With `verify`: after the run, read back up to this many bytes per target of
     /// what was written and check them (0: no final read-back).
     pub final_check_bytes: u64,
+    /// The CA (and client certificate) for `nbds://` targets; required with them,
+    /// refused without them.
+    pub tls: Option<TlsFiles>,
 }
 
 impl LoadOptions {
@@ -87,6 +93,7 @@ impl LoadOptions {
             timeline_interval: None,
             drain_timeout: Duration::from_secs(10),
             final_check_bytes: 256 << 20,
+            tls: None,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! `nbd://HOST[:PORT]/EXPORT` target addresses.
+//! `nbd://HOST[:PORT]/EXPORT` target addresses (`nbds://`: over TLS).
 
 use crate::LoadError;
 use std::fmt;
@@ -14,19 +14,28 @@ pub struct Target {
     pub port: u16,
     /// Export name (empty: the server's default export).
     pub export: String,
+    /// `nbds://`: TLS (`NBD_OPT_STARTTLS`) before anything else, never plain text.
+    pub tls: bool,
 }
 
 impl Target {
-    /// Parses `nbd://HOST[:PORT][/EXPORT]` (IPv6 as `nbd://[::1]:10809/x`).
+    /// Parses `nbd://HOST[:PORT][/EXPORT]` (IPv6 as `nbd://[::1]:10809/x`), or the
+    /// same with `nbds://` for TLS.
     pub fn parse(uri: &str) -> Result<Target, LoadError> {
         let bad = |why: &str| LoadError::InvalidTarget {
             target: uri.to_string(),
             message: why.to_string(),
         };
-        let rest = uri
-            .trim()
-            .strip_prefix("nbd://")
-            .ok_or_else(|| bad("must start with nbd:// (nbd://HOST[:PORT]/EXPORT)"))?;
+        let uri_text = uri.trim();
+        let (tls, rest) = match uri_text.strip_prefix("nbds://") {
+            Some(rest) => (true, rest),
+            None => (
+                false,
+                uri_text.strip_prefix("nbd://").ok_or_else(|| {
+                    bad("must start with nbd:// or nbds:// (nbd://HOST[:PORT]/EXPORT)")
+                })?,
+            ),
+        };
         let (authority, export) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i + 1..]),
             None => (rest, ""),
@@ -65,6 +74,7 @@ impl Target {
             host: host.to_string(),
             port,
             export: export.to_string(),
+            tls,
         })
     }
 
@@ -78,7 +88,7 @@ impl Target {
             .collect::<Result<Vec<_>, _>>()?;
         if targets.is_empty() {
             return Err(LoadError::InvalidOption(
-                "--target: give at least one nbd://HOST[:PORT]/EXPORT".into(),
+                "--target: give at least one nbd://HOST[:PORT]/EXPORT (or nbds://)".into(),
             ));
         }
         Ok(targets)
@@ -96,7 +106,8 @@ impl Target {
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "nbd://{}/{}", self.socket_address(), self.export)
+        let scheme = if self.tls { "nbds" } else { "nbd" };
+        write!(f, "{scheme}://{}/{}", self.socket_address(), self.export)
     }
 }
 
@@ -167,12 +178,18 @@ mod tests {
         let l = Target::parse_list("nbd://a/x, nbd://b:1/y").unwrap();
         assert_eq!(l.len(), 2);
         assert_eq!(l[1].port, 1);
+        assert!(!l[0].tls);
+        let t = Target::parse("nbds://127.0.0.1/vol").unwrap();
+        assert!(t.tls);
+        assert_eq!(t.to_string(), "nbds://127.0.0.1:10809/vol");
+        assert_ne!(t, Target::parse("nbd://127.0.0.1/vol").unwrap());
     }
 
     #[test]
     fn rejects_bad_uris_with_reasons() {
         for (uri, why) in [
-            ("http://x/y", "nbd://"),
+            ("http://x/y", "nbd:// or nbds://"),
+            ("nbds:///x", "missing host"),
             ("nbd:///x", "missing host"),
             ("nbd://h:0/x", "not a number"),
             ("nbd://h:abc/x", "not a number"),

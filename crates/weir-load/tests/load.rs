@@ -402,6 +402,22 @@ count = 6
     assert_eq!(timeline.interval_s, 0.25, "scenario interval / time scale");
 }
 
+/// `weir serve` with the configuration `toml`, its data in `dir`, on a runtime of
+/// its own (one worker).
+fn start_weir(dir: &TempDir, toml: &str) -> (tokio::runtime::Runtime, weir_server::RunningServer) {
+    let mut config = weir_server::WeirConfig::from_toml_str(toml, "load test").unwrap();
+    config.data_dir = dir.path().to_path_buf();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = rt
+        .block_on(weir_server::RunningServer::start(config))
+        .unwrap();
+    (rt, server)
+}
+
 #[test]
 fn weir_server_verify_run_passes() {
     let dir = TempDir::new("load-server");
@@ -423,16 +439,7 @@ name = "vol-b"
 size = "16MiB"
 policy = "non-critical"
 "#;
-    let mut config = weir_server::WeirConfig::from_toml_str(config, "load test").unwrap();
-    config.data_dir = dir.path().to_path_buf();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let server = rt
-        .block_on(weir_server::RunningServer::start(config))
-        .unwrap();
+    let (rt, server) = start_weir(&dir, config);
     let addr = server.nbd_addr();
     let out = run(verifying(
         &format!("nbd://{addr}/vol-a,nbd://{addr}/vol-b"),
@@ -678,4 +685,104 @@ fn lost_writes_are_caught_by_the_final_read_back() {
     assert!(out.passed(), "{:?}", out.failures());
     // 1 MiB disk, 70 % dataset: at most 1434 written sectors, most of them by now.
     assert!((500..=1434).contains(&v.final_sectors_checked), "{v:?}");
+}
+
+/// `weir serve` with `tls = "require"` for the TLS tests: `open` (any client) and
+/// `only1` (only the TLS identity `client1`), 16 MiB each.
+fn tls_server(
+    pki: &weir_testkit::Pki,
+) -> (TempDir, tokio::runtime::Runtime, weir_server::RunningServer) {
+    let dir = TempDir::new("load-tls");
+    let config = format!(
+        r#"listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+{}
+[[access_groups]]
+name = "client1-only"
+hosts = ["*"]
+identities = ["client1"]
+
+[[volumes]]
+name = "open"
+size = "16MiB"
+policy = "mission-critical"
+
+[[volumes]]
+name = "only1"
+size = "16MiB"
+policy = "non-critical"
+access_groups = ["client1-only"]
+"#,
+        pki.weir_config("require")
+    );
+    let (rt, server) = start_weir(&dir, &config);
+    (dir, rt, server)
+}
+
+fn tls_files(pki: &weir_testkit::Pki, creds: &str, cert: bool) -> weir_load::TlsFiles {
+    let file = |f: &str| PathBuf::from(pki.path(&format!("{creds}/{f}")));
+    weir_load::TlsFiles {
+        ca: file("ca-cert.pem"),
+        cert_key: cert.then(|| (file("client-cert.pem"), file("client-key.pem"))),
+    }
+}
+
+#[test]
+fn nbds_targets_run_verified_over_tls_with_the_clients_identity() {
+    let Some(pki) = weir_testkit::Pki::new() else {
+        return;
+    };
+    let (_dir, rt, server) = tls_server(&pki);
+    let addr = server.nbd_addr();
+    // Data checked end to end over TLS, on two exports, the second one open only to
+    // the identity in client1's certificate.
+    let mut o = verifying(
+        &format!("nbds://{addr}/open,nbds://{addr}/only1"),
+        "bs=4k,randrw,qd=16,vms=2,disk=4m",
+        1.0,
+        true,
+    );
+    o.tls = Some(tls_files(&pki, "client1", true));
+    let out = run(o);
+    let v = out.verify.clone().unwrap();
+    println!("over TLS: {} I/Os, {v:?}", out.ios);
+    assert!(out.passed(), "{:?}", out.failures());
+    assert!(v.reads_checked > 100 && v.mismatched_reads == 0, "{v:?}");
+
+    // Without a certificate the identity-only export is not there.
+    let mut o = options(&format!("nbds://{addr}/only1"), "bs=4k", 0.3);
+    o.tls = Some(tls_files(&pki, "anon", false));
+    let e = weir_load::run(o, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("refused NBD_OPT_GO"), "{e}");
+    // Plain text to a TLS-only server: refused, saying why.
+    let e = weir_load::run(
+        options(&format!("nbd://{addr}/open"), "bs=4k", 0.3),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("requires TLS"), "{e}");
+    // A CA that did not sign the server's certificate: the handshake fails.
+    let other = weir_testkit::Pki::new().unwrap();
+    let mut o = options(&format!("nbds://{addr}/open"), "bs=4k", 0.3);
+    o.tls = Some(tls_files(&other, "anon", false));
+    let e = weir_load::run(o, &mut |_| {}).unwrap_err().to_string();
+    assert!(
+        e.contains("TLS handshake") && e.contains("certificate"),
+        "{e}"
+    );
+    // nbds:// without a CA, and a CA without an nbds:// target: refused before
+    // anything connects.
+    let e = weir_load::run(
+        options(&format!("nbds://{addr}/open"), "bs=4k", 0.3),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("need --tls-ca"), "{e}");
+    let mut o = options(&format!("nbd://{addr}/open"), "bs=4k", 0.3);
+    o.tls = Some(tls_files(&pki, "anon", false));
+    let e = weir_load::run(o, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("every target is nbd://"), "{e}");
+    rt.block_on(server.shutdown()).unwrap();
 }

@@ -111,7 +111,7 @@ pub enum ProtocolError {
     NotFixedNewstyle,
     #[error("server sent an unexpected {what}: {detail}")]
     Unexpected { what: &'static str, detail: String },
-    #[error("server refused option {option}: reply {reply:#x} {message:?}")]
+    #[error("{}", refused_text(*option, *reply, message))]
     OptionRefused {
         option: u32,
         reply: u32,
@@ -121,11 +121,90 @@ pub enum ProtocolError {
     Finished,
 }
 
+/// "the server refused NBD_OPT_GO (7): NBD_REP_ERR_TLS_REQD (0x80000005), ..."
+/// with the server's message and, for the refusals a user can act on, what to do.
+fn refused_text(option: u32, reply: u32, message: &str) -> String {
+    use crate::consts::*;
+    let option_name = match option {
+        OPT_EXPORT_NAME => "NBD_OPT_EXPORT_NAME",
+        OPT_ABORT => "NBD_OPT_ABORT",
+        OPT_LIST => "NBD_OPT_LIST",
+        OPT_STARTTLS => "NBD_OPT_STARTTLS",
+        OPT_INFO => "NBD_OPT_INFO",
+        OPT_GO => "NBD_OPT_GO",
+        OPT_STRUCTURED_REPLY => "NBD_OPT_STRUCTURED_REPLY",
+        OPT_LIST_META_CONTEXT => "NBD_OPT_LIST_META_CONTEXT",
+        OPT_SET_META_CONTEXT => "NBD_OPT_SET_META_CONTEXT",
+        OPT_EXTENDED_HEADERS => "NBD_OPT_EXTENDED_HEADERS",
+        _ => "option",
+    };
+    let reply_name = match reply {
+        REP_ERR_UNSUP => "NBD_REP_ERR_UNSUP",
+        REP_ERR_POLICY => "NBD_REP_ERR_POLICY",
+        REP_ERR_INVALID => "NBD_REP_ERR_INVALID",
+        REP_ERR_PLATFORM => "NBD_REP_ERR_PLATFORM",
+        REP_ERR_TLS_REQD => "NBD_REP_ERR_TLS_REQD",
+        REP_ERR_UNKNOWN => "NBD_REP_ERR_UNKNOWN",
+        REP_ERR_SHUTDOWN => "NBD_REP_ERR_SHUTDOWN",
+        REP_ERR_BLOCK_SIZE_REQD => "NBD_REP_ERR_BLOCK_SIZE_REQD",
+        REP_ERR_TOO_BIG => "NBD_REP_ERR_TOO_BIG",
+        _ => "reply",
+    };
+    let mut text =
+        format!("the server refused {option_name} ({option}): {reply_name} ({reply:#x})");
+    if !message.is_empty() {
+        text += &format!(": {message:?}");
+    }
+    let hint = match (option, reply) {
+        (_, REP_ERR_TLS_REQD) => Some("the server requires TLS (an nbds:// address)"),
+        (OPT_STARTTLS, _) => Some("the server does not offer TLS (an nbd:// address)"),
+        (OPT_GO | OPT_INFO | OPT_EXPORT_NAME, REP_ERR_UNKNOWN) => Some("no such export"),
+        _ => None,
+    };
+    if let Some(hint) = hint {
+        text += &format!(" — {hint}");
+    }
+    text
+}
+
 impl ProtocolError {
     pub(crate) fn unexpected(what: &'static str, detail: impl Into<String>) -> ProtocolError {
         ProtocolError::Unexpected {
             what,
             detail: detail.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consts::*;
+
+    #[test]
+    fn refusals_name_the_option_and_the_reply_and_say_what_to_do() {
+        let refused = |option, reply, message: &str| {
+            ProtocolError::OptionRefused {
+                option,
+                reply,
+                message: message.into(),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            refused(OPT_GO, REP_ERR_TLS_REQD, ""),
+            "the server refused NBD_OPT_GO (7): NBD_REP_ERR_TLS_REQD (0x80000005) \
+             — the server requires TLS (an nbds:// address)"
+        );
+        assert_eq!(
+            refused(OPT_STARTTLS, REP_ERR_POLICY, "no TLS here"),
+            "the server refused NBD_OPT_STARTTLS (5): NBD_REP_ERR_POLICY (0x80000002): \
+             \"no TLS here\" — the server does not offer TLS (an nbd:// address)"
+        );
+        assert!(refused(OPT_GO, REP_ERR_UNKNOWN, "x").ends_with("— no such export"));
+        assert_eq!(
+            refused(99, REP_ERR_BIT | 77, ""),
+            "the server refused option (99): reply (0x8000004d)"
+        );
     }
 }

@@ -21,14 +21,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use anyhow::Context as _;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, BufReader, ReadBuf, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use weir_nbd::TlsPolicy;
+use weir_tls::{TLS_READ_BUFFER, load_certs, load_key, load_roots, provider};
 
 use crate::config::{TlsMode, WeirConfig};
 
@@ -76,46 +75,13 @@ impl NbdTls {
     }
 }
 
-/// The certificates of a PEM file (`what`: the setting that names it).
-fn load_certs(path: &Path, what: &str) -> anyhow::Result<Vec<CertificateDer<'static>>> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| anyhow::anyhow!("{what} {}: {e}", path.display()))?;
-    if certs.is_empty() {
-        anyhow::bail!("{what} {}: no certificate in the file", path.display());
-    }
-    Ok(certs)
-}
-
-/// A root store of the CA certificates in a PEM file.
-fn load_roots(path: &Path, what: &str) -> anyhow::Result<rustls::RootCertStore> {
-    let mut roots = rustls::RootCertStore::empty();
-    let (added, _) = roots.add_parsable_certificates(load_certs(path, what)?);
-    if added == 0 {
-        anyhow::bail!("{what} {}: no usable CA certificate", path.display());
-    }
-    Ok(roots)
-}
-
-/// rustls on ring with AES-128-GCM first: GnuTLS clients (qemu, libnbd) put
-/// AES-256-GCM first, which costs both ends ~40 % more per byte (14 AES rounds
-/// instead of 10) for no security a storage link needs.
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    let mut provider = rustls::crypto::ring::default_provider();
-    provider
-        .cipher_suites
-        .sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
-    Arc::new(provider)
-}
-
 fn server_config(
     cert: &Path,
     key: &Path,
     client_ca: Option<&Path>,
 ) -> anyhow::Result<rustls::ServerConfig> {
     let certs = load_certs(cert, "tls_cert")?;
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| anyhow::anyhow!("tls_key {}: {e}", key.display()))?;
+    let key = load_key(key, "tls_key")?;
     // The server's order wins (AES-128 first, see `provider`).
     let provider = provider();
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
@@ -151,27 +117,13 @@ pub fn upstream_client_config(
     ca: &Path,
     cert_key: Option<(&Path, &Path)>,
 ) -> anyhow::Result<Arc<rustls::ClientConfig>> {
-    let roots = load_roots(ca, "upstream_tls_ca")?;
-    let builder = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_root_certificates(roots);
-    let config = match cert_key {
-        None => builder.with_no_client_auth(),
-        Some((cert, key)) => {
-            let certs = load_certs(cert, "upstream_tls_cert")?;
-            let key = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| anyhow::anyhow!("upstream_tls_key {}: {e}", key.display()))?;
-            builder.with_client_auth_cert(certs, key).with_context(|| {
-                format!("upstream_tls_cert {} / upstream_tls_key", cert.display())
-            })?
-        }
+    let names = weir_tls::SettingNames {
+        ca: "upstream_tls_ca",
+        cert: "upstream_tls_cert",
+        key: "upstream_tls_key",
     };
-    Ok(Arc::new(config))
+    Ok(weir_tls::client_config(ca, cert_key, names)?)
 }
-
-/// Socket bytes read at once under rustls (see [`NbdTls::accept`]).
-pub const TLS_READ_BUFFER: usize = 256 * 1024;
 
 /// A TLS connection: rustls over a buffered socket.
 pub type TlsTcp = TlsStream<BufReader<TcpStream>>;

@@ -7,6 +7,12 @@
 //! - [`require_tool`]: whether an external program (qemu-img, nbdinfo, fio, nbdkit…)
 //!   can be run; when it cannot, it prints the reason the calling test is skipped.
 //! - [`output_text`]: a finished command's stdout and stderr, for failure messages.
+//! - [`Pki`]: a CA with server and client certificates (openssl), laid out as qemu's
+//!   and libnbd's certificate directories.
+
+mod pki;
+
+pub use pki::Pki;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -6,7 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
-use weir_load::{LoadOptions, LoadOutcome, LoadScenario, ScenarioSource, Target};
+use weir_load::{LoadOptions, LoadOutcome, LoadScenario, ScenarioSource, Target, TlsFiles};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct LoadArgs {
@@ -14,9 +14,21 @@ pub struct LoadArgs {
     /// `weir sim` built-in scenario name, a profile (oltp, vdi-boot…, with overrides:
     /// `oltp,vms=8`) or a simple spec (`bs=4k,randread,qd=32,vms=4`)
     pub scenario: String,
-    /// NBD exports to drive: nbd://HOST[:PORT]/EXPORT, comma-separated or repeated
+    /// NBD exports to drive: nbd://HOST[:PORT]/EXPORT, or nbds://… over TLS (with
+    /// --tls-ca), comma-separated or repeated
     #[arg(long, short = 't', value_name = "URI[,URI…]", required = true)]
     pub target: Vec<String>,
+    /// PEM file of the CA that signed the nbds:// servers' certificates (which must
+    /// name the target's host)
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate for nbds:// targets: the identity their access groups
+    /// see (with --tls-key)
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Wall-clock run time: 30, 30s, 5m, 1h, 500ms (default: the scenario's duration
     /// divided by --time-scale, or 10 s)
     #[arg(long, short = 'd', value_name = "TIME", value_parser = parse_duration)]
@@ -107,6 +119,10 @@ impl LoadArgs {
         o.seed = self.seed;
         o.timeline_interval = self.interval;
         o.final_check_bytes = self.final_check;
+        o.tls = self.tls_ca.clone().map(|ca| TlsFiles {
+            ca,
+            cert_key: self.tls_cert.clone().zip(self.tls_key.clone()),
+        });
         Ok(o)
     }
 }
@@ -268,5 +284,44 @@ mod tests {
                 .to_string()
                 .contains("nbd://")
         );
+    }
+
+    #[test]
+    fn tls_files_go_together() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["weir-load", "-t", "nbds://h/x"];
+            args.extend(extra);
+            args.push("bs=4k");
+            Cli::try_parse_from(args)
+        };
+        let o = parse(&["--tls-ca", "ca.pem"])
+            .unwrap()
+            .load
+            .options()
+            .unwrap();
+        assert!(o.targets[0].tls);
+        assert_eq!(
+            o.tls,
+            Some(TlsFiles {
+                ca: "ca.pem".into(),
+                cert_key: None
+            })
+        );
+        let o = parse(&["--tls-ca", "a", "--tls-cert", "c", "--tls-key", "k"])
+            .unwrap()
+            .load
+            .options()
+            .unwrap();
+        assert_eq!(o.tls.unwrap().cert_key, Some(("c".into(), "k".into())));
+        assert!(
+            parse(&["--tls-ca", "a", "--tls-cert", "c"]).is_err(),
+            "a cert needs its key"
+        );
+        assert!(parse(&["--tls-key", "k"]).is_err(), "a key needs its cert");
+        assert!(
+            parse(&["--tls-cert", "c", "--tls-key", "k"]).is_err(),
+            "and the CA"
+        );
+        assert_eq!(parse(&[]).unwrap().load.options().unwrap().tls, None);
     }
 }
