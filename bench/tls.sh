@@ -136,7 +136,7 @@ load() {
   case $s in *-tls) scheme=nbds; tls=(--tls-ca "$WORK/pki/client/ca-cert.pem") ;; esac
   /usr/bin/time -o "$WORK/client.time" -f "%U %S" \
     "$WEIR" load -q --json -d "$RUNTIME" -t "$scheme://127.0.0.1:${PORT[$s]}/bench" "${tls[@]}" \
-    "${SPEC[$cell]}" > "$WORK/load.json"
+    "${SPEC[$cell]}" > "$WORK/load.json" 2> "$WORK/load.err" || { cat "$WORK/load.err" >&2; exit 1; }
   python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['cases'][0]['total']['ios'])" "$WORK/load.json"
 }
 # Warm the page cache and each server's first connection.
