@@ -104,7 +104,6 @@ done
 
 SERVERS=(weir-tls weir-plain nbdkit-tls nbdkit-plain)
 declare -A PID=([weir-tls]=$PID_WEIR [weir-plain]=$PID_WEIR [nbdkit-tls]=$PID_NBDKIT_TLS [nbdkit-plain]=$PID_NBDKIT)
-declare -A PORT=([weir-tls]=$P_WEIR [weir-plain]=$P_WEIR [nbdkit-tls]=$P_NBDKIT_TLS [nbdkit-plain]=$P_NBDKIT)
 declare -A URI=(
   [weir-tls]="nbds://127.0.0.1:$P_WEIR/bench?tls-certificates=$WORK/pki/client"
   [weir-plain]="nbd://127.0.0.1:$P_WEIR/bench"
@@ -130,12 +129,12 @@ copy() {
   echo $(( (SIZE_MIB << 20) / SIZE[$cell] ))
 }
 # One `weir load` run of `cell` against server `s` for RUNTIME seconds, one VM on
-# one connection. Prints the I/Os it did.
+# one connection, at the same URI as nbdcopy (libnbd's ?tls-certificates=DIR).
+# Prints the I/Os it did.
 load() {
-  local s=$1 cell=$2 scheme=nbd tls=()
-  case $s in *-tls) scheme=nbds; tls=(--tls-ca "$WORK/pki/client/ca-cert.pem") ;; esac
+  local s=$1 cell=$2
   /usr/bin/time -o "$WORK/client.time" -f "%U %S" \
-    "$WEIR" load -q --json -d "$RUNTIME" -t "$scheme://127.0.0.1:${PORT[$s]}/bench" "${tls[@]}" \
+    "$WEIR" load -q --json -d "$RUNTIME" -t "${URI[$s]}" \
     "${SPEC[$cell]}" > "$WORK/load.json" 2> "$WORK/load.err" || { cat "$WORK/load.err" >&2; exit 1; }
   python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['cases'][0]['total']['ios'])" "$WORK/load.json"
 }

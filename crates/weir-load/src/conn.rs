@@ -40,36 +40,69 @@ pub struct TlsFiles {
     pub cert_key: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
-/// The TLS client configuration the targets need: `None` when none is `nbds://`.
-/// `nbds://` targets without [`TlsFiles`], files without an `nbds://` target, and
-/// files rustls cannot use are refused here, before anything connects.
-pub(crate) fn tls_config(
+/// The TLS client configuration of each target (`None` for `nbd://` ones): from the
+/// target's own `?tls-certificates=DIR` (libnbd's layout: `ca-cert.pem`, and
+/// `client-cert.pem` with `client-key.pem` when both are there), else from
+/// [`LoadOptions::tls`]. An `nbds://` target with neither, [`TlsFiles`] no target
+/// uses, and files rustls cannot use are refused here, before anything connects.
+pub(crate) fn tls_configs(
     opts: &LoadOptions,
-) -> Result<Option<Arc<rustls::ClientConfig>>, LoadError> {
-    let secure = opts.targets.iter().filter(|t| t.tls).count();
-    match (&opts.tls, secure) {
-        (None, 0) => Ok(None),
-        (None, _) => Err(LoadError::InvalidOption(
-            "nbds:// targets need --tls-ca (the CA that signed the servers' certificates)".into(),
-        )),
-        (Some(_), 0) => Err(LoadError::InvalidOption(
-            "--tls-ca and --tls-cert are for nbds:// targets, and every target is nbd://".into(),
-        )),
-        (Some(files), _) => {
-            let names = weir_tls::SettingNames {
-                ca: "--tls-ca",
-                cert: "--tls-cert",
-                key: "--tls-key",
+) -> Result<Vec<Option<Arc<rustls::ClientConfig>>>, LoadError> {
+    let mut used_options = false;
+    let configs = opts
+        .targets
+        .iter()
+        .map(|t| {
+            if !t.tls {
+                return Ok(None);
+            }
+            let files = match (&t.tls_certificates, &opts.tls) {
+                (Some(dir), _) => libnbd_layout(dir),
+                (None, Some(files)) => {
+                    used_options = true;
+                    files.clone()
+                }
+                (None, None) => {
+                    return Err(LoadError::InvalidOption(format!(
+                        "{t}: an nbds:// target needs --tls-ca (the CA that signed the \
+                         server's certificate) or ?tls-certificates=DIR"
+                    )));
+                }
             };
-            let cert_key = files
-                .cert_key
-                .as_ref()
-                .map(|(c, k)| (c.as_path(), k.as_path()));
-            weir_tls::client_config(Path::new(&files.ca), cert_key, names)
-                .map(Some)
-                .map_err(|e| LoadError::InvalidOption(e.to_string()))
-        }
+            client_config(&files).map(Some)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if opts.tls.is_some() && !used_options {
+        return Err(LoadError::InvalidOption(
+            "--tls-ca and --tls-cert are for nbds:// targets, and no target uses them (every \
+             target is nbd:// or names its own ?tls-certificates=)"
+                .into(),
+        ));
     }
+    Ok(configs)
+}
+
+/// A `tls-certificates` directory as libnbd reads it.
+fn libnbd_layout(dir: &Path) -> TlsFiles {
+    let (cert, key) = (dir.join("client-cert.pem"), dir.join("client-key.pem"));
+    TlsFiles {
+        ca: dir.join("ca-cert.pem"),
+        cert_key: (cert.exists() && key.exists()).then_some((cert, key)),
+    }
+}
+
+fn client_config(files: &TlsFiles) -> Result<Arc<rustls::ClientConfig>, LoadError> {
+    let names = weir_tls::SettingNames {
+        ca: "--tls-ca",
+        cert: "--tls-cert",
+        key: "--tls-key",
+    };
+    let cert_key = files
+        .cert_key
+        .as_ref()
+        .map(|(c, k)| (c.as_path(), k.as_path()));
+    weir_tls::client_config(&files.ca, cert_key, names)
+        .map_err(|e| LoadError::InvalidOption(e.to_string()))
 }
 
 /// A connected target: plain TCP or TLS.

@@ -4,7 +4,7 @@
 //! a reader and a writer task per connection, one timer task, and the caller's future
 //! ticking the timeline. No `RefCell` borrow is held across an `.await`.
 
-use crate::conn::{ReadHalf, Stream, WriteHalf, handshake, tls_config};
+use crate::conn::{ReadHalf, Stream, WriteHalf, handshake, tls_configs};
 use crate::scenario::{LoadScenario, VmWorkload};
 use crate::stats::{Counters, Interval, timeline};
 use crate::verify::{ReadTicket, SECTOR_BYTES, Shadow};
@@ -703,12 +703,12 @@ pub(crate) async fn run(
     progress: &mut dyn FnMut(&LoadProgress),
 ) -> Result<LoadOutcome, LoadError> {
     let timing = check_options(&opts)?;
-    let tls = tls_config(&opts)?;
+    let tls = tls_configs(&opts)?;
     let scenario = &opts.scenario;
     let seed = opts.seed.unwrap_or(scenario.seed);
     let n_targets = opts.targets.len();
     let conns_for = connections_per_target(&opts)?;
-    let connected = connect(&opts.targets, &conns_for, tls.as_ref()).await?;
+    let connected = connect(&opts.targets, &conns_for, &tls).await?;
     let plan = layout(scenario, &opts.targets, &connected.sizes)?;
     let (vms, max_size) = build_vms(&opts, &plan, &connected, seed)?;
     let Connected { streams, sizes, .. } = connected;
@@ -879,11 +879,11 @@ struct Connected {
 }
 
 /// Opens `conns_for[t]` connections to each target `t`, one after the other
-/// (`nbds://` ones over TLS with `tls`).
+/// (`nbds://` ones over TLS with `tls[t]`).
 async fn connect(
     targets: &[Target],
     conns_for: &[u32],
-    tls: Option<&Arc<rustls::ClientConfig>>,
+    tls: &[Option<Arc<rustls::ClientConfig>>],
 ) -> Result<Connected, LoadError> {
     let n_targets = targets.len();
     let mut connected = Connected {
@@ -895,7 +895,7 @@ async fn connect(
     for (t, target) in targets.iter().enumerate() {
         for _ in 0..conns_for[t] {
             let (stream, export, leftover) =
-                handshake(target, tls)
+                handshake(target, tls[t].as_ref())
                     .await
                     .map_err(|message| LoadError::Connect {
                         target: target.to_string(),

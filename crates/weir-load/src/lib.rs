@@ -74,8 +74,8 @@ pub struct LoadOptions {
     /// With `verify`: after the run, read back up to this many bytes per target of
     /// what was written and check them (0: no final read-back).
     pub final_check_bytes: u64,
-    /// The CA (and client certificate) for `nbds://` targets; required with them,
-    /// refused without them.
+    /// The CA (and client certificate) for the `nbds://` targets that do not name
+    /// their own `?tls-certificates=DIR`; refused when no target uses it.
     pub tls: Option<TlsFiles>,
 }
 

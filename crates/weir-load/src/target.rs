@@ -1,7 +1,9 @@
-//! `nbd://HOST[:PORT]/EXPORT` target addresses (`nbds://`: over TLS).
+//! `nbd://HOST[:PORT]/EXPORT` target addresses (`nbds://`: over TLS, optionally with
+//! libnbd's `?tls-certificates=DIR`).
 
 use crate::LoadError;
 use std::fmt;
+use std::path::PathBuf;
 
 /// Default NBD port (IANA).
 pub const DEFAULT_NBD_PORT: u16 = 10809;
@@ -16,11 +18,15 @@ pub struct Target {
     pub export: String,
     /// `nbds://`: TLS (`NBD_OPT_STARTTLS`) before anything else, never plain text.
     pub tls: bool,
+    /// `?tls-certificates=DIR` (as libnbd's URIs): the directory with `ca-cert.pem`
+    /// and, for a client certificate, `client-cert.pem` and `client-key.pem`.
+    pub tls_certificates: Option<PathBuf>,
 }
 
 impl Target {
     /// Parses `nbd://HOST[:PORT][/EXPORT]` (IPv6 as `nbd://[::1]:10809/x`), or the
-    /// same with `nbds://` for TLS.
+    /// same with `nbds://` for TLS. As in libnbd's URIs a `?` starts the query; the one
+    /// parameter taken is `tls-certificates=DIR` (with `nbds://`).
     pub fn parse(uri: &str) -> Result<Target, LoadError> {
         let bad = |why: &str| LoadError::InvalidTarget {
             target: uri.to_string(),
@@ -36,6 +42,29 @@ impl Target {
                 })?,
             ),
         };
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        let mut tls_certificates = None;
+        for param in query.into_iter().flat_map(|q| q.split('&')) {
+            match param.split_once('=') {
+                Some(("tls-certificates", dir)) if tls && !dir.is_empty() => {
+                    tls_certificates = Some(PathBuf::from(dir));
+                }
+                Some(("tls-certificates", _)) if tls => {
+                    return Err(bad("tls-certificates needs a directory"));
+                }
+                Some(("tls-certificates", _)) => {
+                    return Err(bad("tls-certificates is for nbds:// (TLS) addresses"));
+                }
+                _ => {
+                    return Err(bad(&format!(
+                        "unknown query parameter {param:?} (weir load takes tls-certificates=DIR)"
+                    )));
+                }
+            }
+        }
         let (authority, export) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i + 1..]),
             None => (rest, ""),
@@ -75,6 +104,7 @@ impl Target {
             port,
             export: export.to_string(),
             tls,
+            tls_certificates,
         })
     }
 
@@ -183,6 +213,15 @@ mod tests {
         assert!(t.tls);
         assert_eq!(t.to_string(), "nbds://127.0.0.1:10809/vol");
         assert_ne!(t, Target::parse("nbd://127.0.0.1/vol").unwrap());
+        let t = Target::parse("nbds://h/vol?tls-certificates=/etc/pki/weir").unwrap();
+        assert_eq!(
+            (t.export.as_str(), t.tls_certificates),
+            ("vol", Some(PathBuf::from("/etc/pki/weir")))
+        );
+        assert_eq!(
+            Target::parse("nbds://h?tls-certificates=d").unwrap().export,
+            ""
+        );
     }
 
     #[test]
@@ -190,6 +229,9 @@ mod tests {
         for (uri, why) in [
             ("http://x/y", "nbd:// or nbds://"),
             ("nbds:///x", "missing host"),
+            ("nbd://h/x?tls-certificates=/d", "is for nbds://"),
+            ("nbds://h/x?tls-certificates=", "needs a directory"),
+            ("nbds://h/x?socket=/run/nbd", "unknown query parameter"),
             ("nbd:///x", "missing host"),
             ("nbd://h:0/x", "not a number"),
             ("nbd://h:abc/x", "not a number"),

@@ -749,6 +749,14 @@ fn nbds_targets_run_verified_over_tls_with_the_clients_identity() {
     assert!(out.passed(), "{:?}", out.failures());
     assert!(v.reads_checked > 100 && v.mismatched_reads == 0, "{v:?}");
 
+    // The same with libnbd's URI form: the directory's client certificate is used.
+    let dir = pki.path("client1");
+    let out = run(options(
+        &format!("nbds://{addr}/only1?tls-certificates={dir}"),
+        "bs=4k,randread,qd=8",
+        0.3,
+    ));
+    assert!(out.passed() && out.ios > 10, "{:?}", out.failures());
     // Without a certificate the identity-only export is not there.
     let mut o = options(&format!("nbds://{addr}/only1"), "bs=4k", 0.3);
     o.tls = Some(tls_files(&pki, "anon", false));
@@ -779,7 +787,7 @@ fn nbds_targets_run_verified_over_tls_with_the_clients_identity() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("need --tls-ca"), "{e}");
+    assert!(e.contains("needs --tls-ca"), "{e}");
     let mut o = options(&format!("nbd://{addr}/open"), "bs=4k", 0.3);
     o.tls = Some(tls_files(&pki, "anon", false));
     let e = weir_load::run(o, &mut |_| {}).unwrap_err().to_string();

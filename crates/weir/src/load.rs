@@ -15,7 +15,7 @@ pub struct LoadArgs {
     /// `oltp,vms=8`) or a simple spec (`bs=4k,randread,qd=32,vms=4`)
     pub scenario: String,
     /// NBD exports to drive: nbd://HOST[:PORT]/EXPORT, or nbds://… over TLS (with
-    /// --tls-ca), comma-separated or repeated
+    /// --tls-ca, or libnbd's ?tls-certificates=DIR), comma-separated or repeated
     #[arg(long, short = 't', value_name = "URI[,URI…]", required = true)]
     pub target: Vec<String>,
     /// PEM file of the CA that signed the nbds:// servers' certificates (which must
