@@ -749,6 +749,19 @@ fn nbds_targets_run_verified_over_tls_with_the_clients_identity() {
     assert!(out.passed(), "{:?}", out.failures());
     assert!(v.reads_checked > 100 && v.mismatched_reads == 0, "{v:?}");
 
+    // 1 MiB READs go out through the server's buffered copy (no sendfile over TLS),
+    // four 256 KiB pieces each from a recycled buffer: checked too.
+    let mut o = verifying(
+        &format!("nbds://{addr}/open"),
+        "bs=1m,randrw,qd=4,disk=8m",
+        0.5,
+        false,
+    );
+    o.tls = Some(tls_files(&pki, "anon", false));
+    let out = run(o);
+    let v = out.verify.clone().unwrap();
+    assert!(out.passed(), "{:?}", out.failures());
+    assert!(v.reads_checked > 10 && v.mismatched_reads == 0, "{v:?}");
     // The same with libnbd's URI form: the directory's client certificate is used.
     let dir = pki.path("client1");
     let out = run(options(

@@ -1505,7 +1505,7 @@ async fn write_one(
             wr.write_all(&head).await?;
             if wr.get_ref().tcp().is_none() {
                 // TLS: the data is encrypted in user space.
-                return copy_file(wr, fd, offset, length).await;
+                return copy_file(wr, fd, offset, length, recycle).await;
             }
             wr.flush().await?;
             if let Some(socket) = wr.get_ref().tcp() {
@@ -1523,10 +1523,25 @@ async fn write_one(
 async fn copy_file<W: tokio::io::AsyncWrite + Unpin>(
     out: &mut W,
     fd: std::os::fd::RawFd,
+    offset: u64,
+    left: usize,
+    recycle: &ReplyBuffers,
+) -> io::Result<()> {
+    // A recycled buffer: a fresh 256 KiB one is an mmap, 64 page faults and its
+    // zeroing on every large reply.
+    let mut buf = recycle.take(left.min(256 * 1024));
+    let sent = copy_through(out, fd, offset, left, &mut buf).await;
+    recycle.give_back(buf);
+    sent
+}
+
+async fn copy_through<W: tokio::io::AsyncWrite + Unpin>(
+    out: &mut W,
+    fd: std::os::fd::RawFd,
     mut offset: u64,
     mut left: usize,
+    buf: &mut [u8],
 ) -> io::Result<()> {
-    let mut buf = vec![0u8; left.min(256 * 1024)];
     while left > 0 {
         let want = left.min(buf.len());
         // SAFETY: `fd` is kept open by the reply's volume; `buf` holds `want` bytes.
