@@ -56,11 +56,11 @@ pub(crate) fn tls_configs(
             if !t.tls {
                 return Ok(None);
             }
-            let files = match (&t.tls_certificates, &opts.tls) {
-                (Some(dir), _) => libnbd_layout(dir),
+            let (files, names) = match (&t.tls_certificates, &opts.tls) {
+                (Some(dir), _) => (libnbd_layout(dir), URI_NAMES),
                 (None, Some(files)) => {
                     used_options = true;
-                    files.clone()
+                    (files.clone(), OPTION_NAMES)
                 }
                 (None, None) => {
                     return Err(LoadError::InvalidOption(format!(
@@ -69,7 +69,7 @@ pub(crate) fn tls_configs(
                     )));
                 }
             };
-            client_config(&files).map(Some)
+            client_config(&files, names).map(Some)
         })
         .collect::<Result<Vec<_>, _>>()?;
     if opts.tls.is_some() && !used_options {
@@ -91,12 +91,22 @@ fn libnbd_layout(dir: &Path) -> TlsFiles {
     }
 }
 
-fn client_config(files: &TlsFiles) -> Result<Arc<rustls::ClientConfig>, LoadError> {
-    let names = weir_tls::SettingNames {
-        ca: "--tls-ca",
-        cert: "--tls-cert",
-        key: "--tls-key",
-    };
+/// What errors call the files: the command line's options, or the URI's directory.
+const OPTION_NAMES: weir_tls::SettingNames = weir_tls::SettingNames {
+    ca: "--tls-ca",
+    cert: "--tls-cert",
+    key: "--tls-key",
+};
+const URI_NAMES: weir_tls::SettingNames = weir_tls::SettingNames {
+    ca: "tls-certificates",
+    cert: "tls-certificates",
+    key: "tls-certificates",
+};
+
+fn client_config(
+    files: &TlsFiles,
+    names: weir_tls::SettingNames,
+) -> Result<Arc<rustls::ClientConfig>, LoadError> {
     let cert_key = files
         .cert_key
         .as_ref()
