@@ -18,6 +18,7 @@ fn export() -> ExportInfo {
         structured_replies: true,
         base_allocation_id: Some(1),
         block_size: d.block_size,
+        exclusive_lease: None,
     }
 }
 

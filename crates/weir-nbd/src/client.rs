@@ -86,6 +86,11 @@ impl ClientExport {
                 .find(|(_, n)| n == BASE_ALLOCATION)
                 .map(|(id, _)| *id),
             block_size: self.block_size.unwrap_or_default(),
+            exclusive_lease: self
+                .meta_contexts
+                .iter()
+                .find_map(|(_, n)| n.strip_prefix(WEIR_EXCLUSIVE_PREFIX))
+                .map(str::to_string),
         }
     }
 }

@@ -107,8 +107,15 @@ pub const REPLY_TYPE_ERROR_OFFSET: u16 = REPLY_TYPE_ERROR_BIT | 2;
 pub const STATE_HOLE: u32 = 1 << 0;
 pub const STATE_ZERO: u32 = 1 << 1;
 
-/// The one metadata context this implementation knows.
+/// The standard metadata context this implementation knows.
 pub const BASE_ALLOCATION: &str = "base:allocation";
+/// Weir's exclusive-writer lease (`weir:exclusive=TOKEN`): selecting it asks the
+/// server to refuse every other client's writes to the export while a
+/// connection with the same token is open (a write-through cache in front of
+/// the export depends on it; see weir-server's `lease` module).
+pub const WEIR_EXCLUSIVE_PREFIX: &str = "weir:exclusive=";
+/// Longest lease token.
+pub const MAX_LEASE_TOKEN_LEN: usize = 64;
 
 /// Longest string (export name, message) the protocol allows.
 pub const MAX_STRING_LEN: usize = 4096;

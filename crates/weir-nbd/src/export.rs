@@ -122,6 +122,11 @@ pub trait ExportCatalog {
     /// The export `name` (empty: the default export, if any), or `None` when it does
     /// not exist or this client may not see it.
     fn lookup(&self, name: &str) -> Option<ExportDescription>;
+    /// Whether the exclusive-writer lease `token` may be granted on `export` now
+    /// (`weir:exclusive=TOKEN`). Catalogs without leases grant none.
+    fn lease_available(&self, _export: &str, _token: &str) -> bool {
+        false
+    }
 }
 
 /// A fixed list of exports (tests, single-export tools).
@@ -159,6 +164,10 @@ pub struct ExportInfo {
     /// Context id of `base:allocation` when it was selected for this export.
     pub base_allocation_id: Option<u32>,
     pub block_size: BlockSize,
+    /// The token of a `weir:exclusive=TOKEN` lease the server agreed to grant
+    /// (its context id is [`crate::LEASE_CONTEXT_ID`]); the server takes it when
+    /// transmission starts.
+    pub exclusive_lease: Option<String>,
 }
 
 impl ExportInfo {

@@ -32,4 +32,7 @@ pub use error::{ErrorCode, NbdError, ProtocolError};
 pub use export::{BlockSize, ExportCatalog, ExportDescription, ExportInfo, ExportListing};
 pub use reply::Extent;
 pub use request::{Command, Request, RequestDecoder, RequestHeader, ValidRequest, validate};
-pub use server::{BASE_ALLOCATION_ID, HandshakeEvent, ServerHandshake, TlsPolicy, printable};
+pub use server::{
+    BASE_ALLOCATION_ID, HandshakeEvent, LEASE_CONTEXT_ID, ServerHandshake, TlsPolicy, printable,
+    valid_lease_token,
+};

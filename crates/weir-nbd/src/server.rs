@@ -93,6 +93,27 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
 
 /// Context id given to `base:allocation` by `NBD_OPT_SET_META_CONTEXT`.
 pub const BASE_ALLOCATION_ID: u32 = 1;
+/// Context id given to a granted `weir:exclusive=TOKEN` lease.
+pub const LEASE_CONTEXT_ID: u32 = 2;
+
+/// Whether `token` may name a lease: 1 to [`MAX_LEASE_TOKEN_LEN`] ASCII letters,
+/// digits, `-` or `_`.
+pub fn valid_lease_token(token: &str) -> bool {
+    (1..=MAX_LEASE_TOKEN_LEN).contains(&token.len())
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// What the last `NBD_OPT_SET_META_CONTEXT` selected.
+#[derive(Debug, Default, Clone)]
+struct MetaSelection {
+    /// The export it referred to.
+    export: String,
+    allocation: bool,
+    /// A `weir:exclusive=TOKEN` lease the catalog agreed to grant.
+    lease: Option<String>,
+}
 
 /// Server handshake: feed client bytes with [`ServerHandshake::input`], send what
 /// [`ServerHandshake::take_output`] returns.
@@ -103,8 +124,8 @@ pub struct ServerHandshake {
     output: Vec<u8>,
     no_zeroes: bool,
     structured: bool,
-    /// Export name the last SET_META_CONTEXT referred to, if it selected base:allocation.
-    meta_export: Option<String>,
+    /// What the last SET_META_CONTEXT selected, if anything.
+    meta: Option<MetaSelection>,
     shutting_down: bool,
     /// Set by [`ServerHandshake::refuse`]: why every option is refused.
     refusal: Option<String>,
@@ -137,7 +158,7 @@ impl ServerHandshake {
             output,
             no_zeroes: false,
             structured: false,
-            meta_export: None,
+            meta: None,
             shutting_down: false,
             refusal: None,
             options_seen: 0,
@@ -163,7 +184,7 @@ impl ServerHandshake {
             self.state = State::OptionHeader;
             self.tls_active = true;
             self.structured = false;
-            self.meta_export = None;
+            self.meta = None;
         }
     }
 
@@ -456,12 +477,14 @@ impl ServerHandshake {
     }
 
     fn export_info(&self, requested_name: &str, export: &ExportDescription) -> ExportInfo {
-        let base_allocation_id = match &self.meta_export {
-            Some(n) if self.structured && (n == requested_name || *n == export.name) => {
-                Some(BASE_ALLOCATION_ID)
-            }
-            _ => None,
-        };
+        let selected = self
+            .meta
+            .as_ref()
+            .filter(|m| self.structured && (m.export == requested_name || m.export == export.name));
+        let base_allocation_id = selected
+            .filter(|m| m.allocation)
+            .map(|_| BASE_ALLOCATION_ID);
+        let exclusive_lease = selected.and_then(|m| m.lease.clone());
         ExportInfo {
             name: export.name.clone(),
             size_bytes: export.size_bytes,
@@ -469,6 +492,7 @@ impl ServerHandshake {
             structured_replies: self.structured,
             base_allocation_id,
             block_size: export.block_size,
+            exclusive_lease,
         }
     }
 
@@ -555,7 +579,7 @@ impl ServerHandshake {
         let set = option == OPT_SET_META_CONTEXT;
         if set {
             // Replaces the previous selection, even when this request fails.
-            self.meta_export = None;
+            self.meta = None;
         }
         if !self.structured {
             self.reply_err(
@@ -592,6 +616,7 @@ impl ServerHandshake {
             }
         };
         let mut allocation = queries.is_empty() && !set;
+        let mut lease = None;
         for q in &queries {
             let q = match parse_string(q) {
                 Ok(q) => q,
@@ -611,6 +636,12 @@ impl ServerHandshake {
             if namespace == "base" && (leaf == "allocation" || (leaf.is_empty() && !set)) {
                 allocation = true;
             }
+            if let Some(token) = q.strip_prefix(WEIR_EXCLUSIVE_PREFIX)
+                && set
+                && valid_lease_token(token)
+            {
+                lease = Some(token.to_string());
+            }
         }
         if catalog.lookup(&name).is_none() {
             self.reply_err(
@@ -625,9 +656,23 @@ impl ServerHandshake {
             put_u32(&mut d, if set { BASE_ALLOCATION_ID } else { 0 });
             d.extend_from_slice(BASE_ALLOCATION.as_bytes());
             self.reply(option, REP_META_CONTEXT, &d);
-            if set {
-                self.meta_export = Some(name);
-            }
+        }
+        // Only a SET asks for a lease; the catalog says whether it would be
+        // granted (the server takes it when transmission starts).
+        let lease = lease.filter(|t| catalog.lease_available(&name, t));
+        if let Some(token) = &lease {
+            let mut d = Vec::new();
+            put_u32(&mut d, LEASE_CONTEXT_ID);
+            d.extend_from_slice(WEIR_EXCLUSIVE_PREFIX.as_bytes());
+            d.extend_from_slice(token.as_bytes());
+            self.reply(option, REP_META_CONTEXT, &d);
+        }
+        if set && (allocation || lease.is_some()) {
+            self.meta = Some(MetaSelection {
+                export: name,
+                allocation,
+                lease,
+            });
         }
         self.reply(option, REP_ACK, &[]);
     }

@@ -28,6 +28,7 @@ fn export_info(structured: bool) -> ExportInfo {
             preferred_bytes: 4096,
             max_payload_bytes: 1 << 16,
         },
+        exclusive_lease: None,
     }
 }
 

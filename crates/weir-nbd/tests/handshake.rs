@@ -823,3 +823,63 @@ fn starttls_pauses_both_sides_then_goes_on() {
             .is_err()
     );
 }
+
+/// A catalog whose `vol-a` grants the lease `good` only.
+struct Leasing(Vec<ExportDescription>);
+impl weir_nbd::ExportCatalog for Leasing {
+    fn list(&self) -> Vec<weir_nbd::ExportListing> {
+        self.0.list()
+    }
+    fn lookup(&self, name: &str) -> Option<ExportDescription> {
+        self.0.lookup(name)
+    }
+    fn lease_available(&self, export: &str, token: &str) -> bool {
+        export == "vol-a" && token == "good"
+    }
+}
+
+#[test]
+fn an_exclusive_lease_is_selected_only_when_the_catalog_grants_it() {
+    let leasing = Leasing(catalog());
+    let connect = |token: &str, catalog: &dyn weir_nbd::ExportCatalog| {
+        let config = ClientConfig {
+            meta_contexts: vec![
+                BASE_ALLOCATION.to_string(),
+                format!("{WEIR_EXCLUSIVE_PREFIX}{token}"),
+            ],
+            ..ClientConfig::go("vol-a")
+        };
+        let (client, server) = pump(config, catalog, false);
+        let Ok(ClientOutcome::Connected(ex)) = client else {
+            panic!("{client:?}")
+        };
+        let Some(HandshakeEvent::ExportChosen(info)) = server else {
+            panic!("{server:?}")
+        };
+        (ex, info)
+    };
+    let (ex, info) = connect("good", &leasing);
+    assert_eq!(info.exclusive_lease.as_deref(), Some("good"));
+    assert_eq!(ex.export_info().exclusive_lease.as_deref(), Some("good"));
+    assert!(
+        ex.meta_contexts
+            .contains(&(weir_nbd::LEASE_CONTEXT_ID, "weir:exclusive=good".into()))
+    );
+    // base:allocation is still selected beside it.
+    assert_eq!(info.base_allocation_id, Some(weir_nbd::BASE_ALLOCATION_ID));
+    // Another token, or a catalog without leases: nothing is selected, and the
+    // client learns it.
+    for (token, catalog) in [
+        ("other", &leasing as &dyn weir_nbd::ExportCatalog),
+        ("good", &catalog() as &dyn weir_nbd::ExportCatalog),
+        ("bad token!", &leasing as &dyn weir_nbd::ExportCatalog),
+    ] {
+        let (ex, info) = connect(token, catalog);
+        assert_eq!(info.exclusive_lease, None, "{token}");
+        assert_eq!(ex.export_info().exclusive_lease, None, "{token}");
+        assert_eq!(info.base_allocation_id, Some(weir_nbd::BASE_ALLOCATION_ID));
+    }
+    assert!(weir_nbd::valid_lease_token("a-Z_9"));
+    assert!(!weir_nbd::valid_lease_token(""));
+    assert!(!weir_nbd::valid_lease_token(&"x".repeat(65)));
+}

@@ -34,6 +34,7 @@ fn info(structured: bool, read_only: bool) -> ExportInfo {
             preferred_bytes: 4096,
             max_payload_bytes: 1 << 16,
         },
+        exclusive_lease: None,
     }
 }
 

@@ -49,9 +49,25 @@ impl WriteData {
 /// broke; the blocking call retries).
 pub type AsyncDone = Box<dyn FnOnce(Option<io::Result<Vec<u8>>>) + Send>;
 
+/// Whether a cache above a backend may keep what it reads from it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// Nobody else writes this data while `generation` stays the same; a new
+    /// generation means it may have changed meanwhile (drop what was kept).
+    Exclusive { generation: u64 },
+    /// Not now (another client may be writing it): read through, keep nothing.
+    Unsure,
+}
+
 /// Storage operations on one volume. Offsets and lengths are already validated
 /// against the volume size.
 pub trait Backend: Send + Sync + 'static {
+    /// Whether a cache above may keep this volume's data: a local file is the
+    /// server's alone (the default); an upstream export only under its lease.
+    /// Layers forward it.
+    fn ownership(&self) -> Ownership {
+        Ownership::Exclusive { generation: 0 }
+    }
     /// Starts a READ or WRITE that another thread completes (an upstream NBD
     /// server's reply), with no blocking thread waiting for it; `Err(done)`: not
     /// possible here (use the blocking calls). Layers that must see every I/O do

@@ -87,6 +87,10 @@
 //! # upstream = "nbd://storage1"     # volume's name or its `export`), sized by it
 //! # upstream_connections = 4        # 1-64 per volume, requests pipelined over them
 //! # upstream_timeout_s = 30         # per request, retries after reconnects included
+//! # upstream_exclusive = "lease"    # with a flash_cache: take each export's exclusive
+//! #                                 # lease on a weir upstream (others' writes refused;
+//! #                                 # no lease: the cache reads through), or "assume"
+//! #                                 # (nothing else writes them: nbdkit, qemu-nbd)
 //! # upstream = "nbds://storage1"    # the same over TLS (STARTTLS required):
 //! # upstream_tls_ca = "ca.pem"      # the CA the upstream's certificate chains to
 //! #                                 # (it must also name the host)
@@ -362,6 +366,10 @@ pub struct PoolConfig {
     /// included, before it fails with EIO.
     #[serde(default = "default_upstream_timeout_s")]
     pub upstream_timeout_s: u32,
+    /// Upstream pools with a flash cache: how the cache knows that nobody else
+    /// writes the exports behind it (`crate::lease`).
+    #[serde(default)]
+    pub upstream_exclusive: UpstreamExclusive,
     /// `upstream = "nbds://…"`: the CA (PEM) the upstream's certificate must chain
     /// to; the certificate must also name the upstream's host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -474,6 +482,21 @@ impl PoolConfig {
 fn default_upstream_connections() -> u32 {
     crate::upstream::DEFAULT_CONNECTIONS
 }
+/// A caching upstream pool's `upstream_exclusive`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamExclusive {
+    /// Each volume's connections take a `weir:exclusive` lease on the upstream
+    /// (a weir server): while it is held the upstream refuses everybody else's
+    /// writes; without it (refused, or an upstream that grants none) the cache
+    /// reads through.
+    #[default]
+    Lease,
+    /// The operator guarantees that nothing else writes the exports (an
+    /// upstream that has no leases, such as nbdkit or qemu-nbd).
+    Assume,
+}
+
 fn default_upstream_timeout_s() -> u32 {
     crate::upstream::DEFAULT_TIMEOUT_S
 }
@@ -672,6 +695,7 @@ pub(crate) fn default_pools() -> Vec<PoolConfig> {
         upstream: None,
         upstream_connections: default_upstream_connections(),
         upstream_timeout_s: default_upstream_timeout_s(),
+        upstream_exclusive: UpstreamExclusive::Lease,
         upstream_tls_ca: None,
         upstream_tls_cert: None,
         upstream_tls_key: None,

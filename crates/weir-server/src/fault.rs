@@ -186,6 +186,9 @@ impl FaultLayer {
 }
 
 impl Backend for FaultLayer {
+    fn ownership(&self) -> crate::backend::Ownership {
+        self.inner.ownership()
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.inject(FaultOp::Read)?;
         self.inner.read(offset, buf)

@@ -17,10 +17,14 @@
 //! fails a client's read: a flash read error reads the layer below instead,
 //! a flash write error drops the fill (both counted in `errors`).
 //!
-//! The cache assumes what every host-side cache (ioTurbine, dm-cache, bcache)
-//! does: nobody writes the volume's backing data behind it (another gateway on
-//! the same upstream export, say). Data changed beneath it by the server itself
-//! (a rollback) drops the volume's blocks.
+//! Nobody may write the volume's backing data behind the cache. A local file is
+//! the server's alone; an upstream export is kept so by its exclusive lease
+//! (`crate::lease`): the layer asks the backend below ([`Backend::ownership`])
+//! before every read, reads through without the cache while the lease is not
+//! held or not confirmed within [`crate::lease::LEASE_FRESH`], and drops the
+//! volume's blocks when the lease is granted anew (it may have been lost in
+//! between). Data changed beneath it by the server itself (a rollback) drops
+//! the volume's blocks.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -37,7 +41,7 @@ use weir_model::{
 };
 use weir_nbd::Extent;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Ownership};
 use crate::config::ByteSize;
 
 /// A pool's `flash_cache = { … }`.
@@ -139,6 +143,11 @@ pub struct FlashCacheDevice {
     volumes: Mutex<HashMap<String, u32>>,
     /// Cache file reads or writes that failed.
     pub errors: AtomicU64,
+    /// Reads sent past the cache: the volume's backing data was not the
+    /// server's alone then (its upstream lease not held or not confirmed).
+    pub unowned_reads: AtomicU64,
+    /// Volumes' blocks dropped because their lease was granted anew.
+    pub lease_drops: AtomicU64,
 }
 
 /// A pool's cache counters now (metrics).
@@ -148,6 +157,8 @@ pub struct FlashCacheSnapshot {
     pub capacity_bytes: u64,
     pub resident_bytes: u64,
     pub errors: u64,
+    pub unowned_reads: u64,
+    pub lease_drops: u64,
     /// Per volume with `cache = "flash"` (or that had it since the start).
     pub volumes: Vec<(String, FlashCacheStats)>,
 }
@@ -182,6 +193,8 @@ impl FlashCacheDevice {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             volumes: Mutex::new(HashMap::new()),
             errors: AtomicU64::new(0),
+            unowned_reads: AtomicU64::new(0),
+            lease_drops: AtomicU64::new(0),
         }))
     }
 
@@ -228,6 +241,7 @@ impl FlashCacheDevice {
             inner,
             dev: self.clone(),
             volume: id,
+            generation: AtomicU64::new(UNSEEN),
         })
     }
 
@@ -262,6 +276,8 @@ impl FlashCacheDevice {
             capacity_bytes: model.spec().capacity_blocks as u64 * self.block_bytes,
             resident_bytes: model.resident_blocks() as u64 * self.block_bytes,
             errors: self.errors.load(Ordering::Relaxed),
+            unowned_reads: self.unowned_reads.load(Ordering::Relaxed),
+            lease_drops: self.lease_drops.load(Ordering::Relaxed),
             volumes,
         }
     }
@@ -355,9 +371,36 @@ struct FlashCacheLayer {
     inner: Arc<dyn Backend>,
     dev: Arc<FlashCacheDevice>,
     volume: u32,
+    /// The backend's ownership generation the cached blocks belong to.
+    generation: AtomicU64,
 }
 
+/// No generation seen yet.
+const UNSEEN: u64 = u64::MAX;
+
 impl FlashCacheLayer {
+    /// Whether the cache may serve and keep this volume's data now (the backend
+    /// below is the server's alone); a new generation drops what it kept.
+    /// `count`: a "no" counts as an unowned read.
+    fn owned(&self, count: bool) -> bool {
+        match self.inner.ownership() {
+            Ownership::Unsure => {
+                if count {
+                    self.dev.unowned_reads.fetch_add(1, Ordering::Relaxed);
+                }
+                false
+            }
+            Ownership::Exclusive { generation } => {
+                let seen = self.generation.swap(generation, Ordering::AcqRel);
+                if seen != generation && seen != UNSEEN {
+                    self.dev.model().drop_volume(self.volume);
+                    self.dev.lease_drops.fetch_add(1, Ordering::Relaxed);
+                }
+                true
+            }
+        }
+    }
+
     /// Runs a call that changes the volume's data, dropping the blocks it
     /// touches first.
     fn changing<T>(
@@ -378,6 +421,10 @@ impl Backend for FlashCacheLayer {
     // must pass through the cache's decisions. `read_nowait` serves hits whose
     // blocks are in the page cache without a blocking thread.
     fn read_nowait(&self, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+        // Not owned: the blocking read counts it and reads through.
+        if !self.owned(false) {
+            return Ok(false);
+        }
         let len = buf.len() as u64;
         let Some((first, slots)) = self.dev.model().peek_hit(self.volume, offset, len) else {
             return Ok(false);
@@ -392,6 +439,9 @@ impl Backend for FlashCacheLayer {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if !self.owned(true) {
+            return self.inner.read(offset, buf);
+        }
         let plan = self.dev.model().read(self.volume, offset, buf.len() as u64);
         match plan {
             ReadPlan::Bypass => self.inner.read(offset, buf),
@@ -449,6 +499,10 @@ impl Backend for FlashCacheLayer {
 
     fn block_status(&self, offset: u64, length: u64) -> io::Result<Vec<Extent>> {
         self.inner.block_status(offset, length)
+    }
+
+    fn ownership(&self) -> Ownership {
+        self.inner.ownership()
     }
 
     fn cache(&self, offset: u64, length: u64) -> io::Result<()> {

@@ -60,6 +60,7 @@ pub mod fault;
 pub mod flash_cache;
 pub mod history;
 pub mod hosts;
+pub mod lease;
 pub mod metrics;
 pub mod nbd_client;
 pub mod qos;

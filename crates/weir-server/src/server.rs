@@ -47,6 +47,8 @@ pub struct ServerState {
     pub replication: crate::replicate::Replicator,
     /// History and the last second of every volume (the sampler starts with [`run`]).
     pub recorder: crate::sampler::Recorder,
+    /// Exclusive-writer leases of caching clients (`weir:exclusive=TOKEN`).
+    pub leases: Arc<crate::lease::Leases>,
 }
 
 impl ServerState {
@@ -131,6 +133,8 @@ impl ServerState {
             addrs: std::sync::OnceLock::new(),
             replication: Default::default(),
             recorder: crate::sampler::Recorder::open(&config.data_dir),
+            leases: crate::lease::Leases::open(&config.data_dir)
+                .context("the lease record in the data directory")?,
         })
     }
 
@@ -508,7 +512,7 @@ impl ServerState {
             }
         }
         type PoolField = fn(&crate::flash_cache::FlashCacheSnapshot) -> u64;
-        let pool_families: [(&str, &str, &str, PoolField); 3] = [
+        let pool_families: [(&str, &str, &str, PoolField); 5] = [
             (
                 "weir_pool_flash_cache_capacity_bytes",
                 "gauge",
@@ -526,6 +530,18 @@ impl ServerState {
                 "counter",
                 "Cache file reads and writes that failed (served from the backend instead).",
                 |p| p.errors,
+            ),
+            (
+                "weir_pool_flash_cache_unowned_reads_total",
+                "counter",
+                "Reads sent through the cache without it, its upstream export's exclusive lease not held or not confirmed within a second.",
+                |p| p.unowned_reads,
+            ),
+            (
+                "weir_pool_flash_cache_lease_drops_total",
+                "counter",
+                "Times a volume's cached blocks were dropped because its upstream lease was granted anew (it may have been lost in between).",
+                |p| p.lease_drops,
             ),
         ];
         for (name, kind, help, field) in pool_families {

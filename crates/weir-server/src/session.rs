@@ -35,6 +35,7 @@ use crate::budget::{Budget, Taken};
 use crate::busy_poll::{BusyPoll, poll_until};
 use crate::connections::{DATA_UNIT_BYTES as BUFFER_UNIT_BYTES, Slot};
 use crate::device::EmulatedDevice;
+use crate::lease::{LeaseHeld, Leases, Refused, WriterMark};
 use crate::metrics::{IoCounters, OpKind};
 use crate::qos::{Buffers, Perform, Performed, QosPool};
 use crate::server::ServerState;
@@ -368,6 +369,19 @@ pub fn perform(job: &Job) -> (Reply, bool) {
         } => match b.block_status(offset, length as u64) {
             Ok(extents) => {
                 let mut out = Vec::new();
+                if job.export.exclusive_lease.is_some() {
+                    // The lease context, selected too: one extent, status 0.
+                    let whole = [weir_nbd::Extent { length, flags: 0 }];
+                    reply::block_status_chunk(
+                        &mut out,
+                        handle,
+                        weir_nbd::LEASE_CONTEXT_ID,
+                        &whole,
+                        req_one,
+                        length,
+                        false,
+                    );
+                }
                 reply::block_status_chunk(
                     &mut out, handle, context_id, &extents, req_one, length, true,
                 );
@@ -954,6 +968,10 @@ impl ExportCatalog for SessionCatalog<'_> {
         d.can_multi_conn = true;
         Some(d)
     }
+    fn lease_available(&self, export: &str, token: &str) -> bool {
+        self.lookup(export)
+            .is_some_and(|d| !d.read_only && self.state.leases.available(&d.name, token))
+    }
 }
 
 /// Serves one connection until the client disconnects, breaks the protocol,
@@ -981,6 +999,18 @@ pub async fn run_session(
     let Some(volume) = state.store().open_volume(&info.name) else {
         return;
     };
+    // A lease the handshake offered is taken now; lost to another client
+    // meanwhile, the connection closes (the client believes it holds it).
+    let lease = match &info.exclusive_lease {
+        None => None,
+        Some(token) => match state.leases.acquire(&volume.name, token) {
+            Some(held) => Some(held),
+            None => {
+                tracing::info!(%peer, volume = %volume.name, "exclusive lease lost before transmission: closing");
+                return;
+            }
+        },
+    };
     tracing::debug!(%peer, volume = %info.name, "transmission");
     let Some(pool) = state.pool(&volume.pool) else {
         return;
@@ -1007,6 +1037,9 @@ pub async fn run_session(
         server_data,
         unanswered: Arc::new(AtomicUsize::new(0)),
         idle: state.idle_timeout,
+        leases: state.leases.clone(),
+        lease,
+        writer_mark: Mutex::new(None),
     };
     let writer = tokio::spawn(write_replies(
         wr,
@@ -1026,11 +1059,16 @@ pub async fn run_session(
         pool,
         client,
         volume,
+        lease,
+        writer_mark,
         ..
     } = conn;
     // Stop reading; the writer finishes once every in-flight job has replied.
     drop(tx);
     let _ = writer.await;
+    // Only now (no write of this connection is in flight any more) may another
+    // client take the lease, or this one's end start the grace.
+    drop((lease, writer_mark));
     if ended == Ended::Linger {
         // Our side is closed (FIN sent); read what the client still sends until it
         // closes too, so closing the socket does not reset replies in transit.
@@ -1153,6 +1191,11 @@ struct Conn {
     /// Requests read and not yet answered (busy polling, idle detection).
     unanswered: Arc<AtomicUsize>,
     idle: Option<Duration>,
+    leases: Arc<Leases>,
+    /// This connection's share of the volume's exclusive lease, if it asked.
+    lease: Option<LeaseHeld>,
+    /// Set at this connection's first write without the lease.
+    writer_mark: Mutex<Option<WriterMark>>,
 }
 
 /// Sleeps `d`, or forever.
@@ -1267,7 +1310,36 @@ impl Conn {
                 self.reply_error(valid.handle, &e, held);
                 continue;
             }
+            if let Err(e) = self.lease_check(&valid.command).await {
+                self.reply_error(valid.handle, &e, held);
+                continue;
+            }
             self.submit(valid, request.payload, received_at, held);
+        }
+    }
+
+    /// A write from a connection without the volume's lease: refused (EPERM)
+    /// while another client holds it, delayed while a lease that just ended is
+    /// in its grace (see `crate::lease`).
+    async fn lease_check(&self, command: &Command) -> Result<(), NbdError> {
+        let writes = matches!(
+            command,
+            Command::Write { .. } | Command::Trim { .. } | Command::WriteZeroes { .. }
+        );
+        if !writes || self.lease.is_some() {
+            return Ok(());
+        }
+        let wait = {
+            let mut mark = self.writer_mark.lock().unwrap_or_else(|e| e.into_inner());
+            self.leases.foreign_write(&self.volume.name, &mut mark)
+        };
+        match wait {
+            Err(Refused(why)) => Err(NbdError::new(ErrorCode::Perm, why)),
+            Ok(Some(until)) => {
+                tokio::time::sleep_until(until.into()).await;
+                Ok(())
+            }
+            Ok(None) => Ok(()),
         }
     }
 

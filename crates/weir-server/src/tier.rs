@@ -912,6 +912,9 @@ impl TierLayer {
 }
 
 impl Backend for TierLayer {
+    fn ownership(&self) -> crate::backend::Ownership {
+        self.below.ownership()
+    }
     // No `start_async`, `*_nowait` or `cached_source`: every I/O must be routed.
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         for (lo, hi, key) in self.pieces(offset, buf.len() as u64) {

@@ -45,7 +45,8 @@ use weir_nbd::{
     NbdError, ReplyData,
 };
 
-use crate::backend::{AsyncDone, AsyncOp, Backend};
+use crate::backend::{AsyncDone, AsyncOp, Backend, Ownership};
+use crate::lease::LEASE_FRESH;
 
 /// Default `upstream_connections`.
 pub const DEFAULT_CONNECTIONS: u32 = 4;
@@ -183,7 +184,10 @@ enum Answer {
 /// Who waits for a reply: a blocked caller, or a callback (`start_async`) run
 /// by the reader thread.
 enum Waiter {
-    Blocked(SyncSender<Answer>),
+    Blocked {
+        since: Instant,
+        tx: SyncSender<Answer>,
+    },
     Callback {
         since: Instant,
         done: Box<dyn FnOnce(Answer) + Send>,
@@ -191,9 +195,16 @@ enum Waiter {
 }
 
 impl Waiter {
+    /// When its request was sent (just before).
+    fn since(&self) -> Instant {
+        match self {
+            Waiter::Blocked { since, .. } | Waiter::Callback { since, .. } => *since,
+        }
+    }
+
     fn answer(self, a: Answer) {
         match self {
-            Waiter::Blocked(tx) => {
+            Waiter::Blocked { tx, .. } => {
                 let _ = tx.try_send(a);
             }
             Waiter::Callback { done, .. } => done(a),
@@ -218,6 +229,60 @@ struct Conn {
     /// `nbds://`: the TLS state, shared by the writers (encrypting) and the
     /// reader thread (decrypting); never held across a socket call.
     tls: Option<Mutex<rustls::ClientConnection>>,
+    /// The volume's lease freshness, when this connection holds the lease:
+    /// every answer moves it to its request's send time.
+    lease: Option<Arc<Freshness>>,
+}
+
+/// The volume's exclusive lease as the gateway knows it (`crate::lease`).
+#[derive(Debug)]
+struct Freshness {
+    /// The `weir:exclusive=TOKEN` token of this volume's connections.
+    token: String,
+    epoch: Instant,
+    /// When the newest request a lease-holding connection got an answer to was
+    /// sent (nanoseconds after `epoch`; 0: none yet).
+    sent_ns: AtomicU64,
+    /// Lease-holding connections alive now.
+    live: AtomicU64,
+    /// Incremented whenever a connection takes the lease while none held it:
+    /// the lease may have been lost in between (data cached before may be stale).
+    generation: AtomicU64,
+    /// A connection was opened without the lease (another client holds it, or
+    /// has written the volume, or the upstream grants none).
+    refused: AtomicBool,
+}
+
+impl Freshness {
+    fn new() -> Freshness {
+        use std::hash::{BuildHasher, Hasher};
+        // 128 random bits: std's per-process random hash keys.
+        let mut token = String::new();
+        for _ in 0..2 {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(std::process::id().into());
+            token.push_str(&format!("{:016x}", h.finish()));
+        }
+        Freshness {
+            token,
+            epoch: Instant::now(),
+            sent_ns: AtomicU64::new(0),
+            live: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            refused: AtomicBool::new(false),
+        }
+    }
+
+    fn answered(&self, sent: Instant) {
+        let ns = sent.saturating_duration_since(self.epoch).as_nanos() as u64;
+        self.sent_ns.fetch_max(ns.max(1), Ordering::AcqRel);
+    }
+
+    /// Whether such a request was sent within `window` of now.
+    fn within(&self, window: Duration) -> bool {
+        let ns = self.sent_ns.load(Ordering::Acquire);
+        ns != 0 && self.epoch.elapsed().as_nanos() as u64 <= ns + window.as_nanos() as u64
+    }
 }
 
 impl Conn {
@@ -260,7 +325,10 @@ impl Conn {
     fn kill(&self) {
         let waiters = {
             let mut st = self.lock();
-            st.alive = false;
+            let was_alive = std::mem::replace(&mut st.alive, false);
+            if let Some(f) = self.lease.as_ref().filter(|_| was_alive) {
+                f.live.fetch_sub(1, Ordering::AcqRel);
+            }
             std::mem::take(&mut st.waiters)
         };
         let _ = self.socket.shutdown(Shutdown::Both);
@@ -302,6 +370,9 @@ impl Conn {
                 }
                 while let Some(c) = st.session.poll_completion() {
                     if let Some(w) = st.waiters.remove(&c.handle) {
+                        if let Some(f) = &self.lease {
+                            f.answered(w.since());
+                        }
                         answered.push((w, c.result));
                     }
                 }
@@ -366,6 +437,8 @@ pub struct UpstreamBackend {
     next: AtomicUsize,
     timeout: Duration,
     pub stats: UpstreamStats,
+    /// The exclusive lease its connections ask for (`None`: none asked).
+    lease: Option<Arc<Freshness>>,
     /// Weak self, for background reconnects.
     me: std::sync::Weak<UpstreamBackend>,
 }
@@ -438,7 +511,7 @@ type Opened = (
 
 /// Connects and opens `export` (blocking, bounded by [`CONNECT_TIMEOUT`] per step),
 /// over TLS after `NBD_OPT_STARTTLS` for an `nbds://` target.
-fn connect(target: &UpstreamTarget, export: &str) -> io::Result<Opened> {
+fn connect(target: &UpstreamTarget, export: &str, lease: Option<&str>) -> io::Result<Opened> {
     let mut last = None;
     let mut stream = None;
     for a in target.addrs()? {
@@ -455,10 +528,15 @@ fn connect(target: &UpstreamTarget, export: &str) -> io::Result<Opened> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
     stream.set_write_timeout(Some(CONNECT_TIMEOUT))?;
-    let config = ClientConfig {
+    let mut config = ClientConfig {
         starttls: target.secure,
         ..ClientConfig::go(export)
     };
+    if let Some(token) = lease {
+        config
+            .meta_contexts
+            .push(format!("{WEIR_EXCLUSIVE_PREFIX}{token}"));
+    }
     let mut hs = ClientHandshake::new(config);
     let mut tls: Option<rustls::ClientConnection> = None;
     let mut buf = vec![0u8; 64 << 10];
@@ -566,8 +644,10 @@ impl UpstreamBackend {
         connections: u32,
         timeout: Duration,
         known_size: Option<u64>,
+        lease: bool,
     ) -> Result<Arc<UpstreamBackend>, String> {
-        let first = connect(target, export);
+        let lease = lease.then(|| Arc::new(Freshness::new()));
+        let first = connect(target, export, lease.as_ref().map(|l| l.token.as_str()));
         let (size_bytes, first) = match first {
             Ok(opened) => (opened.1.size_bytes, Some(opened)),
             Err(e) => match known_size.filter(|&s| s > 0) {
@@ -600,6 +680,7 @@ impl UpstreamBackend {
             next: AtomicUsize::new(0),
             timeout,
             stats: UpstreamStats::default(),
+            lease,
             me: me.clone(),
         });
         if let Some(first) = first {
@@ -632,6 +713,16 @@ impl UpstreamBackend {
         self.negotiated().is_some_and(|n| n.flags & flag != 0)
     }
 
+    /// The lease token new connections ask for: none once a connection was
+    /// refused it (the volume reads through for the rest of this run, and a
+    /// connection that took it now would block the rightful holder).
+    fn lease_token(&self) -> Option<&str> {
+        self.lease
+            .as_ref()
+            .filter(|l| !l.refused.load(Ordering::Acquire))
+            .map(|l| l.token.as_str())
+    }
+
     /// Starts a connection from a finished handshake.
     fn adopt(&self, (stream, ex, leftover, tls): Opened) -> io::Result<Arc<Conn>> {
         if ex.size_bytes < self.size_bytes {
@@ -645,6 +736,22 @@ impl UpstreamBackend {
             flags: ex.transmission_flags,
             base_allocation: info.base_allocation_id,
         });
+        let granted = match &self.lease {
+            Some(f) if info.exclusive_lease.as_deref() == Some(f.token.as_str()) => Some(f.clone()),
+            Some(f) => {
+                if !f.refused.swap(true, Ordering::AcqRel) {
+                    tracing::warn!(
+                        "upstream {} export {:?}: no exclusive lease (another client holds it \
+                         or has written the export, or the upstream grants none): the flash \
+                         cache reads through",
+                        self.target,
+                        self.export
+                    );
+                }
+                None
+            }
+            None => None,
+        };
         let mut session = ClientSession::new(info);
         session
             .input(&leftover)
@@ -658,7 +765,13 @@ impl UpstreamBackend {
             writer: Mutex::new(stream.try_clone()?),
             socket: stream.try_clone()?,
             tls: tls.map(Mutex::new),
+            lease: granted.clone(),
         });
+        if let Some(f) = &granted
+            && f.live.fetch_add(1, Ordering::AcqRel) == 0
+        {
+            f.generation.fetch_add(1, Ordering::AcqRel);
+        }
         let reader = conn.clone();
         let timeout = self.timeout;
         std::thread::Builder::new()
@@ -676,7 +789,7 @@ impl UpstreamBackend {
         if let Some(conn) = slot.live() {
             return Ok(conn);
         }
-        let fresh = self.adopt(connect(&self.target, &self.export)?)?;
+        let fresh = self.adopt(connect(&self.target, &self.export, self.lease_token())?)?;
         let mut c = slot.conn.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(conn) = c.as_ref().filter(|c| c.is_alive()) {
             // Another caller reconnected it meanwhile: keep that one.
@@ -772,7 +885,13 @@ impl UpstreamBackend {
                     continue;
                 }
                 let handle = encode(&mut st.session);
-                st.waiters.insert(handle, Waiter::Blocked(tx));
+                st.waiters.insert(
+                    handle,
+                    Waiter::Blocked {
+                        since: Instant::now(),
+                        tx,
+                    },
+                );
                 st.session.take_output()
             };
             let written = conn.send(&bytes);
@@ -824,7 +943,13 @@ impl UpstreamBackend {
                         return Err(eio("upstream connection lost during a flush".into()));
                     }
                     let h = st.session.flush();
-                    st.waiters.insert(h, Waiter::Blocked(tx));
+                    st.waiters.insert(
+                        h,
+                        Waiter::Blocked {
+                            since: Instant::now(),
+                            tx,
+                        },
+                    );
                     st.session.take_output()
                 };
                 if conn.send(&bytes).is_err() {
@@ -888,6 +1013,22 @@ impl Drop for UpstreamBackend {
 }
 
 impl Backend for UpstreamBackend {
+    /// Under the volume's lease: exclusive while it was confirmed within
+    /// [`LEASE_FRESH`] (a request sent that long ago was answered on a
+    /// connection holding it), in the generation of its last (re)grant. Without
+    /// a lease asked (`upstream_exclusive = "assume"`): exclusive.
+    fn ownership(&self) -> Ownership {
+        let Some(f) = &self.lease else {
+            return Ownership::Exclusive { generation: 0 };
+        };
+        if f.refused.load(Ordering::Acquire) || !f.within(LEASE_FRESH) {
+            return Ownership::Unsure;
+        }
+        Ownership::Exclusive {
+            generation: f.generation.load(Ordering::Acquire),
+        }
+    }
+
     /// READ and WRITE on a live connection, answered by its reader thread; on a
     /// broken connection (or none live, or a FUA the upstream lacks) the caller
     /// falls back to the blocking calls, which reconnect and retry.
@@ -1118,14 +1259,21 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         drop(l);
         let t = UpstreamTarget::parse(&format!("nbd://127.0.0.1:{port}")).unwrap();
-        let e = UpstreamBackend::open(&t, "vol", 2, Duration::from_secs(1), None)
+        let e = UpstreamBackend::open(&t, "vol", 2, Duration::from_secs(1), None, false)
             .err()
             .unwrap();
         assert!(e.contains("must exist upstream"), "{e}");
         // With a known size the volume opens, and I/O fails with EIO after the
         // timeout (backing off between attempts).
-        let b =
-            UpstreamBackend::open(&t, "vol", 2, Duration::from_millis(300), Some(1 << 20)).unwrap();
+        let b = UpstreamBackend::open(
+            &t,
+            "vol",
+            2,
+            Duration::from_millis(300),
+            Some(1 << 20),
+            false,
+        )
+        .unwrap();
         assert_eq!(b.size_bytes(), 1 << 20);
         let mut buf = [0u8; 512];
         let e = b.read(0, &mut buf).unwrap_err();

@@ -379,3 +379,126 @@ async fn a_gateway_stops_at_once_with_its_upstream_in_the_process() {
     );
     upstream.shutdown().await.unwrap();
 }
+
+/// The upstream lease (`weir_server::lease`): a caching gateway's connections
+/// hold the export exclusively, so the storage server refuses everybody else's
+/// writes to it; a second caching gateway gets no lease and reads through (never
+/// a stale hit); after the lease ends others' writes wait out its grace; and a
+/// gateway that cannot take the lease (someone else wrote) reads what they wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_gateway_keeps_other_writers_out_and_a_second_reads_through() {
+    use weir_nbd::ErrorCode;
+    let (_up_dir, upstream) = common::start_with(
+        "fc-lease-up",
+        &("[[pools]]\nname = \"default\"\n".to_string()
+            + &common::volume_toml("db", "4MiB", "non-critical", "default")
+            + &common::volume_toml("other", "1MiB", "non-critical", "default")),
+    )
+    .await;
+    let gateway_toml = |dir: &std::path::Path| {
+        pool(
+            "gw",
+            &format!("upstream = \"nbd://{}\"", upstream.nbd_addr()),
+            dir,
+            "2MiB",
+        ) + "[[volumes]]\nname = \"db\"\npolicy = \"non-critical\"\npool = \"gw\"\ncache = \"flash\"\n"
+    };
+    let a_cache = common::TempDir::new("fc-lease-a");
+    let (_a_dir, a) = common::start_with("fc-lease-a", &gateway_toml(a_cache.path())).await;
+    let (mut ca, _) = common::connect(&a, "db").await;
+    let one = pattern(1, 8192);
+    ca.write(0, &one, false).await.unwrap().unwrap();
+    assert_eq!(ca.read(0, 8192).await.unwrap().unwrap(), one, "miss");
+    assert_eq!(ca.read(0, 8192).await.unwrap().unwrap(), one, "hit");
+    assert_eq!(metric(&a, "weir_volume_flash_cache_hits_total", "db"), 1);
+    assert!(upstream.state().leases.held().contains("db"));
+
+    // A client of the storage server: its writes to db are refused, with why;
+    // its reads and its writes elsewhere go on.
+    let (mut direct, _) = common::connect(&upstream, "db").await;
+    let e = direct
+        .write(0, &[9; 4096], false)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Perm, "{e:?}");
+    assert!(e.message.contains("held exclusively"), "{e:?}");
+    let h = direct.session().trim(0, 4096);
+    assert_eq!(
+        direct.wait(h).await.unwrap().unwrap_err().code,
+        ErrorCode::Perm
+    );
+    assert_eq!(direct.read(0, 8192).await.unwrap().unwrap(), one);
+    let (mut elsewhere, _) = common::connect(&upstream, "other").await;
+    elsewhere
+        .write(0, &[7; 4096], false)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // A second caching gateway: no lease, so nothing is cached there; its
+    // writes come back refused as the upstream's EPERM.
+    let b_cache = common::TempDir::new("fc-lease-b");
+    let (_b_dir, b) = common::start_with("fc-lease-b", &gateway_toml(b_cache.path())).await;
+    let (mut cb, _) = common::connect(&b, "db").await;
+    for _ in 0..3 {
+        assert_eq!(cb.read(0, 8192).await.unwrap().unwrap(), one);
+    }
+    assert_eq!(metric(&b, "weir_volume_flash_cache_hits_total", "db"), 0);
+    let text = weir_server::admin::metrics_text(b.state());
+    assert!(
+        text.contains("weir_pool_flash_cache_unowned_reads_total{pool=\"gw\"} 3"),
+        "{text}"
+    );
+    let e = cb.write(0, &[8; 4096], false).await.unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::Perm, "{e:?}");
+
+    // Idle past the lease's freshness: A's next read goes upstream (and
+    // confirms the lease), the one after hits again.
+    let ios = || metric(&upstream, "weir_volume_ios_total", "db");
+    tokio::time::sleep(weir_server::lease::LEASE_FRESH + std::time::Duration::from_millis(200))
+        .await;
+    let before = ios();
+    assert_eq!(ca.read(0, 8192).await.unwrap().unwrap(), one);
+    assert_eq!(ios(), before + 1, "a stale lease reads through");
+    assert_eq!(ca.read(0, 8192).await.unwrap().unwrap(), one);
+    assert_eq!(ios(), before + 1, "confirmed: a hit again");
+
+    // A stops: the lease ends, and a direct write waits out the grace.
+    drop(ca);
+    a.shutdown().await.unwrap();
+    // Its connections close; the storage server then releases the lease.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !upstream.state().leases.held().is_empty() {
+        assert!(std::time::Instant::now() < until, "the lease outlived A");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let t = std::time::Instant::now();
+    let two = pattern(2, 4096);
+    direct.write(0, &two, false).await.unwrap().unwrap();
+    let waited = t.elapsed();
+    assert!(
+        waited >= weir_server::lease::LEASE_GRACE - std::time::Duration::from_millis(300),
+        "waited {waited:?}"
+    );
+    assert!(upstream.state().leases.held().is_empty());
+
+    // A again (its cache starts empty): the direct writer is still connected, so
+    // no lease: A reads through and sees that write.
+    let a2_cache = common::TempDir::new("fc-lease-a2");
+    let (_a2_dir, a2) = common::start_with("fc-lease-a2", &gateway_toml(a2_cache.path())).await;
+    let (mut ca2, _) = common::connect(&a2, "db").await;
+    for _ in 0..2 {
+        assert_eq!(ca2.read(0, 4096).await.unwrap().unwrap(), two);
+    }
+    assert_eq!(metric(&a2, "weir_volume_flash_cache_hits_total", "db"), 0);
+    assert!(upstream.state().leases.held().is_empty());
+    assert_eq!(
+        metric(&a2, "weir_volume_flash_cache_filled_blocks_total", "db"),
+        0
+    );
+    drop((ca2, cb, direct, elsewhere));
+    a2.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+    upstream.shutdown().await.unwrap();
+}

@@ -1,12 +1,15 @@
 //! A flash-cached gateway never serves stale data (issue 12): gateway A caches
-//! volume `x` of a storage server while gateway B and clients of the storage
-//! server itself write the server's other volumes. Through A, a writer stamps
-//! blocks of `x` with (block, version) and a reader checks every block it reads
-//! is that block's and no older than the newest write acknowledged before the
-//! read began. A is killed with SIGKILL mid-run and restarted on its port (its
-//! cache starts empty); afterwards every block of `x`, through A and on the
-//! server, holds at least its last acknowledged version. Then `fio --verify`
-//! through A, when fio has its nbd engine.
+//! volume `x` of a storage server, holding `x`'s exclusive lease there, while
+//! gateway B (also caching `x`, and writing `y`) and clients of the storage
+//! server itself write: their writes to `x` are refused (EPERM) as long as A
+//! holds the lease, their writes elsewhere go on. Through A, a writer stamps
+//! blocks of `x` with (block, version); readers through A and through B check
+//! every block they read is that block's and no older than the newest write
+//! acknowledged before the read began (B, without the lease, reads through its
+//! cache). A is killed with SIGKILL mid-run and restarted on its port (its cache
+//! starts empty, the lease is taken again); afterwards every block of `x`,
+//! through A, through B and on the server, holds at least its last acknowledged
+//! version. Then `fio --verify` through A, when fio has its nbd engine.
 
 mod common;
 
@@ -37,20 +40,20 @@ size = "4MiB"
 policy = "non-critical"
 "#;
 
-fn gateway(storage: SocketAddr, dir: &std::path::Path, volume: &str, cached: bool) -> String {
-    let cache = if cached {
-        format!(
-            "flash_cache = {{ dir = \"{}\", size = \"1MiB\" }}\n",
-            dir.join("cache").display()
-        )
-    } else {
-        String::new()
-    };
-    let setting = if cached { "cache = \"flash\"\n" } else { "" };
-    format!(
-        "[[pools]]\nname = \"gw\"\nupstream = \"nbd://{storage}\"\nupstream_timeout_s = 5\n{cache}\
-         [[volumes]]\nname = \"{volume}\"\npolicy = \"non-critical\"\npool = \"gw\"\n{setting}"
-    )
+/// A gateway's configuration: its volumes, each with `cache = "flash"` or not.
+fn gateway(storage: SocketAddr, dir: &std::path::Path, volumes: &[(&str, bool)]) -> String {
+    let mut t = format!(
+        "[[pools]]\nname = \"gw\"\nupstream = \"nbd://{storage}\"\nupstream_timeout_s = 5\n\
+         upstream_connections = 1\nflash_cache = {{ dir = \"{}\", size = \"1MiB\" }}\n",
+        dir.join("cache").display()
+    );
+    for (volume, cached) in volumes {
+        let setting = if *cached { "cache = \"flash\"\n" } else { "" };
+        t += &format!(
+            "[[volumes]]\nname = \"{volume}\"\npolicy = \"non-critical\"\npool = \"gw\"\n{setting}"
+        );
+    }
+    t
 }
 
 fn stamp(block: u64, version: u64) -> Vec<u8> {
@@ -155,6 +158,23 @@ async fn noise(addr: SocketAddr, volume: &'static str, s: Arc<Shared>, seed: u64
     }
 }
 
+/// Tries to write `x` through `addr` until `stop`: every attempt must be
+/// refused with EPERM (A holds the lease). Returns the refusals.
+async fn refused_writer(addr: SocketAddr, stop: Arc<AtomicBool>, seed: u64) -> u64 {
+    let mut c = connect(addr, "x").await;
+    let mut rng = common::Rng::new(seed);
+    let mut refused = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let block = rng.below(BLOCKS);
+        match c.write(block * 4096, &stamp(block, u64::MAX), false).await {
+            Ok(Err(e)) if e.code == weir_nbd::ErrorCode::Perm => refused += 1,
+            other => panic!("a write to x beside A's lease was not refused: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    refused
+}
+
 async fn check_all(addr: SocketAddr, s: &Shared, what: &str) {
     let mut c = connect(addr, "x").await;
     let acked = s.acked.lock().unwrap().clone();
@@ -178,12 +198,13 @@ fn a_cached_gateway_killed_mid_run_never_serves_stale_data() {
     let a_dir = common::TempDir::new("fgw-a");
     let b_dir = common::TempDir::new("fgw-b");
     let storage = WeirProcess::start(storage_dir.path(), STORAGE);
-    let a_config = gateway(storage.nbd_addr, a_dir.path(), "x", true);
+    let a_config = gateway(storage.nbd_addr, a_dir.path(), &[("x", true)]);
     let mut a = WeirProcess::start(a_dir.path(), &a_config);
     let a_addr = a.nbd_addr;
+    // Started after A holds x's lease: B's x gets none (and reads through).
     let b = WeirProcess::start(
         b_dir.path(),
-        &gateway(storage.nbd_addr, b_dir.path(), "y", false),
+        &gateway(storage.nbd_addr, b_dir.path(), &[("x", true), ("y", false)]),
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -200,9 +221,14 @@ fn a_cached_gateway_killed_mid_run_never_serves_stale_data() {
     let tasks = vec![
         rt.spawn(writer(a_addr, s.clone())),
         rt.spawn(reader(a_addr, s.clone(), 11)),
-        rt.spawn(reader(a_addr, s.clone(), 12)),
+        rt.spawn(reader(b.nbd_addr, s.clone(), 12)),
         rt.spawn(noise(b.nbd_addr, "y", s.clone(), 21)),
         rt.spawn(noise(storage.nbd_addr, "z", s.clone(), 22)),
+    ];
+    let hostile_stop = Arc::new(AtomicBool::new(false));
+    let hostile = [
+        rt.spawn(refused_writer(storage.nbd_addr, hostile_stop.clone(), 31)),
+        rt.spawn(refused_writer(b.nbd_addr, hostile_stop.clone(), 32)),
     ];
     let wait_for = |n: u64| {
         let start = Instant::now();
@@ -220,6 +246,15 @@ fn a_cached_gateway_killed_mid_run_never_serves_stale_data() {
             .unwrap_or(0)
     };
     assert!(hits(&a) > 100, "the cache serves reads before the kill");
+    assert_eq!(hits(&b), 0, "B has no lease: nothing cached there");
+    // The refused writers stop before A's lease ends (after it, their writes
+    // would be allowed, once its grace has passed).
+    hostile_stop.store(true, Ordering::Relaxed);
+    let refused: Vec<u64> = hostile
+        .into_iter()
+        .map(|h| rt.block_on(h).unwrap())
+        .collect();
+    assert!(refused.iter().all(|&n| n > 10), "refused: {refused:?}");
     a.kill();
     std::thread::sleep(Duration::from_millis(200));
     let a = WeirProcess::start_listening(a_dir.path(), &a_config, a_addr);
@@ -235,7 +270,9 @@ fn a_cached_gateway_killed_mid_run_never_serves_stale_data() {
         s.reads.load(Ordering::Relaxed),
         s.writes.load(Ordering::Relaxed)
     );
+    println!("writes to x refused beside A's lease (storage server, B): {refused:?}");
     rt.block_on(check_all(a_addr, &s, "through the gateway"));
+    rt.block_on(check_all(b.nbd_addr, &s, "through gateway B"));
     rt.block_on(check_all(storage.nbd_addr, &s, "on the storage server"));
     common::fio_verify(a_addr, "x", a_dir.path());
 }

@@ -36,6 +36,8 @@ impl VolumeStore {
             pool.upstream_connections,
             std::time::Duration::from_secs(pool.upstream_timeout_s.into()),
             known_size,
+            pool.flash_cache.is_some()
+                && pool.upstream_exclusive == crate::config::UpstreamExclusive::Lease,
         )
         .map_err(|e| StoreError::Invalid(format!("volume {name:?}: {e}")))
     }

@@ -1,0 +1,323 @@
+//! Exclusive-writer leases (`weir:exclusive=TOKEN`): what keeps a write-through
+//! cache in front of a volume coherent — in the spirit of RBD's exclusive lock
+//! (`rbd map --exclusive`), which librbd's client cache relies on.
+//!
+//! A client (a caching gateway) selects the metadata context
+//! `weir:exclusive=TOKEN` on each of its connections to a volume. The lease is
+//! granted when nobody else holds it and no other open connection has written
+//! the volume, and is held while at least one connection with that token is
+//! open. While it is held, every other connection's WRITE, TRIM and
+//! WRITE_ZEROES is refused with EPERM; a connection that has written blocks a
+//! grant until it closes.
+//!
+//! Time, so that a holder that lost its lease without noticing cannot serve a
+//! stale hit: the holder serves hits only for [`LEASE_FRESH`] after sending a
+//! request that the server answered (the server held the lease when it
+//! answered). When the lease ends (its last connection closed, or the server
+//! restarted while holding it), other writes to the volume wait until
+//! [`LEASE_GRACE`] (twice that) has passed. Held leases are recorded in
+//! `data_dir/leases` (written and fsynced at each grant and release), so a
+//! server that crashed and restarted still waits out the grace.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long a holder may serve cached data after a request the server
+/// answered was sent.
+pub const LEASE_FRESH: Duration = Duration::from_millis(1000);
+/// How long other writers wait after a lease ended (over [`LEASE_FRESH`], with
+/// a margin for the two hosts' clock rates and scheduling).
+pub const LEASE_GRACE: Duration = Duration::from_millis(2000);
+
+#[derive(Debug, Default)]
+struct VolumeLease {
+    /// The holder's token and its open connections.
+    holder: Option<(String, u32)>,
+    /// Open connections without the lease that have written.
+    writers: u32,
+    /// Other writes wait until then (a lease ended).
+    grace_until: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    volumes: HashMap<String, VolumeLease>,
+}
+
+impl Table {
+    fn entry(&mut self, volume: &str) -> &mut VolumeLease {
+        self.volumes.entry(volume.to_string()).or_default()
+    }
+
+    /// Volumes to record: held, or still in their grace.
+    fn recorded(&self, now: Instant) -> Vec<&str> {
+        let mut v: Vec<&str> = self
+            .volumes
+            .iter()
+            .filter(|(_, l)| l.holder.is_some() || l.grace_until.is_some_and(|g| g > now))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// Why a write was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused(pub String);
+
+/// The server's leases.
+#[derive(Debug)]
+pub struct Leases {
+    table: Mutex<Table>,
+    /// `data_dir/leases` (`None`: not recorded, in tests).
+    path: Option<PathBuf>,
+    grace: Duration,
+}
+
+impl Leases {
+    /// Opens the record in `data_dir`: volumes a previous run held leases on
+    /// start in their grace.
+    pub fn open(data_dir: &Path) -> io::Result<Arc<Leases>> {
+        let path = data_dir.join("leases");
+        let now = Instant::now();
+        let mut table = Table::default();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                for volume in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                    tracing::info!(
+                        volume,
+                        "a lease was held when the server stopped: other writes wait {} ms",
+                        LEASE_GRACE.as_millis()
+                    );
+                    table.entry(volume).grace_until = Some(now + LEASE_GRACE);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        }
+        Ok(Arc::new(Leases {
+            table: Mutex::new(table),
+            path: Some(path),
+            grace: LEASE_GRACE,
+        }))
+    }
+
+    /// Leases that are not recorded, with grace `grace` (tests).
+    pub fn in_memory(grace: Duration) -> Arc<Leases> {
+        Arc::new(Leases {
+            table: Mutex::new(Table::default()),
+            path: None,
+            grace,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `token` would be granted on `volume` now.
+    pub fn available(&self, volume: &str, token: &str) -> bool {
+        let t = self.lock();
+        match t.volumes.get(volume) {
+            None => true,
+            Some(l) => Self::grantable(l, token),
+        }
+    }
+
+    fn grantable(l: &VolumeLease, token: &str) -> bool {
+        match &l.holder {
+            Some((holder, _)) => holder == token,
+            None => l.writers == 0,
+        }
+    }
+
+    /// Takes the lease for one connection (`None`: not grantable now).
+    pub fn acquire(self: &Arc<Self>, volume: &str, token: &str) -> Option<LeaseHeld> {
+        let mut t = self.lock();
+        let l = t.entry(volume);
+        if !Self::grantable(l, token) {
+            return None;
+        }
+        let first = match &mut l.holder {
+            Some((_, n)) => {
+                *n += 1;
+                false
+            }
+            None => {
+                l.holder = Some((token.to_string(), 1));
+                true
+            }
+        };
+        if first {
+            tracing::info!(volume, token, "exclusive lease granted");
+            self.record(&t);
+        }
+        Some(LeaseHeld {
+            leases: self.clone(),
+            volume: volume.to_string(),
+        })
+    }
+
+    fn release(&self, volume: &str) {
+        let mut t = self.lock();
+        let grace = self.grace;
+        let l = t.entry(volume);
+        let Some((token, n)) = &mut l.holder else {
+            return;
+        };
+        *n -= 1;
+        if *n > 0 {
+            return;
+        }
+        tracing::info!(volume, token = %token, "exclusive lease released");
+        l.holder = None;
+        l.grace_until = Some(Instant::now() + grace);
+        self.record(&t);
+    }
+
+    /// A connection without the lease is about to write `volume`: refused while
+    /// someone holds the lease; otherwise the connection counts as a writer
+    /// (once, through `mark`) and the write may have to wait until the instant
+    /// returned (a lease ended less than the grace ago).
+    pub fn foreign_write(
+        self: &Arc<Self>,
+        volume: &str,
+        mark: &mut Option<WriterMark>,
+    ) -> Result<Option<Instant>, Refused> {
+        let mut t = self.lock();
+        let l = t.entry(volume);
+        if let Some((_, n)) = &l.holder {
+            return Err(Refused(format!(
+                "volume {volume:?} is held exclusively by a caching client ({n} connection(s), \
+                 weir:exclusive lease): its writes go through that client"
+            )));
+        }
+        if mark.is_none() {
+            l.writers += 1;
+            *mark = Some(WriterMark {
+                leases: self.clone(),
+                volume: volume.to_string(),
+            });
+        }
+        let now = Instant::now();
+        Ok(l.grace_until.filter(|&g| g > now))
+    }
+
+    /// Writes `data_dir/leases` (best effort: a failure is logged; the grace
+    /// after a crash then relies on the holder's freshness alone).
+    fn record(&self, t: &Table) {
+        let Some(path) = &self.path else { return };
+        let text: String = t
+            .recorded(Instant::now())
+            .iter()
+            .map(|v| format!("{v}\n"))
+            .collect();
+        let tmp = path.with_extension("tmp");
+        let r = (|| {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)?;
+            if let Some(dir) = path.parent() {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok::<(), io::Error>(())
+        })();
+        if let Err(e) = r {
+            tracing::warn!("recording leases in {}: {e}", path.display());
+        }
+    }
+
+    /// Volumes with a lease held now (metrics, tests).
+    pub fn held(&self) -> HashSet<String> {
+        self.lock()
+            .volumes
+            .iter()
+            .filter(|(_, l)| l.holder.is_some())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+}
+
+/// One connection's share of a held lease (released on drop).
+#[derive(Debug)]
+pub struct LeaseHeld {
+    leases: Arc<Leases>,
+    volume: String,
+}
+
+impl Drop for LeaseHeld {
+    fn drop(&mut self) {
+        self.leases.release(&self.volume);
+    }
+}
+
+/// A connection without the lease that has written (blocks grants until drop).
+#[derive(Debug)]
+pub struct WriterMark {
+    leases: Arc<Leases>,
+    volume: String,
+}
+
+impl Drop for WriterMark {
+    fn drop(&mut self) {
+        let mut t = self.leases.lock();
+        let l = t.entry(&self.volume);
+        l.writers = l.writers.saturating_sub(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_excludes_other_writers_and_is_shared_by_its_token() {
+        let leases = Leases::in_memory(Duration::from_millis(50));
+        let a1 = leases.acquire("x", "a").expect("free");
+        let a2 = leases.acquire("x", "a").expect("same token");
+        assert!(!leases.available("x", "b"));
+        assert!(leases.acquire("x", "b").is_none());
+        let mut mark = None;
+        assert!(leases.foreign_write("x", &mut mark).is_err());
+        assert!(mark.is_none());
+        // Other volumes are not affected.
+        assert_eq!(leases.foreign_write("y", &mut mark), Ok(None));
+        drop(mark);
+        drop(a1);
+        assert!(leases.held().contains("x"), "one connection still holds it");
+        drop(a2);
+        assert!(leases.held().is_empty());
+        // The grace: a write right after the release waits.
+        let mut mark = None;
+        let wait = leases.foreign_write("x", &mut mark).unwrap();
+        assert!(wait.is_some_and(|w| w > Instant::now()));
+        // A writer blocks a new grant until its connection closes.
+        assert!(!leases.available("x", "a"));
+        assert!(leases.acquire("x", "a").is_none());
+        drop(mark);
+        assert!(leases.acquire("x", "a").is_some());
+    }
+
+    #[test]
+    fn held_leases_are_recorded_and_a_restart_waits_out_the_grace() {
+        let dir = weir_testkit::TempDir::new("leases");
+        let leases = Leases::open(dir.path()).unwrap();
+        let held = leases.acquire("vol", "t").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("leases")).unwrap(),
+            "vol\n"
+        );
+        // The server dies with the lease held: the next one starts in grace.
+        std::mem::forget(held);
+        let again = Leases::open(dir.path()).unwrap();
+        let mut mark = None;
+        let wait = again.foreign_write("vol", &mut mark).unwrap();
+        assert!(wait.is_some_and(|w| w > Instant::now() + LEASE_GRACE / 2));
+        assert_eq!(again.foreign_write("other", &mut None), Ok(None));
+    }
+}
