@@ -28,19 +28,25 @@ P_UP=10951; P_UPA=10952; P_GW=10953; P_GWA=10954
   printf '[[pools]]\nname = "default"\ndevice = %s\n[[policies]]\nname = "best-effort"\n' "$DEVICE_TOML"
   for i in 1 2 3 4; do printf '[[volumes]]\nname = "sql%s"\nsize = "3GiB"\npolicy = "best-effort"\n' $i; done
 } > "$WORK/up.toml"
-{
-  printf 'listen = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\ndata_dir = "%s/gw"\n' $P_GW $P_GWA "$WORK"
+# Two gateways on the same exports, one after the other: the uncached one ("u")
+# first, then the cached one ("c"), whose connections hold each export's
+# exclusive lease (docs/FLASH_CACHE.md) — while it runs the upstream refuses any
+# other client's writes to them, so the two cannot run at once.
+gateway_toml() {
+  printf 'listen = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\ndata_dir = "%s/gw-%s"\n' $P_GW $P_GWA "$WORK" "$1"
   printf '[[pools]]\nname = "gw"\nupstream = "nbd://127.0.0.1:%s"\n' $P_UP
   # scan_cutoff 0: the warming pass reads each database sequentially.
-  printf 'flash_cache = { dir = "%s/cache", size = "12GiB", scan_cutoff = "0" }\n' "$WORK"
+  [ "$1" = c ] && printf 'flash_cache = { dir = "%s/cache", size = "12GiB", scan_cutoff = "0" }\n' "$WORK"
   printf '[[policies]]\nname = "best-effort"\n'
   for i in 1 2 3 4; do
-    printf '[[volumes]]\nname = "c%s"\nexport = "sql%s"\npolicy = "best-effort"\npool = "gw"\ncache = "flash"\n' $i $i
-    printf '[[volumes]]\nname = "u%s"\nexport = "sql%s"\npolicy = "best-effort"\npool = "gw"\n' $i $i
+    printf '[[volumes]]\nname = "%s%s"\nexport = "sql%s"\npolicy = "best-effort"\npool = "gw"\n' "$1" $i $i
+    [ "$1" = c ] && printf 'cache = "flash"\n'
   done
-} > "$WORK/gw.toml"
+  true
+}
+gateway_toml u > "$WORK/gw-u.toml"
+gateway_toml c > "$WORK/gw-c.toml"
 serve_weir up $P_UP
-serve_weir gw $P_GW
 upstream_ios() {
   curl -s "http://127.0.0.1:$P_UPA/metrics" -H "Authorization: Bearer $(cat "$WORK/up/admin-token")" |
     awk -v op="$1" '$0 ~ "^weir_volume_ios_total\\{volume=\"sql[0-9]\",op=\"" op "\"\\}" {s += $2} END {print s + 0}'
@@ -70,9 +76,12 @@ PY
 }
 echo "uptime: $(uptime)"
 echo "device $DEVICE; weir load bench/flash-oltp.toml for $DURATION"
+serve_weir gw-u $P_GW
+load u
+kill "${WEIR_PIDS[-1]}"; while kill -0 "${WEIR_PIDS[-1]}" 2>/dev/null; do sleep 0.1; done
+serve_weir gw-c $P_GW
 for i in 1 2 3 4; do
   fio --name=warm --ioengine=nbd --uri="nbd://127.0.0.1:$P_GW/c$i" --rw=read --bs=1m --iodepth=8 \
     --size=2560m --output-format=terse >/dev/null 2>&1
 done
-load u
 load c

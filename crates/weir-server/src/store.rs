@@ -940,6 +940,12 @@ impl VolumeStore {
         if let Some(dev) = self.flash.get(&r.pool) {
             dev.set_cache(name, cache);
         }
+        if cache == VolumeCache::Flash
+            && let Some(up) = self.upstreams.get(name)
+        {
+            // Cached from now on: its upstream connections take the lease.
+            up.ask_lease();
+        }
         Ok(r)
     }
 

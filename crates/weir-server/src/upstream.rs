@@ -71,6 +71,19 @@ const WATCHDOG: Duration = Duration::from_secs(1);
 /// Longest range one TRIM/WRITE_ZEROES/CACHE/BLOCK_STATUS request covers.
 const MAX_RANGE: u64 = 1 << 30;
 
+/// Whether a volume's connections take its export's exclusive lease.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum LeasePolicy {
+    /// No lease: nothing else writes the export (`upstream_exclusive =
+    /// "assume"`), or there is no cache above to need it.
+    Assume,
+    /// Take it (a cached volume).
+    Ask,
+    /// Not yet (an uncached volume of a caching pool: [`UpstreamBackend::ask_lease`]
+    /// when its cache is switched on); until then a cache above reads through.
+    Later,
+}
+
 /// `nbd://HOST[:PORT]` (TCP; port 10809 by default). A path is refused: the
 /// export is per volume.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -251,10 +264,12 @@ struct Freshness {
     /// A connection was opened without the lease (another client holds it, or
     /// has written the volume, or the upstream grants none).
     refused: AtomicBool,
+    /// New connections ask for the lease (off until the volume's cache is on).
+    asking: AtomicBool,
 }
 
 impl Freshness {
-    fn new() -> Freshness {
+    fn new(asking: bool) -> Freshness {
         use std::hash::{BuildHasher, Hasher};
         // 128 random bits: std's per-process random hash keys.
         let mut token = String::new();
@@ -270,6 +285,7 @@ impl Freshness {
             live: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             refused: AtomicBool::new(false),
+            asking: AtomicBool::new(asking),
         }
     }
 
@@ -437,7 +453,8 @@ pub struct UpstreamBackend {
     next: AtomicUsize,
     timeout: Duration,
     pub stats: UpstreamStats,
-    /// The exclusive lease its connections ask for (`None`: none asked).
+    /// The volume's exclusive lease (`None`: `upstream_exclusive = "assume"`,
+    /// or no flash cache in the pool).
     lease: Option<Arc<Freshness>>,
     /// Weak self, for background reconnects.
     me: std::sync::Weak<UpstreamBackend>,
@@ -644,10 +661,15 @@ impl UpstreamBackend {
         connections: u32,
         timeout: Duration,
         known_size: Option<u64>,
-        lease: bool,
+        lease: LeasePolicy,
     ) -> Result<Arc<UpstreamBackend>, String> {
-        let lease = lease.then(|| Arc::new(Freshness::new()));
-        let first = connect(target, export, lease.as_ref().map(|l| l.token.as_str()));
+        let lease = match lease {
+            LeasePolicy::Assume => None,
+            LeasePolicy::Ask => Some(Arc::new(Freshness::new(true))),
+            LeasePolicy::Later => Some(Arc::new(Freshness::new(false))),
+        };
+        let asked = lease.as_ref().filter(|l| l.asking.load(Ordering::Acquire));
+        let first = connect(target, export, asked.map(|l| l.token.as_str()));
         let (size_bytes, first) = match first {
             Ok(opened) => (opened.1.size_bytes, Some(opened)),
             Err(e) => match known_size.filter(|&s| s > 0) {
@@ -719,8 +741,22 @@ impl UpstreamBackend {
     fn lease_token(&self) -> Option<&str> {
         self.lease
             .as_ref()
-            .filter(|l| !l.refused.load(Ordering::Acquire))
+            .filter(|l| l.asking.load(Ordering::Acquire) && !l.refused.load(Ordering::Acquire))
             .map(|l| l.token.as_str())
+    }
+
+    /// The volume's cache was switched on: from now on its connections ask for
+    /// the lease; the ones open now are closed (reopened on demand, asking).
+    pub fn ask_lease(&self) {
+        let Some(l) = &self.lease else { return };
+        if l.asking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for slot in &self.slots {
+            if let Some(c) = slot.live() {
+                c.kill();
+            }
+        }
     }
 
     /// Starts a connection from a finished handshake.
@@ -738,6 +774,7 @@ impl UpstreamBackend {
         });
         let granted = match &self.lease {
             Some(f) if info.exclusive_lease.as_deref() == Some(f.token.as_str()) => Some(f.clone()),
+            Some(f) if !f.asking.load(Ordering::Acquire) => None,
             Some(f) => {
                 if !f.refused.swap(true, Ordering::AcqRel) {
                     tracing::warn!(
@@ -1259,9 +1296,16 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         drop(l);
         let t = UpstreamTarget::parse(&format!("nbd://127.0.0.1:{port}")).unwrap();
-        let e = UpstreamBackend::open(&t, "vol", 2, Duration::from_secs(1), None, false)
-            .err()
-            .unwrap();
+        let e = UpstreamBackend::open(
+            &t,
+            "vol",
+            2,
+            Duration::from_secs(1),
+            None,
+            LeasePolicy::Assume,
+        )
+        .err()
+        .unwrap();
         assert!(e.contains("must exist upstream"), "{e}");
         // With a known size the volume opens, and I/O fails with EIO after the
         // timeout (backing off between attempts).
@@ -1271,7 +1315,7 @@ mod tests {
             2,
             Duration::from_millis(300),
             Some(1 << 20),
-            false,
+            LeasePolicy::Assume,
         )
         .unwrap();
         assert_eq!(b.size_bytes(), 1 << 20);

@@ -392,7 +392,8 @@ async fn a_leased_gateway_keeps_other_writers_out_and_a_second_reads_through() {
         "fc-lease-up",
         &("[[pools]]\nname = \"default\"\n".to_string()
             + &common::volume_toml("db", "4MiB", "non-critical", "default")
-            + &common::volume_toml("other", "1MiB", "non-critical", "default")),
+            + &common::volume_toml("other", "1MiB", "non-critical", "default")
+            + &common::volume_toml("spare", "1MiB", "non-critical", "default")),
     )
     .await;
     let gateway_toml = |dir: &std::path::Path| {
@@ -402,6 +403,7 @@ async fn a_leased_gateway_keeps_other_writers_out_and_a_second_reads_through() {
             dir,
             "2MiB",
         ) + "[[volumes]]\nname = \"db\"\npolicy = \"non-critical\"\npool = \"gw\"\ncache = \"flash\"\n"
+            + "[[volumes]]\nname = \"other\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
     };
     let a_cache = common::TempDir::new("fc-lease-a");
     let (_a_dir, a) = common::start_with("fc-lease-a", &gateway_toml(a_cache.path())).await;
@@ -412,6 +414,19 @@ async fn a_leased_gateway_keeps_other_writers_out_and_a_second_reads_through() {
     assert_eq!(ca.read(0, 8192).await.unwrap().unwrap(), one, "hit");
     assert_eq!(metric(&a, "weir_volume_flash_cache_hits_total", "db"), 1);
     assert!(upstream.state().leases.held().contains("db"));
+    // An uncached volume of the same pool takes no lease until its cache is
+    // switched on.
+    let (mut co, _) = common::connect(&a, "other").await;
+    co.read(0, 4096).await.unwrap().unwrap();
+    assert!(!upstream.state().leases.held().contains("other"));
+    let on = weir_server::VolumeUpdate {
+        cache: Some(VolumeCache::Flash),
+        ..Default::default()
+    };
+    a.state().store().update_volume("other", on).unwrap();
+    co.read(0, 4096).await.unwrap().unwrap();
+    assert!(upstream.state().leases.held().contains("other"));
+    drop(co);
 
     // A client of the storage server: its writes to db are refused, with why;
     // its reads and its writes elsewhere go on.
@@ -429,7 +444,7 @@ async fn a_leased_gateway_keeps_other_writers_out_and_a_second_reads_through() {
         ErrorCode::Perm
     );
     assert_eq!(direct.read(0, 8192).await.unwrap().unwrap(), one);
-    let (mut elsewhere, _) = common::connect(&upstream, "other").await;
+    let (mut elsewhere, _) = common::connect(&upstream, "spare").await;
     elsewhere
         .write(0, &[7; 4096], false)
         .await

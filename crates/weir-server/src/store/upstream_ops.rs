@@ -7,7 +7,8 @@
 //! the gateway). Nothing is stored locally but the metadata record.
 
 use super::*;
-use crate::upstream::UpstreamBackend;
+use crate::flash_cache::VolumeCache;
+use crate::upstream::{LeasePolicy, UpstreamBackend};
 
 impl VolumeStore {
     /// The pool's configuration if it is an upstream pool.
@@ -24,7 +25,17 @@ impl VolumeStore {
         name: &str,
         pool: &PoolConfig,
         known_size: Option<u64>,
+        cache: VolumeCache,
     ) -> Result<Arc<UpstreamBackend>, StoreError> {
+        let lease = if pool.flash_cache.is_none()
+            || pool.upstream_exclusive == crate::config::UpstreamExclusive::Assume
+        {
+            LeasePolicy::Assume
+        } else if cache == VolumeCache::Flash {
+            LeasePolicy::Ask
+        } else {
+            LeasePolicy::Later
+        };
         let target = self
             .upstream_targets
             .get(&pool.name)
@@ -36,8 +47,7 @@ impl VolumeStore {
             pool.upstream_connections,
             std::time::Duration::from_secs(pool.upstream_timeout_s.into()),
             known_size,
-            pool.flash_cache.is_some()
-                && pool.upstream_exclusive == crate::config::UpstreamExclusive::Lease,
+            lease,
         )
         .map_err(|e| StoreError::Invalid(format!("volume {name:?}: {e}")))
     }
@@ -54,7 +64,7 @@ impl VolumeStore {
             let Some(pool) = self.upstream_pool(&r.pool) else {
                 continue;
             };
-            let b = self.connect_upstream(&r.name, pool, Some(r.size_bytes))?;
+            let b = self.connect_upstream(&r.name, pool, Some(r.size_bytes), r.cache)?;
             let declared = config
                 .volumes
                 .iter()
@@ -103,7 +113,7 @@ impl VolumeStore {
         let pool = self.upstream_pool(&record.pool).cloned().ok_or_else(|| {
             StoreError::Invalid(format!("pool {:?} has no upstream", record.pool))
         })?;
-        let b = self.connect_upstream(&record.name, &pool, None)?;
+        let b = self.connect_upstream(&record.name, &pool, None, record.cache)?;
         if record.size_bytes != 0 && record.size_bytes != b.size_bytes() {
             return Err(StoreError::Invalid(format!(
                 "volume {:?}: size {} requested, but upstream export {:?} on {} has {} bytes \
