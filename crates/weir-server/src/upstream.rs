@@ -266,6 +266,8 @@ struct Freshness {
     refused: AtomicBool,
     /// New connections ask for the lease (off until the volume's cache is on).
     asking: AtomicBool,
+    /// A renewal (a small read sent only to confirm the lease) is in flight.
+    renewing: AtomicBool,
 }
 
 impl Freshness {
@@ -286,6 +288,7 @@ impl Freshness {
             generation: AtomicU64::new(0),
             refused: AtomicBool::new(false),
             asking: AtomicBool::new(asking),
+            renewing: AtomicBool::new(false),
         }
     }
 
@@ -745,6 +748,47 @@ impl UpstreamBackend {
             .map(|l| l.token.as_str())
     }
 
+    /// Sends one 512-byte read on a live lease-holding connection, only so that
+    /// its answer confirms the lease (at most one at a time; the answer's data is
+    /// dropped).
+    fn renew(&self, f: &Freshness) {
+        if f.renewing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Some(conn) = self
+            .slots
+            .iter()
+            .filter_map(Slot::live)
+            .find(|c| c.lease.is_some())
+        else {
+            f.renewing.store(false, Ordering::Release);
+            return;
+        };
+        let lease = conn.lease.clone();
+        let waiter = Waiter::Callback {
+            since: Instant::now(),
+            done: Box::new(move |_| {
+                if let Some(l) = lease {
+                    l.renewing.store(false, Ordering::Release);
+                }
+            }),
+        };
+        let bytes = {
+            let mut st = conn.lock();
+            if !st.alive {
+                drop(st);
+                waiter.answer(Answer::Lost);
+                return;
+            }
+            let handle = st.session.read(0, 512);
+            st.waiters.insert(handle, waiter);
+            st.session.take_output()
+        };
+        if conn.send(&bytes).is_err() {
+            conn.kill();
+        }
+    }
+
     /// The volume's cache was switched on: from now on its connections ask for
     /// the lease; the ones open now are closed (reopened on demand, asking).
     pub fn ask_lease(&self) {
@@ -1060,6 +1104,10 @@ impl Backend for UpstreamBackend {
         };
         if f.refused.load(Ordering::Acquire) || !f.within(LEASE_FRESH) {
             return Ownership::Unsure;
+        }
+        if !f.within(LEASE_FRESH / 2) {
+            // Confirm it before it lapses, so a load of hits never stalls on it.
+            self.renew(f);
         }
         Ownership::Exclusive {
             generation: f.generation.load(Ordering::Acquire),
