@@ -855,9 +855,14 @@ impl UpstreamBackend {
         }
         let reader = conn.clone();
         let timeout = self.timeout;
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name(format!("weir-upstream-{}", self.export))
-            .spawn(move || reader.reader(stream, timeout))?;
+            .spawn(move || reader.reader(stream, timeout));
+        if let Err(e) = spawned {
+            // Counted out of the lease's live connections, and closed.
+            conn.kill();
+            return Err(e);
+        }
         Ok(conn)
     }
 

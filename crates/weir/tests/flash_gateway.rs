@@ -7,7 +7,8 @@
 //! every block they read is that block's and no older than the newest write
 //! acknowledged before the read began (B, without the lease, reads through its
 //! cache). A is killed with SIGKILL mid-run and restarted on its port (its cache
-//! starts empty, the lease is taken again); afterwards every block of `x`,
+//! starts empty, the lease is taken again); then the storage server is killed
+//! and restarted (A takes the lease anew and drops its cache); afterwards every block of `x`,
 //! through A, through B and on the server, holds at least its last acknowledged
 //! version. Then `fio --verify` through A, when fio has its nbd engine.
 
@@ -152,9 +153,13 @@ async fn noise(addr: SocketAddr, volume: &'static str, s: Arc<Shared>, seed: u64
     let mut rng = common::Rng::new(seed);
     while !s.stop.load(Ordering::Relaxed) {
         let block = rng.below(BLOCKS);
-        let _ = c
+        let w = c
             .write(block * 4096, &stamp(block | 1 << 40, seed), false)
             .await;
+        if w.is_err() {
+            // The storage server restarted: reconnect.
+            c = connect(addr, volume).await;
+        }
     }
 }
 
@@ -197,7 +202,7 @@ fn a_cached_gateway_killed_mid_run_never_serves_stale_data() {
     let storage_dir = common::TempDir::new("fgw-storage");
     let a_dir = common::TempDir::new("fgw-a");
     let b_dir = common::TempDir::new("fgw-b");
-    let storage = WeirProcess::start(storage_dir.path(), STORAGE);
+    let mut storage = WeirProcess::start(storage_dir.path(), STORAGE);
     let a_config = gateway(storage.nbd_addr, a_dir.path(), &[("x", true)]);
     let mut a = WeirProcess::start(a_dir.path(), &a_config);
     let a_addr = a.nbd_addr;
@@ -261,6 +266,33 @@ fn a_cached_gateway_killed_mid_run_never_serves_stale_data() {
     let at_restart = s.reads.load(Ordering::Relaxed);
     wait_for(at_restart + 3000);
     assert!(hits(&a) > 100, "the restarted cache serves reads too");
+    // The storage server itself is killed (SIGKILL) with A's lease held and
+    // restarts on its port: x starts in the lease's grace (recorded in its data
+    // directory); A reconnects, takes the lease anew and drops what it had
+    // cached (the lease may have been lost in between).
+    let pool_counter = |p: &WeirProcess, name: &str| {
+        let text = rt.block_on(p.admin_client().metrics()).unwrap();
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name}{{pool=\"gw\"")))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        pool_counter(&a, "weir_pool_flash_cache_lease_drops_total"),
+        0
+    );
+    let storage_addr = storage.nbd_addr;
+    storage.kill();
+    let storage = WeirProcess::start_listening(storage_dir.path(), STORAGE, storage_addr);
+    let at_crash = s.reads.load(Ordering::Relaxed);
+    wait_for(at_crash + 3000);
+    assert!(
+        pool_counter(&a, "weir_pool_flash_cache_lease_drops_total") >= 1,
+        "A's cache was dropped when its lease was granted anew"
+    );
+    let hits_after_crash = hits(&a);
+    wait_for(s.reads.load(Ordering::Relaxed) + 2000);
+    assert!(hits(&a) > hits_after_crash, "and it caches again");
     s.stop.store(true, Ordering::Relaxed);
     for t in tasks {
         rt.block_on(t).unwrap();
