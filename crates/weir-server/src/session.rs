@@ -1003,13 +1003,13 @@ pub async fn run_session(
     // meanwhile, the connection closes (the client believes it holds it).
     let lease = match &info.exclusive_lease {
         None => None,
-        Some(token) => match state.leases.acquire(&volume.name, token) {
-            Some(held) => Some(held),
-            None => {
+        Some(token) => {
+            let Some(held) = take_lease(&state, &volume.name, token).await else {
                 tracing::info!(%peer, volume = %volume.name, "exclusive lease lost before transmission: closing");
                 return;
-            }
-        },
+            };
+            Some(held)
+        }
     };
     tracing::debug!(%peer, volume = %info.name, "transmission");
     let Some(pool) = state.pool(&volume.pool) else {
@@ -1067,8 +1067,12 @@ pub async fn run_session(
     drop(tx);
     let _ = writer.await;
     // Only now (no write of this connection is in flight any more) may another
-    // client take the lease, or this one's end start the grace.
-    drop((lease, writer_mark));
+    // client take the lease, or this one's end start the grace (a last release
+    // records it: an fsync, so on a blocking thread).
+    drop(writer_mark);
+    if let Some(lease) = lease {
+        let _ = tokio::task::spawn_blocking(move || drop(lease)).await;
+    }
     if ended == Ended::Linger {
         // Our side is closed (FIN sent); read what the client still sends until it
         // closes too, so closing the socket does not reset replies in transit.
@@ -1081,6 +1085,16 @@ pub async fn run_session(
     pool.host_connection(client, volume.id, false);
     drop(host_session);
     tracing::debug!(%peer, "connection closed");
+}
+
+/// Takes a connection's share of the volume's lease, on a blocking thread (a
+/// first grant records it: an fsync).
+async fn take_lease(state: &ServerState, volume: &str, token: &str) -> Option<LeaseHeld> {
+    let (leases, volume, token) = (state.leases.clone(), volume.to_string(), token.to_string());
+    tokio::task::spawn_blocking(move || leases.acquire(&volume, &token))
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Option haggling (within [`HANDSHAKE_TIMEOUT`]), STARTTLS included: the export
