@@ -429,6 +429,7 @@ pub fn metrics_text(s: &ServerState) -> String {
     text.push_str(&s.flash_cache_metrics());
     text.push_str(&s.tier_metrics());
     text.push_str(&s.replication.prometheus(s));
+    text.push_str(&s.leases.render_prometheus());
     text.push_str(&crate::metrics::render_process());
     text
 }

@@ -32,10 +32,19 @@ pub const LEASE_FRESH: Duration = Duration::from_millis(1000);
 /// a margin for the two hosts' clock rates and scheduling).
 pub const LEASE_GRACE: Duration = Duration::from_millis(2000);
 
+/// Who holds a volume's lease.
+#[derive(Debug)]
+struct Holder {
+    token: String,
+    /// Its open connections.
+    connections: u32,
+    /// The address of the connection that took it (for the refusal message).
+    peer: String,
+}
+
 #[derive(Debug, Default)]
 struct VolumeLease {
-    /// The holder's token and its open connections.
-    holder: Option<(String, u32)>,
+    holder: Option<Holder>,
     /// Open connections without the lease that have written.
     writers: u32,
     /// Other writes wait until then (a lease ended).
@@ -130,30 +139,34 @@ impl Leases {
 
     fn grantable(l: &VolumeLease, token: &str) -> bool {
         match &l.holder {
-            Some((holder, _)) => holder == token,
+            Some(h) => h.token == token,
             None => l.writers == 0,
         }
     }
 
-    /// Takes the lease for one connection (`None`: not grantable now).
-    pub fn acquire(self: &Arc<Self>, volume: &str, token: &str) -> Option<LeaseHeld> {
+    /// Takes the lease for one connection from `peer` (`None`: not grantable now).
+    pub fn acquire(self: &Arc<Self>, volume: &str, token: &str, peer: &str) -> Option<LeaseHeld> {
         let mut t = self.lock();
         let l = t.entry(volume);
         if !Self::grantable(l, token) {
             return None;
         }
         let first = match &mut l.holder {
-            Some((_, n)) => {
-                *n += 1;
+            Some(h) => {
+                h.connections += 1;
                 false
             }
             None => {
-                l.holder = Some((token.to_string(), 1));
+                l.holder = Some(Holder {
+                    token: token.to_string(),
+                    connections: 1,
+                    peer: peer.to_string(),
+                });
                 true
             }
         };
         if first {
-            tracing::info!(volume, token, "exclusive lease granted");
+            tracing::info!(volume, token, peer, "exclusive lease granted");
             self.record(&t);
         }
         Some(LeaseHeld {
@@ -166,14 +179,14 @@ impl Leases {
         let mut t = self.lock();
         let grace = self.grace;
         let l = t.entry(volume);
-        let Some((token, n)) = &mut l.holder else {
+        let Some(h) = &mut l.holder else {
             return;
         };
-        *n -= 1;
-        if *n > 0 {
+        h.connections -= 1;
+        if h.connections > 0 {
             return;
         }
-        tracing::info!(volume, token = %token, "exclusive lease released");
+        tracing::info!(volume, token = %h.token, peer = %h.peer, "exclusive lease released");
         l.holder = None;
         l.grace_until = Some(Instant::now() + grace);
         self.record(&t);
@@ -190,10 +203,11 @@ impl Leases {
     ) -> Result<Option<Instant>, Refused> {
         let mut t = self.lock();
         let l = t.entry(volume);
-        if let Some((_, n)) = &l.holder {
+        if let Some(h) = &l.holder {
             return Err(Refused(format!(
-                "volume {volume:?} is held exclusively by a caching client ({n} connection(s), \
-                 weir:exclusive lease): its writes go through that client"
+                "volume {volume:?} is held exclusively by the caching client at {} ({} \
+                 connection(s), weir:exclusive lease): its writes go through that client",
+                h.peer, h.connections
             )));
         }
         if mark.is_none() {
@@ -232,14 +246,43 @@ impl Leases {
         }
     }
 
-    /// Volumes with a lease held now (metrics, tests).
+    /// Volumes with a lease held now (tests).
     pub fn held(&self) -> HashSet<String> {
-        self.lock()
+        self.holders().into_iter().map(|(v, _, _)| v).collect()
+    }
+
+    /// Each held lease: volume, holder's address, its connections (sorted).
+    pub fn holders(&self) -> Vec<(String, String, u32)> {
+        let mut v: Vec<(String, String, u32)> = self
+            .lock()
             .volumes
             .iter()
-            .filter(|(_, l)| l.holder.is_some())
-            .map(|(n, _)| n.clone())
-            .collect()
+            .filter_map(|(n, l)| {
+                let h = l.holder.as_ref()?;
+                Some((n.clone(), h.peer.clone(), h.connections))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// `weir_volume_exclusive_lease_connections` (Prometheus text).
+    pub fn render_prometheus(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::from(
+            "# HELP weir_volume_exclusive_lease_connections Connections of the client holding \
+             the volume's exclusive lease (weir:exclusive; others' writes are refused).\n\
+             # TYPE weir_volume_exclusive_lease_connections gauge\n",
+        );
+        for (volume, peer, n) in self.holders() {
+            let _ = writeln!(
+                out,
+                "weir_volume_exclusive_lease_connections{{volume=\"{}\",holder=\"{}\"}} {n}",
+                crate::metrics::escape(&volume),
+                crate::metrics::escape(&peer)
+            );
+        }
+        out
     }
 }
 
@@ -278,10 +321,10 @@ mod tests {
     #[test]
     fn a_lease_excludes_other_writers_and_is_shared_by_its_token() {
         let leases = Leases::in_memory(Duration::from_millis(50));
-        let a1 = leases.acquire("x", "a").expect("free");
-        let a2 = leases.acquire("x", "a").expect("same token");
+        let a1 = leases.acquire("x", "a", "p").expect("free");
+        let a2 = leases.acquire("x", "a", "p").expect("same token");
         assert!(!leases.available("x", "b"));
-        assert!(leases.acquire("x", "b").is_none());
+        assert!(leases.acquire("x", "b", "p").is_none());
         let mut mark = None;
         assert!(leases.foreign_write("x", &mut mark).is_err());
         assert!(mark.is_none());
@@ -298,16 +341,16 @@ mod tests {
         assert!(wait.is_some_and(|w| w > Instant::now()));
         // A writer blocks a new grant until its connection closes.
         assert!(!leases.available("x", "a"));
-        assert!(leases.acquire("x", "a").is_none());
+        assert!(leases.acquire("x", "a", "p").is_none());
         drop(mark);
-        assert!(leases.acquire("x", "a").is_some());
+        assert!(leases.acquire("x", "a", "p").is_some());
     }
 
     #[test]
     fn held_leases_are_recorded_and_a_restart_waits_out_the_grace() {
         let dir = weir_testkit::TempDir::new("leases");
         let leases = Leases::open(dir.path()).unwrap();
-        let held = leases.acquire("vol", "t").unwrap();
+        let held = leases.acquire("vol", "t", "p").unwrap();
         assert_eq!(
             std::fs::read_to_string(dir.path().join("leases")).unwrap(),
             "vol\n"

@@ -1004,7 +1004,7 @@ pub async fn run_session(
     let lease = match &info.exclusive_lease {
         None => None,
         Some(token) => {
-            let Some(held) = take_lease(&state, &volume.name, token).await else {
+            let Some(held) = take_lease(&state, &volume.name, token, peer).await else {
                 tracing::info!(%peer, volume = %volume.name, "exclusive lease lost before transmission: closing");
                 return;
             };
@@ -1089,9 +1089,14 @@ pub async fn run_session(
 
 /// Takes a connection's share of the volume's lease, on a blocking thread (a
 /// first grant records it: an fsync).
-async fn take_lease(state: &ServerState, volume: &str, token: &str) -> Option<LeaseHeld> {
+async fn take_lease(
+    state: &ServerState,
+    volume: &str,
+    token: &str,
+    peer: SocketAddr,
+) -> Option<LeaseHeld> {
     let (leases, volume, token) = (state.leases.clone(), volume.to_string(), token.to_string());
-    tokio::task::spawn_blocking(move || leases.acquire(&volume, &token))
+    tokio::task::spawn_blocking(move || leases.acquire(&volume, &token, &peer.ip().to_string()))
         .await
         .ok()
         .flatten()

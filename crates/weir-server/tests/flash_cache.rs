@@ -446,7 +446,18 @@ async fn a_leased_gateway_keeps_other_writers_out_and_a_second_reads_through() {
         .unwrap()
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::Perm, "{e:?}");
-    assert!(e.message.contains("held exclusively"), "{e:?}");
+    assert!(
+        e.message
+            .contains("held exclusively by the caching client at 127.0.0.1"),
+        "{e:?}"
+    );
+    let text = weir_server::admin::metrics_text(upstream.state());
+    assert!(
+        text.contains(
+            "weir_volume_exclusive_lease_connections{volume=\"db\",holder=\"127.0.0.1\"}"
+        ),
+        "{text}"
+    );
     let h = direct.session().trim(0, 4096);
     assert_eq!(
         direct.wait(h).await.unwrap().unwrap_err().code,
