@@ -320,6 +320,10 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
         }
         ("POST", ["v1", "volumes", name, "flatten"]) => ok(&s.flatten_volume(name)?),
         ("POST", ["v1", "volumes", name, "takeover"]) => ok(&store().take_over(name)?),
+        ("POST", ["v1", "volumes", name, "break-lease"]) => {
+            store().get(name)?;
+            ok(&s.leases.break_lease(name))
+        }
         ("GET", ["v1", "check"]) => ok(&store().check_thin()?),
         ("GET", ["v1", "replications"]) => ok(&s.replication.list(s)),
         ("GET", ["v1", "volumes", name, "replication"]) => ok(&s.replication.status(s, name)?),
@@ -407,6 +411,7 @@ fn is_route(path: &[&str]) -> bool {
                     | "rollback"
                     | "flatten"
                     | "takeover"
+                    | "break-lease"
                     | "replication"
             ]
             | ["v1", "volumes", _, "snapshots", _]
@@ -751,6 +756,14 @@ impl Client {
     /// Failover: fences the gateway holding the volume's RBD lock.
     pub async fn takeover(&self, volume: &str) -> Result<crate::store::TakeOver, ClientError> {
         let path = format!("/v1/volumes/{}/takeover", encode(volume));
+        self.call("POST", &path, None::<&()>).await
+    }
+    /// Breaks the exclusive lease a caching gateway holds on the volume.
+    pub async fn break_lease(
+        &self,
+        volume: &str,
+    ) -> Result<crate::lease::BrokenLease, ClientError> {
+        let path = format!("/v1/volumes/{}/break-lease", encode(volume));
         self.call("POST", &path, None::<&()>).await
     }
     pub async fn check(&self) -> Result<Vec<ThinPoolCheck>, ClientError> {

@@ -18,6 +18,10 @@
 //! [`LEASE_GRACE`] (twice that) has passed. Held leases are recorded in
 //! `data_dir/leases` (written and fsynced at each grant and release), so a
 //! server that crashed and restarted still waits out the grace.
+//!
+//! An operator can break a lease (`weir volume break-lease`, like `rbd lock
+//! remove` with blocklisting): the holder's connections are closed, its token is
+//! refused from then on (its cache reads through), and the grace starts.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write as _};
@@ -40,7 +44,21 @@ struct Holder {
     connections: u32,
     /// The address of the connection that took it (for the refusal message).
     peer: String,
+    /// Set when the lease is broken: its connections close.
+    revoke: tokio::sync::watch::Sender<bool>,
 }
+
+/// A broken lease: who held it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BrokenLease {
+    pub volume: String,
+    /// The holder's address and connections (`None`: nobody held it).
+    pub holder: Option<String>,
+    pub connections: u32,
+}
+
+/// Tokens of broken leases remembered (refused if asked again).
+const MAX_BLOCKED_TOKENS: usize = 4096;
 
 #[derive(Debug, Default)]
 struct VolumeLease {
@@ -54,6 +72,8 @@ struct VolumeLease {
 #[derive(Debug, Default)]
 struct Table {
     volumes: HashMap<String, VolumeLease>,
+    /// Tokens of broken leases, oldest first.
+    blocked: std::collections::VecDeque<String>,
 }
 
 impl Table {
@@ -131,6 +151,9 @@ impl Leases {
     /// Whether `token` would be granted on `volume` now.
     pub fn available(&self, volume: &str, token: &str) -> bool {
         let t = self.lock();
+        if t.blocked.iter().any(|b| b == token) {
+            return false;
+        }
         match t.volumes.get(volume) {
             None => true,
             Some(l) => Self::grantable(l, token),
@@ -147,6 +170,9 @@ impl Leases {
     /// Takes the lease for one connection from `peer` (`None`: not grantable now).
     pub fn acquire(self: &Arc<Self>, volume: &str, token: &str, peer: &str) -> Option<LeaseHeld> {
         let mut t = self.lock();
+        if t.blocked.iter().any(|b| b == token) {
+            return None;
+        }
         let l = t.entry(volume);
         if !Self::grantable(l, token) {
             return None;
@@ -161,10 +187,12 @@ impl Leases {
                     token: token.to_string(),
                     connections: 1,
                     peer: peer.to_string(),
+                    revoke: tokio::sync::watch::Sender::new(false),
                 });
                 true
             }
         };
+        let revoked = l.holder.as_ref().map(|h| h.revoke.subscribe());
         if first {
             tracing::info!(volume, token, peer, "exclusive lease granted");
             self.record(&t);
@@ -172,14 +200,17 @@ impl Leases {
         Some(LeaseHeld {
             leases: self.clone(),
             volume: volume.to_string(),
+            token: token.to_string(),
+            revoked: revoked.expect("held"),
         })
     }
 
-    fn release(&self, volume: &str) {
+    fn release(&self, volume: &str, token: &str) {
         let mut t = self.lock();
         let grace = self.grace;
         let l = t.entry(volume);
-        let Some(h) = &mut l.holder else {
+        // A broken lease was released then.
+        let Some(h) = l.holder.as_mut().filter(|h| h.token == token) else {
             return;
         };
         h.connections -= 1;
@@ -190,6 +221,34 @@ impl Leases {
         l.holder = None;
         l.grace_until = Some(Instant::now() + grace);
         self.record(&t);
+    }
+
+    /// Breaks `volume`'s lease: its connections are told to close, its token is
+    /// refused from now on, and others' writes wait out the grace.
+    pub fn break_lease(&self, volume: &str) -> BrokenLease {
+        let mut t = self.lock();
+        let grace = self.grace;
+        let l = t.entry(volume);
+        let Some(h) = l.holder.take() else {
+            return BrokenLease {
+                volume: volume.to_string(),
+                holder: None,
+                connections: 0,
+            };
+        };
+        l.grace_until = Some(Instant::now() + grace);
+        h.revoke.send_replace(true);
+        tracing::warn!(volume, token = %h.token, peer = %h.peer, "exclusive lease broken");
+        if t.blocked.len() >= MAX_BLOCKED_TOKENS {
+            t.blocked.pop_front();
+        }
+        t.blocked.push_back(h.token);
+        self.record(&t);
+        BrokenLease {
+            volume: volume.to_string(),
+            holder: Some(h.peer),
+            connections: h.connections,
+        }
     }
 
     /// A connection without the lease is about to write `volume`: refused while
@@ -291,11 +350,26 @@ impl Leases {
 pub struct LeaseHeld {
     leases: Arc<Leases>,
     volume: String,
+    token: String,
+    revoked: tokio::sync::watch::Receiver<bool>,
+}
+
+impl LeaseHeld {
+    /// Whether the lease was broken (the connection must close).
+    pub fn is_revoked(&self) -> bool {
+        *self.revoked.borrow()
+    }
+
+    /// Waits until the lease is broken.
+    pub async fn revoked(&self) {
+        let mut rx = self.revoked.clone();
+        let _ = rx.wait_for(|&b| b).await;
+    }
 }
 
 impl Drop for LeaseHeld {
     fn drop(&mut self) {
-        self.leases.release(&self.volume);
+        self.leases.release(&self.volume, &self.token);
     }
 }
 
@@ -344,6 +418,27 @@ mod tests {
         assert!(leases.acquire("x", "a", "p").is_none());
         drop(mark);
         assert!(leases.acquire("x", "a", "p").is_some());
+    }
+
+    #[test]
+    fn a_broken_lease_closes_its_holder_and_refuses_its_token() {
+        let leases = Leases::in_memory(Duration::from_millis(50));
+        let held = leases.acquire("x", "a", "10.0.0.1").unwrap();
+        assert!(!held.is_revoked());
+        let b = leases.break_lease("x");
+        assert_eq!(b.holder.as_deref(), Some("10.0.0.1"));
+        assert_eq!(b.connections, 1);
+        assert!(held.is_revoked());
+        assert!(leases.held().is_empty());
+        // Its token is refused from now on; others wait out the grace.
+        assert!(!leases.available("x", "a"));
+        assert!(leases.acquire("x", "a", "10.0.0.1").is_none());
+        let wait = leases.foreign_write("x", &mut None).unwrap();
+        assert!(wait.is_some());
+        // The holder's late release changes nothing; another token may take it.
+        drop(held);
+        assert!(leases.acquire("x", "b", "10.0.0.2").is_some());
+        assert_eq!(leases.break_lease("y").holder, None);
     }
 
     #[test]

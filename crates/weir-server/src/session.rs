@@ -1217,6 +1217,14 @@ struct Conn {
     writer_mark: Mutex<Option<WriterMark>>,
 }
 
+/// Completes when the connection's lease is broken (never without one).
+async fn lease_broken(lease: &Option<LeaseHeld>) {
+    match lease {
+        Some(held) => held.revoked().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Sleeps `d`, or forever.
 async fn sleep_or_never(d: Option<Duration>) {
     match d {
@@ -1345,7 +1353,16 @@ impl Conn {
             command,
             Command::Write { .. } | Command::Trim { .. } | Command::WriteZeroes { .. }
         );
-        if !writes || self.lease.is_some() {
+        if let Some(held) = &self.lease {
+            if writes && held.is_revoked() {
+                return Err(NbdError::new(
+                    ErrorCode::Perm,
+                    "this connection's exclusive lease was broken (weir volume break-lease)",
+                ));
+            }
+            return Ok(());
+        }
+        if !writes {
             return Ok(());
         }
         let wait = {
@@ -1392,6 +1409,10 @@ impl Conn {
         tokio::select! {
             biased;
             _ = shutdown.changed() => Next::Drain,
+            _ = lease_broken(&self.lease) => {
+                tracing::info!(peer = %self.peer, "closing connection: its exclusive lease was broken");
+                Next::Stop
+            }
             (r, waited) = poll_until(read, deadline) => {
                 if r.is_err() {
                     return Next::Stop;

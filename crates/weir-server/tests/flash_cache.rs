@@ -249,23 +249,30 @@ async fn concurrent_writers_and_readers_never_see_stale_data() {
     server.shutdown().await.unwrap();
 }
 
-/// In front of an upstream (gateway mode), a hit costs the upstream nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_hit_never_reaches_the_upstream() {
-    let (_up_dir, upstream) = common::start_with(
-        "fc-upstream",
+/// A storage server with a 4 MiB volume `db`, and a gateway in front of it with
+/// a 2 MiB flash cache and `db` cached (the directories are dropped last).
+async fn cached_gateway(tag: &str) -> ([common::TempDir; 3], RunningServer, RunningServer) {
+    let (up_dir, upstream) = common::start_with(
+        &format!("{tag}-up"),
         &("[[pools]]\nname = \"default\"\n".to_string()
             + &common::volume_toml("db", "4MiB", "non-critical", "default")),
     )
     .await;
-    let cache_dir = common::TempDir::new("fc-gw-dir");
+    let cache_dir = common::TempDir::new(&format!("{tag}-dir"));
     let gw_toml = pool(
         "gw",
         &format!("upstream = \"nbd://{}\"", upstream.nbd_addr()),
         cache_dir.path(),
         "2MiB",
     ) + "[[volumes]]\nname = \"db\"\npolicy = \"non-critical\"\npool = \"gw\"\ncache = \"flash\"\n";
-    let (_gw_dir, gateway) = common::start_with("fc-gw", &gw_toml).await;
+    let (gw_dir, gateway) = common::start_with(&format!("{tag}-gw"), &gw_toml).await;
+    ([up_dir, cache_dir, gw_dir], upstream, gateway)
+}
+
+/// In front of an upstream (gateway mode), a hit costs the upstream nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_hit_never_reaches_the_upstream() {
+    let (_dirs, upstream, gateway) = cached_gateway("fc-gw").await;
     let (mut c, _) = common::connect(&gateway, "db").await;
     let a = pattern(5, 1 << 20);
     c.write(0, &a, false).await.unwrap().unwrap();
@@ -535,5 +542,49 @@ async fn a_leased_gateway_keeps_other_writers_out_and_a_second_reads_through() {
     drop((ca2, cb, direct, elsewhere));
     a2.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
+    upstream.shutdown().await.unwrap();
+}
+
+/// `weir volume break-lease` (the admin API): the holder is disconnected and
+/// may not take the lease again, a direct write lands after the grace, and the
+/// gateway then reads that write (through its cache, never from it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_lease_disconnects_the_gateway_and_it_reads_through() {
+    let (_dirs, upstream, gateway) = cached_gateway("fc-break").await;
+    let (mut c, _) = common::connect(&gateway, "db").await;
+    let old = pattern(1, 4096);
+    c.write(0, &old, false).await.unwrap().unwrap();
+    c.read(0, 4096).await.unwrap().unwrap();
+    assert_eq!(c.read(0, 4096).await.unwrap().unwrap(), old);
+    assert_eq!(
+        metric(&gateway, "weir_volume_flash_cache_hits_total", "db"),
+        1
+    );
+
+    let admin = upstream.admin_client();
+    let broken = admin.break_lease("db").await.unwrap();
+    assert_eq!(broken.holder.as_deref(), Some("127.0.0.1"), "{broken:?}");
+    assert!(broken.connections >= 1);
+    assert!(upstream.state().leases.held().is_empty());
+    assert_eq!(admin.break_lease("db").await.unwrap().holder, None);
+    assert!(admin.break_lease("nope").await.is_err(), "unknown volume");
+
+    // Another client's write waits out the grace, then lands.
+    let (mut direct, _) = common::connect(&upstream, "db").await;
+    let new = pattern(2, 4096);
+    let t = std::time::Instant::now();
+    direct.write(0, &new, false).await.unwrap().unwrap();
+    assert!(t.elapsed() >= weir_server::lease::LEASE_GRACE - std::time::Duration::from_millis(300));
+    // The gateway reconnects without the lease and reads through: the new data.
+    for _ in 0..3 {
+        assert_eq!(c.read(0, 4096).await.unwrap().unwrap(), new);
+    }
+    assert_eq!(
+        metric(&gateway, "weir_volume_flash_cache_hits_total", "db"),
+        1
+    );
+    assert!(upstream.state().leases.held().is_empty(), "not taken again");
+    drop((c, direct));
+    gateway.shutdown().await.unwrap();
     upstream.shutdown().await.unwrap();
 }

@@ -268,6 +268,11 @@ pub enum VolumeCommand {
         /// The volume (in a pool with backend = "rbd")
         volume: String,
     },
+    /// Break the exclusive lease a caching gateway holds on this server's volume: its connections close, it may not take the lease again (its cache reads through), and other writers wait 2 s (asks first)
+    BreakLease {
+        /// The volume
+        volume: String,
+    },
     /// Verify every thin pool's maps, files and references
     Check,
     /// Replicate a thin volume to an NBD target: each cycle snapshots it and
@@ -733,6 +738,27 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     println!("volume {volume}: no other gateway held its lock; served here");
                 } else {
                     println!("volume {volume}: taken over; fenced {}", t.fenced.join(", "));
+                }
+                Ok(())
+            }
+            VolumeCommand::BreakLease { volume } => {
+                confirm(
+                    target.yes,
+                    &format!(
+                        "Break the exclusive lease on volume {volume:?} at {}? The caching gateway holding it is disconnected and may not take it again.",
+                        endpoint.url
+                    ),
+                )?;
+                let b = client.break_lease(&volume).await.map_err(explain)?;
+                if target.json {
+                    print_json(&b)?;
+                } else if let Some(holder) = &b.holder {
+                    println!(
+                        "volume {volume}: lease broken; {holder} ({} connection(s)) disconnected",
+                        b.connections
+                    );
+                } else {
+                    println!("volume {volume}: nobody held its lease");
                 }
                 Ok(())
             }
