@@ -307,4 +307,58 @@ fn a_cached_gateway_killed_mid_run_never_serves_stale_data() {
     rt.block_on(check_all(b.nbd_addr, &s, "through gateway B"));
     rt.block_on(check_all(storage.nbd_addr, &s, "on the storage server"));
     common::fio_verify(a_addr, "x", a_dir.path());
+    rt.block_on(break_the_lease_with_real_clients(
+        &storage,
+        storage_dir.path(),
+        a_addr,
+    ));
+}
+
+/// With real clients: qemu-io's write to `x` on the storage server is refused
+/// while A holds the lease; `weir volume break-lease` (the CLI) disconnects A;
+/// qemu-io's write then lands, and A reads it (through its cache, not from it).
+async fn break_the_lease_with_real_clients(
+    storage: &WeirProcess,
+    storage_dir: &std::path::Path,
+    a_addr: SocketAddr,
+) {
+    if !weir_testkit::require_tool("qemu-io", &["qemu-utils"]) {
+        return;
+    }
+    let uri = format!("nbd://{}/x", storage.nbd_addr);
+    let qemu_write = || {
+        let o = std::process::Command::new("qemu-io")
+            .args(["-f", "raw", "-c", "write -P 0x5a 0 4k", &uri])
+            .output()
+            .expect("qemu-io runs");
+        weir_testkit::output_text(&o)
+    };
+    let refused = qemu_write();
+    assert!(
+        refused.contains("Operation not permitted"),
+        "qemu-io beside A's lease: {refused}"
+    );
+    let token = std::fs::read_to_string(storage_dir.join("data/admin-token")).unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["volume", "break-lease", "x", "--yes", "--admin"])
+        .arg(storage.admin_addr.to_string())
+        .env("WEIR_ADMIN_TOKEN", token.trim())
+        .output()
+        .expect("weir runs");
+    let said = weir_testkit::output_text(&o);
+    assert!(o.status.success(), "{said}");
+    assert!(said.contains("lease broken; 127.0.0.1"), "{said}");
+    let wrote = qemu_write();
+    assert!(
+        wrote.contains("wrote 4096/4096 bytes"),
+        "qemu-io after the break: {wrote}"
+    );
+    let mut c = connect(a_addr, "x").await;
+    for _ in 0..3 {
+        let d = c.read(0, 4096).await.unwrap().unwrap();
+        assert!(
+            d.iter().all(|&b| b == 0x5a),
+            "A served block 0 from before the break"
+        );
+    }
 }
