@@ -270,8 +270,9 @@ pub fn token_path(dir: &Path) -> PathBuf {
     dir.join(TOKEN_FILE)
 }
 
-/// 32 bytes from the kernel's random source, as hex.
-fn new_token() -> std::io::Result<String> {
+/// 32 bytes from the kernel's random source, as hex (64 characters): the admin
+/// token, and a gateway's lease tokens.
+pub(crate) fn new_token() -> std::io::Result<String> {
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())

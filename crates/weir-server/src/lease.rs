@@ -22,6 +22,10 @@
 //! An operator can break a lease (`weir volume break-lease`, like `rbd lock
 //! remove` with blocklisting): the holder's connections are closed, its token is
 //! refused from then on (its cache reads through), and the grace starts.
+//!
+//! Logging stays bounded: grants and releases (one per connection cycle of a
+//! client) are debug lines; a break (an operator's call) and a lease found at
+//! start (one per volume) are logged at warn/info.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write as _};
@@ -194,7 +198,7 @@ impl Leases {
         };
         let revoked = l.holder.as_ref().map(|h| h.revoke.subscribe());
         if first {
-            tracing::info!(volume, token, peer, "exclusive lease granted");
+            tracing::debug!(volume, peer, "exclusive lease granted");
             self.record(&t);
         }
         Some(LeaseHeld {
@@ -217,7 +221,7 @@ impl Leases {
         if h.connections > 0 {
             return;
         }
-        tracing::info!(volume, token = %h.token, peer = %h.peer, "exclusive lease released");
+        tracing::debug!(volume, peer = %h.peer, "exclusive lease released");
         l.holder = None;
         l.grace_until = Some(Instant::now() + grace);
         self.record(&t);
@@ -238,7 +242,7 @@ impl Leases {
         };
         l.grace_until = Some(Instant::now() + grace);
         h.revoke.send_replace(true);
-        tracing::warn!(volume, token = %h.token, peer = %h.peer, "exclusive lease broken");
+        tracing::warn!(volume, peer = %h.peer, "exclusive lease broken");
         if t.blocked.len() >= MAX_BLOCKED_TOKENS {
             t.blocked.pop_front();
         }

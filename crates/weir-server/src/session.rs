@@ -1005,7 +1005,7 @@ pub async fn run_session(
         None => None,
         Some(token) => {
             let Some(held) = take_lease(&state, &volume.name, token, peer).await else {
-                tracing::info!(%peer, volume = %volume.name, "exclusive lease lost before transmission: closing");
+                tracing::debug!(%peer, volume = %volume.name, "exclusive lease lost before transmission: closing");
                 return;
             };
             Some(held)

@@ -244,12 +244,12 @@ struct Conn {
     tls: Option<Mutex<rustls::ClientConnection>>,
     /// The volume's lease freshness, when this connection holds the lease:
     /// every answer moves it to its request's send time.
-    lease: Option<Arc<Freshness>>,
+    lease: Option<Arc<UpstreamLease>>,
 }
 
 /// The volume's exclusive lease as the gateway knows it (`crate::lease`).
 #[derive(Debug)]
-struct Freshness {
+struct UpstreamLease {
     /// The `weir:exclusive=TOKEN` token of this volume's connections.
     token: String,
     epoch: Instant,
@@ -270,17 +270,13 @@ struct Freshness {
     renewing: AtomicBool,
 }
 
-impl Freshness {
-    fn new(asking: bool) -> Freshness {
-        use std::hash::{BuildHasher, Hasher};
-        // 128 random bits: std's per-process random hash keys.
-        let mut token = String::new();
-        for _ in 0..2 {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u64(std::process::id().into());
-            token.push_str(&format!("{:016x}", h.finish()));
-        }
-        Freshness {
+impl UpstreamLease {
+    fn new(asking: bool) -> io::Result<UpstreamLease> {
+        // 256 bits from the kernel's random source: another client cannot guess
+        // it and share the lease.
+        let token = crate::admin_auth::new_token()?;
+        debug_assert!(weir_nbd::valid_lease_token(&token));
+        Ok(UpstreamLease {
             token,
             epoch: Instant::now(),
             sent_ns: AtomicU64::new(0),
@@ -289,7 +285,7 @@ impl Freshness {
             refused: AtomicBool::new(false),
             asking: AtomicBool::new(asking),
             renewing: AtomicBool::new(false),
-        }
+        })
     }
 
     fn answered(&self, sent: Instant) {
@@ -297,10 +293,14 @@ impl Freshness {
         self.sent_ns.fetch_max(ns.max(1), Ordering::AcqRel);
     }
 
-    /// Whether such a request was sent within `window` of now.
-    fn within(&self, window: Duration) -> bool {
+    /// How long ago the newest confirmed request was sent (`None`: none yet).
+    fn age(&self) -> Option<Duration> {
         let ns = self.sent_ns.load(Ordering::Acquire);
-        ns != 0 && self.epoch.elapsed().as_nanos() as u64 <= ns + window.as_nanos() as u64
+        (ns != 0).then(|| {
+            self.epoch
+                .elapsed()
+                .saturating_sub(Duration::from_nanos(ns))
+        })
     }
 }
 
@@ -458,7 +458,7 @@ pub struct UpstreamBackend {
     pub stats: UpstreamStats,
     /// The volume's exclusive lease (`None`: `upstream_exclusive = "assume"`,
     /// or no flash cache in the pool).
-    lease: Option<Arc<Freshness>>,
+    lease: Option<Arc<UpstreamLease>>,
     /// Weak self, for background reconnects.
     me: std::sync::Weak<UpstreamBackend>,
 }
@@ -668,8 +668,10 @@ impl UpstreamBackend {
     ) -> Result<Arc<UpstreamBackend>, String> {
         let lease = match lease {
             LeasePolicy::Assume => None,
-            LeasePolicy::Ask => Some(Arc::new(Freshness::new(true))),
-            LeasePolicy::Later => Some(Arc::new(Freshness::new(false))),
+            LeasePolicy::Ask | LeasePolicy::Later => Some(Arc::new(
+                UpstreamLease::new(lease == LeasePolicy::Ask)
+                    .map_err(|e| format!("a lease token from /dev/urandom: {e}"))?,
+            )),
         };
         let asked = lease.as_ref().filter(|l| l.asking.load(Ordering::Acquire));
         let first = connect(target, export, asked.map(|l| l.token.as_str()));
@@ -751,7 +753,7 @@ impl UpstreamBackend {
     /// Sends one 512-byte read on a live lease-holding connection, only so that
     /// its answer confirms the lease (at most one at a time; the answer's data is
     /// dropped).
-    fn renew(&self, f: &Freshness) {
+    fn renew(&self, f: &UpstreamLease) {
         if f.renewing.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -1107,10 +1109,11 @@ impl Backend for UpstreamBackend {
         let Some(f) = &self.lease else {
             return Ownership::Exclusive { generation: 0 };
         };
-        if f.refused.load(Ordering::Acquire) || !f.within(LEASE_FRESH) {
-            return Ownership::Unsure;
-        }
-        if !f.within(LEASE_FRESH / 2) {
+        let age = match f.age() {
+            Some(age) if age <= LEASE_FRESH && !f.refused.load(Ordering::Acquire) => age,
+            _ => return Ownership::Unsure,
+        };
+        if age > LEASE_FRESH / 2 {
             // Confirm it before it lapses, so a load of hits never stalls on it.
             self.renew(f);
         }

@@ -396,6 +396,24 @@ async fn a_gateway_stops_at_once_with_its_upstream_in_the_process() {
     upstream.shutdown().await.unwrap();
 }
 
+/// A gateway in front of `upstream` with a 2 MiB flash cache: `db` cached,
+/// `other` not (the directories are dropped last).
+async fn lease_gateway(
+    upstream: &RunningServer,
+    tag: &str,
+) -> ([common::TempDir; 2], RunningServer) {
+    let cache = common::TempDir::new(tag);
+    let toml = pool(
+        "gw",
+        &format!("upstream = \"nbd://{}\"", upstream.nbd_addr()),
+        cache.path(),
+        "2MiB",
+    ) + "[[volumes]]\nname = \"db\"\npolicy = \"non-critical\"\npool = \"gw\"\ncache = \"flash\"\n"
+        + "[[volumes]]\nname = \"other\"\npolicy = \"non-critical\"\npool = \"gw\"\n";
+    let (dir, gateway) = common::start_with(tag, &toml).await;
+    ([cache, dir], gateway)
+}
+
 /// The upstream lease (`weir_server::lease`): a caching gateway's connections
 /// hold the export exclusively, so the storage server refuses everybody else's
 /// writes to it; a second caching gateway gets no lease and reads through (never
@@ -412,17 +430,7 @@ async fn a_leased_gateway_keeps_other_writers_out_and_a_second_reads_through() {
             + &common::volume_toml("spare", "1MiB", "non-critical", "default")),
     )
     .await;
-    let gateway_toml = |dir: &std::path::Path| {
-        pool(
-            "gw",
-            &format!("upstream = \"nbd://{}\"", upstream.nbd_addr()),
-            dir,
-            "2MiB",
-        ) + "[[volumes]]\nname = \"db\"\npolicy = \"non-critical\"\npool = \"gw\"\ncache = \"flash\"\n"
-            + "[[volumes]]\nname = \"other\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
-    };
-    let a_cache = common::TempDir::new("fc-lease-a");
-    let (_a_dir, a) = common::start_with("fc-lease-a", &gateway_toml(a_cache.path())).await;
+    let (_a_dirs, a) = lease_gateway(&upstream, "fc-lease-a").await;
     let (mut ca, _) = common::connect(&a, "db").await;
     let one = pattern(1, 8192);
     ca.write(0, &one, false).await.unwrap().unwrap();
@@ -480,8 +488,7 @@ async fn a_leased_gateway_keeps_other_writers_out_and_a_second_reads_through() {
 
     // A second caching gateway: no lease, so nothing is cached there; its
     // writes come back refused as the upstream's EPERM.
-    let b_cache = common::TempDir::new("fc-lease-b");
-    let (_b_dir, b) = common::start_with("fc-lease-b", &gateway_toml(b_cache.path())).await;
+    let (_b_dirs, b) = lease_gateway(&upstream, "fc-lease-b").await;
     let (mut cb, _) = common::connect(&b, "db").await;
     for _ in 0..3 {
         assert_eq!(cb.read(0, 8192).await.unwrap().unwrap(), one);
@@ -527,8 +534,7 @@ async fn a_leased_gateway_keeps_other_writers_out_and_a_second_reads_through() {
 
     // A again (its cache starts empty): the direct writer is still connected, so
     // no lease: A reads through and sees that write.
-    let a2_cache = common::TempDir::new("fc-lease-a2");
-    let (_a2_dir, a2) = common::start_with("fc-lease-a2", &gateway_toml(a2_cache.path())).await;
+    let (_a2_dirs, a2) = lease_gateway(&upstream, "fc-lease-a2").await;
     let (mut ca2, _) = common::connect(&a2, "db").await;
     for _ in 0..2 {
         assert_eq!(ca2.read(0, 4096).await.unwrap().unwrap(), two);
