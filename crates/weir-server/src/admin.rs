@@ -48,6 +48,7 @@
 //! data path; this module routes the decoded request ([`handle`]) and holds the
 //! client.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -64,7 +65,9 @@ use crate::config::AccessGroupConfig;
 use crate::metrics::CounterSnapshot;
 use crate::qos::PoolGauges;
 use crate::server::ServerState;
-use crate::store::{StoreError, ThinPoolCheck, VolumeCreate, VolumeRecord, VolumeUpdate};
+use crate::store::{
+    LeaseHolder, StoreError, ThinPoolCheck, VolumeCreate, VolumeRecord, VolumeUpdate,
+};
 use crate::thin::SnapshotRecord;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -281,12 +284,34 @@ fn route(path: &str) -> Result<Vec<String>, ApiError> {
         .collect()
 }
 
+/// The volumes with who holds their exclusive-writer lease now.
+fn with_leases(s: &ServerState, mut volumes: Vec<VolumeRecord>) -> Vec<VolumeRecord> {
+    let holders: HashMap<String, LeaseHolder> = s
+        .leases
+        .holders()
+        .into_iter()
+        .map(|(volume, holder, connections)| {
+            (
+                volume,
+                LeaseHolder {
+                    holder,
+                    connections,
+                },
+            )
+        })
+        .collect();
+    for v in &mut volumes {
+        v.exclusive_lease = holders.get(&v.name).cloned();
+    }
+    volumes
+}
+
 fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiResult {
     let store = || s.store();
     match (method, path) {
-        ("GET", ["v1", "volumes"]) => ok(&store().list()),
+        ("GET", ["v1", "volumes"]) => ok(&with_leases(s, store().list())),
         ("POST", ["v1", "volumes"]) => created(&s.create_volume(parse(body)?)?),
-        ("GET", ["v1", "volumes", name]) => ok(&store().get(name)?),
+        ("GET", ["v1", "volumes", name]) => ok(&with_leases(s, vec![store().get(name)?])[0]),
         ("PATCH", ["v1", "volumes", name]) => {
             let change: VolumeUpdate = parse(body)?;
             ok(&store().update_volume(name, change)?)

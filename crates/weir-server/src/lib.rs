@@ -79,7 +79,7 @@ pub mod upstream;
 
 pub use config::{ConfigError, WeirConfig, parse_size};
 pub use server::{RunningServer, ServerState, serve};
-pub use store::{VolumeCreate, VolumeRecord, VolumeUpdate};
+pub use store::{LeaseHolder, VolumeCreate, VolumeRecord, VolumeUpdate};
 
 use std::future::Future;
 use std::pin::Pin;

@@ -618,6 +618,7 @@ mod tests {
                 layer: None,
                 origin: None,
                 cache: Default::default(),
+                exclusive_lease: None,
             },
             policy: Some(policy),
             sched: VolumeStats {

@@ -108,6 +108,19 @@ pub struct VolumeRecord {
     /// `flash`: reads go through the pool's flash cache (crate::flash_cache).
     #[serde(default)]
     pub cache: VolumeCache,
+    /// Who holds the volume's exclusive-writer lease now (crate::lease): filled by the
+    /// admin API's GET answers, never stored in the catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive_lease: Option<LeaseHolder>,
+}
+
+/// The client holding a volume's exclusive-writer lease (`weir:exclusive`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseHolder {
+    /// The holder's address as the storage server sees it.
+    pub holder: String,
+    /// Its connections holding the lease.
+    pub connections: u32,
 }
 
 /// What the admin API needs to create a volume.
@@ -473,6 +486,7 @@ impl VolumeStore {
                     layer: None,
                     origin: None,
                     cache: v.cache,
+                    exclusive_lease: None,
                 });
             }
         }
@@ -806,6 +820,7 @@ impl VolumeStore {
             layer: None,
             origin: None,
             cache: req.cache,
+            exclusive_lease: None,
         };
         if self.upstream_pool(&record.pool).is_none() {
             self.check_record(&record)?;

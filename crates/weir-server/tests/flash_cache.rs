@@ -568,11 +568,25 @@ async fn a_broken_lease_disconnects_the_gateway_and_it_reads_through() {
     );
 
     let admin = upstream.admin_client();
+    // `weir volume show` / list on the storage server name the holder.
+    let shown = admin.show_volume("db").await.unwrap().exclusive_lease;
+    let shown = shown.expect("the gateway's lease is shown");
+    assert_eq!(shown.holder, "127.0.0.1");
+    assert!(shown.connections >= 1, "{shown:?}");
+    let listed = admin.list_volumes().await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .filter(|v| v.exclusive_lease.is_some())
+            .count(),
+        1
+    );
     let broken = admin.break_lease("db").await.unwrap();
     assert_eq!(broken.holder.as_deref(), Some("127.0.0.1"), "{broken:?}");
     assert!(broken.connections >= 1);
     assert!(upstream.state().leases.held().is_empty());
     assert_eq!(admin.break_lease("db").await.unwrap().holder, None);
+    assert_eq!(admin.show_volume("db").await.unwrap().exclusive_lease, None);
     assert!(admin.break_lease("nope").await.is_err(), "unknown volume");
 
     // Another client's write waits out the grace, then lands.

@@ -561,6 +561,17 @@ fn volume_table(volumes: &[weir_server::VolumeRecord]) -> Table {
         if v.cache == weir_server::flash_cache::VolumeCache::Flash {
             mode.push_str(", flash cache");
         }
+        if let Some(l) = &v.exclusive_lease {
+            let conns = if l.connections == 1 {
+                "connection"
+            } else {
+                "connections"
+            };
+            mode.push_str(&format!(
+                ", leased to {} ({} {conns})",
+                l.holder, l.connections
+            ));
+        }
         table.add_row([
             v.name.clone(),
             v.pool.clone(),

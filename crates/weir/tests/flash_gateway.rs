@@ -339,14 +339,21 @@ async fn break_the_lease_with_real_clients(
         "qemu-io beside A's lease: {refused}"
     );
     let token = std::fs::read_to_string(storage_dir.join("data/admin-token")).unwrap();
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["volume", "break-lease", "x", "--yes", "--admin"])
-        .arg(storage.admin_addr.to_string())
-        .env("WEIR_ADMIN_TOKEN", token.trim())
-        .output()
-        .expect("weir runs");
-    let said = weir_testkit::output_text(&o);
-    assert!(o.status.success(), "{said}");
+    let weir = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(args)
+            .arg("--admin")
+            .arg(storage.admin_addr.to_string())
+            .env("WEIR_ADMIN_TOKEN", token.trim())
+            .output()
+            .expect("weir runs");
+        let said = weir_testkit::output_text(&o);
+        assert!(o.status.success(), "weir {args:?}: {said}");
+        said
+    };
+    let shown = weir(&["volume", "show", "x"]);
+    assert!(shown.contains("leased to 127.0.0.1 ("), "{shown}");
+    let said = weir(&["volume", "break-lease", "x", "--yes"]);
     assert!(said.contains("lease broken; 127.0.0.1"), "{said}");
     let wrote = qemu_write();
     assert!(

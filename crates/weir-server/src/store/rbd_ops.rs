@@ -448,6 +448,7 @@ impl VolumeStore {
                 layer: None,
                 origin: Some(s.export_name()),
                 cache: v.cache,
+                exclusive_lease: None,
             };
             made.push((r, image));
         }

@@ -645,6 +645,7 @@ impl VolumeStore {
                 layer: Some(layer),
                 origin: Some(s.export_name()),
                 cache: v.cache,
+                exclusive_lease: None,
             };
             self.meta.volumes.push(r.clone());
             records.push(r);
