@@ -102,6 +102,43 @@ pub struct VolumeStatsReport {
     /// The volume's asynchronous replication, if it has one (lag, last cycle).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<crate::replicate::ReplicationStatus>,
+    /// Its flash cache, if its pool has one and it is cached (or was since the start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_cache: Option<VolumeFlashCacheReport>,
+}
+
+/// A volume's flash cache counters since the start, and its pool's cache now.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeFlashCacheReport {
+    pub read_hits: u64,
+    pub read_misses: u64,
+    pub hit_bytes: u64,
+    pub miss_bytes: u64,
+    /// Misses not admitted (sequential scans).
+    pub scan_bypasses: u64,
+    pub pool_capacity_bytes: u64,
+    pub pool_resident_bytes: u64,
+    /// The pool's reads sent past the cache because an upstream lease was not held
+    /// or not confirmed (docs/FLASH_CACHE.md "Nobody writes behind it").
+    pub pool_unowned_reads: u64,
+}
+
+impl VolumeFlashCacheReport {
+    fn of(s: &ServerState, pool: &str, volume: &str) -> Option<VolumeFlashCacheReport> {
+        let snaps = s.store().flash_cache_snapshots();
+        let p = snaps.iter().find(|p| p.pool == pool)?;
+        let (_, v) = p.volumes.iter().find(|(n, _)| n == volume)?;
+        Some(VolumeFlashCacheReport {
+            read_hits: v.read_hits,
+            read_misses: v.read_misses,
+            hit_bytes: v.hit_bytes,
+            miss_bytes: v.miss_bytes,
+            scan_bypasses: v.scan_bypasses,
+            pool_capacity_bytes: p.capacity_bytes,
+            pool_resident_bytes: p.resident_bytes,
+            pool_unowned_reads: p.unowned_reads,
+        })
+    }
 }
 
 /// One pool's QoS gate now.
@@ -484,6 +521,7 @@ fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiErr
         pool: gauges,
         applied_policy,
         replication: s.replication.status(s, name).ok(),
+        flash_cache: VolumeFlashCacheReport::of(s, &volume.pool, name),
         volume,
     })
 }

@@ -567,6 +567,14 @@ async fn a_broken_lease_disconnects_the_gateway_and_it_reads_through() {
         1
     );
 
+    // `weir volume stats` on the gateway: the hit, the cache's size.
+    let cached = gateway.admin_client().volume_stats("db").await.unwrap();
+    let cached = cached
+        .flash_cache
+        .expect("a cached volume's stats show its cache");
+    assert_eq!((cached.read_hits, cached.read_misses), (1, 1), "{cached:?}");
+    assert!(cached.pool_resident_bytes >= 4096 && cached.pool_capacity_bytes > 0);
+    assert_eq!(cached.pool_unowned_reads, 0);
     let admin = upstream.admin_client();
     // `weir volume show` / list on the storage server name the holder.
     let shown = admin.show_volume("db").await.unwrap().exclusive_lease;
@@ -604,6 +612,18 @@ async fn a_broken_lease_disconnects_the_gateway_and_it_reads_through() {
         1
     );
     assert!(upstream.state().leases.held().is_empty(), "not taken again");
+    let after = gateway.admin_client().volume_stats("db").await.unwrap();
+    let after = after.flash_cache.unwrap();
+    assert!(after.pool_unowned_reads >= 3, "{after:?}");
+    assert!(
+        upstream
+            .admin_client()
+            .volume_stats("db")
+            .await
+            .unwrap()
+            .flash_cache
+            .is_none()
+    );
     drop((c, direct));
     gateway.shutdown().await.unwrap();
     upstream.shutdown().await.unwrap();

@@ -850,7 +850,7 @@ async fn stats(
     let Some(secs) = interval else {
         let counters = last.counters.clone();
         let window_s = last.uptime_seconds;
-        return print_stats(json, &last, &counters, window_s, false);
+        return print_stats(json, &last, None, &counters, window_s);
     };
     if !(secs > 0.0 && secs.is_finite()) {
         bail!("--interval must be a positive number of seconds, not {secs}");
@@ -864,7 +864,7 @@ async fn stats(
         let now = client.volume_stats(name).await.map_err(explain)?;
         let d = weir_server::sampler::delta(&last.counters, &now.counters);
         let w = now.uptime_seconds - last.uptime_seconds;
-        print_stats(json, &now, &d, w, true)?;
+        print_stats(json, &now, Some(&last), &d, w)?;
         use std::io::Write as _;
         std::io::stdout().flush().ok();
         last = now;
@@ -873,13 +873,16 @@ async fn stats(
     Ok(())
 }
 
+/// `previous`: the report before this one (`--interval`), whose counters
+/// `counters` already subtracts.
 fn print_stats(
     json: bool,
     stats: &weir_server::admin::VolumeStatsReport,
+    previous: Option<&weir_server::admin::VolumeStatsReport>,
     counters: &weir_server::metrics::CounterSnapshot,
     window_s: f64,
-    interval: bool,
 ) -> Result<()> {
+    let interval = previous.is_some();
     if json {
         // One line per report: a stream of JSON documents.
         println!("{}", serde_json::to_string(stats)?);
@@ -940,6 +943,14 @@ fn print_stats(
             stats.pool.in_flight, stats.pool.depth_limit, stats.pool.max_in_flight
         ),
     ]);
+    if let Some(now) = &stats.flash_cache {
+        let before = previous
+            .and_then(|p| p.flash_cache.clone())
+            .unwrap_or_default();
+        for row in flash_cache_rows(now, &before) {
+            table.add_row(row);
+        }
+    }
     for row in stats
         .replication
         .iter()
@@ -949,6 +960,42 @@ fn print_stats(
     }
     print!("{table}");
     Ok(())
+}
+
+/// `volume stats` rows of a cached volume: its hit ratio over the window
+/// (`now` less `before`), and its pool's cache now.
+fn flash_cache_rows(
+    now: &weir_server::admin::VolumeFlashCacheReport,
+    before: &weir_server::admin::VolumeFlashCacheReport,
+) -> Vec<[String; 2]> {
+    let hits = now.read_hits.saturating_sub(before.read_hits);
+    let misses = now.read_misses.saturating_sub(before.read_misses);
+    let ratio = if hits + misses == 0 {
+        "- (no reads)".to_string()
+    } else {
+        format!(
+            "{:.1} % ({hits} hits, {misses} misses)",
+            100.0 * hits as f64 / (hits + misses) as f64
+        )
+    };
+    let unowned = now
+        .pool_unowned_reads
+        .saturating_sub(before.pool_unowned_reads);
+    vec![
+        ["flash cache hit ratio".to_string(), ratio],
+        [
+            "flash cache resident / size (pool)".to_string(),
+            format!(
+                "{} / {}",
+                human_size(now.pool_resident_bytes),
+                human_size(now.pool_capacity_bytes)
+            ),
+        ],
+        [
+            "reads past the cache, no lease (pool)".to_string(),
+            unowned.to_string(),
+        ],
+    ]
 }
 
 fn policy_table(policies: &[Policy]) -> Table {

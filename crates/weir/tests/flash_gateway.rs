@@ -252,6 +252,13 @@ fn a_cached_gateway_killed_mid_run_never_serves_stale_data() {
     };
     assert!(hits(&a) > 100, "the cache serves reads before the kill");
     assert_eq!(hits(&b), 0, "B has no lease: nothing cached there");
+    let b_stats = b.cli(&["volume", "stats", "x"]);
+    assert!(b_stats.contains("flash cache hit ratio"), "{b_stats}");
+    let past = b_stats
+        .lines()
+        .find(|l| l.contains("reads past the cache, no lease"))
+        .and_then(|l| l.split_whitespace().last()?.parse::<u64>().ok());
+    assert!(past.is_some_and(|n| n > 0), "B reads through: {b_stats}");
     // The refused writers stop before A's lease ends (after it, their writes
     // would be allowed, once its grace has passed).
     hostile_stop.store(true, Ordering::Relaxed);
@@ -307,21 +314,13 @@ fn a_cached_gateway_killed_mid_run_never_serves_stale_data() {
     rt.block_on(check_all(b.nbd_addr, &s, "through gateway B"));
     rt.block_on(check_all(storage.nbd_addr, &s, "on the storage server"));
     common::fio_verify(a_addr, "x", a_dir.path());
-    rt.block_on(break_the_lease_with_real_clients(
-        &storage,
-        storage_dir.path(),
-        a_addr,
-    ));
+    rt.block_on(break_the_lease_with_real_clients(&storage, a_addr));
 }
 
 /// With real clients: qemu-io's write to `x` on the storage server is refused
 /// while A holds the lease; `weir volume break-lease` (the CLI) disconnects A;
 /// qemu-io's write then lands, and A reads it (through its cache, not from it).
-async fn break_the_lease_with_real_clients(
-    storage: &WeirProcess,
-    storage_dir: &std::path::Path,
-    a_addr: SocketAddr,
-) {
+async fn break_the_lease_with_real_clients(storage: &WeirProcess, a_addr: SocketAddr) {
     if !weir_testkit::require_tool("qemu-io", &["qemu-utils"]) {
         return;
     }
@@ -338,22 +337,9 @@ async fn break_the_lease_with_real_clients(
         refused.contains("Operation not permitted"),
         "qemu-io beside A's lease: {refused}"
     );
-    let token = std::fs::read_to_string(storage_dir.join("data/admin-token")).unwrap();
-    let weir = |args: &[&str]| {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
-            .args(args)
-            .arg("--admin")
-            .arg(storage.admin_addr.to_string())
-            .env("WEIR_ADMIN_TOKEN", token.trim())
-            .output()
-            .expect("weir runs");
-        let said = weir_testkit::output_text(&o);
-        assert!(o.status.success(), "weir {args:?}: {said}");
-        said
-    };
-    let shown = weir(&["volume", "show", "x"]);
+    let shown = storage.cli(&["volume", "show", "x"]);
     assert!(shown.contains("leased to 127.0.0.1 ("), "{shown}");
-    let said = weir(&["volume", "break-lease", "x", "--yes"]);
+    let said = storage.cli(&["volume", "break-lease", "x", "--yes"]);
     assert!(said.contains("lease broken; 127.0.0.1"), "{said}");
     let wrote = qemu_write();
     assert!(

@@ -160,6 +160,21 @@ impl WeirProcess {
         weir_server::admin::Client::new(self.admin_addr).with_token(self.admin_token.clone())
     }
 
+    /// `weir ARGS --admin <this server>` with its token; asserts success and
+    /// returns what it printed.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(args)
+            .arg("--admin")
+            .arg(self.admin_addr.to_string())
+            .env("WEIR_ADMIN_TOKEN", &self.admin_token)
+            .output()
+            .expect("weir runs");
+        let said = weir_testkit::output_text(&o);
+        assert!(o.status.success(), "weir {args:?}: {said}");
+        said
+    }
+
     /// SIGKILL, then reap.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
