@@ -15,7 +15,8 @@
 # with QoS on (a best-effort policy); the gateway's volume file never exists:
 # every READ crosses both servers. On a machine with few cores the three
 # processes (fio, gateway, upstream) share them, so the gateway's CPU per I/O
-# is what separates the two figures.
+# is what separates the two figures; each server's CPU per I/O is printed too
+# (the machine-independent figure: what a gateway costs its hypervisor host).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS="${REPS:-5}"
@@ -93,27 +94,40 @@ serve_weir gw $P_GW
 fio --name=warm --ioengine=nbd --uri="nbd://127.0.0.1:$P_UP/vol" --rw=read --bs=1m --iodepth=4 \
   --size=1g --output-format=terse >/dev/null 2>&1 || true
 
+UP_PID=${WEIR_PIDS[0]}; GW_PID=${WEIR_PIDS[1]}
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }  # utime + stime
+HZ=$(getconf CLK_TCK)
+# Prints "IOPS upstream-µs-per-I/O gateway-µs-per-I/O": each server's CPU (user +
+# system, over the whole fio run, its 1 s ramp included) per I/O fio completed
+# at that rate over the same time.
 run() {
-  fio --name=gw --ioengine=nbd --uri="$1" --rw=randread --bs="$BS" --iodepth="$QD" --size="$SIZE" --randrepeat=0 \
+  local u0 g0 iops
+  u0=$(ticks "$UP_PID"); g0=$(ticks "$GW_PID")
+  iops=$(fio --name=gw --ioengine=nbd --uri="$1" --rw=randread --bs="$BS" --iodepth="$QD" --size="$SIZE" --randrepeat=0 \
     --time_based --runtime="$RUNTIME" --ramp_time=1 --output-format=json 2>/dev/null |
-    python3 -c 'import json,sys; t=sys.stdin.read(); print("%.0f" % json.loads(t[t.index("{"):])["jobs"][0]["read"]["iops"])'
+    python3 -c 'import json,sys; t=sys.stdin.read(); print("%.0f" % json.loads(t[t.index("{"):])["jobs"][0]["read"]["iops"])')
+  python3 -c 'import sys; i,u,g,hz,t=map(float,sys.argv[1:]); n=max(i*(t+1),1); print("%.0f %.1f %.1f" % (i, u/hz*1e6/n, g/hz*1e6/n))' \
+    "$iops" "$(( $(ticks "$UP_PID") - u0 ))" "$(( $(ticks "$GW_PID") - g0 ))" "$HZ" "$RUNTIME"
 }
 echo "uptime: $(uptime)"
 echo "fio ${BS} randread QD${QD} over $SIZE, ${RUNTIME}s x ${REPS}; upstream_connections = $CONNS${DEVICE:+; upstream device = $DEVICE}; gateway to upstream: $SCHEME://"
-direct=(); gw=()
+direct=(); gw=(); up_cpu_d=(); up_cpu_g=(); gw_cpu=()
 for rep in $(seq "$REPS"); do
   # Alternate which goes first.
   if [ $((rep % 2)) -eq 1 ]; then
-    d=$(run "nbd://127.0.0.1:$P_UP/vol"); g=$(run "nbd://127.0.0.1:$P_GW/vol")
+    read -r d ud _ < <(run "nbd://127.0.0.1:$P_UP/vol"); read -r g ug gg < <(run "nbd://127.0.0.1:$P_GW/vol")
   else
-    g=$(run "nbd://127.0.0.1:$P_GW/vol"); d=$(run "nbd://127.0.0.1:$P_UP/vol")
+    read -r g ug gg < <(run "nbd://127.0.0.1:$P_GW/vol"); read -r d ud _ < <(run "nbd://127.0.0.1:$P_UP/vol")
   fi
-  direct+=("$d"); gw+=("$g")
-  echo "rep $rep: direct $d IOPS, gateway $g IOPS"
+  direct+=("$d"); gw+=("$g"); up_cpu_d+=("$ud"); up_cpu_g+=("$ug"); gw_cpu+=("$gg")
+  echo "rep $rep: direct $d IOPS (upstream $ud µs CPU per I/O), gateway $g IOPS (upstream $ug, gateway $gg µs CPU per I/O)"
 done
-python3 - "${direct[*]}" "${gw[*]}" <<'PY'
+python3 - "${direct[*]}" "${gw[*]}" "${up_cpu_d[*]}" "${up_cpu_g[*]}" "${gw_cpu[*]}" <<'PY'
 import statistics, sys
-d = [float(x) for x in sys.argv[1].split()]; g = [float(x) for x in sys.argv[2].split()]
+d, g, ud, ug, gg = ([float(x) for x in a.split()] for a in sys.argv[1:6])
 md, mg = statistics.median(d), statistics.median(g)
 print(f"median: direct {md:.0f} IOPS, gateway {mg:.0f} IOPS, gateway/direct {mg/md:.3f} (overhead {100*(1-mg/md):.1f} %)")
+mud, mug, mgg = statistics.median(ud), statistics.median(ug), statistics.median(gg)
+print(f"CPU per I/O (user + system, median): upstream {mud:.1f} µs direct, {mug:.1f} µs behind the gateway; "
+      f"gateway {mgg:.1f} µs = {mgg/mud:.2f}x the upstream's")
 PY

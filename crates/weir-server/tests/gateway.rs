@@ -116,8 +116,25 @@ async fn data_flags_and_errors_pass_through_the_gateway() {
     gw.flush().await.unwrap().unwrap();
     assert_eq!(direct.read(7 << 20, 4096).await.unwrap().unwrap(), c);
 
+    // One request at a time keeps to one upstream connection (of 3): its
+    // replies share one reader thread's wake-ups.
+    let alive = || {
+        let text = weir_server::admin::metrics_text(gateway.state());
+        let prefix = "weir_volume_upstream_connections_alive{volume=\"vol\"} ";
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .expect("the gauge");
+        line[prefix.len()..].parse::<u64>().unwrap()
+    };
+    assert_eq!(
+        alive(),
+        1,
+        "sequential requests opened more than one connection"
+    );
     // Pipelined: many requests in flight on one client connection, spread
-    // over the gateway's upstream connections, each answered with its data.
+    // over the gateway's upstream connections once 32 wait on the first,
+    // each answered with its data.
     let mut handles = Vec::new();
     for i in 0..64u64 {
         handles.push((i, gw.session().read((1 << 20) + i * 4096, 4096)));
@@ -128,6 +145,14 @@ async fn data_flags_and_errors_pass_through_the_gateway() {
         };
         let at = (i * 4096) as usize;
         assert_eq!(data, a[at..at + 4096], "read {i}");
+    }
+    let t = std::time::Instant::now();
+    while alive() < 2 {
+        assert!(
+            t.elapsed().as_secs() < 10,
+            "64 in flight never spilled over"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 
     // TRIM and WRITE_ZEROES reach the upstream (weir advertises both).
