@@ -1119,14 +1119,21 @@ async fn negotiate(
         let mut identity: Option<String> = None;
         stream.write_all(&hs.take_output()).await.ok()?;
         loop {
-            let n = tokio::select! {
-                r = stream.read(&mut buf) => r.ok()?,
-                // Shutting down: drop connections still haggling.
-                _ = shutdown.changed() => return None,
+            // Options already read are answered before more is read (the
+            // handshake stops at a bounded amount of replies).
+            let n = if hs.has_buffered_options() {
+                0
+            } else {
+                let n = tokio::select! {
+                    r = stream.read(&mut buf) => r.ok()?,
+                    // Shutting down: drop connections still haggling.
+                    _ = shutdown.changed() => return None,
+                };
+                if n == 0 {
+                    return None;
+                }
+                n
             };
-            if n == 0 {
-                return None;
-            }
             let event = hs.input(
                 &buf[..n],
                 &SessionCatalog {
