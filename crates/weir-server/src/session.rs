@@ -366,29 +366,34 @@ pub fn perform(job: &Job) -> (Reply, bool) {
             length,
             req_one,
             context_id,
-        } => match b.block_status(offset, length as u64) {
-            Ok(extents) => {
-                let mut out = Vec::new();
-                if job.export.exclusive_lease.is_some() {
-                    // The lease context, selected too: one extent, status 0.
-                    let whole = [weir_nbd::Extent { length, flags: 0 }];
-                    reply::block_status_chunk(
-                        &mut out,
-                        handle,
-                        weir_nbd::LEASE_CONTEXT_ID,
-                        &whole,
-                        req_one,
-                        length,
-                        false,
-                    );
-                }
+        } => {
+            // base:allocation's extents, if it was selected.
+            let extents = match context_id {
+                Some(id) => match b.block_status(offset, length as u64) {
+                    Ok(extents) => Some((id, extents)),
+                    Err(e) => return (error_reply(job, &io_error(&e, "block status")), false),
+                },
+                None => None,
+            };
+            let mut out = Vec::new();
+            if job.export.exclusive_lease.is_some() {
+                // The lease context: one extent, status 0.
+                let whole = [weir_nbd::Extent { length, flags: 0 }];
                 reply::block_status_chunk(
-                    &mut out, handle, context_id, &extents, req_one, length, true,
+                    &mut out,
+                    handle,
+                    weir_nbd::LEASE_CONTEXT_ID,
+                    &whole,
+                    req_one,
+                    length,
+                    extents.is_none(),
                 );
-                return (out.into(), true);
             }
-            Err(e) => Err(io_error(&e, "block status")),
-        },
+            if let Some((id, extents)) = extents {
+                reply::block_status_chunk(&mut out, handle, id, &extents, req_one, length, true);
+            }
+            return (out.into(), true);
+        }
         Command::Disconnect => Ok(()),
     };
     match result {
