@@ -540,3 +540,36 @@ async fn admin_errors_carry_no_absolute_paths() {
         .unwrap();
     server.shutdown().await.unwrap();
 }
+
+/// A create whose file cannot be sized (a size no file system holds) fails and
+/// leaves no file behind: the file used to stay, owned by no volume, and every
+/// later create of the name was refused 409 ("a file … already exists").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_whose_file_cannot_be_sized_leaves_no_file_behind() {
+    let dir = common::TempDir::new("admin-unsized");
+    let server = common::start(dir.path()).await;
+    let admin = server.admin_client();
+    let mut req = VolumeCreate {
+        name: "huge".into(),
+        size_bytes: u64::MAX,
+        policy: "non-critical".into(),
+        pool: None,
+        access_groups: vec![],
+        read_only: false,
+        description: String::new(),
+        cache: Default::default(),
+    };
+    for size in [u64::MAX, 1 << 62] {
+        req.size_bytes = size;
+        let e = admin.create_volume(&req).await.unwrap_err();
+        assert_eq!(status(e), 500, "size {size}");
+    }
+    let files: Vec<_> = std::fs::read_dir(dir.path().join("pools/default"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(!files.contains(&"huge.img".to_string()), "{files:?}");
+    req.size_bytes = 1 << 20;
+    assert_eq!(admin.create_volume(&req).await.unwrap().size_bytes, 1 << 20);
+    server.shutdown().await.unwrap();
+}
