@@ -303,18 +303,25 @@ fn server_handshake<'a>(
     catalog: &dyn ExportCatalog,
 ) -> Option<ExportInfo> {
     for piece in pieces.by_ref() {
-        let event = hs.input(piece, catalog);
-        let out = hs.take_output();
-        assert!(
-            out.len() <= 1 << 20,
-            "one read produced {} bytes of replies",
-            out.len()
-        );
-        match event {
-            Err(_) | Ok(Some(HandshakeEvent::Aborted)) => return None,
-            Ok(Some(HandshakeEvent::ExportChosen(info))) => return Some(info),
-            Ok(Some(HandshakeEvent::StartTls)) => hs.tls_started(),
-            Ok(None) => {}
+        let mut event = hs.input(piece, catalog);
+        loop {
+            let out = hs.take_output();
+            assert!(
+                out.len() <= 1 << 20,
+                "one read produced {} bytes of replies",
+                out.len()
+            );
+            match event {
+                Err(_) | Ok(Some(HandshakeEvent::Aborted)) => return None,
+                Ok(Some(HandshakeEvent::ExportChosen(info))) => return Some(info),
+                Ok(Some(HandshakeEvent::StartTls)) => hs.tls_started(),
+                Ok(None) => {}
+            }
+            // Options the output bound left buffered, as the server answers them.
+            if !hs.has_buffered_options() {
+                break;
+            }
+            event = hs.input(&[], catalog);
         }
     }
     None

@@ -199,11 +199,13 @@ pub enum Command {
         offset: u64,
         length: u32,
     },
+    /// One chunk per selected context: `base:allocation` (`context_id`, when
+    /// selected) and the `weir:exclusive` lease context, if granted.
     BlockStatus {
         offset: u64,
         length: u32,
         req_one: bool,
-        context_id: u32,
+        context_id: Option<u32>,
     },
     /// Soft disconnect: finish in-flight requests, send nothing, close.
     Disconnect,
@@ -302,14 +304,13 @@ pub fn validate(request: &Request, export: &ExportInfo) -> Result<ValidRequest, 
         },
         CMD_CACHE => Command::Cache { offset, length },
         CMD_BLOCK_STATUS => {
-            let Some(context_id) = export
-                .base_allocation_id
-                .filter(|_| export.structured_replies)
-            else {
+            let context_id = export.base_allocation_id;
+            let selected = context_id.is_some() || export.exclusive_lease.is_some();
+            if !(selected && export.structured_replies) {
                 return Err(NbdError::inval(
                     "NBD_CMD_BLOCK_STATUS without a selected metadata context",
                 ));
-            };
+            }
             if length == 0 {
                 return Err(NbdError::inval("NBD_CMD_BLOCK_STATUS with length 0"));
             }

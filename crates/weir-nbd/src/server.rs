@@ -4,7 +4,9 @@
 //! let mut hs = ServerHandshake::new();
 //! socket.write_all(&hs.take_output());            // greeting
 //! loop {
-//!     let n = socket.read(&mut buf)?;             // n == 0: client went away
+//!     // Options still buffered (the output reached MAX_OUTPUT) come first.
+//!     let n = if hs.has_buffered_options() { 0 } else { socket.read(&mut buf)? };
+//!     // (n == 0 from a read: the client went away)
 //!     let event = hs.input(&buf[..n], &catalog)?; // Err: close this connection
 //!     socket.write_all(&hs.take_output());
 //!     match event {
@@ -134,6 +136,9 @@ pub struct ServerHandshake {
     /// The client set `NBD_FLAG_C_FIXED_NEWSTYLE` (TLS needs it).
     fixed: bool,
     tls_active: bool,
+    /// [`ServerHandshake::input`] stopped with whole options still buffered:
+    /// the output reached [`ServerHandshake::MAX_OUTPUT`].
+    paused: bool,
 }
 
 impl Default for ServerHandshake {
@@ -145,6 +150,11 @@ impl Default for ServerHandshake {
 impl ServerHandshake {
     /// Most options one connection may send before it is deemed abusive.
     pub const MAX_OPTIONS: u32 = 4096;
+    /// Replies [`ServerHandshake::input`] produces before it stops answering
+    /// buffered options (a client pipelining a thousand `NBD_OPT_LIST`s in one
+    /// read, and reading nothing, would otherwise make the server hold a
+    /// thousand copies of the export list).
+    pub const MAX_OUTPUT: usize = 64 * 1024;
 
     /// A new connection; the greeting is already in the output.
     pub fn new() -> ServerHandshake {
@@ -165,6 +175,7 @@ impl ServerHandshake {
             tls: TlsPolicy::Off,
             fixed: false,
             tls_active: false,
+            paused: false,
         }
     }
 
@@ -223,8 +234,17 @@ impl ServerHandshake {
         self.state == State::Finished
     }
 
+    /// Whether the last [`ServerHandshake::input`] stopped at
+    /// [`ServerHandshake::MAX_OUTPUT`] with options still buffered: send the
+    /// output, then call `input(&[])` (before reading more from the client).
+    pub fn has_buffered_options(&self) -> bool {
+        self.paused
+    }
+
     /// Feeds bytes from the client. `Err` means: close the connection (after
-    /// sending any pending output).
+    /// sending any pending output). Stops early, with the rest buffered, once
+    /// the output holds [`ServerHandshake::MAX_OUTPUT`] bytes (see
+    /// [`ServerHandshake::has_buffered_options`]).
     pub fn input(
         &mut self,
         data: &[u8],
@@ -241,6 +261,7 @@ impl ServerHandshake {
             ));
         }
         self.input.extend(data);
+        self.paused = false;
         loop {
             match self.state {
                 State::Finished => return Ok(None),
@@ -268,6 +289,10 @@ impl ServerHandshake {
                     self.state = State::OptionHeader;
                 }
                 State::OptionHeader => {
+                    if self.output.len() >= Self::MAX_OUTPUT {
+                        self.paused = !self.input.is_empty();
+                        return Ok(None);
+                    }
                     let mut r = Reader::new(self.input.as_slice());
                     let (Some(magic), Some(option), Some(len)) = (r.u64(), r.u32(), r.u32()) else {
                         return Ok(None);

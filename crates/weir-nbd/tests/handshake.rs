@@ -537,6 +537,53 @@ fn descriptions_reach_clients_without_control_characters() {
 }
 
 #[test]
+fn pipelined_options_produce_bounded_replies_per_input() {
+    // Eight exports with 4,000-byte descriptions: one LIST answers ~32 KB. A
+    // client sending 1,000 LISTs in one read (and reading nothing) used to get
+    // all 32 MB of replies built at once.
+    let exports: Vec<ExportDescription> = (0..8)
+        .map(|i| {
+            let mut e = ExportDescription::new(format!("vol-{i}"), 1 << 20);
+            e.description = "d".repeat(4000);
+            e
+        })
+        .collect();
+    let one_list = {
+        let mut s = started(FLAG_C_FIXED_NEWSTYLE);
+        s.input(&opt(OPT_LIST, &[]), &exports).unwrap();
+        s.take_output().len()
+    };
+    let mut s = started(FLAG_C_FIXED_NEWSTYLE);
+    let lists: Vec<u8> = (0..1000).flat_map(|_| opt(OPT_LIST, &[])).collect();
+    assert_eq!(s.input(&lists, &exports).unwrap(), None);
+    let mut acks = 0;
+    let mut rounds = 0;
+    loop {
+        let out = s.take_output();
+        assert!(
+            out.len() < ServerHandshake::MAX_OUTPUT + one_list,
+            "{} bytes of replies from one input",
+            out.len()
+        );
+        acks += replies(&out).iter().filter(|r| r.1 == REP_ACK).count();
+        if !s.has_buffered_options() {
+            break;
+        }
+        rounds += 1;
+        assert_eq!(s.input(&[], &exports).unwrap(), None);
+    }
+    // Every option is still answered, in order, once the output is sent.
+    assert_eq!(acks, 1000);
+    assert!(rounds > 100, "{rounds} rounds");
+    // A GO after them still works.
+    let go = opt(OPT_GO, &info_data("vol-3", &[]));
+    let Some(HandshakeEvent::ExportChosen(info)) = s.input(&go, &exports).unwrap() else {
+        panic!("GO not answered")
+    };
+    assert_eq!(info.name, "vol-3");
+}
+
+#[test]
 fn abort_is_acknowledged() {
     let mut s = started(FLAG_C_FIXED_NEWSTYLE);
     assert_eq!(

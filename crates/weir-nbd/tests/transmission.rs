@@ -263,6 +263,22 @@ fn validation_table() {
         code(&req(CMD_WRITE, CMD_FLAG_FUA, 0, 1), &no_fua),
         Some(Inval)
     );
+    // Only the lease context selected: BLOCK_STATUS is valid (its chunk alone).
+    let mut lease_only = info(true, false);
+    lease_only.base_allocation_id = None;
+    assert_eq!(
+        code(&req(CMD_BLOCK_STATUS, 0, 0, 10), &lease_only),
+        Some(Inval)
+    );
+    lease_only.exclusive_lease = Some("t".into());
+    let v = validate(&req(CMD_BLOCK_STATUS, 0, 0, 10), &lease_only).unwrap();
+    assert!(matches!(
+        v.command,
+        Command::BlockStatus {
+            context_id: None,
+            ..
+        }
+    ));
     let v = validate(&req(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 0, 10), &rw).unwrap();
     assert_eq!(
         v.command,
@@ -270,7 +286,7 @@ fn validation_table() {
             offset: 0,
             length: 10,
             req_one: true,
-            context_id: 7
+            context_id: Some(7)
         }
     );
 }
@@ -345,6 +361,7 @@ impl MemServer {
                                 },
                             })
                             .collect();
+                        let context_id = context_id.expect("base:allocation selected");
                         reply::block_status_chunk(
                             &mut out, v.handle, context_id, &extents, req_one, length, false,
                         );

@@ -66,6 +66,10 @@ const MAX_BLOCKED_TOKENS: usize = 4096;
 
 #[derive(Debug, Default)]
 struct VolumeLease {
+    /// Tells this entry from one of a later volume of the same name (the
+    /// volume was deleted and created again): shares and marks of the old one
+    /// change nothing on it.
+    epoch: u64,
     holder: Option<Holder>,
     /// Open connections without the lease that have written.
     writers: u32,
@@ -78,11 +82,25 @@ struct Table {
     volumes: HashMap<String, VolumeLease>,
     /// Tokens of broken leases, oldest first.
     blocked: std::collections::VecDeque<String>,
+    /// The last entry's epoch.
+    epochs: u64,
 }
 
 impl Table {
     fn entry(&mut self, volume: &str) -> &mut VolumeLease {
-        self.volumes.entry(volume.to_string()).or_default()
+        let epochs = &mut self.epochs;
+        self.volumes.entry(volume.to_string()).or_insert_with(|| {
+            *epochs += 1;
+            VolumeLease {
+                epoch: *epochs,
+                ..VolumeLease::default()
+            }
+        })
+    }
+
+    /// `volume`'s entry, if it is still the one of `epoch`.
+    fn current(&mut self, volume: &str, epoch: u64) -> Option<&mut VolumeLease> {
+        self.volumes.get_mut(volume).filter(|l| l.epoch == epoch)
     }
 
     /// Volumes to record: held, or still in their grace.
@@ -197,6 +215,7 @@ impl Leases {
             }
         };
         let revoked = l.holder.as_ref().map(|h| h.revoke.subscribe());
+        let epoch = l.epoch;
         if first {
             tracing::debug!(volume, peer, "exclusive lease granted");
             self.record(&t);
@@ -204,15 +223,19 @@ impl Leases {
         Some(LeaseHeld {
             leases: self.clone(),
             volume: volume.to_string(),
+            epoch,
             token: token.to_string(),
             revoked: revoked.expect("held"),
         })
     }
 
-    fn release(&self, volume: &str, token: &str) {
+    fn release(&self, volume: &str, epoch: u64, token: &str) {
         let mut t = self.lock();
         let grace = self.grace;
-        let l = t.entry(volume);
+        // The volume was deleted meanwhile: nothing left to release.
+        let Some(l) = t.current(volume, epoch) else {
+            return;
+        };
         // A broken lease was released then.
         let Some(h) = l.holder.as_mut().filter(|h| h.token == token) else {
             return;
@@ -278,10 +301,26 @@ impl Leases {
             *mark = Some(WriterMark {
                 leases: self.clone(),
                 volume: volume.to_string(),
+                epoch: l.epoch,
             });
         }
         let now = Instant::now();
         Ok(l.grace_until.filter(|&g| g > now))
+    }
+
+    /// `volume` was deleted: its holder's connections are told to close (as at a
+    /// break, but its token stays usable) and whatever the volume's lease,
+    /// writers and grace were, a new volume of that name starts without them.
+    pub fn volume_deleted(&self, volume: &str) {
+        let mut t = self.lock();
+        let Some(l) = t.volumes.remove(volume) else {
+            return;
+        };
+        if let Some(h) = l.holder {
+            h.revoke.send_replace(true);
+            tracing::debug!(volume, peer = %h.peer, "exclusive lease ended: volume deleted");
+        }
+        self.record(&t);
     }
 
     /// Writes `data_dir/leases` (best effort: a failure is logged; the grace
@@ -354,6 +393,7 @@ impl Leases {
 pub struct LeaseHeld {
     leases: Arc<Leases>,
     volume: String,
+    epoch: u64,
     token: String,
     revoked: tokio::sync::watch::Receiver<bool>,
 }
@@ -373,7 +413,7 @@ impl LeaseHeld {
 
 impl Drop for LeaseHeld {
     fn drop(&mut self) {
-        self.leases.release(&self.volume, &self.token);
+        self.leases.release(&self.volume, self.epoch, &self.token);
     }
 }
 
@@ -382,13 +422,15 @@ impl Drop for LeaseHeld {
 pub struct WriterMark {
     leases: Arc<Leases>,
     volume: String,
+    epoch: u64,
 }
 
 impl Drop for WriterMark {
     fn drop(&mut self) {
         let mut t = self.leases.lock();
-        let l = t.entry(&self.volume);
-        l.writers = l.writers.saturating_sub(1);
+        if let Some(l) = t.current(&self.volume, self.epoch) {
+            l.writers = l.writers.saturating_sub(1);
+        }
     }
 }
 
@@ -443,6 +485,33 @@ mod tests {
         drop(held);
         assert!(leases.acquire("x", "b", "10.0.0.2").is_some());
         assert_eq!(leases.break_lease("y").holder, None);
+    }
+
+    #[test]
+    fn a_deleted_volume_leaves_nothing_to_a_new_one_of_its_name() {
+        let leases = Leases::in_memory(Duration::from_millis(50));
+        let held = leases.acquire("x", "a", "10.0.0.1").unwrap();
+        let mut old_writer = None;
+        leases.foreign_write("y", &mut old_writer).unwrap();
+        leases.volume_deleted("x");
+        leases.volume_deleted("y");
+        // The holder's connections close; others may write the new volume at once.
+        assert!(held.is_revoked());
+        assert_eq!(leases.foreign_write("x", &mut None), Ok(None));
+        // The old connections' ends change nothing on the new volumes.
+        let mut new_writer = None;
+        leases.foreign_write("y", &mut new_writer).unwrap();
+        drop(old_writer);
+        assert!(
+            !leases.available("y", "b"),
+            "the new volume's writer still counts"
+        );
+        let new_holder = leases.acquire("x", "b", "10.0.0.2").unwrap();
+        drop(held);
+        assert!(leases.held().contains("x"), "the new lease stands");
+        // The old token is not blocked.
+        drop(new_holder);
+        assert!(leases.available("z", "a"));
     }
 
     #[test]

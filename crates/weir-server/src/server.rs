@@ -238,6 +238,9 @@ impl ServerState {
             }
         }
         self.metrics.forget_volume(name);
+        // A lease (or writers) of the deleted volume must not hold a new one of
+        // the same name.
+        self.leases.volume_deleted(name);
         Ok(r)
     }
 

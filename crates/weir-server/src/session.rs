@@ -366,29 +366,34 @@ pub fn perform(job: &Job) -> (Reply, bool) {
             length,
             req_one,
             context_id,
-        } => match b.block_status(offset, length as u64) {
-            Ok(extents) => {
-                let mut out = Vec::new();
-                if job.export.exclusive_lease.is_some() {
-                    // The lease context, selected too: one extent, status 0.
-                    let whole = [weir_nbd::Extent { length, flags: 0 }];
-                    reply::block_status_chunk(
-                        &mut out,
-                        handle,
-                        weir_nbd::LEASE_CONTEXT_ID,
-                        &whole,
-                        req_one,
-                        length,
-                        false,
-                    );
-                }
+        } => {
+            // base:allocation's extents, if it was selected.
+            let extents = match context_id {
+                Some(id) => match b.block_status(offset, length as u64) {
+                    Ok(extents) => Some((id, extents)),
+                    Err(e) => return (error_reply(job, &io_error(&e, "block status")), false),
+                },
+                None => None,
+            };
+            let mut out = Vec::new();
+            if job.export.exclusive_lease.is_some() {
+                // The lease context: one extent, status 0.
+                let whole = [weir_nbd::Extent { length, flags: 0 }];
                 reply::block_status_chunk(
-                    &mut out, handle, context_id, &extents, req_one, length, true,
+                    &mut out,
+                    handle,
+                    weir_nbd::LEASE_CONTEXT_ID,
+                    &whole,
+                    req_one,
+                    length,
+                    extents.is_none(),
                 );
-                return (out.into(), true);
             }
-            Err(e) => Err(io_error(&e, "block status")),
-        },
+            if let Some((id, extents)) = extents {
+                reply::block_status_chunk(&mut out, handle, id, &extents, req_one, length, true);
+            }
+            return (out.into(), true);
+        }
         Command::Disconnect => Ok(()),
     };
     match result {
@@ -1119,14 +1124,21 @@ async fn negotiate(
         let mut identity: Option<String> = None;
         stream.write_all(&hs.take_output()).await.ok()?;
         loop {
-            let n = tokio::select! {
-                r = stream.read(&mut buf) => r.ok()?,
-                // Shutting down: drop connections still haggling.
-                _ = shutdown.changed() => return None,
+            // Options already read are answered before more is read (the
+            // handshake stops at a bounded amount of replies).
+            let n = if hs.has_buffered_options() {
+                0
+            } else {
+                let n = tokio::select! {
+                    r = stream.read(&mut buf) => r.ok()?,
+                    // Shutting down: drop connections still haggling.
+                    _ = shutdown.changed() => return None,
+                };
+                if n == 0 {
+                    return None;
+                }
+                n
             };
-            if n == 0 {
-                return None;
-            }
             let event = hs.input(
                 &buf[..n],
                 &SessionCatalog {

@@ -672,14 +672,25 @@ impl VolumeStore {
             opts.create_new(true);
         }
         let file = opts.open(&path).map_err(|e| io_err(path.display(), e))?;
-        make_private(&file, &path)?;
-        let len = file
-            .metadata()
-            .map_err(|e| io_err(path.display(), e))?
-            .len();
-        if len < r.size_bytes {
-            file.set_len(r.size_bytes)
-                .map_err(|e| io_err(format!("sizing {}", path.display()), e))?;
+        let sized = (|| {
+            make_private(&file, &path)?;
+            let len = file
+                .metadata()
+                .map_err(|e| io_err(path.display(), e))?
+                .len();
+            if len < r.size_bytes {
+                file.set_len(r.size_bytes)
+                    .map_err(|e| io_err(format!("sizing {}", path.display()), e))?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = sized {
+            // A file this call created (a new volume) is not left behind: it
+            // would refuse every later create of the name, and no volume owns it.
+            if !allow_existing {
+                let _ = std::fs::remove_file(&path);
+            }
+            return Err(e);
         }
         let pool = self.pools.iter().find(|p| p.name == r.pool);
         let direct_io = pool.is_some_and(|p| p.direct_io);

@@ -540,3 +540,84 @@ async fn admin_errors_carry_no_absolute_paths() {
         .unwrap();
     server.shutdown().await.unwrap();
 }
+
+/// A create whose file cannot be sized (a size no file system holds) fails and
+/// leaves no file behind: the file used to stay, owned by no volume, and every
+/// later create of the name was refused 409 ("a file … already exists").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_whose_file_cannot_be_sized_leaves_no_file_behind() {
+    let dir = common::TempDir::new("admin-unsized");
+    let server = common::start(dir.path()).await;
+    let admin = server.admin_client();
+    let mut req = VolumeCreate {
+        name: "huge".into(),
+        size_bytes: u64::MAX,
+        policy: "non-critical".into(),
+        pool: None,
+        access_groups: vec![],
+        read_only: false,
+        description: String::new(),
+        cache: Default::default(),
+    };
+    for size in [u64::MAX, 1 << 62] {
+        req.size_bytes = size;
+        let e = admin.create_volume(&req).await.unwrap_err();
+        assert_eq!(status(e), 500, "size {size}");
+    }
+    let files: Vec<_> = std::fs::read_dir(dir.path().join("pools/default"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(!files.contains(&"huge.img".to_string()), "{files:?}");
+    req.size_bytes = 1 << 20;
+    assert_eq!(admin.create_volume(&req).await.unwrap().size_bytes, 1 << 20);
+    server.shutdown().await.unwrap();
+}
+
+/// A volume deleted while a client holds its `weir:exclusive` lease, then
+/// created again: the new volume is writable at once. The old connection's lease
+/// (kept by name) used to refuse every write to the new volume EPERM for as long
+/// as that connection stayed open; the old connection is now closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_of_a_deleted_volume_does_not_hold_a_new_one_of_its_name() {
+    let dir = common::TempDir::new("admin-lease-delete");
+    let server = common::start(dir.path()).await;
+    let admin = server.admin_client();
+    let req = VolumeCreate {
+        name: "again".into(),
+        size_bytes: 1 << 20,
+        policy: "non-critical".into(),
+        pool: None,
+        access_groups: vec![],
+        read_only: false,
+        description: String::new(),
+        cache: Default::default(),
+    };
+    admin.create_volume(&req).await.unwrap();
+    let leased = ClientConfig {
+        meta_contexts: vec!["weir:exclusive=old-holder".into()],
+        ..ClientConfig::go("again")
+    };
+    let (mut holder, export) = NbdClient::connect(server.nbd_addr(), leased).await.unwrap();
+    assert!(export.export_info().exclusive_lease.is_some());
+    holder.write(0, &[1; 4096], false).await.unwrap().unwrap();
+    admin.delete_volume("again").await.unwrap();
+    admin.create_volume(&req).await.unwrap();
+    let (mut other, _) = common::connect(&server, "again").await;
+    let t = std::time::Instant::now();
+    other.write(0, &[2; 4096], false).await.unwrap().unwrap();
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(1),
+        "waited {:?}",
+        t.elapsed()
+    );
+    assert_eq!(other.read(0, 4096).await.unwrap().unwrap(), vec![2; 4096]);
+    // The old holder's connection is closed.
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        holder.read(0, 4096).await
+    })
+    .await
+    .expect("the old holder's connection closes");
+    assert!(closed.is_err(), "{closed:?}");
+    server.shutdown().await.unwrap();
+}

@@ -112,6 +112,53 @@ async fn data_round_trips_and_errors() {
     server.shutdown().await.unwrap();
 }
 
+/// `NBD_CMD_BLOCK_STATUS` answers one chunk per selected context (`proto.md`),
+/// also when only the `weir:exclusive` lease context was selected (it was
+/// refused EINVAL: `nbdinfo --map=weir:exclusive=T` failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_status_answers_each_selected_context() {
+    let dir = common::TempDir::new("bs-contexts");
+    let server = common::start(dir.path()).await;
+    for (contexts, expected) in [
+        (
+            vec!["weir:exclusive=bs-1".to_string()],
+            vec![weir_nbd::LEASE_CONTEXT_ID],
+        ),
+        (
+            vec![
+                BASE_ALLOCATION.to_string(),
+                "weir:exclusive=bs-2".to_string(),
+            ],
+            vec![weir_nbd::LEASE_CONTEXT_ID, weir_nbd::BASE_ALLOCATION_ID],
+        ),
+    ] {
+        let config = ClientConfig {
+            meta_contexts: contexts.clone(),
+            ..ClientConfig::go("open")
+        };
+        let (mut c, _) = NbdClient::connect(server.nbd_addr(), config).await.unwrap();
+        for req_one in [false, true] {
+            let h = c.session().block_status(0, 1 << 20, req_one);
+            let reply = c.wait(h).await.unwrap();
+            let Ok(ReplyData::BlockStatus(got)) = reply else {
+                panic!("{contexts:?}: {reply:?}")
+            };
+            let ids: Vec<u32> = got.iter().map(|(id, _)| *id).collect();
+            assert_eq!(ids, expected, "{contexts:?}");
+            let (_, lease) = &got[0];
+            assert_eq!(
+                lease,
+                &vec![Extent {
+                    length: 1 << 20,
+                    flags: 0
+                }]
+            );
+        }
+        c.disconnect().await.unwrap();
+    }
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_and_open_follow_host_access_groups() {
     let dir = common::TempDir::new("access");
