@@ -424,6 +424,16 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
         ("GET", ["v1", "access-groups", name]) => ok(&store().access_group(name)?),
         ("PUT", ["v1", "access-groups", name]) => {
             let group: AccessGroupConfig = parse(body)?;
+            // As the config file refuses it: without client certificates no
+            // client has an identity, so such a group would admit nobody.
+            if !group.identities.is_empty() && !s.tls.client_certificates() {
+                return Err(ApiError(
+                    400,
+                    format!(
+                        "access group {name:?}: client identities need tls_client_ca (and tls) on this server; without it no client presents a certificate, so nobody could reach its volumes"
+                    ),
+                ));
+            }
             if group.name != *name {
                 return Err(ApiError(
                     400,

@@ -15,7 +15,9 @@ use crate::store::VolumeStore;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PoolCapacity {
     pub name: String,
-    /// "file", "thin" or "rbd" (then the figures are the Ceph cluster's).
+    /// "file", "thin", "rbd" (then the figures are the Ceph cluster's) or
+    /// "upstream" (a gateway pool: its data is on the upstream server, so it has
+    /// no capacity, free or allocated bytes here and is never overcommitted).
     pub format: String,
     pub volumes: usize,
     /// Size of the file system holding the pool.
@@ -75,7 +77,11 @@ pub fn pools(store: &VolumeStore) -> Vec<PoolCapacity> {
         .map(|p| {
             let dir = store.pool_dir(&p.name);
             let rbd = p.backend == crate::config::PoolBackend::Rbd;
-            let ((capacity_bytes, free_bytes), allocated) = if rbd {
+            let upstream = p.upstream.is_some();
+            let ((capacity_bytes, free_bytes), allocated) = if upstream {
+                // No data here: the exports' space is the upstream's business.
+                ((0, 0), 0)
+            } else if rbd {
                 // The Ceph cluster's raw space (RADOS pools share its OSDs).
                 let (size, free) = store.rbd_space(&p.name).unwrap_or((0, 0));
                 ((size, free), size.saturating_sub(free))
@@ -86,7 +92,9 @@ pub fn pools(store: &VolumeStore) -> Vec<PoolCapacity> {
             let provisioned_bytes: u64 = mine.clone().map(|v| v.size_bytes).sum();
             PoolCapacity {
                 name: p.name.clone(),
-                format: if rbd {
+                format: if upstream {
+                    "upstream".into()
+                } else if rbd {
                     "rbd".into()
                 } else {
                     format!("{:?}", p.format).to_ascii_lowercase()
@@ -101,7 +109,8 @@ pub fn pools(store: &VolumeStore) -> Vec<PoolCapacity> {
                 } else {
                     provisioned_bytes as f64 / capacity_bytes as f64
                 },
-                overcommitted: provisioned_bytes.saturating_sub(allocated) > free_bytes,
+                overcommitted: !upstream
+                    && provisioned_bytes.saturating_sub(allocated) > free_bytes,
             }
         })
         .collect();
@@ -121,7 +130,8 @@ pub fn overcommit_warning(store: &VolumeStore, pool: &str) -> Option<String> {
     })
 }
 
-/// `weir_pool_{capacity,free,allocated,provisioned}_bytes{pool}`.
+/// `weir_pool_{capacity,free,allocated,provisioned}_bytes{pool}`; an upstream
+/// pool has only `provisioned` (it holds no data, so no space of its own).
 pub fn render_prometheus(store: &VolumeStore) -> String {
     let pools = pools(store);
     let mut out = String::new();
@@ -152,6 +162,9 @@ pub fn render_prometheus(store: &VolumeStore) -> String {
         let _ = writeln!(out, "# HELP weir_pool_{name} {help}");
         let _ = writeln!(out, "# TYPE weir_pool_{name} gauge");
         for p in &pools {
+            if p.format == "upstream" && name != "provisioned_bytes" {
+                continue;
+            }
             let _ = writeln!(
                 out,
                 "weir_pool_{name}{{pool=\"{}\"}} {}",

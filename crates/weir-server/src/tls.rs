@@ -36,6 +36,9 @@ use crate::config::{TlsMode, WeirConfig};
 pub struct NbdTls {
     policy: TlsPolicy,
     acceptor: Option<TlsAcceptor>,
+    /// `tls_client_ca` is set: clients may present a certificate, whose subject
+    /// CN is the identity access groups' `identities` match.
+    client_certificates: bool,
 }
 
 impl NbdTls {
@@ -53,11 +56,17 @@ impl NbdTls {
         Ok(NbdTls {
             policy,
             acceptor: Some(TlsAcceptor::from(Arc::new(server))),
+            client_certificates: config.tls_client_ca.is_some(),
         })
     }
 
     pub fn policy(&self) -> TlsPolicy {
         self.policy
+    }
+
+    /// Whether a client can have an identity at all (`tls_client_ca` with TLS on).
+    pub fn client_certificates(&self) -> bool {
+        self.client_certificates
     }
 
     /// Runs the server side of the TLS handshake on a connection whose

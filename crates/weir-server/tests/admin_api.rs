@@ -273,6 +273,15 @@ async fn access_groups_decide_who_sees_a_volume() {
         identities: vec![],
     };
     assert_eq!(status(admin.put_access_group(&bad).await.unwrap_err()), 400);
+    // Identities on a server without tls_client_ca: refused, as in the config.
+    let ids = AccessGroupConfig {
+        name: "ids".into(),
+        hosts: vec!["*".into()],
+        identities: vec!["backup-1".into()],
+    };
+    let e = admin.put_access_group(&ids).await.unwrap_err();
+    assert!(e.to_string().contains("tls_client_ca"), "{e}");
+    assert_eq!(status(e), 400);
     let req = VolumeCreate {
         name: "labvol".into(),
         size_bytes: 1 << 20,

@@ -227,6 +227,25 @@ async fn data_flags_and_errors_pass_through_the_gateway() {
         assert!(e.to_string().contains("must exist upstream"), "{e}");
         let e = store.resize("vol", 32 << 20).unwrap_err();
         assert!(e.to_string().contains("resize the export there"), "{e}");
+        // The pool holds no data: no local capacity to compare with, so never
+        // "overcommitted" against the gateway's own file system.
+        let gw = weir_server::capacity::pools(&store)
+            .into_iter()
+            .find(|p| p.name == "gw")
+            .unwrap();
+        assert_eq!(gw.format, "upstream");
+        assert_eq!(
+            (gw.capacity_bytes, gw.free_bytes, gw.allocated_bytes),
+            (0, 0, 0)
+        );
+        assert!(!gw.overcommitted && gw.provisioned_bytes > 0, "{gw:?}");
+        assert!(weir_server::capacity::overcommit_warning(&store, "gw").is_none());
+        let text = weir_server::capacity::render_prometheus(&store);
+        assert!(
+            text.contains("weir_pool_provisioned_bytes{pool=\"gw\"}")
+                && !text.contains("weir_pool_capacity_bytes{pool=\"gw\"}"),
+            "{text}"
+        );
     }
     // Deleting forgets the mapping only: the upstream keeps the data.
     assert_eq!(direct.read(7 << 20, 4096).await.unwrap().unwrap(), c);

@@ -31,8 +31,9 @@ pub struct AdminTarget {
     /// Print JSON instead of tables (and no "server:" line on standard error)
     #[arg(long, global = true)]
     pub(crate) json: bool,
-    /// Answer yes to the confirmation of destructive commands (delete, rollback,
-    /// delete-snapshot); without it they ask on a terminal and refuse otherwise
+    /// Answer yes to the confirmation of destructive commands (volume, policy and
+    /// access-group delete, delete-snapshot, rollback, takeover, break-lease);
+    /// without it they ask on a terminal and refuse otherwise
     #[arg(long, short = 'y', global = true)]
     yes: bool,
     /// File holding the admin token (default: $WEIR_ADMIN_TOKEN, else the admin-token file of

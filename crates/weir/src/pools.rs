@@ -35,16 +35,25 @@ pub fn run(target: AdminTarget, command: PoolCommand) -> Result<()> {
                     Column::left("state"),
                 ]);
                 for p in &pools {
+                    // A gateway pool's space is its upstream's: nothing to show here.
+                    let here = p.format != "upstream";
+                    let space = |b: u64| if here { human_size(b) } else { "-".into() };
                     table.add_row([
                         p.name.clone(),
                         p.format.clone(),
                         p.volumes.to_string(),
-                        human_size(p.capacity_bytes),
-                        human_size(p.free_bytes),
-                        human_size(p.allocated_bytes),
+                        space(p.capacity_bytes),
+                        space(p.free_bytes),
+                        space(p.allocated_bytes),
                         human_size(p.provisioned_bytes),
-                        format!("{:.2}x", p.overcommit_ratio),
-                        if p.overcommitted {
+                        if here {
+                            format!("{:.2}x", p.overcommit_ratio)
+                        } else {
+                            "-".into()
+                        },
+                        if !here {
+                            "upstream's space".into()
+                        } else if p.overcommitted {
                             "OVERCOMMITTED: volumes can outgrow the free space".into()
                         } else {
                             "ok".into()

@@ -358,6 +358,12 @@ pub fn run(target: crate::admin::AdminTarget, args: TopArgs) -> Result<()> {
             args.delay
         );
     }
+    let interactive_view = !(args.batch || target.json);
+    if interactive_view && !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        bail!(
+            "standard output is not a terminal for the interactive view: use --batch (-n N frames) or --json"
+        );
+    }
     let (client, _endpoint) = crate::admin::admin_client(&target)?;
     let rt = crate::admin::runtime()?;
     let fetch = || {
@@ -371,7 +377,7 @@ pub fn run(target: crate::admin::AdminTarget, args: TopArgs) -> Result<()> {
         offset: 0,
     };
     let delay = Duration::from_secs_f64(args.delay);
-    if args.batch || target.json {
+    if !interactive_view {
         return batch(
             &view,
             fetch,
@@ -380,7 +386,13 @@ pub fn run(target: crate::admin::AdminTarget, args: TopArgs) -> Result<()> {
             target.json,
         );
     }
-    let mut terminal = ratatui::init();
+    let mut terminal = match ratatui::try_init() {
+        Ok(t) => t,
+        Err(e) => {
+            ratatui::restore();
+            return Err(e).context("opening the terminal");
+        }
+    };
     let result = interactive(&mut terminal, &mut view, fetch, delay);
     ratatui::restore();
     result
@@ -388,12 +400,26 @@ pub fn run(target: crate::admin::AdminTarget, args: TopArgs) -> Result<()> {
 
 /// Every row of a frame as plain text: the summary, the header, all rows (no
 /// screen to fit, so no ratatui buffer: its area is limited to 65,535 cells).
+/// Each column is as wide as its widest cell (at least 24 for the name, 8 for
+/// the others), so long policy or volume names keep the columns aligned.
 pub fn batch_text(view: &View, live: &LiveStats) -> String {
     let (header, rows) = rows_of(view, live);
+    let widths: Vec<usize> = header
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let widest = rows
+                .iter()
+                .filter_map(|r| r.cells.get(i))
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(0);
+            widest.max(h.len()).max(if i == 0 { 24 } else { 8 })
+        })
+        .collect();
     let line = |cells: Vec<&str>| {
         let mut out = String::new();
-        for (i, (c, h)) in cells.iter().zip(&header).enumerate() {
-            let w = if i == 0 { 24 } else { h.len().max(8) };
+        for (c, w) in cells.iter().zip(&widths) {
             out.push_str(&format!("{c:<w$} "));
         }
         out.trim_end().to_string() + "\n"
@@ -605,6 +631,34 @@ mod tests {
             lines[3]
         );
         assert!(lines[2002].starts_with("vol-0000") && lines[2002].contains("gold"));
+    }
+
+    #[test]
+    fn batch_columns_stay_aligned_with_long_names() {
+        let mut live = snapshot();
+        live.volumes = vec![
+            volume(
+                "a-volume-name-longer-than-24",
+                "business-critical-2",
+                5.0,
+                1.0,
+                true,
+            ),
+            volume("b", "gold", 3.0, 1.0, true),
+        ];
+        let text = batch_text(&view(Mode::Volumes, SortKey::Iops), &live);
+        let lines: Vec<&str> = text.lines().skip(2).collect();
+        let header = lines[0];
+        // Every row's IOPS figure starts where the header's IOPS column does.
+        let col = header.find("IOPS").unwrap();
+        for row in &lines[1..] {
+            let at = row.char_indices().nth(col).map(|(b, _)| b).unwrap();
+            assert!(
+                row[at..].starts_with('5') || row[at..].starts_with('3'),
+                "{header}\n{row}"
+            );
+            assert!(row[..at].ends_with(' '), "{header}\n{row}");
+        }
     }
 
     #[test]

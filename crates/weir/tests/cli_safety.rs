@@ -291,6 +291,22 @@ fn configuration_edits_are_applied_and_logged() {
     );
 }
 
+/// `weir top` without a terminal (a pipe, cron, CI) says to use `--batch`
+/// instead of panicking in the terminal library.
+#[test]
+fn top_without_a_terminal_points_to_batch() {
+    let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["top", "--admin", "127.0.0.1:1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = refused(&o);
+    assert!(
+        err.contains("not a terminal") && err.contains("--batch") && !err.contains("panicked"),
+        "{err}"
+    );
+}
+
 #[test]
 fn completions_and_man_pages_are_generated() {
     let dir = TempDir::new("cli-completions");
