@@ -11,7 +11,8 @@
 //! wait longer than smaller ones taken meanwhile.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
@@ -20,6 +21,9 @@ struct Inner {
     free: AtomicUsize,
     waiters: AtomicUsize,
     returned: Notify,
+    /// Give-backs so far: a waiter that sees none for a while knows the budget
+    /// is stuck, not merely busy.
+    give_backs: AtomicU64,
 }
 
 /// A budget of `whole` units, shared by clones.
@@ -37,8 +41,28 @@ pub struct Taken {
     units: usize,
 }
 
+impl Taken {
+    /// Units held.
+    pub fn units(&self) -> usize {
+        self.units
+    }
+
+    /// Holds `more`'s units too (both from the same budget), given back together.
+    pub fn absorb(&mut self, mut more: Taken) {
+        assert!(
+            Arc::ptr_eq(&self.inner, &more.inner),
+            "units of another budget"
+        );
+        self.units += std::mem::take(&mut more.units);
+    }
+}
+
 impl Drop for Taken {
     fn drop(&mut self) {
+        if self.units == 0 {
+            return;
+        }
+        self.inner.give_backs.fetch_add(1, Ordering::SeqCst);
         self.inner.free.fetch_add(self.units, Ordering::SeqCst);
         if self.inner.waiters.load(Ordering::SeqCst) > 0 {
             self.inner.returned.notify_waiters();
@@ -54,6 +78,7 @@ impl Budget {
                 free: AtomicUsize::new(whole),
                 waiters: AtomicUsize::new(0),
                 returned: Notify::new(),
+                give_backs: AtomicU64::new(0),
             }),
             whole,
         }
@@ -85,6 +110,33 @@ impl Budget {
             })
     }
 
+    /// Whether nothing was given back to it during `stall` while a task waited
+    /// for units (checked at the end of `stall`): whoever holds it is stuck.
+    pub async fn stuck_for(&self, stall: Duration) -> bool {
+        let seen = self.inner.give_backs.load(Ordering::SeqCst);
+        tokio::time::sleep(stall).await;
+        self.inner.waiters.load(Ordering::SeqCst) > 0
+            && self.inner.give_backs.load(Ordering::SeqCst) == seen
+    }
+
+    /// `units` (at most all of it), once they are free; `None` if nothing at all
+    /// was given back to the budget for `stall` while waiting (whoever holds it
+    /// is stuck: a caller holding some of it lets go, so that the rest go on).
+    pub async fn take_unless_stuck(&self, units: usize, stall: Duration) -> Option<Taken> {
+        loop {
+            if let Some(t) = self.try_take(units) {
+                return Some(t);
+            }
+            let seen = self.inner.give_backs.load(Ordering::SeqCst);
+            if let Ok(t) = tokio::time::timeout(stall, self.take(units)).await {
+                return Some(t);
+            }
+            if self.inner.give_backs.load(Ordering::SeqCst) == seen {
+                return None;
+            }
+        }
+    }
+
     /// `units` (at most all of it), once they are free.
     pub async fn take(&self, units: usize) -> Taken {
         loop {
@@ -112,7 +164,46 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+
+    #[test]
+    fn absorbed_units_are_given_back_together() {
+        let b = Budget::new(10);
+        let mut a = b.try_take(3).unwrap();
+        a.absorb(b.try_take(4).unwrap());
+        assert_eq!((a.units(), b.free()), (7, 3));
+        drop(a);
+        assert_eq!(b.free(), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_gives_up_only_when_nothing_comes_back() {
+        let b = Budget::new(12);
+        let held = b.try_take(10).unwrap();
+        // Busy: units come and go (another holder's) but never enough.
+        let churn = b.clone();
+        let busy = tokio::spawn(async move {
+            for _ in 0..5 {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                drop(churn.try_take(1));
+            }
+        });
+        let t = tokio::time::Instant::now();
+        assert!(
+            b.take_unless_stuck(5, Duration::from_secs(1))
+                .await
+                .is_none()
+        );
+        // It waited through the churn, then a whole second with no give-back.
+        assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
+        busy.await.unwrap();
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move { b.take_unless_stuck(5, Duration::from_secs(1)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        drop(held);
+        assert_eq!(waiter.await.unwrap().map(|t| t.units()), Some(5));
+    }
 
     #[test]
     fn units_are_taken_and_given_back_and_capped_at_the_whole() {

@@ -49,6 +49,18 @@ pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 256;
 /// replies not yet written (requests beyond it wait before their payload is
 /// read): bounds memory whatever the client sends.
 pub const MAX_BUFFERED_BYTES_PER_CONNECTION: usize = 128 << 20;
+
+/// A WRITE payload's share of the server's data budget is taken this much at a
+/// time, as the payload arrives.
+pub const PAYLOAD_CHUNK_BYTES: usize = 1 << 20;
+
+/// How long a WRITE payload waits for the server's data budget while nothing at
+/// all is given back to it, before its connection is closed.
+pub const PAYLOAD_STALL: Duration = Duration::from_secs(10);
+
+/// How long a reply may wait to be taken by its client while the server's data
+/// budget is stuck, before the connection is closed.
+pub const REPLY_STALL: Duration = Duration::from_secs(10);
 /// On shutdown, how long a connection keeps answering new requests with ESHUTDOWN.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 /// … and how long the client may stay silent before the connection is closed.
@@ -91,7 +103,8 @@ pub struct Held {
 pub struct DataHeld {
     _connection: Taken,
     _host: Taken,
-    _server: Taken,
+    /// Grows as a WRITE payload arrives (`Session::read_payload`).
+    server: Taken,
 }
 
 /// A reply on its way to the connection's writer, with what its request holds.
@@ -1054,6 +1067,7 @@ pub async fn run_session(
         conn.unanswered.clone(),
         peer,
         conn.idle,
+        conn.server_data.clone(),
     ));
     let mut reader = BufReader::with_capacity(256 * 1024, std::io::Cursor::new(leftover).chain(rd));
     let ended = conn
@@ -1319,19 +1333,19 @@ impl Conn {
                 self.refuse_payload(&header, permit);
                 return Ended::Linger;
             }
-            let data = self.data_permit(&header, max_payload).await;
-            let held = Held {
-                _request: permit,
-                _data: data,
-            };
+            let mut data = self.data_permit(&header, max_payload).await;
             let received_at = Instant::now();
             let payload = if header.has_payload() {
-                match self.read_payload(reader, header.length).await {
+                match self.read_payload(reader, header.length, &mut data).await {
                     Some(p) => Some(p),
                     None => return Ended::Closed,
                 }
             } else {
                 None
+            };
+            let held = Held {
+                _request: permit,
+                _data: data,
             };
             let request = Request { header, payload };
             let valid = match validate(&request, &self.export) {
@@ -1441,12 +1455,21 @@ impl Conn {
 
     /// Budget for a READ's or WRITE's data, from the connection's, then the
     /// host's, then the server's budget (always in that order; a request takes at
-    /// most a whole budget). `None`: the request carries no data.
+    /// most a whole budget). A WRITE takes the server's only for its first
+    /// [`PAYLOAD_CHUNK_BYTES`] here, the rest as its payload arrives
+    /// ([`Self::read_payload`]): a client that declares large writes and never
+    /// sends their data holds its own and its host's budgets, not the server's.
+    /// `None`: the request carries no data.
     async fn data_permit(&self, header: &RequestHeader, max_payload: u32) -> Option<DataHeld> {
         if !(matches!(header.command, CMD_READ | CMD_WRITE) && header.length <= max_payload) {
             return None;
         }
         let units = (header.length as usize).div_ceil(BUFFER_UNIT_BYTES).max(1);
+        let server_units = if header.command == CMD_WRITE {
+            units.min(PAYLOAD_CHUNK_BYTES / BUFFER_UNIT_BYTES)
+        } else {
+            units
+        };
         let connection = match self.data_budget.try_take(units) {
             Some(t) => t,
             None => self.data_budget.take(units).await,
@@ -1455,29 +1478,71 @@ impl Conn {
             Some(t) => t,
             None => self.host_data.take(units).await,
         };
-        let server = match self.server_data.try_take(units) {
+        let server = match self.server_data.try_take(server_units) {
             Some(t) => t,
-            None => self.server_data.take(units).await,
+            None => self.server_data.take(server_units).await,
         };
         Some(DataHeld {
             _connection: connection,
             _host: host,
-            _server: server,
+            server,
         })
     }
 
-    /// A WRITE's payload, read straight into spare capacity (no zeroing first).
-    async fn read_payload(&self, reader: &mut ConnReader, length: u32) -> Option<Vec<u8>> {
-        let mut p = Vec::with_capacity(length as usize);
-        let mut take = (&mut *reader).take(length as u64);
-        match within(self.idle, take.read_to_end(&mut p)).await {
-            Ok(n) if n == length as usize => Some(p),
-            Ok(_) => None,
-            Err(e) => {
-                tracing::info!(peer = %self.peer, "closing connection: reading a payload: {e}");
-                None
+    /// A WRITE's payload, read straight into spare capacity (no zeroing first),
+    /// [`PAYLOAD_CHUNK_BYTES`] at a time, each chunk's share of the server's data
+    /// budget taken before it is read (the first came with `data`). If that
+    /// budget gives nothing back for [`PAYLOAD_STALL`] while this waits, every
+    /// holder may be a payload waiting like this one: the connection closes,
+    /// dropping what it had read, so that the others go on.
+    async fn read_payload(
+        &self,
+        reader: &mut ConnReader,
+        length: u32,
+        data: &mut Option<DataHeld>,
+    ) -> Option<Vec<u8>> {
+        let length = length as usize;
+        // Bytes the payload's share of the server's budget covers so far.
+        let covered = |d: &Option<DataHeld>| {
+            d.as_ref()
+                .map_or(length, |d| d.server.units() * BUFFER_UNIT_BYTES)
+                .min(length)
+        };
+        let mut p = Vec::with_capacity(length);
+        while p.len() < length {
+            if p.len() >= covered(data) {
+                let units = (length - p.len())
+                    .min(PAYLOAD_CHUNK_BYTES)
+                    .div_ceil(BUFFER_UNIT_BYTES);
+                let Some(more) = self
+                    .server_data
+                    .take_unless_stuck(units, PAYLOAD_STALL)
+                    .await
+                else {
+                    tracing::warn!(
+                        peer = %self.peer,
+                        "closing connection: the server's data buffers (max_buffered_mib) gave \
+                         nothing back for {} s while its WRITE payload waited for them",
+                        PAYLOAD_STALL.as_secs()
+                    );
+                    return None;
+                };
+                if let Some(d) = data.as_mut() {
+                    d.server.absorb(more);
+                }
+            }
+            let want = covered(data) - p.len();
+            let mut take = (&mut *reader).take(want as u64);
+            match within(self.idle, take.read_to_end(&mut p)).await {
+                Ok(n) if n == want => {}
+                Ok(_) => return None,
+                Err(e) => {
+                    tracing::info!(peer = %self.peer, "closing connection: reading a payload: {e}");
+                    return None;
+                }
             }
         }
+        Some(p)
     }
 
     /// A WRITE declaring more than the maximum payload: answered EINVAL, then the
@@ -1548,7 +1613,11 @@ impl Conn {
 
 /// The connection's writer: sends replies in the order they complete and, once
 /// each is written, gives back what its request held. With `idle_timeout_s`, a
-/// client that reads nothing for that long is disconnected.
+/// client that reads nothing for that long is disconnected; so is one whose
+/// reply waits [`REPLY_STALL`] while the server's data budget (`server_data`) is
+/// stuck: others wait for it and nothing comes back (clients that read no
+/// replies, from enough addresses, would otherwise hold it all).
+#[allow(clippy::too_many_arguments)]
 async fn write_replies(
     wr: ConnWrite,
     socket: std::os::fd::RawFd,
@@ -1557,13 +1626,15 @@ async fn write_replies(
     answered: Arc<AtomicUsize>,
     peer: SocketAddr,
     idle: Option<Duration>,
+    server_data: Budget,
 ) {
     // Small replies that are ready together go out in one write.
     let mut wr = tokio::io::BufWriter::with_capacity(64 * 1024, wr);
     while let Some(out) = rx.recv().await {
         let mut next = Some(out);
         while let Some(Outgoing { reply, held }) = next.take() {
-            if let Err(e) = write_reply(&mut wr, reply, &recycle, idle).await {
+            let write = write_reply(&mut wr, reply, &recycle, idle);
+            if let Err(e) = unless_stuck(write, &server_data).await {
                 // Part of a reply may be out: the stream cannot go on.
                 tracing::info!(%peer, "closing connection: sending a reply: {e}");
                 return give_up(wr, socket, rx);
@@ -1578,6 +1649,32 @@ async fn write_replies(
         }
     }
     let _ = within(idle, wr.shutdown()).await;
+}
+
+/// Runs a reply's write; fails it if the server's data budget is stuck
+/// ([`Budget::stuck_for`] [`REPLY_STALL`]) before it is done. The watch is
+/// armed only if the write does not finish at once.
+async fn unless_stuck(
+    write: impl std::future::Future<Output = io::Result<()>>,
+    server_data: &Budget,
+) -> io::Result<()> {
+    let mut write = std::pin::pin!(write);
+    loop {
+        tokio::select! {
+            biased;
+            r = &mut write => return r,
+            stuck = server_data.stuck_for(REPLY_STALL) => if stuck {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the client took none of its replies for {} s while the server's \
+                         data buffers (max_buffered_mib) were full and others waited",
+                        REPLY_STALL.as_secs()
+                    ),
+                ));
+            },
+        }
+    }
 }
 
 /// The writer cannot go on (the socket broke, or the client read nothing for

@@ -526,3 +526,124 @@ async fn a_hosts_connections_share_its_data_budget() {
     drop(deaf);
     server.shutdown().await.unwrap();
 }
+
+/// Clients that declare large WRITEs and never send their data hold their own
+/// and their hosts' data budgets, not the server's: with three such hosts over a
+/// 128 MiB server budget (each host's 64 MiB), another host still reads at once.
+/// (Before, each declared WRITE took its whole length from the server's budget
+/// before its data arrived: 100 bytes of it from enough addresses stalled every
+/// client of the server.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_that_never_send_their_data_do_not_stall_the_server() {
+    let (_dir, server) = common::start_with(
+        "trickle-budget",
+        "max_buffered_mib = 128\n\
+         max_buffered_mib_per_host = 64\n\
+         [[volumes]]\nname = \"v\"\nsize = \"64MiB\"\npolicy = \"non-critical\"\n",
+    )
+    .await;
+    let addr = server.nbd_addr();
+    let mut tricklers = Vec::new();
+    for host in 2..5u8 {
+        let mut s = raw_start(addr, Some(IpAddr::from([127, 0, 0, host]))).await;
+        let mut go = 1u32.to_be_bytes().to_vec();
+        go.extend_from_slice(b"v");
+        go.extend_from_slice(&0u16.to_be_bytes());
+        s.write_all(&option(OPT_GO, go.len() as u32, &go))
+            .await
+            .unwrap();
+        assert_eq!(option_reply(&mut s).await.0, REP_ACK);
+        s.write_all(&request(CMD_WRITE, 1, 0, 64 << 20))
+            .await
+            .unwrap();
+        s.write_all(&[0x5a; 100]).await.unwrap();
+        tricklers.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (mut other, _) = NbdClient::connect_from(
+        Some(IpAddr::from([127, 0, 0, 1])),
+        addr,
+        ClientConfig::go("v"),
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let read = tokio::time::timeout(Duration::from_secs(5), other.read(0, 1 << 20)).await;
+    let data = read
+        .expect("a READ waited behind the tricklers")
+        .unwrap()
+        .unwrap();
+    assert_eq!(data.len(), 1 << 20);
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    // A whole 64 MiB WRITE from that host lands meanwhile too.
+    let big = vec![7u8; 64 << 20];
+    let wrote = tokio::time::timeout(Duration::from_secs(20), other.write(0, &big, false)).await;
+    wrote
+        .expect("a WRITE waited behind the tricklers")
+        .unwrap()
+        .unwrap();
+    drop(tricklers);
+    server.shutdown().await.unwrap();
+}
+
+/// Clients that read no replies, from enough addresses to fill the server's data
+/// budget (three hosts of 64 MiB over 128 MiB), are disconnected once it has
+/// given nothing back for `REPLY_STALL` while others wait; another host is then
+/// served. (Before, it waited for as long as they stayed connected.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deaf_clients_that_fill_the_server_budget_are_shed() {
+    let (_dir, server) = common::start_with(
+        "deaf-budget",
+        "max_buffered_mib = 128\n\
+         max_buffered_mib_per_host = 64\n\
+         [[volumes]]\nname = \"v\"\nsize = \"64MiB\"\npolicy = \"non-critical\"\n",
+    )
+    .await;
+    let addr = server.nbd_addr();
+    let mut deaf = Vec::new();
+    for host in 2..5u8 {
+        let mut s = raw_start(addr, Some(IpAddr::from([127, 0, 0, host]))).await;
+        let mut go = 1u32.to_be_bytes().to_vec();
+        go.extend_from_slice(b"v");
+        go.extend_from_slice(&0u16.to_be_bytes());
+        s.write_all(&option(OPT_GO, go.len() as u32, &go))
+            .await
+            .unwrap();
+        assert_eq!(option_reply(&mut s).await.0, REP_ACK);
+        for h in 0..96u64 {
+            s.write_all(&request(CMD_READ, h, (h % 64) << 20, 1 << 20))
+                .await
+                .unwrap();
+        }
+        deaf.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (mut other, _) = NbdClient::connect_from(
+        Some(IpAddr::from([127, 0, 0, 1])),
+        addr,
+        ClientConfig::go("v"),
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let stall = weir_server::session::REPLY_STALL;
+    let read = tokio::time::timeout(stall * 3, other.read(0, 1 << 20)).await;
+    read.expect("never served beside the deaf clients")
+        .unwrap()
+        .unwrap();
+    println!("served after {:?} beside three deaf hosts", t.elapsed());
+    // Deaf connections were closed (enough of them: one whose requests merely
+    // waited for the budget may be served once the others are gone): reading
+    // them ends, after what the socket buffers held.
+    let mut closed = 0;
+    for mut s in deaf {
+        let mut sink = vec![0u8; 1 << 20];
+        let ended = tokio::time::timeout(Duration::from_secs(2), async {
+            while s.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+        })
+        .await;
+        closed += ended.is_ok() as u32;
+    }
+    assert!(closed >= 1, "no deaf connection was closed");
+    server.shutdown().await.unwrap();
+}
