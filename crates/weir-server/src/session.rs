@@ -353,6 +353,9 @@ pub fn perform(job: &Job) -> (Reply, bool) {
             .map_err(|e| io_error(&e, "write"))
         }
         Command::Flush => b.flush().map_err(|e| io_error(&e, "flush")),
+        // proto.md leaves a zero-length TRIM unspecified: nothing to discard, so
+        // answered like a zero-length WRITE_ZEROES (fallocate would say EINVAL).
+        Command::Trim { length: 0, .. } => Ok(()),
         Command::Trim {
             offset,
             length,

@@ -587,6 +587,14 @@ impl VolumeStore {
                 r.name
             )));
         }
+        if r.size_bytes > i64::MAX as u64 {
+            return Err(StoreError::Invalid(format!(
+                "volume {:?}: size must be at most {} bytes (8 EiB: a file offset), not {}",
+                r.name,
+                i64::MAX,
+                r.size_bytes
+            )));
+        }
         Ok(())
     }
 
@@ -679,8 +687,14 @@ impl VolumeStore {
                 .map_err(|e| io_err(path.display(), e))?
                 .len();
             if len < r.size_bytes {
-                file.set_len(r.size_bytes)
-                    .map_err(|e| io_err(format!("sizing {}", path.display()), e))?;
+                file.set_len(r.size_bytes).map_err(|e| match e.raw_os_error() {
+                    // The request, not the server, is at fault: a 400, not a 500.
+                    Some(libc::EFBIG) | Some(libc::EINVAL) => StoreError::Invalid(format!(
+                        "volume {:?}: the pool's file system cannot hold a file of {} bytes ({e})",
+                        r.name, r.size_bytes
+                    )),
+                    _ => io_err(format!("sizing {}", path.display()), e),
+                })?;
             }
             Ok(())
         })();

@@ -96,6 +96,12 @@ async fn data_round_trips_and_errors() {
     );
     let h = c.session().cache(0, 1 << 20);
     c.wait(h).await.unwrap().unwrap();
+    // Zero-length TRIM and WRITE_ZEROES (unspecified in proto.md): both succeed
+    // as no-ops (the TRIM used to fail EINVAL from fallocate).
+    let h = c.session().trim(8 << 20, 0);
+    c.wait(h).await.unwrap().unwrap();
+    let h = c.session().write_zeroes(8 << 20, 0, false);
+    c.wait(h).await.unwrap().unwrap();
     c.disconnect().await.unwrap();
 
     // Read-only export: writes fail with EPERM, reads work.
