@@ -125,11 +125,29 @@ fn init_logging() {
         .init();
 }
 
+/// `weir sim … | head`: the reader closing the pipe ends the process, as it does
+/// any Unix filter, instead of a "Broken pipe" panic at the next print. Only for
+/// commands that write to nothing but files and standard output: a closed
+/// socket must stay an error (EPIPE) for the server and the NBD and admin clients.
+fn stop_quietly_on_a_closed_pipe() {
+    // SAFETY: restores the default disposition of one signal before any thread
+    // starts; no handler, no memory involved.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Parses the command line, runs the command, returns the process exit status.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     weir_server::metrics::set_build_commit(env!("WEIR_COMMIT"));
+    if matches!(
+        cli.command,
+        Command::Sim(_) | Command::Completions(_) | Command::Man(_)
+    ) {
+        stop_quietly_on_a_closed_pipe();
+    }
     let result = match cli.command {
         Command::Sim(args) => sim::run(args),
         Command::Serve(args) => serve::run(args),

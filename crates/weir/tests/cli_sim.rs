@@ -286,3 +286,27 @@ fn load_reports_a_bad_target_clearly() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `weir sim … | head -1`: the reader closing the pipe ends the simulator the way
+/// it ends any Unix filter (SIGPIPE), not with a "Broken pipe" panic.
+#[test]
+fn sim_into_a_closed_pipe_stops_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = weir()
+        .args(["sim", "raid-characterization", "--scale-duration", "0.05"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("weir runs");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("Weir report"), "{first}");
+    // The read end is closed here (dropped with the reader).
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}", out.status);
+}
