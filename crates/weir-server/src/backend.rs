@@ -68,6 +68,12 @@ pub trait Backend: Send + Sync + 'static {
     fn ownership(&self) -> Ownership {
         Ownership::Exclusive { generation: 0 }
     }
+    /// [`Self::ownership`], for a caller that may block: where the answer is
+    /// only unsure because nothing confirmed the lease lately (an idle volume),
+    /// it is confirmed first with one round trip. Layers forward it.
+    fn confirm_ownership(&self) -> Ownership {
+        self.ownership()
+    }
     /// Starts a READ or WRITE that another thread completes (an upstream NBD
     /// server's reply), with no blocking thread waiting for it; `Err(done)`: not
     /// possible here (use the blocking calls). Layers that must see every I/O do

@@ -189,6 +189,9 @@ impl Backend for FaultLayer {
     fn ownership(&self) -> crate::backend::Ownership {
         self.inner.ownership()
     }
+    fn confirm_ownership(&self) -> crate::backend::Ownership {
+        self.inner.confirm_ownership()
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.inject(FaultOp::Read)?;
         self.inner.read(offset, buf)

@@ -383,7 +383,12 @@ impl FlashCacheLayer {
     /// below is the server's alone); a new generation drops what it kept.
     /// `count`: a "no" counts as an unowned read.
     fn owned(&self, count: bool) -> bool {
-        match self.inner.ownership() {
+        self.owned_as(self.inner.ownership(), count)
+    }
+
+    /// [`Self::owned`] with the backend's answer given.
+    fn owned_as(&self, ownership: Ownership, count: bool) -> bool {
+        match ownership {
             Ownership::Unsure => {
                 if count {
                     self.dev.unowned_reads.fetch_add(1, Ordering::Relaxed);
@@ -439,7 +444,9 @@ impl Backend for FlashCacheLayer {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        if !self.owned(true) {
+        // A blocking caller: an idle volume's lapsed lease is confirmed (one
+        // round trip) rather than its read sent past the cache.
+        if !self.owned_as(self.inner.confirm_ownership(), true) {
             return self.inner.read(offset, buf);
         }
         let plan = self.dev.model().read(self.volume, offset, buf.len() as u64);
@@ -503,6 +510,10 @@ impl Backend for FlashCacheLayer {
 
     fn ownership(&self) -> Ownership {
         self.inner.ownership()
+    }
+
+    fn confirm_ownership(&self) -> Ownership {
+        self.inner.confirm_ownership()
     }
 
     fn cache(&self, offset: u64, length: u64) -> io::Result<()> {

@@ -915,6 +915,9 @@ impl Backend for TierLayer {
     fn ownership(&self) -> crate::backend::Ownership {
         self.below.ownership()
     }
+    fn confirm_ownership(&self) -> crate::backend::Ownership {
+        self.below.confirm_ownership()
+    }
     // No `start_async`, `*_nowait` or `cached_source`: every I/O must be routed.
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         for (lo, hi, key) in self.pieces(offset, buf.len() as u64) {

@@ -453,6 +453,10 @@ impl Slot {
 /// four connections (docs/PERFORMANCE.md "Gateway mode").
 const SPILL_IN_FLIGHT: usize = 32;
 
+/// How long a blocking read of a cached volume waits for its lapsed lease to be
+/// confirmed before it reads through instead.
+const CONFIRM_WAIT: Duration = Duration::from_millis(100);
+
 /// What the upstream advertised for the export.
 #[derive(Clone, Copy, Debug)]
 struct Negotiated {
@@ -1151,6 +1155,30 @@ impl Backend for UpstreamBackend {
         Ownership::Exclusive {
             generation: f.generation.load(Ordering::Acquire),
         }
+    }
+
+    fn confirm_ownership(&self) -> Ownership {
+        let now = self.ownership();
+        let Some(f) = &self.lease else { return now };
+        let held = f.live.load(Ordering::Acquire) > 0 && !f.refused.load(Ordering::Acquire);
+        if matches!(now, Ownership::Exclusive { .. }) || !held {
+            return now;
+        }
+        // Held, but nothing confirmed it within LEASE_FRESH (the volume was
+        // idle): one renewal, waited for here (the caller blocks anyway, and
+        // would otherwise wait for the upstream's read), polled because this is
+        // rare: once per idle spell of a volume.
+        self.renew(f);
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(20);
+        while start.elapsed() < CONFIRM_WAIT {
+            std::thread::sleep(pause);
+            if f.age().is_some_and(|age| age <= LEASE_FRESH / 2) {
+                break;
+            }
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+        self.ownership()
     }
 
     /// READ and WRITE on a live connection, answered by its reader thread; on a

@@ -502,16 +502,30 @@ async fn a_leased_gateway_keeps_other_writers_out_and_a_second_reads_through() {
     let e = cb.write(0, &[8; 4096], false).await.unwrap().unwrap_err();
     assert_eq!(e.code, ErrorCode::Perm, "{e:?}");
 
-    // Idle past the lease's freshness: A's next read goes upstream (and
-    // confirms the lease), the one after hits again.
+    // Idle past the lease's freshness: A's next read waits for one renewal (a
+    // 512-byte read upstream) and hits; it used to read through. The one after
+    // hits with no round trip.
     let ios = || metric(&upstream, "weir_volume_ios_total", "db");
+    let hits = || metric(&a, "weir_volume_flash_cache_hits_total", "db");
+    let unowned = || {
+        let text = weir_server::admin::metrics_text(a.state());
+        let prefix = "weir_pool_flash_cache_unowned_reads_total{pool=\"gw\"} ";
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .expect("the counter");
+        line[prefix.len()..].parse::<u64>().unwrap()
+    };
     tokio::time::sleep(weir_server::lease::LEASE_FRESH + std::time::Duration::from_millis(200))
         .await;
-    let before = ios();
+    let (before, hits_before, unowned_before) = (ios(), hits(), unowned());
     assert_eq!(ca.read(0, 8192).await.unwrap().unwrap(), one);
-    assert_eq!(ios(), before + 1, "a stale lease reads through");
+    assert_eq!(ios(), before + 1, "one renewal confirms the idle lease");
+    assert_eq!(hits(), hits_before + 1, "and the read is a hit");
+    assert_eq!(unowned(), unowned_before, "nothing read past A's cache");
     assert_eq!(ca.read(0, 8192).await.unwrap().unwrap(), one);
-    assert_eq!(ios(), before + 1, "confirmed: a hit again");
+    assert_eq!(ios(), before + 1, "confirmed: a hit with no round trip");
+    assert_eq!(hits(), hits_before + 2);
 
     // A stops: the lease ends, and a direct write waits out the grace.
     drop(ca);
