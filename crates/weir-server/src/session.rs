@@ -1087,6 +1087,18 @@ pub async fn run_session(
     } = conn;
     // Stop reading; the writer finishes once every in-flight job has replied.
     drop(tx);
+    let mut writer = writer;
+    if lease.as_ref().is_some_and(LeaseHeld::is_revoked)
+        && tokio::time::timeout(crate::lease::LEASE_GRACE, &mut writer)
+            .await
+            .is_err()
+    {
+        // A broken lease's holder that takes none of its replies is closed all
+        // the same: its writer's blocked write fails.
+        // SAFETY: shutdown(2) on the connection's socket, still open (the writer
+        // task owns it until it ends); no memory passed.
+        unsafe { libc::shutdown(socket_fd, libc::SHUT_RDWR) };
+    }
     let _ = writer.await;
     // Only now (no write of this connection is in flight any more) may another
     // client take the lease, or this one's end start the grace (a last release

@@ -635,3 +635,55 @@ async fn a_lease_of_a_deleted_volume_does_not_hold_a_new_one_of_its_name() {
     assert!(closed.is_err(), "{closed:?}");
     server.shutdown().await.unwrap();
 }
+
+/// A lease holder that reads none of its replies is still disconnected by
+/// `break-lease`, within the lease's grace (its connection used to stay open,
+/// its writer blocked, until the client read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_lease_closes_a_holder_that_reads_nothing() {
+    let dir = common::TempDir::new("admin-lease-deaf");
+    let server = common::start(dir.path()).await;
+    let admin = server.admin_client();
+    let req = VolumeCreate {
+        name: "deaf".into(),
+        size_bytes: 64 << 20,
+        policy: "non-critical".into(),
+        pool: None,
+        access_groups: vec![],
+        read_only: false,
+        description: String::new(),
+        cache: Default::default(),
+    };
+    admin.create_volume(&req).await.unwrap();
+    let leased = ClientConfig {
+        meta_contexts: vec!["weir:exclusive=deaf-holder".into()],
+        ..ClientConfig::go("deaf")
+    };
+    let (mut holder, export) = NbdClient::connect(server.nbd_addr(), leased).await.unwrap();
+    assert!(export.export_info().exclusive_lease.is_some());
+    let open = || {
+        let text = weir_server::admin::metrics_text(server.state());
+        let line = text.lines().find(|l| l.starts_with("weir_connections "));
+        line.and_then(|l| l[17..].trim().parse::<u64>().ok())
+            .unwrap()
+    };
+    assert_eq!(open(), 1);
+    for i in 0..128u64 {
+        holder.session().read((i % 64) << 20, 1 << 20);
+    }
+    holder.send().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let broken = admin.break_lease("deaf").await.unwrap();
+    assert_eq!(broken.holder.as_deref(), Some("127.0.0.1"));
+    let t = std::time::Instant::now();
+    while open() > 0 {
+        assert!(
+            t.elapsed() < weir_server::lease::LEASE_GRACE * 3,
+            "the deaf holder's connection stayed open"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    println!("closed {:?} after the break", t.elapsed());
+    drop(holder);
+    server.shutdown().await.unwrap();
+}
