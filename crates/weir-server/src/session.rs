@@ -1062,7 +1062,7 @@ pub async fn run_session(
         lease,
         writer_mark: Mutex::new(None),
     };
-    let writer = tokio::spawn(write_replies(
+    let mut writer = tokio::spawn(write_replies(
         wr,
         socket_fd,
         rx,
@@ -1087,7 +1087,6 @@ pub async fn run_session(
     } = conn;
     // Stop reading; the writer finishes once every in-flight job has replied.
     drop(tx);
-    let mut writer = writer;
     if lease.as_ref().is_some_and(LeaseHeld::is_revoked)
         && tokio::time::timeout(crate::lease::LEASE_GRACE, &mut writer)
             .await

@@ -5,9 +5,9 @@ mod common;
 
 use weir_nbd::ClientConfig;
 use weir_qos::Policy;
-use weir_server::VolumeCreate;
 use weir_server::admin::{Client, ClientError};
 use weir_server::nbd_client::NbdClient;
+use weir_server::{RunningServer, VolumeCreate};
 
 fn status(e: ClientError) -> u16 {
     status_of(e)
@@ -18,6 +18,31 @@ fn status_of(e: ClientError) -> u16 {
         ClientError::Api { status, .. } => status,
         other => panic!("expected an API error, got {other}"),
     }
+}
+
+/// A non-critical volume of the default pool, open to every host.
+fn plain_volume(name: &str, size_bytes: u64) -> VolumeCreate {
+    VolumeCreate {
+        name: name.into(),
+        size_bytes,
+        policy: "non-critical".into(),
+        pool: None,
+        access_groups: vec![],
+        read_only: false,
+        description: String::new(),
+        cache: Default::default(),
+    }
+}
+
+/// A client of `volume` holding its `weir:exclusive` lease with `token`.
+async fn lease_holder(server: &RunningServer, volume: &str, token: &str) -> NbdClient {
+    let leased = ClientConfig {
+        meta_contexts: vec![format!("weir:exclusive={token}")],
+        ..ClientConfig::go(volume)
+    };
+    let (holder, export) = NbdClient::connect(server.nbd_addr(), leased).await.unwrap();
+    assert!(export.export_info().exclusive_lease.is_some());
+    holder
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,14 +308,8 @@ async fn access_groups_decide_who_sees_a_volume() {
     assert!(e.to_string().contains("tls_client_ca"), "{e}");
     assert_eq!(status(e), 400);
     let req = VolumeCreate {
-        name: "labvol".into(),
-        size_bytes: 1 << 20,
-        policy: "non-critical".into(),
-        pool: None,
         access_groups: vec!["lab".into()],
-        read_only: false,
-        description: String::new(),
-        cache: Default::default(),
+        ..plain_volume("labvol", 1 << 20)
     };
     admin.create_volume(&req).await.unwrap();
     let visible = |l: Vec<weir_nbd::ExportListing>| l.into_iter().any(|e| e.name == "labvol");
@@ -558,16 +577,7 @@ async fn a_volume_whose_file_cannot_be_sized_leaves_no_file_behind() {
     let dir = common::TempDir::new("admin-unsized");
     let server = common::start(dir.path()).await;
     let admin = server.admin_client();
-    let mut req = VolumeCreate {
-        name: "huge".into(),
-        size_bytes: u64::MAX,
-        policy: "non-critical".into(),
-        pool: None,
-        access_groups: vec![],
-        read_only: false,
-        description: String::new(),
-        cache: Default::default(),
-    };
+    let mut req = plain_volume("huge", u64::MAX);
     for size in [u64::MAX, 1 << 62] {
         req.size_bytes = size;
         let e = admin.create_volume(&req).await.unwrap_err();
@@ -597,23 +607,9 @@ async fn a_lease_of_a_deleted_volume_does_not_hold_a_new_one_of_its_name() {
     let dir = common::TempDir::new("admin-lease-delete");
     let server = common::start(dir.path()).await;
     let admin = server.admin_client();
-    let req = VolumeCreate {
-        name: "again".into(),
-        size_bytes: 1 << 20,
-        policy: "non-critical".into(),
-        pool: None,
-        access_groups: vec![],
-        read_only: false,
-        description: String::new(),
-        cache: Default::default(),
-    };
+    let req = plain_volume("again", 1 << 20);
     admin.create_volume(&req).await.unwrap();
-    let leased = ClientConfig {
-        meta_contexts: vec!["weir:exclusive=old-holder".into()],
-        ..ClientConfig::go("again")
-    };
-    let (mut holder, export) = NbdClient::connect(server.nbd_addr(), leased).await.unwrap();
-    assert!(export.export_info().exclusive_lease.is_some());
+    let mut holder = lease_holder(&server, "again", "old-holder").await;
     holder.write(0, &[1; 4096], false).await.unwrap().unwrap();
     admin.delete_volume("again").await.unwrap();
     admin.create_volume(&req).await.unwrap();
@@ -644,29 +640,10 @@ async fn a_broken_lease_closes_a_holder_that_reads_nothing() {
     let dir = common::TempDir::new("admin-lease-deaf");
     let server = common::start(dir.path()).await;
     let admin = server.admin_client();
-    let req = VolumeCreate {
-        name: "deaf".into(),
-        size_bytes: 64 << 20,
-        policy: "non-critical".into(),
-        pool: None,
-        access_groups: vec![],
-        read_only: false,
-        description: String::new(),
-        cache: Default::default(),
-    };
+    let req = plain_volume("deaf", 64 << 20);
     admin.create_volume(&req).await.unwrap();
-    let leased = ClientConfig {
-        meta_contexts: vec!["weir:exclusive=deaf-holder".into()],
-        ..ClientConfig::go("deaf")
-    };
-    let (mut holder, export) = NbdClient::connect(server.nbd_addr(), leased).await.unwrap();
-    assert!(export.export_info().exclusive_lease.is_some());
-    let open = || {
-        let text = weir_server::admin::metrics_text(server.state());
-        let line = text.lines().find(|l| l.starts_with("weir_connections "));
-        line.and_then(|l| l[17..].trim().parse::<u64>().ok())
-            .unwrap()
-    };
+    let mut holder = lease_holder(&server, "deaf", "deaf-holder").await;
+    let open = || common::sample(&server, "weir_connections");
     assert_eq!(open(), 1);
     for i in 0..128u64 {
         holder.session().read((i % 64) << 20, 1 << 20);

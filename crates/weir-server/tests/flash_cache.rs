@@ -507,15 +507,7 @@ async fn a_leased_gateway_keeps_other_writers_out_and_a_second_reads_through() {
     // hits with no round trip.
     let ios = || metric(&upstream, "weir_volume_ios_total", "db");
     let hits = || metric(&a, "weir_volume_flash_cache_hits_total", "db");
-    let unowned = || {
-        let text = weir_server::admin::metrics_text(a.state());
-        let prefix = "weir_pool_flash_cache_unowned_reads_total{pool=\"gw\"} ";
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(prefix))
-            .expect("the counter");
-        line[prefix.len()..].parse::<u64>().unwrap()
-    };
+    let unowned = || common::sample(&a, "weir_pool_flash_cache_unowned_reads_total{pool=\"gw\"}");
     tokio::time::sleep(weir_server::lease::LEASE_FRESH + std::time::Duration::from_millis(200))
         .await;
     let (before, hits_before, unowned_before) = (ios(), hits(), unowned());

@@ -119,13 +119,10 @@ async fn data_flags_and_errors_pass_through_the_gateway() {
     // One request at a time keeps to one upstream connection (of 3): its
     // replies share one reader thread's wake-ups.
     let alive = || {
-        let text = weir_server::admin::metrics_text(gateway.state());
-        let prefix = "weir_volume_upstream_connections_alive{volume=\"vol\"} ";
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(prefix))
-            .expect("the gauge");
-        line[prefix.len()..].parse::<u64>().unwrap()
+        common::sample(
+            &gateway,
+            "weir_volume_upstream_connections_alive{volume=\"vol\"}",
+        )
     };
     assert_eq!(
         alive(),

@@ -66,7 +66,12 @@ async fn option_reply(s: &mut TcpStream) -> (u32, Vec<u8>) {
 
 /// A connection in transmission on `volume` (simple replies).
 async fn raw_go(addr: SocketAddr, volume: &str) -> TcpStream {
-    let mut s = raw_start(addr, None).await;
+    raw_go_from(addr, None, volume).await
+}
+
+/// [`raw_go`] from the client address `from`, if given.
+async fn raw_go_from(addr: SocketAddr, from: Option<IpAddr>, volume: &str) -> TcpStream {
+    let mut s = raw_start(addr, from).await;
     let mut go = (volume.len() as u32).to_be_bytes().to_vec();
     go.extend_from_slice(volume.as_bytes());
     go.extend_from_slice(&0u16.to_be_bytes());
@@ -527,6 +532,11 @@ async fn a_hosts_connections_share_its_data_budget() {
     server.shutdown().await.unwrap();
 }
 
+/// A 128 MiB server data budget, 64 MiB per client address, one 64 MiB volume.
+const SMALL_BUDGETS: &str = "max_buffered_mib = 128\n\
+     max_buffered_mib_per_host = 64\n\
+     [[volumes]]\nname = \"v\"\nsize = \"64MiB\"\npolicy = \"non-critical\"\n";
+
 /// Clients that declare large WRITEs and never send their data hold their own
 /// and their hosts' data budgets, not the server's: with three such hosts over a
 /// 128 MiB server budget (each host's 64 MiB), another host still reads at once.
@@ -535,24 +545,11 @@ async fn a_hosts_connections_share_its_data_budget() {
 /// client of the server.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_that_never_send_their_data_do_not_stall_the_server() {
-    let (_dir, server) = common::start_with(
-        "trickle-budget",
-        "max_buffered_mib = 128\n\
-         max_buffered_mib_per_host = 64\n\
-         [[volumes]]\nname = \"v\"\nsize = \"64MiB\"\npolicy = \"non-critical\"\n",
-    )
-    .await;
+    let (_dir, server) = common::start_with("trickle-budget", SMALL_BUDGETS).await;
     let addr = server.nbd_addr();
     let mut tricklers = Vec::new();
     for host in 2..5u8 {
-        let mut s = raw_start(addr, Some(IpAddr::from([127, 0, 0, host]))).await;
-        let mut go = 1u32.to_be_bytes().to_vec();
-        go.extend_from_slice(b"v");
-        go.extend_from_slice(&0u16.to_be_bytes());
-        s.write_all(&option(OPT_GO, go.len() as u32, &go))
-            .await
-            .unwrap();
-        assert_eq!(option_reply(&mut s).await.0, REP_ACK);
+        let mut s = raw_go_from(addr, Some(IpAddr::from([127, 0, 0, host])), "v").await;
         s.write_all(&request(CMD_WRITE, 1, 0, 64 << 20))
             .await
             .unwrap();
@@ -592,24 +589,11 @@ async fn writers_that_never_send_their_data_do_not_stall_the_server() {
 /// served. (Before, it waited for as long as they stayed connected.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deaf_clients_that_fill_the_server_budget_are_shed() {
-    let (_dir, server) = common::start_with(
-        "deaf-budget",
-        "max_buffered_mib = 128\n\
-         max_buffered_mib_per_host = 64\n\
-         [[volumes]]\nname = \"v\"\nsize = \"64MiB\"\npolicy = \"non-critical\"\n",
-    )
-    .await;
+    let (_dir, server) = common::start_with("deaf-budget", SMALL_BUDGETS).await;
     let addr = server.nbd_addr();
     let mut deaf = Vec::new();
     for host in 2..5u8 {
-        let mut s = raw_start(addr, Some(IpAddr::from([127, 0, 0, host]))).await;
-        let mut go = 1u32.to_be_bytes().to_vec();
-        go.extend_from_slice(b"v");
-        go.extend_from_slice(&0u16.to_be_bytes());
-        s.write_all(&option(OPT_GO, go.len() as u32, &go))
-            .await
-            .unwrap();
-        assert_eq!(option_reply(&mut s).await.0, REP_ACK);
+        let mut s = raw_go_from(addr, Some(IpAddr::from([127, 0, 0, host])), "v").await;
         for h in 0..96u64 {
             s.write_all(&request(CMD_READ, h, (h % 64) << 20, 1 << 20))
                 .await

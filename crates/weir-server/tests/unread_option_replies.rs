@@ -17,17 +17,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use weir_nbd::consts::*;
 
-/// Resident memory of this process, bytes.
-fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status");
-    kib << 10
-}
-
 const LISTS: usize = 1000;
 const DEAF_CLIENTS: usize = 16;
 
@@ -66,13 +55,13 @@ async fn pipelined_options_with_unread_replies_cost_bounded_memory() {
     let addr = server.nbd_addr();
     // Warm up (the first connection's allocations), then the baseline.
     drop(common::connect(&server, "v0").await);
-    let idle = rss();
+    let idle = common::rss_bytes();
     let mut deaf = Vec::new();
     for _ in 0..DEAF_CLIENTS {
         deaf.push(pipeline_lists(addr).await);
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let grown = rss().saturating_sub(idle);
+    let grown = common::rss_bytes().saturating_sub(idle);
     // Others are still served meanwhile.
     let (mut other, _) = common::connect(&server, "v1").await;
     other.read(0, 4096).await.unwrap().unwrap();

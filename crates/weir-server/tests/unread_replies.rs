@@ -12,17 +12,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-/// Resident memory of this process, bytes.
-fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status");
-    kib << 10
-}
-
 const READS: u64 = 5_000;
 const READ_BYTES: u32 = 60 << 10;
 
@@ -43,7 +32,7 @@ async fn a_client_that_reads_no_replies_is_not_read_from_and_costs_bounded_memor
         t.elapsed()
     };
     reads(200).await;
-    let idle = rss();
+    let idle = common::rss_bytes();
     // Pipelines READs of 60 KiB (5,000 x 60 KiB = 293 MiB of replies) and never
     // reads a reply.
     let (mut deaf, _) = common::connect(&server, "deaf").await;
@@ -64,7 +53,7 @@ async fn a_client_that_reads_no_replies_is_not_read_from_and_costs_bounded_memor
         }
         last = now;
     }
-    let grown = rss().saturating_sub(idle);
+    let grown = common::rss_bytes().saturating_sub(idle);
     let others = reads(200).await;
     println!(
         "{READS} READs of 60 KiB sent, {last} answered by the server; RSS +{} MiB over \

@@ -253,6 +253,30 @@ pub async fn connect(server: &RunningServer, volume: &str) -> (NbdClient, Client
         .unwrap_or_else(|e| panic!("cannot connect to {volume}: {e:#}"))
 }
 
+/// The value of the `/metrics` sample whose line starts with `series` (a name
+/// with its labels, e.g. `weir_connections` or `name{volume="v"}`).
+pub fn sample(server: &RunningServer, series: &str) -> u64 {
+    let text = weir_server::admin::metrics_text(server.state());
+    let prefix = format!("{series} ");
+    let line = text.lines().find(|l| l.starts_with(&prefix));
+    let line = line.unwrap_or_else(|| panic!("no {series} in /metrics"));
+    line[prefix.len()..]
+        .trim()
+        .parse()
+        .expect("an integer sample")
+}
+
+/// Resident memory of this process, bytes.
+pub fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status");
+    kib << 10
+}
+
 /// `nbd://` URI of a volume.
 pub fn uri(server: &RunningServer, volume: &str) -> String {
     format!("nbd://{}/{volume}", server.nbd_addr())
