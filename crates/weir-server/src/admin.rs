@@ -44,9 +44,9 @@
 //! <token>` (the token in `<data_dir>/admin-token`), JSON bodies; error answers
 //! carry no absolute paths.
 //!
-//! The HTTP side (axum, hyper) is in the `weir-http` crate, compiled apart from the
-//! data path; this module routes the decoded request ([`handle`]) and holds the
-//! client.
+//! The HTTP side (hyper, with the listener's connection caps and deadlines) is in
+//! the `weir-http` crate, compiled apart from the data path; this module routes the
+//! decoded request ([`handle`]) and holds the client.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -244,6 +244,7 @@ pub fn spawn(
         Box::pin(async move {
             let _ = shutdown.wait_for(|s| *s).await;
         }),
+        weir_http::Limits::ADMIN,
     )
 }
 
@@ -536,7 +537,7 @@ fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiErr
     })
 }
 
-/// A JSON request body; like axum's `Json`: 400 for malformed JSON, 422 for JSON
+/// A JSON request body; as axum's `Json` does: 400 for malformed JSON, 422 for JSON
 /// of the wrong shape.
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {

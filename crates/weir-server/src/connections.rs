@@ -49,8 +49,12 @@ pub const REFUSING_RESERVED_FOR_NEW_HOSTS: usize = 16;
 /// and first option as soon as it has the greeting).
 pub const REFUSAL_TIME: Duration = Duration::from_millis(500);
 /// Descriptors kept free beyond the connections and what is open at start: the
-/// refusals in progress, admin API connections, volumes created later.
-pub const SPARE_FDS: u64 = (MAX_REFUSING + REFUSING_RESERVED_FOR_NEW_HOSTS) as u64 + 64;
+/// refusals in progress, the admin API's connections (its cap), volumes created
+/// later.
+pub const SPARE_FDS: u64 = (MAX_REFUSING
+    + REFUSING_RESERVED_FOR_NEW_HOSTS
+    + weir_http::Limits::ADMIN.max_connections) as u64
+    + 64;
 /// One warning per kind at most this often (the rest are counted in the next).
 pub const WARN_EVERY: Duration = Duration::from_secs(10);
 

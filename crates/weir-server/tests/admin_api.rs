@@ -664,3 +664,51 @@ async fn a_broken_lease_closes_a_holder_that_reads_nothing() {
     drop(holder);
     server.shutdown().await.unwrap();
 }
+
+/// 400 connections to the admin port from one address, each sending half a request
+/// head and nothing more. The admin API used to keep every one open (19,900 of
+/// them left the NBD listener 79 descriptors); now one address keeps at most
+/// `Limits::ADMIN.max_per_address`, the rest get a 503 and are closed at once, and
+/// NBD clients and other operators are served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_connection_flood_is_capped_and_hurts_no_one_else() {
+    use tokio::io::AsyncWriteExt;
+    let dir = common::TempDir::new("admin-flood");
+    let server = common::start(dir.path()).await;
+    let addr = server.admin_addr();
+    let mut flood = Vec::new();
+    for _ in 0..400 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut s = socket.connect(addr).await.unwrap();
+        let _ = s
+            .write_all(b"GET /v1/volumes HTTP/1.1\r\nHost: x\r\n")
+            .await;
+        flood.push(s);
+    }
+    // Within a fraction of the 10 s head deadline: a connection with nothing to
+    // read (not a 503, not closed) is one the server keeps.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mut sink = [0u8; 512];
+    let closed = flood
+        .iter()
+        .filter(|s| !matches!(s.try_read(&mut sink), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock))
+        .count();
+    let kept = flood.len() - closed;
+    assert!(
+        kept <= weir_http::Limits::ADMIN.max_per_address && kept < flood.len() / 4,
+        "{kept} of the flood's connections still open"
+    );
+    // An NBD client and an operator elsewhere are served.
+    let (mut nbd, _) = common::connect(&server, "open").await;
+    let read = nbd.read(0, 4096).await.expect("NBD read beside the flood");
+    assert_eq!(read.expect("read answered").len(), 4096);
+    let token = server.admin_token().to_string();
+    let (status, body) = raw_http(
+        addr,
+        &format!("GET /v1/volumes HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}"),
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
