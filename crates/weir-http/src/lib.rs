@@ -20,6 +20,8 @@
 //! compiled at opt-level 0 (the admin API serves a few requests per second);
 //! weir-server only sees [`spawn`] and a `JoinHandle`.
 
+pub mod client;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;

@@ -54,7 +54,6 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -883,31 +882,24 @@ impl Client {
         path: &str,
         body: Option<&[u8]>,
     ) -> Result<(u16, Vec<u8>), ClientError> {
-        let connect = |source| ClientError::Connect {
-            addr: self.addr,
-            source,
-        };
-        let mut stream = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .map_err(connect)?;
+        let host = self.host.clone().unwrap_or_else(|| self.addr.to_string());
+        let mut headers = vec![("host", host), ("accept", "application/json".to_string())];
         let body = body.unwrap_or_default();
-        let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAccept: application/json\r\nContent-Length: {}\r\n",
-            self.host.clone().unwrap_or_else(|| self.addr.to_string()),
-            body.len()
-        );
         if !body.is_empty() || matches!(method, "POST" | "PUT" | "PATCH") {
-            req.push_str("Content-Type: application/json\r\n");
+            headers.push(("content-type", "application/json".to_string()));
         }
         if let Some(token) = &self.token {
-            req.push_str(&format!("Authorization: Bearer {token}\r\n"));
+            headers.push(("authorization", format!("Bearer {token}")));
         }
-        req.push_str("\r\n");
-        stream.write_all(req.as_bytes()).await.map_err(connect)?;
-        stream.write_all(body).await.map_err(connect)?;
-        let mut answer = Vec::new();
-        stream.read_to_end(&mut answer).await.map_err(connect)?;
-        parse_response(&answer)
+        weir_http::client::exchange(self.addr, method, path, &headers, body.to_vec())
+            .await
+            .map_err(|e| match e {
+                weir_http::client::ExchangeError::Connect(source) => ClientError::Connect {
+                    addr: self.addr,
+                    source,
+                },
+                weir_http::client::ExchangeError::Protocol(m) => ClientError::Protocol(m),
+            })
     }
 }
 
@@ -978,76 +970,12 @@ fn encode(segment: &str) -> String {
         .collect()
 }
 
-/// Parses an HTTP/1.1 response read to EOF (Content-Length, chunked or close-delimited).
-fn parse_response(bytes: &[u8]) -> Result<(u16, Vec<u8>), ClientError> {
-    let bad = |m: &str| ClientError::Protocol(m.to_string());
-    let head_end = bytes
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| bad("no end of headers"))?;
-    let head = std::str::from_utf8(&bytes[..head_end]).map_err(|_| bad("headers are not UTF-8"))?;
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status: u16 = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("no status code"))?;
-    let mut chunked = false;
-    let mut length = None;
-    for l in lines {
-        if let Some((k, v)) = l.split_once(':') {
-            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
-            if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
-                chunked = true;
-            } else if k == "content-length" {
-                length = v.parse::<usize>().ok();
-            }
-        }
-    }
-    let rest = &bytes[head_end + 4..];
-    let body = if chunked {
-        let mut out = Vec::new();
-        let mut r = rest;
-        loop {
-            let line_end = r
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .ok_or_else(|| bad("truncated chunk"))?;
-            let size_text =
-                std::str::from_utf8(&r[..line_end]).map_err(|_| bad("bad chunk size"))?;
-            let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
-                .map_err(|_| bad("bad chunk size"))?;
-            r = &r[line_end + 2..];
-            if size == 0 {
-                break;
-            }
-            if r.len() < size + 2 {
-                return Err(bad("truncated chunk"));
-            }
-            out.extend_from_slice(&r[..size]);
-            r = &r[size + 2..];
-        }
-        out
-    } else if let Some(n) = length {
-        rest.get(..n).ok_or_else(|| bad("truncated body"))?.to_vec()
-    } else {
-        rest.to_vec()
-    };
-    Ok((status, body))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn responses_parse() {
-        let r = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n[]";
-        assert_eq!(parse_response(r).unwrap(), (200, b"[]".to_vec()));
-        let r = b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
-        assert_eq!(parse_response(r).unwrap(), (404, b"abcde".to_vec()));
-        assert!(parse_response(b"garbage").is_err());
+    fn path_segments_are_percent_encoded() {
         assert_eq!(encode("a b/c"), "a%20b%2Fc");
     }
 
