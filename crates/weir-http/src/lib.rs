@@ -164,7 +164,7 @@ async fn serve(
                         None => {
                             refuse(&stream);
                             refusals.note(|n| format!(
-                                "admin API: refused {n} connections over its caps ({} in all, {} per address)",
+                                "admin API: refused {n} connection(s) over its caps ({} in all, {} per address)",
                                 limits.max_connections, limits.max_per_address));
                         }
                     }
@@ -252,7 +252,7 @@ impl Warnings {
             .last
             .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
         {
-            eprintln!("{}", message(self.unsaid));
+            tracing::warn!("{}", message(self.unsaid));
             self.unsaid = 0;
             self.last = Some(Instant::now());
         }

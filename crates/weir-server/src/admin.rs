@@ -234,6 +234,7 @@ pub fn spawn(
         crate::admin_auth::warn_if_exposed(addr);
     }
     let guard = state.admin_guard.clone();
+    let admin_connections = state.admin_connections;
     weir_http::spawn(
         listener,
         Arc::new(move |request| match crate::dashboard::asset(&request) {
@@ -243,7 +244,10 @@ pub fn spawn(
         Box::pin(async move {
             let _ = shutdown.wait_for(|s| *s).await;
         }),
-        weir_http::Limits::ADMIN,
+        weir_http::Limits {
+            max_connections: admin_connections,
+            ..weir_http::Limits::ADMIN
+        },
     )
 }
 

@@ -49,12 +49,10 @@ pub const REFUSING_RESERVED_FOR_NEW_HOSTS: usize = 16;
 /// and first option as soon as it has the greeting).
 pub const REFUSAL_TIME: Duration = Duration::from_millis(500);
 /// Descriptors kept free beyond the connections and what is open at start: the
-/// refusals in progress, the admin API's connections (its cap), volumes created
-/// later.
-pub const SPARE_FDS: u64 = (MAX_REFUSING
-    + REFUSING_RESERVED_FOR_NEW_HOSTS
-    + weir_http::Limits::ADMIN.max_connections) as u64
-    + 64;
+/// refusals in progress, a few admin API connections, volumes created later.
+pub const SPARE_FDS: u64 = (MAX_REFUSING + REFUSING_RESERVED_FOR_NEW_HOSTS) as u64 + 64;
+/// The admin API's connections when descriptors are short (taken from the spare).
+pub const MIN_ADMIN_CONNECTIONS: usize = 8;
 /// One warning per kind at most this often (the rest are counted in the next).
 pub const WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -387,15 +385,29 @@ fn open_fds() -> u64 {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
 }
 
-/// The connection cap that fits the open-files limit: raises the soft limit
-/// toward the hard one when `wanted` connections (plus what is open now and
-/// [`SPARE_FDS`]) need it, and returns `wanted` lowered to what fits.
-pub fn fit_to_fd_limit(wanted: u64) -> u64 {
+/// How the open-files limit is shared: NBD connections (`max_connections`) and the
+/// admin API's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FdPlan {
+    pub connections: u64,
+    pub admin_connections: usize,
+}
+
+/// The connection caps that fit the open-files limit: raises the soft limit toward
+/// the hard one when `wanted` NBD connections and the admin API's cap
+/// (`weir_http::Limits::ADMIN`), plus what is open now and [`SPARE_FDS`], need it;
+/// then NBD gets `wanted` or what fits, and the admin API what is left of its cap,
+/// at least [`MIN_ADMIN_CONNECTIONS`] (from the spare).
+pub fn fit_to_fd_limit(wanted: u64) -> FdPlan {
+    let admin_cap = weir_http::Limits::ADMIN.max_connections;
     let Some((soft, hard)) = nofile_limit() else {
-        return wanted;
+        return FdPlan {
+            connections: wanted,
+            admin_connections: admin_cap,
+        };
     };
     let open = open_fds();
-    let need = wanted.saturating_add(open + SPARE_FDS);
+    let need = wanted.saturating_add(open + SPARE_FDS + admin_cap as u64);
     if need > soft && hard > soft {
         let l = libc::rlimit {
             rlim_cur: need.min(hard),
@@ -405,14 +417,26 @@ pub fn fit_to_fd_limit(wanted: u64) -> u64 {
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) };
     }
     let soft = nofile_limit().map_or(soft, |l| l.0);
-    let fits = soft.saturating_sub(open + SPARE_FDS).max(1);
-    if fits < wanted {
+    let room = soft.saturating_sub(open + SPARE_FDS);
+    let connections = wanted.min(room.max(1));
+    if connections < wanted {
         tracing::warn!(
-            "max_connections lowered from {wanted} to {fits}: the open-files limit is {soft} \
-             ({open} open now, {SPARE_FDS} kept spare); raise it (ulimit -n) to serve more"
+            "max_connections lowered from {wanted} to {connections}: the open-files limit is \
+             {soft} ({open} open now, {SPARE_FDS} kept spare); raise it (ulimit -n) to serve more"
         );
     }
-    wanted.min(fits)
+    let left = usize::try_from(room.saturating_sub(connections)).unwrap_or(usize::MAX);
+    let admin_connections = left.clamp(MIN_ADMIN_CONNECTIONS, admin_cap);
+    if admin_connections < admin_cap {
+        tracing::warn!(
+            "admin API connections lowered from {admin_cap} to {admin_connections}: the \
+             open-files limit is {soft}; raise it (ulimit -n) to allow more"
+        );
+    }
+    FdPlan {
+        connections,
+        admin_connections,
+    }
 }
 
 #[cfg(test)]

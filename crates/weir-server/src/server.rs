@@ -43,6 +43,9 @@ pub struct ServerState {
     pub addrs: std::sync::OnceLock<(SocketAddr, SocketAddr)>,
     /// The admin API's token and request checks.
     pub admin_guard: Arc<crate::admin_auth::AdminGuard>,
+    /// The admin API's connection cap (`weir_http::Limits::ADMIN`'s, or fewer when
+    /// the open-files limit is short: `connections::fit_to_fd_limit`).
+    pub admin_connections: usize,
     /// Asynchronous replication of thin volumes (tasks start with [`run`]).
     pub replication: crate::replicate::Replicator,
     /// History and the last second of every volume (the sampler starts with [`run`]).
@@ -111,15 +114,16 @@ impl ServerState {
             }
         }
         // After the volumes are open: what is open now counts against the limit.
-        let max_connections = fit_to_fd_limit(config.max_connections.into());
+        let fds = fit_to_fd_limit(config.max_connections.into());
         Ok(ServerState {
             store: Mutex::new(store),
             pools,
             metrics: Metrics::default(),
             started: epoch,
             busy_poll: Duration::from_micros(config.busy_poll_us.into()),
+            admin_connections: fds.admin_connections,
             limits: ConnectionLimits::new(
-                max_connections as usize,
+                fds.connections as usize,
                 config.max_connections_per_host as usize,
                 DataBudgets {
                     total_bytes: (config.max_buffered_mib as usize) << 20,
