@@ -99,7 +99,7 @@ pub(crate) async fn announce(client: &Client, endpoint: &AdminEndpoint, json: bo
     match client.server_info().await {
         Ok(info) => {
             if !json {
-                eprintln!(
+                errln!(
                     "server: {} (weir {}, commit {}, host {}, up {:.0} s, {} volumes)",
                     endpoint.url,
                     info.version,
@@ -114,7 +114,7 @@ pub(crate) async fn announce(client: &Client, endpoint: &AdminEndpoint, json: bo
         // A server older than /v1/server: it cannot say more.
         Err(ClientError::Api { status: 404, .. }) => {
             if !json {
-                eprintln!("server: {} (an older weir)", endpoint.url);
+                errln!("server: {} (an older weir)", endpoint.url);
             }
             Ok(())
         }
@@ -128,7 +128,7 @@ async fn warn_overcommit(client: &Client, pool: &str) {
         return;
     };
     for p in pools.iter().filter(|p| p.name == pool && p.overcommitted) {
-        eprintln!(
+        errln!(
             "warning: pool {:?} is overcommitted: its volumes total {}, {} of it allocated, {} free on its file system (writing them full would fail; see `weir pool list`)",
             p.name,
             human_size(p.provisioned_bytes),
@@ -459,7 +459,7 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
 
@@ -473,7 +473,7 @@ fn show_volume(json: bool, volume: weir_server::VolumeRecord) -> Result<()> {
     if json {
         print_json(&volume)
     } else {
-        print!("{}", volume_table(&[volume]));
+        out!("{}", volume_table(&[volume]));
         Ok(())
     }
 }
@@ -482,7 +482,7 @@ fn show_volumes(json: bool, volumes: &[weir_server::VolumeRecord]) -> Result<()>
     if json {
         print_json(&volumes)
     } else {
-        print!("{}", volume_table(volumes));
+        out!("{}", volume_table(volumes));
         Ok(())
     }
 }
@@ -515,16 +515,16 @@ fn show_snapshots(json: bool, snaps: &[SnapshotRecord]) -> Result<()> {
             s.created_unix_s.to_string(),
         ]);
     }
-    print!("{table}");
+    out!("{table}");
     Ok(())
 }
 
 fn print_check(pools: &[weir_server::store::ThinPoolCheck]) {
     if pools.is_empty() {
-        println!("no thin pools");
+        outln!("no thin pools");
     }
     for p in pools {
-        println!(
+        outln!(
             "pool {}: {} layers, {} grains stored, {} zero grains, {} orphan files, {}",
             p.pool,
             p.layers,
@@ -538,7 +538,7 @@ fn print_check(pools: &[weir_server::store::ThinPoolCheck]) {
             }
         );
         for problem in &p.problems {
-            println!("  problem: {problem}");
+            outln!("  problem: {problem}");
         }
     }
 }
@@ -662,7 +662,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 if target.json {
                     print_json(&v)
                 } else {
-                    println!("deleted volume {}", v.name);
+                    outln!("deleted volume {}", v.name);
                     Ok(())
                 }
             }
@@ -686,7 +686,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 if target.json {
                     print_json(&s)
                 } else {
-                    println!("deleted snapshot {}", s.export_name());
+                    outln!("deleted snapshot {}", s.export_name());
                     Ok(())
                 }
             }
@@ -722,7 +722,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 if target.json || vs.len() <= 20 {
                     show_volumes(target.json, &vs)
                 } else {
-                    println!(
+                    outln!(
                         "created {} clones of {source}: {} … {}",
                         vs.len(),
                         vs[0].name,
@@ -747,9 +747,9 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 if target.json {
                     print_json(&t)?;
                 } else if t.fenced.is_empty() {
-                    println!("volume {volume}: no other gateway held its lock; served here");
+                    outln!("volume {volume}: no other gateway held its lock; served here");
                 } else {
-                    println!("volume {volume}: taken over; fenced {}", t.fenced.join(", "));
+                    outln!("volume {volume}: taken over; fenced {}", t.fenced.join(", "));
                 }
                 Ok(())
             }
@@ -765,12 +765,12 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 if target.json {
                     print_json(&b)?;
                 } else if let Some(holder) = &b.holder {
-                    println!(
+                    outln!(
                         "volume {volume}: lease broken; {holder} ({} connection(s)) disconnected",
                         b.connections
                     );
                 } else {
-                    println!("volume {volume}: nobody held its lease");
+                    outln!("volume {volume}: nobody held its lease");
                 }
                 Ok(())
             }
@@ -886,7 +886,7 @@ fn print_stats(
     let interval = previous.is_some();
     if json {
         // One line per report: a stream of JSON documents.
-        println!("{}", serde_json::to_string(stats)?);
+        outln!("{}", serde_json::to_string(stats)?);
         return Ok(());
     }
     let per_s = |x: u64| {
@@ -959,7 +959,7 @@ fn print_stats(
     {
         table.add_row(row);
     }
-    print!("{table}");
+    out!("{table}");
     Ok(())
 }
 
@@ -1084,14 +1084,14 @@ pub fn policy(target: AdminTarget, command: PolicyCommand) -> Result<()> {
                     &format!("Delete policy {:?} on {}?", p.name, endpoint.url),
                 )?;
                 let p = client.delete_policy(&name).await.map_err(explain)?;
-                println!("deleted policy {}", p.name);
+                outln!("deleted policy {}", p.name);
                 return Ok(());
             }
         };
         if target.json {
             print_json(&shown)
         } else {
-            print!("{}", policy_table(&shown));
+            out!("{}", policy_table(&shown));
             Ok(())
         }
     })

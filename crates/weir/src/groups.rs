@@ -95,7 +95,7 @@ pub fn run(target: AdminTarget, command: AccessGroupCommand) -> Result<()> {
                     &format!("Delete access group {name:?} on {}?", endpoint.url),
                 )?;
                 let g = client.delete_access_group(&name).await.map_err(explain)?;
-                println!("deleted access group {}", g.name);
+                outln!("deleted access group {}", g.name);
                 return Ok(());
             }
         };
@@ -122,7 +122,7 @@ pub fn run(target: AdminTarget, command: AccessGroupCommand) -> Result<()> {
                 dash(&users.join(",")),
             ]);
         }
-        print!("{table}");
+        out!("{table}");
         Ok(())
     })
 }

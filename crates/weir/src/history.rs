@@ -21,10 +21,10 @@ pub async fn print(client: &Client, name: &str, since: &str, json: bool) -> Resu
         .await
         .map_err(crate::admin::explain)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&series)?);
+        outln!("{}", serde_json::to_string_pretty(&series)?);
         return Ok(());
     }
-    print!("{}", render(&series, since));
+    out!("{}", render(&series, since));
     Ok(())
 }
 

@@ -9,6 +9,43 @@
 //! through plain functions. Scenario and config TOML parsing are `#[inline]` in
 //! their crates so that they *are* compiled here, cheaply.
 
+/// `println!`, `print!` and `eprintln!` for what the commands print. A reader that
+/// closed the pipe (`weir load … | head`, `2>&1 | head`) is no error: the rest of
+/// the output is dropped, as by any Unix filter, and the command still ends with its
+/// own exit status (`println!` panicked there, exit 101). Any other write error
+/// (a full disk behind `> file`) ends the process with a message and status 1.
+/// `weir sim` needs none of this: it takes SIGPIPE's default instead.
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::emit(&mut std::io::stdout().lock(), format_args!($($t)*), true) };
+}
+macro_rules! out {
+    ($($t:tt)*) => { $crate::emit(&mut std::io::stdout().lock(), format_args!($($t)*), false) };
+}
+macro_rules! errln {
+    ($($t:tt)*) => { $crate::emit(&mut std::io::stderr().lock(), format_args!($($t)*), true) };
+}
+
+fn emit(out: &mut dyn std::io::Write, text: std::fmt::Arguments, newline: bool) {
+    let written = out
+        .write_fmt(text)
+        .and_then(|()| {
+            if newline {
+                out.write_all(b"\n")
+            } else {
+                Ok(())
+            }
+        })
+        .and_then(|()| out.flush());
+    match written {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            let message = format!("weir: cannot write the output: {e}\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), message.as_bytes());
+            std::process::exit(1);
+        }
+        _ => {}
+    }
+}
+
 mod admin;
 mod groups;
 mod history;
@@ -169,7 +206,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            errln!("error: {e:#}");
             ExitCode::from(2)
         }
     }

@@ -159,9 +159,9 @@ pub fn run_command(args: &LoadArgs) -> Result<bool> {
 
 fn print_outcome(args: &LoadArgs, outcome: &LoadOutcome) -> Result<()> {
     if args.json {
-        println!("{}", weir_report::render_json(&outcome.report));
+        outln!("{}", weir_report::render_json(&outcome.report));
     } else {
-        print!(
+        out!(
             "{}",
             weir_report::render_text(&outcome.report, &weir_report::TextOptions::default())
         );
@@ -170,26 +170,28 @@ fn print_outcome(args: &LoadArgs, outcome: &LoadOutcome) -> Result<()> {
         std::fs::write(path, weir_report::render_html(&outcome.report))
             .with_context(|| format!("writing HTML report to {}", path.display()))?;
         if !args.json {
-            eprintln!("HTML report written to {}", path.display());
+            errln!("HTML report written to {}", path.display());
         }
     }
     if let Some(v) = &outcome.verify {
-        eprintln!(
+        errln!(
             "verify: {} reads checked ({} sectors), {} mismatched sectors",
-            v.reads_checked, v.sectors_checked, v.mismatched_sectors
+            v.reads_checked,
+            v.sectors_checked,
+            v.mismatched_sectors
         );
         for m in &v.first_mismatches {
-            eprintln!("  mismatch: {m}");
+            errln!("  mismatch: {m}");
         }
     }
     for e in outcome.first_errors.iter().take(5) {
-        eprintln!("  error: {e}");
+        errln!("  error: {e}");
     }
     let failures = outcome.failures();
     if failures.is_empty() {
-        eprintln!("weir load: passed ({} I/Os)", outcome.ios);
+        errln!("weir load: passed ({} I/Os)", outcome.ios);
     } else {
-        eprintln!("weir load: FAILED: {}", failures.join("; "));
+        errln!("weir load: FAILED: {}", failures.join("; "));
     }
     Ok(())
 }

@@ -35,7 +35,7 @@ pub fn man(args: ManArgs) -> Result<()> {
         Some(dir) => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let written = write_pages(cmd, "weir", &dir)?;
-            println!("wrote {written} man pages to {}", dir.display());
+            outln!("wrote {written} man pages to {}", dir.display());
             Ok(())
         }
     }

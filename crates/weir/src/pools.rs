@@ -60,7 +60,7 @@ pub fn run(target: AdminTarget, command: PoolCommand) -> Result<()> {
                         },
                     ]);
                 }
-                print!("{table}");
+                out!("{table}");
                 Ok(())
             }
         }

@@ -110,9 +110,9 @@ pub fn table(all: &[ReplicationStatus]) -> Table {
 
 fn print(json: bool, all: &[ReplicationStatus]) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(all)?);
+        outln!("{}", serde_json::to_string_pretty(all)?);
     } else {
-        print!("{}", table(all));
+        out!("{}", table(all));
     }
     Ok(())
 }
@@ -123,7 +123,7 @@ pub async fn list(client: &Client, json: bool, volume: Option<&str>) -> Result<(
         None => client.replications().await.map_err(crate::admin::explain)?,
     };
     if all.is_empty() && !json {
-        println!("no replications");
+        outln!("no replications");
         return Ok(());
     }
     print(json, &all)
@@ -136,7 +136,7 @@ pub async fn replicate(client: &Client, json: bool, r: Replicate) -> Result<()> 
         if json {
             return print(json, &[s]);
         }
-        println!(
+        outln!(
             "stopped replicating {} to {} (the target holds {})",
             s.volume,
             s.target,
@@ -172,7 +172,7 @@ pub async fn replicate(client: &Client, json: bool, r: Replicate) -> Result<()> 
                 return print(json, &[s]);
             }
             let c = s.last_cycle.as_ref().expect("checked");
-            println!(
+            outln!(
                 "replicated {} to {}: {}; lag now {}",
                 c.snapshot,
                 s.target,
@@ -192,7 +192,7 @@ pub async fn replicate(client: &Client, json: bool, r: Replicate) -> Result<()> 
         if !json && told.elapsed() >= Duration::from_secs(5) {
             told = Instant::now();
             if let Some(p) = &s.progress {
-                eprintln!(
+                errln!(
                     "{}: {} of {} after {:.0} s",
                     p.snapshot,
                     human_size(p.done_bytes),

@@ -88,19 +88,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let admin = weir_server::admin::Client::new(server.admin_addr())
             .with_token(server.admin_token());
         let volumes = admin.list_volumes().await.unwrap_or_default();
-        println!(
+        outln!(
             "weir serving NBD on {nbd}, admin API on http://{}",
             server.admin_addr()
         );
-        println!("data directory: {}", data_dir.display());
-        println!(
+        outln!("data directory: {}", data_dir.display());
+        outln!(
             "admin token: {} (the weir CLI reads it; or WEIR_ADMIN_TOKEN)",
             weir_server::admin_auth::token_path(&data_dir).display()
         );
         if !volumes.is_empty() {
-            println!("volumes:");
+            outln!("volumes:");
             for v in &volumes {
-                println!(
+                outln!(
                     "  {scheme}://{nbd}/{:<16} {:>10}  {}",
                     v.name,
                     crate::admin::human_size(v.size_bytes),
@@ -108,18 +108,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 );
             }
             if scheme == "nbd" {
-                println!(
+                outln!(
                     "try: nbdinfo nbd://{nbd}/{}   or   qemu-img info nbd://{nbd}/{}",
                     volumes[0].name, volumes[0].name
                 );
             } else {
-                println!(
+                outln!(
                     "try: nbdinfo 'nbds://{nbd}/{}?tls-certificates=DIR' (DIR: ca-cert.pem, client-cert.pem, client-key.pem)",
                     volumes[0].name
                 );
             }
         }
-        println!("Ctrl-C (or SIGTERM) stops cleanly.");
+        outln!("Ctrl-C (or SIGTERM) stops cleanly.");
         use std::io::Write as _;
         std::io::stdout().flush().ok();
         // systemd (Type=notify): serving now.
@@ -129,7 +129,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         signals.recv().await;
         let _ = weir_server::systemd::notify("STOPPING=1");
-        eprintln!("stopping: finishing in-flight requests, syncing data…");
+        errln!("stopping: finishing in-flight requests, syncing data…");
         weir_server::shutdown_boxed(server).await
     })
 }

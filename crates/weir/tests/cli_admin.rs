@@ -145,3 +145,42 @@ fn cli_creates_a_flash_cached_volume_and_switches_its_cache() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", output_text(&o));
 }
+
+/// `weir load … 2>&1 | head`, `weir volume list | head`: a reader that closed the
+/// pipe before the command printed is no error. The commands end with their own
+/// status (0 here) instead of a "Broken pipe" panic (exit 101).
+#[test]
+fn commands_into_a_closed_pipe_end_with_their_own_status() {
+    let dir = TempDir::new("cli-pipe");
+    let proc = WeirProcess::start(
+        dir.path(),
+        "[[volumes]]\nname = \"v\"\nsize = \"16MiB\"\npolicy = \"non-critical\"\n",
+    );
+    let target = format!("nbd://{}/v", proc.nbd_addr);
+    let admin = proc.admin_addr.to_string();
+    for args in [
+        vec![
+            "load",
+            "-q",
+            "-d",
+            "1s",
+            "-t",
+            &target,
+            "bs=4k,randread,qd=1,vms=1",
+        ],
+        vec!["volume", "list", "--admin", &admin],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(&args)
+            .env("WEIR_ADMIN_TOKEN", &proc.admin_token)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("weir runs");
+        // Both read ends closed before anything is printed.
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "weir {args:?}: {status:?}");
+    }
+}
