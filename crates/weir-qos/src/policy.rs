@@ -142,7 +142,7 @@ pub struct Policy {
 pub enum PolicyError {
     #[error("shares must be 200-4000 (low 500, normal 1000, high 2000), got {0}")]
     Shares(u32),
-    #[error("limit_iops must be 16-2147483647, got {0}")]
+    #[error("limit_iops must be 16-2147483647, got {0:?}")]
     LimitIops(f64),
     #[error("{field} must be {min}-{max} ({unit}), got {value:?}")]
     OutOfRange {

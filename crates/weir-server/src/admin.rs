@@ -207,6 +207,31 @@ pub struct ErrorBody {
     pub error: String,
 }
 
+impl ErrorBody {
+    /// An error answer; its message at most [`MAX_ERROR_BYTES`] (errors quote what
+    /// they refuse, and a request can be 2 MiB).
+    pub fn new(mut error: String) -> ErrorBody {
+        clip(&mut error, MAX_ERROR_BYTES);
+        ErrorBody { error }
+    }
+}
+
+/// Longest error message an answer carries (and the audit log records).
+pub const MAX_ERROR_BYTES: usize = 512;
+
+/// Cuts `text` to at most `max` bytes (at a character boundary), marking the cut
+/// with '…'.
+fn clip(text: &mut String, max: usize) {
+    if text.len() > max {
+        let cut = (0..=max)
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        text.truncate(cut);
+        text.push('…');
+    }
+}
+
 struct ApiError(u16, String);
 
 impl From<StoreError> for ApiError {
@@ -267,7 +292,7 @@ pub fn handle(s: &ServerState, request: &Request) -> Response {
     let response = answer.unwrap_or_else(|ApiError(status, error)| Response {
         status,
         content_type: JSON,
-        body: serde_json::to_vec(&ErrorBody { error }).unwrap_or_default(),
+        body: serde_json::to_vec(&ErrorBody::new(error)).unwrap_or_default(),
     });
     audit(request, &response);
     response
@@ -288,14 +313,7 @@ fn audit(request: &Request, response: &Response) {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ");
-    if body.len() > 512 {
-        let cut = (0..=512)
-            .rev()
-            .find(|&i| body.is_char_boundary(i))
-            .unwrap_or(0);
-        body.truncate(cut);
-        body.push('…');
-    }
+    clip(&mut body, 512);
     let status = response.status;
     if (200..300).contains(&status) {
         tracing::info!(target: AUDIT_TARGET, "admin: {} {} {body} -> {status}", request.method, request.path);
@@ -981,6 +999,22 @@ mod tests {
     #[test]
     fn path_segments_are_percent_encoded() {
         assert_eq!(encode("a b/c"), "a%20b%2Fc");
+    }
+
+    #[test]
+    fn error_messages_are_bounded_at_a_character_boundary() {
+        let long = format!("bad name {:?}", "é".repeat(3000));
+        let error = ErrorBody::new(long).error;
+        assert!(
+            error.len() <= MAX_ERROR_BYTES + '…'.len_utf8(),
+            "{}",
+            error.len()
+        );
+        assert!(
+            error.starts_with("bad name \"é") && error.ends_with('…'),
+            "{error}"
+        );
+        assert_eq!(ErrorBody::new("short".into()).error, "short");
     }
 
     #[test]

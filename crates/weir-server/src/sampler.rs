@@ -342,7 +342,9 @@ pub fn api(state: &ServerState, method: &str, path: &[&str], query: &str) -> Opt
         }
         _ => return None,
     };
-    Some(answer.unwrap_or_else(|(status, error)| json(status, &crate::admin::ErrorBody { error })))
+    Some(
+        answer.unwrap_or_else(|(status, error)| json(status, &crate::admin::ErrorBody::new(error))),
+    )
 }
 
 type Answer = Result<Response, (u16, String)>;
