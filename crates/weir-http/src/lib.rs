@@ -709,3 +709,32 @@ mod bounds {
         freed_after(&pipelined, 1 << 20, "deaf client").await;
     }
 }
+
+#[cfg(test)]
+mod large {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_large_answer_arrives_whole_through_the_small_read_buffer() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handler: Handler = Arc::new(|_| Response {
+            status: 200,
+            content_type: "application/octet-stream",
+            body: (0..8 << 20).map(|i: u32| (i % 251) as u8).collect(),
+        });
+        let (_tx, rx) = tokio::sync::oneshot::channel::<()>();
+        spawn(
+            listener,
+            handler,
+            Box::pin(async move { drop(rx.await) }),
+            Limits::ADMIN,
+        );
+        let (status, body) = client::exchange(addr, "GET", "/big", &[], Vec::new())
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(body.len(), 8 << 20);
+        assert!(body.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    }
+}
