@@ -585,6 +585,151 @@ fn volume_table(volumes: &[weir_server::VolumeRecord]) -> Table {
     table
 }
 
+/// `weir volume create`: with `--hosts`/`--identities`, first the access group
+/// `NAME-hosts` the volume is then created in. An existing group of that name is
+/// used only if it says the same (never rewritten: other volumes may be in it), and
+/// a group made here is removed again if the volume cannot be created.
+async fn create_volume(
+    client: &Client,
+    json: bool,
+    mut req: VolumeCreate,
+    hosts: Vec<String>,
+    identities: Vec<String>,
+) -> Result<()> {
+    let mut made_group = None;
+    if !hosts.is_empty() || !identities.is_empty() {
+        let hosts = if hosts.is_empty() {
+            vec!["*".to_string()]
+        } else {
+            hosts
+        };
+        let group = AccessGroupConfig {
+            name: format!("{}-hosts", req.name),
+            hosts,
+            identities,
+        };
+        match client.show_access_group(&group.name).await {
+            Ok(existing) if existing == group => {}
+            Ok(existing) => bail!(
+                "access group {:?} exists with other members (hosts {:?}, identities {:?}); \
+                 change or delete it first (weir access-group …)",
+                group.name,
+                existing.hosts,
+                existing.identities
+            ),
+            Err(ClientError::Api { status: 404, .. }) => {
+                client.put_access_group(&group).await.map_err(explain)?;
+                made_group = Some(group.name.clone());
+            }
+            Err(e) => return Err(explain(e)),
+        }
+        req.access_groups.push(group.name);
+    }
+    let v = match client.create_volume(&req).await {
+        Ok(v) => v,
+        Err(e) => {
+            if let Some(group) = made_group {
+                let _ = client.delete_access_group(&group).await;
+            }
+            return Err(explain(e));
+        }
+    };
+    warn_overcommit(client, &v.pool).await;
+    show_volume(json, v)
+}
+
+/// `weir volume clone VOLUME@SNAPSHOT NAME [--count N]`: a long run of clones is
+/// summed up in one line (all of them with `--json`).
+async fn clone_volumes(
+    client: &Client,
+    json: bool,
+    source: &str,
+    name: &str,
+    count: Option<u32>,
+    policy: Option<String>,
+) -> Result<()> {
+    let Some((volume, snapshot)) = source.split_once('@') else {
+        bail!("the source must be VOLUME@SNAPSHOT, not {source:?}");
+    };
+    let req = CloneRequest {
+        names: clone_names(name, count)?,
+        policy,
+    };
+    let vs = client
+        .clone_snapshot(volume, snapshot, &req)
+        .await
+        .map_err(explain)?;
+    if let Some(v) = vs.first() {
+        warn_overcommit(client, &v.pool).await;
+    }
+    if json || vs.len() <= 20 {
+        return show_volumes(json, &vs);
+    }
+    outln!(
+        "created {} clones of {source}: {} … {}",
+        vs.len(),
+        vs[0].name,
+        vs[vs.len() - 1].name
+    );
+    Ok(())
+}
+
+/// `weir volume takeover`: fences the gateway holding the RBD volume's lock.
+async fn take_over(
+    client: &Client,
+    endpoint: &AdminEndpoint,
+    target: &AdminTarget,
+    volume: &str,
+) -> Result<()> {
+    confirm(
+        target.yes,
+        &format!(
+            "Take volume {volume:?} over on {}? The gateway holding its RBD lock is fenced: its further writes fail.",
+            endpoint.url
+        ),
+    )?;
+    let t = client.takeover(volume).await.map_err(explain)?;
+    if target.json {
+        print_json(&t)?;
+    } else if t.fenced.is_empty() {
+        outln!("volume {volume}: no other gateway held its lock; served here");
+    } else {
+        outln!(
+            "volume {volume}: taken over; fenced {}",
+            t.fenced.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// `weir volume break-lease`: disconnects the caching gateway holding the lease.
+async fn break_lease(
+    client: &Client,
+    endpoint: &AdminEndpoint,
+    target: &AdminTarget,
+    volume: &str,
+) -> Result<()> {
+    confirm(
+        target.yes,
+        &format!(
+            "Break the exclusive lease on volume {volume:?} at {}? The caching gateway holding it is disconnected and may not take it again.",
+            endpoint.url
+        ),
+    )?;
+    let b = client.break_lease(volume).await.map_err(explain)?;
+    if target.json {
+        print_json(&b)?;
+    } else if let Some(holder) = &b.holder {
+        outln!(
+            "volume {volume}: lease broken; {holder} ({} connection(s)) disconnected",
+            b.connections
+        );
+    } else {
+        outln!("volume {volume}: nobody held its lease");
+    }
+    Ok(())
+}
+
 pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
     let (client, endpoint) = admin_client(&target)?;
     runtime()?.block_on(async {
@@ -600,38 +745,17 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 read_only,
                 cache,
             } => {
-                let size_bytes = size;
-                let mut access_groups = Vec::new();
-                if !hosts.is_empty() || !identities.is_empty() {
-                    let group = format!("{name}-hosts");
-                    let hosts = if hosts.is_empty() {
-                        vec!["*".to_string()]
-                    } else {
-                        hosts
-                    };
-                    client
-                        .put_access_group(&AccessGroupConfig {
-                            name: group.clone(),
-                            hosts,
-                            identities,
-                        })
-                        .await
-                        .map_err(explain)?;
-                    access_groups.push(group);
-                }
                 let req = VolumeCreate {
                     name,
-                    size_bytes,
+                    size_bytes: size,
                     policy,
                     pool,
-                    access_groups,
+                    access_groups: Vec::new(),
                     read_only,
                     description: String::new(),
                     cache,
                 };
-                let v = client.create_volume(&req).await.map_err(explain)?;
-                warn_overcommit(&client, &v.pool).await;
-                show_volume(target.json, v)
+                create_volume(&client, target.json, req, hosts, identities).await
             }
             VolumeCommand::List => {
                 let vs = client.list_volumes().await.map_err(explain)?;
@@ -706,73 +830,16 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 name,
                 count,
                 policy,
-            } => {
-                let Some((volume, snapshot)) = source.split_once('@') else {
-                    bail!("the source must be VOLUME@SNAPSHOT, not {source:?}");
-                };
-                let names = clone_names(&name, count)?;
-                let req = CloneRequest { names, policy };
-                let vs = client
-                    .clone_snapshot(volume, snapshot, &req)
-                    .await
-                    .map_err(explain)?;
-                if let Some(v) = vs.first() {
-                    warn_overcommit(&client, &v.pool).await;
-                }
-                if target.json || vs.len() <= 20 {
-                    show_volumes(target.json, &vs)
-                } else {
-                    outln!(
-                        "created {} clones of {source}: {} … {}",
-                        vs.len(),
-                        vs[0].name,
-                        vs[vs.len() - 1].name
-                    );
-                    Ok(())
-                }
-            }
+            } => clone_volumes(&client, target.json, &source, &name, count, policy).await,
             VolumeCommand::Flatten { volume } => {
                 let v = client.flatten(&volume).await.map_err(explain)?;
                 show_volume(target.json, v)
             }
             VolumeCommand::Takeover { volume } => {
-                confirm(
-                    target.yes,
-                    &format!(
-                        "Take volume {volume:?} over on {}? The gateway holding its RBD lock is fenced: its further writes fail.",
-                        endpoint.url
-                    ),
-                )?;
-                let t = client.takeover(&volume).await.map_err(explain)?;
-                if target.json {
-                    print_json(&t)?;
-                } else if t.fenced.is_empty() {
-                    outln!("volume {volume}: no other gateway held its lock; served here");
-                } else {
-                    outln!("volume {volume}: taken over; fenced {}", t.fenced.join(", "));
-                }
-                Ok(())
+                take_over(&client, &endpoint, &target, &volume).await
             }
             VolumeCommand::BreakLease { volume } => {
-                confirm(
-                    target.yes,
-                    &format!(
-                        "Break the exclusive lease on volume {volume:?} at {}? The caching gateway holding it is disconnected and may not take it again.",
-                        endpoint.url
-                    ),
-                )?;
-                let b = client.break_lease(&volume).await.map_err(explain)?;
-                if target.json {
-                    print_json(&b)?;
-                } else if let Some(holder) = &b.holder {
-                    outln!(
-                        "volume {volume}: lease broken; {holder} ({} connection(s)) disconnected",
-                        b.connections
-                    );
-                } else {
-                    outln!("volume {volume}: nobody held its lease");
-                }
-                Ok(())
+                break_lease(&client, &endpoint, &target, &volume).await
             }
             VolumeCommand::Check => {
                 let pools = client.check().await.map_err(explain)?;

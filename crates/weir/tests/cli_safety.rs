@@ -211,6 +211,47 @@ fn access_groups_are_managed_from_the_cli() {
     refused(&weir(&p, &["access-group", "show", "lab"]));
 }
 
+/// `volume create --hosts`: the group `NAME-hosts` it makes is removed again when
+/// the volume cannot be created, and one that exists with other members is never
+/// rewritten (other volumes may be in it).
+#[test]
+fn volume_create_with_hosts_leaves_no_group_behind_and_rewrites_none() {
+    let dir = TempDir::new("cli-create-hosts");
+    let p = WeirProcess::start(dir.path(), "");
+    let create = |name: &str, pool: &str, hosts: &str| {
+        let args = [
+            "volume",
+            "create",
+            name,
+            "--size",
+            "1M",
+            "--policy",
+            "non-critical",
+        ];
+        let mut args = args.to_vec();
+        args.extend(["--pool", pool, "--hosts", hosts]);
+        weir(&p, &args)
+    };
+    // Refused by the server (no such pool): no group left.
+    let err = refused(&create("v1", "nope", "127.0.0.1"));
+    assert!(err.contains("nope"), "{err}");
+    refused(&weir(&p, &["access-group", "show", "v1-hosts"]));
+    // Created: the group exists; the same hosts again reuse it.
+    ok(&create("v2", "default", "127.0.0.1"));
+    ok(&weir(&p, &["access-group", "show", "v2-hosts"]));
+    ok(&weir(&p, &["volume", "delete", "v2", "--yes"]));
+    ok(&create("v2", "default", "127.0.0.1"));
+    // Other hosts for an existing group: refused, the group unchanged.
+    ok(&weir(&p, &["volume", "delete", "v2", "--yes"]));
+    let err = refused(&create("v2", "default", "10.0.0.0/8"));
+    assert!(err.contains("exists with other members"), "{err}");
+    let group = ok(&weir(&p, &["access-group", "show", "v2-hosts"]));
+    assert!(
+        group.contains("127.0.0.1") && !group.contains("10.0.0.0/8"),
+        "{group}"
+    );
+}
+
 #[test]
 fn stats_interval_repeats_and_count_stops_it() {
     let dir = TempDir::new("cli-stats");
