@@ -152,7 +152,9 @@ pub enum VolumeCommand {
         /// non-critical, non-critical-2; or a user-defined one)
         #[arg(long, default_value = "non-critical")]
         policy: String,
-        /// Hosts allowed to see and open it: addresses or CIDRs, comma-separated (default: any)
+        /// Hosts allowed to see and open it: addresses or CIDRs, comma-separated (default:
+        /// any). Kept in the access group NAME-hosts, made for it (an existing one is used
+        /// only if it has the same members)
         #[arg(long, value_delimiter = ',')]
         hosts: Vec<String>,
         /// TLS client identities (certificate subject CNs) it also requires, comma-separated
