@@ -203,10 +203,16 @@ pub(crate) async fn handshake(
     let work = negotiate(Stream::Plain(tcp), &mut hs, target, tls);
     let (stream, export) = tokio::time::timeout(CONNECT_TIMEOUT, work)
         .await
-        .map_err(|_| "handshake timed out".to_string())??;
+        .map_err(|_| {
+            format!("no NBD handshake from {addr} within {CONNECT_TIMEOUT:?}: {NOT_NBD}")
+        })??;
     let leftover = hs.take_leftover();
     Ok((stream, export, leftover))
 }
+
+/// What a handshake that never began may mean.
+const NOT_NBD: &str =
+    "is an NBD server listening there? (weir serve: NBD on port 10809, its admin API on 10810)";
 
 /// The option haggling, with the TLS upgrade when the handshake asks for it.
 async fn negotiate(
@@ -216,14 +222,21 @@ async fn negotiate(
     tls: Option<&Arc<rustls::ClientConfig>>,
 ) -> Result<(Stream, ClientExport), String> {
     let mut buf = vec![0u8; 64 * 1024];
+    let mut greeted = false;
     loop {
         let n = stream
             .read(&mut buf)
             .await
             .map_err(|e| format!("handshake: {e}"))?;
+        if n == 0 && !greeted {
+            return Err(format!(
+                "the server closed the connection before any NBD greeting: {NOT_NBD}"
+            ));
+        }
         if n == 0 {
             return Err("the server closed the connection during the handshake".to_string());
         }
+        greeted = true;
         let mut outcome = hs.input(&buf[..n]).map_err(|e| format!("handshake: {e}"))?;
         send(&mut stream, hs).await?;
         if outcome == Some(ClientOutcome::StartTls) {

@@ -287,6 +287,38 @@ fn load_reports_a_bad_target_clearly() {
     );
 }
 
+/// A target that is not an NBD server (it closes without a greeting, as an HTTP
+/// server does after its header deadline): the error says so and names the ports.
+#[test]
+fn load_names_a_target_that_is_not_nbd() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in listener.incoming().take(8) {
+            drop(s);
+        }
+    });
+    let target = format!("nbd://127.0.0.1:{port}/x");
+    let out = weir()
+        .args([
+            "load",
+            "-q",
+            "-t",
+            &target,
+            "-d",
+            "1s",
+            "bs=4k,randread,qd=1,vms=1",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("before any NBD greeting") && err.contains("10809"),
+        "{err}"
+    );
+}
+
 /// `weir sim … | head -1`: the reader closing the pipe ends the simulator the way
 /// it ends any Unix filter (SIGPIPE), not with a "Broken pipe" panic.
 #[test]
