@@ -598,6 +598,10 @@ pub struct Scheduler<T> {
     ewma_at_risk_backlogged: [usize; PROTECTABLE_LEVELS],
     /// Virtual time for shares: P of the last request released by the share rule.
     share_vtime: u128,
+    /// Per rank, the virtual time of the latest share release made while protection
+    /// held that rank back: its volumes are released from no earlier tag (no credit
+    /// for the wait).
+    held_back_vtime: [u128; LEVELS],
     /// Added to every stored R tag (see [`RESERVATION_LAG_NS`]).
     r_shift: u128,
     queued: usize,
@@ -617,6 +621,7 @@ impl<T> Scheduler<T> {
             age_risk_heaps: Default::default(),
             ewma_at_risk_backlogged: [0; PROTECTABLE_LEVELS],
             share_vtime: 0,
+            held_back_vtime: [0; LEVELS],
             r_shift: 0,
             queued: 0,
         }
@@ -899,7 +904,13 @@ impl<T> Scheduler<T> {
         match chosen {
             Some((_, slot)) => {
                 let protected = global.is_some_and(|(_, g)| g != slot);
-                match self.release(slot, now, Phase::Share, protected) {
+                let released = self.release(slot, now, Phase::Share, protected);
+                if let Some(rank) = protected_rank {
+                    for held in &mut self.held_back_vtime[rank + 1..] {
+                        *held = self.share_vtime;
+                    }
+                }
+                match released {
                     Some(d) => Dispatch::Io(d),
                     None => Dispatch::Idle,
                 }
@@ -1135,8 +1146,9 @@ impl<T> Scheduler<T> {
     ) -> Option<Dispatched<T>> {
         let now_t = ticks(now);
         let config = &self.config;
-        let vtime = self.share_vtime;
+        let held_back_vtime = self.held_back_vtime;
         let v = self.volumes.get_mut(slot as usize)?.as_mut()?;
+        let held_back = held_back_vtime[v.rates.rank];
         let rates = &v.rates;
         let (client, piece, kind, enqueued_at, payload) = v.queue.take(
             |kind| rates.max_piece_length(config, kind),
@@ -1176,10 +1188,14 @@ impl<T> Scheduler<T> {
             bytes: limit_bytes,
         });
         v.next_l = l_base + v.rates.limit_increment(units, limit_bytes);
-        let p_base = if protected {
-            v.next_p.min(vtime)
-        } else {
-            v.next_p
+        // Protected releases are charged and move the virtual time like any other,
+        // so the protected volumes keep their shares among themselves and owe
+        // nothing afterwards; a volume protection held back banks no credit for that
+        // time (as an idle one banks none): its share releases start no earlier than
+        // the virtual time of the last release made while it waited.
+        let p_base = match phase {
+            Phase::Share => v.next_p.max(held_back),
+            _ => v.next_p,
         };
         v.last_p = Some(LastRelease {
             base: p_base,
@@ -1196,7 +1212,7 @@ impl<T> Scheduler<T> {
         v.stats.dispatched_charged_bytes += limit_bytes;
         let volume = v.id;
         let now_empty = v.queue.is_empty();
-        if phase == Phase::Share && !protected {
+        if phase == Phase::Share {
             self.share_vtime = self.share_vtime.max(p_base);
         }
         if piece.last {
@@ -1782,6 +1798,55 @@ mod tests {
             s.complete(0, VolumeId(2), ClientId(2), IoCost::read(KIB4), MS);
         }
         assert!(!s.at_risk(0, VolumeId(2)));
+    }
+
+    /// Found in `mixed-workload` (session 23): the VDI pool on business-critical
+    /// `VDT-C` waited 72 s for its first boot reads while `VDT-B`, of the same level,
+    /// was served. A protected release charged its share tag from the virtual time,
+    /// which only unprotected releases move; with a non-critical volume backlogged
+    /// (held back, so it pinned the virtual time) every protected release landed at
+    /// the same tag, and a protected volume whose tag was one request further on
+    /// never came first.
+    #[test]
+    fn protection_keeps_shares_within_the_protected_levels_and_banks_no_credit() {
+        let mut s = sched();
+        let business = |shares: u32| Policy {
+            service_level: Some(ServiceLevel::BusinessCritical),
+            latency_target_ms: Some(20.0),
+            shares: Shares::new(shares).unwrap(),
+            ..policy("bc")
+        };
+        s.add_volume(0, VolumeId(1), business(2000));
+        s.add_volume(0, VolumeId(2), business(200));
+        s.add_volume(0, VolumeId(3), policy("nc"));
+        fill(&mut s, 0, 3, 1000);
+        fill(&mut s, 0, 2, 1000);
+        fill(&mut s, 0, 1, 1000);
+        // Volume 1's completions at 12 ms put its level at risk (≥ half its target).
+        for _ in 0..4 {
+            s.complete(0, VolumeId(1), ClientId(1), IoCost::read(KIB4), 12 * MS);
+        }
+        assert!(s.at_risk(0, VolumeId(1)));
+        let mut got = [0u32; 4];
+        for _ in 0..330 {
+            got[io(s.dispatch(0)).volume.0 as usize] += 1;
+        }
+        // Within the protected level, shares 2000 : 200; the non-critical waits.
+        assert_eq!(got[3], 0, "{got:?}");
+        assert!((28..=32).contains(&got[2]), "{got:?}");
+        // The risk clears: the non-critical volume gets its share again, and no more
+        // than its share for the time it waited (it banked no credit).
+        for _ in 0..40 {
+            s.complete(0, VolumeId(1), ClientId(1), IoCost::read(KIB4), MS);
+        }
+        assert!(!s.at_risk(0, VolumeId(1)));
+        let mut got = [0u32; 4];
+        for _ in 0..320 {
+            got[io(s.dispatch(0)).volume.0 as usize] += 1;
+        }
+        // Shares 2000 : 200 : 1000.
+        assert!((95..=105).contains(&got[3]), "{got:?}");
+        assert!((190..=210).contains(&got[1]), "{got:?}");
     }
 
     #[test]
