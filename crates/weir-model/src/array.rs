@@ -590,6 +590,54 @@ enum Event {
     HostDone,
     /// Re-examine the dirty rows (destage delay elapsed).
     DestageTimer,
+    /// The drive-side link of a direction (0: to the drives, 1: from them) is free for
+    /// the oldest drive command waiting for it.
+    BackendFree(u8),
+}
+
+/// The controller's drive-side links, one per direction (SAS is full duplex): when
+/// each is next free, and the drive commands waiting for it, oldest first.
+#[derive(Clone, Debug)]
+struct Backend {
+    ns_per_byte: f64,
+    free_ns: [Nanos; 2],
+    waiting: [VecDeque<(DriveIo, u32)>; 2],
+}
+
+impl Backend {
+    fn new(mbps: f64) -> Self {
+        Backend {
+            ns_per_byte: 1e3 / mbps,
+            free_ns: [0; 2],
+            waiting: [VecDeque::new(), VecDeque::new()],
+        }
+    }
+
+    fn lane(dir: IoDir) -> u8 {
+        match dir {
+            IoDir::Write => 0,
+            IoDir::Read => 1,
+        }
+    }
+
+    /// Books `d`'s bytes on its link. None: the link is free, start now; else the
+    /// time it starts (the command waits in order until then).
+    fn claim(&mut self, t: Nanos, d: DriveIo, slot: u32) -> Option<Nanos> {
+        let lane = Self::lane(d.dir) as usize;
+        let start = t.max(self.free_ns[lane]);
+        self.free_ns[lane] = start + round_ns(d.size_bytes as f64 * self.ns_per_byte);
+        if start == t && self.waiting[lane].is_empty() {
+            return None;
+        }
+        self.waiting[lane].push_back((d, slot));
+        Some(start)
+    }
+
+    fn pop(&mut self, lane: u8) -> (DriveIo, u32) {
+        self.waiting[lane as usize]
+            .pop_front()
+            .expect("a backend event has a waiting command")
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -644,6 +692,7 @@ pub struct Array {
     cpu_free_ns: Nanos,
     bus_in_free_ns: Nanos,
     bus_out_free_ns: Nanos,
+    backend: Option<Backend>,
     ops: Vec<Op>,
     free_ops: Vec<u32>,
     events: BinaryHeap<Reverse<(Nanos, u64, Event, u32)>>,
@@ -701,6 +750,7 @@ impl Array {
             cpu_free_ns: 0,
             bus_in_free_ns: 0,
             bus_out_free_ns: 0,
+            backend: controller.backend_mbps.map(Backend::new),
             ops: Vec::new(),
             free_ops: Vec::new(),
             events: BinaryHeap::new(),
@@ -920,7 +970,23 @@ impl Array {
         n > 0
     }
 
+    /// A drive command starts when the drive-side link of its direction has carried
+    /// the commands before it: at once while the link is free, else queued in order.
+    /// Its own transfer overlaps the drive's positioning (a write's data follows the
+    /// drive's transfer-ready, a read's precedes its status), so the link adds waiting,
+    /// not a transfer time, to each command; a stream of them runs at the link's rate.
     fn submit_drive(&mut self, t: Nanos, d: DriveIo, slot: u32) {
+        if let Some(b) = self.backend.as_mut()
+            && let Some(start) = b.claim(t, d, slot)
+        {
+            let lane = Backend::lane(d.dir);
+            self.schedule(start, Event::BackendFree(lane), slot);
+            return;
+        }
+        self.start_drive(t, d, slot);
+    }
+
+    fn start_drive(&mut self, t: Nanos, d: DriveIo, slot: u32) {
         match d.dir {
             IoDir::Read => self.stats.drive_reads += 1,
             IoDir::Write => self.stats.drive_writes += 1,
@@ -1428,6 +1494,15 @@ impl Component for Array {
                             self.destage_timer_at = None;
                         }
                         self.kick_destage(t);
+                    }
+                    Event::BackendFree(lane) => {
+                        let b = self
+                            .backend
+                            .as_mut()
+                            .expect("a backend event has a backend");
+                        let (d, s) = b.pop(lane);
+                        debug_assert_eq!(s, slot);
+                        self.start_drive(t, d, s);
                     }
                 }
             }

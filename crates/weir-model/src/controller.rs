@@ -1,5 +1,5 @@
-//! RAID controller description: host-side bandwidth cap, per-I/O processing cost,
-//! cache size and cache policies (as in MegaRAID/PERC controller UIs).
+//! RAID controller description: host-side and drive-side bandwidth caps, per-I/O
+//! processing cost, cache size and cache policies (as in MegaRAID/PERC controller UIs).
 
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +56,11 @@ pub enum BatteryState {
 pub struct ControllerSpec {
     /// Host-side payload bandwidth per direction (PCIe is full duplex), MB/s.
     pub bandwidth_mbps: f64,
+    /// Drive-side bandwidth per direction (the SAS links to the drives, full duplex),
+    /// MB/s, counting every byte a drive command moves: a RAID 10 write crosses it
+    /// twice, a parity update's reads and writes each once. None: not modelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_mbps: Option<f64>,
     /// Host I/Os the controller processor can handle per second (per-I/O overhead =
     /// 1 / this).
     pub max_iops: f64,
@@ -72,6 +77,10 @@ pub struct ControllerSpec {
     pub io_policy: IoPolicy,
     pub battery: BatteryState,
 }
+
+/// The LSISAS2208's drive side: 8 SAS 6 Gb/s lanes, 4,800 MB/s after 8b/10b, ≈ 85 %
+/// of it payload (see [`ControllerSpec::pcie_gen3`]), MB/s per direction.
+pub const SAS2208_BACKEND_MBPS: f64 = 4_000.0;
 
 fn default_dirty_fraction() -> f64 {
     0.75
@@ -91,9 +100,15 @@ impl ControllerSpec {
     /// (128/156 ≈ 82 %) → ≈ 3,280 MB/s; device-to-host reads additionally pay
     /// flow-control/ACK DLLPs and the ROC's DMA descriptor traffic (≈ 15 %), giving
     /// ≈ 2,800 MB/s of payload. Per-I/O cost: LSI rates the SAS2208 at ≈ 465,000 IOPS.
+    ///
+    /// Drive side: the SAS2208's 8 SAS 6 Gb/s lanes, the same as the Gen3 card's
+    /// ([`Self::pcie_gen3`]), so the same 4,000 MB/s per direction. CALIBRATION
+    /// carried over: that figure is the Gen3 card's, set from 002 Figure 15; on this
+    /// card it predicts what the mirror costs (002 Figure 7's RAID 10 writes).
     pub fn pcie_gen2() -> Self {
         Self {
             bandwidth_mbps: 2_800.0,
+            backend_mbps: Some(SAS2208_BACKEND_MBPS),
             max_iops: 465_000.0,
             cache_mib: 1024,
             dirty_fraction: default_dirty_fraction(),
@@ -108,13 +123,15 @@ impl ControllerSpec {
     /// PCIe Gen3 x8 RAID controller (LSI MegaRAID SAS 9271-8i / 9271CV-8i, same
     /// SAS2208 ROC family, 1 GB cache).
     ///
-    /// Bandwidth derivation: Gen3 x8 = 8 GT/s × 8 lanes × 128/130 ≈ 7,880 MB/s, so PCIe
-    /// is no longer the limit; the drive side is: 8 SAS 6 Gb/s lanes × 600 MB/s
-    /// (after 8b/10b) = 4,800 MB/s, of which SAS framing and the ROC's DMA engine leave
-    /// ≈ 85 % → ≈ 4,000 MB/s.
+    /// Bandwidth derivation: Gen3 x8 = 8 GT/s × 8 lanes × 128/130 ≈ 7,880 MB/s; the
+    /// Gen2 card's payload share of its link (2,800 of 4,000: 0.70) leaves ≈ 5,500 MB/s,
+    /// so PCIe is no longer the limit. The drive side is: 8 SAS 6 Gb/s lanes × 600
+    /// MB/s (after 8b/10b) = 4,800 MB/s, of which SAS framing and the ROC's DMA engine
+    /// leave ≈ 85 % → ≈ 4,000 MB/s ([`SAS2208_BACKEND_MBPS`]; CALIBRATION: the 85 % was
+    /// chosen to land on 002 Figure 15's 4 GB/s).
     pub fn pcie_gen3() -> Self {
         Self {
-            bandwidth_mbps: 4_000.0,
+            bandwidth_mbps: 5_500.0,
             ..Self::pcie_gen2()
         }
     }
@@ -127,6 +144,7 @@ impl ControllerSpec {
     pub fn embedded_rom55() -> Self {
         Self {
             bandwidth_mbps: 1_000.0,
+            backend_mbps: None,
             max_iops: 100_000.0,
             cache_mib: 0,
             write_policy: WritePolicy::WriteThrough,
@@ -159,6 +177,9 @@ impl ControllerSpec {
             (1.0, 1e9),
             "must be 1-1e9 MB/s",
         )?;
+        if let Some(b) = self.backend_mbps {
+            check_between(W, "backend_mbps", b, (1.0, 1e9), "must be 1-1e9 MB/s")?;
+        }
         let iops = "must be 1-1e12 I/Os per second";
         check_between(W, "max_iops", self.max_iops, (1.0, 1e12), iops)?;
         if !(self.dirty_fraction.is_finite()

@@ -388,6 +388,11 @@ fn absurd_values_are_refused_before_they_overflow() {
     };
     assert_eq!(field(bad.validate()), "bandwidth_mbps");
     let bad = weir_model::ControllerSpec {
+        backend_mbps: Some(f64::NAN),
+        ..ctl.clone()
+    };
+    assert_eq!(field(bad.validate()), "backend_mbps");
+    let bad = weir_model::ControllerSpec {
         max_iops: 1e300,
         ..ctl
     };
