@@ -601,7 +601,8 @@ enum Event {
 struct Backend {
     ns_per_byte: f64,
     free_ns: [Nanos; 2],
-    waiting: [VecDeque<(DriveIo, u32)>; 2],
+    /// The waiting commands; each one's op slot travels with its `BackendFree` event.
+    waiting: [VecDeque<DriveIo>; 2],
 }
 
 impl Backend {
@@ -621,19 +622,20 @@ impl Backend {
     }
 
     /// Books `d`'s bytes on its link. None: the link is free, start now; else the
-    /// time it starts (the command waits in order until then).
-    fn claim(&mut self, t: Nanos, d: DriveIo, slot: u32) -> Option<Nanos> {
-        let lane = Self::lane(d.dir) as usize;
-        let start = t.max(self.free_ns[lane]);
-        self.free_ns[lane] = start + round_ns(d.size_bytes as f64 * self.ns_per_byte);
-        if start == t && self.waiting[lane].is_empty() {
+    /// time it starts and its link (the command waits in order until then).
+    fn claim(&mut self, t: Nanos, d: DriveIo) -> Option<(Nanos, u8)> {
+        let lane = Self::lane(d.dir);
+        let i = lane as usize;
+        let start = t.max(self.free_ns[i]);
+        self.free_ns[i] = start + round_ns(d.size_bytes as f64 * self.ns_per_byte);
+        if start == t && self.waiting[i].is_empty() {
             return None;
         }
-        self.waiting[lane].push_back((d, slot));
-        Some(start)
+        self.waiting[i].push_back(d);
+        Some((start, lane))
     }
 
-    fn pop(&mut self, lane: u8) -> (DriveIo, u32) {
+    fn pop(&mut self, lane: u8) -> DriveIo {
         self.waiting[lane as usize]
             .pop_front()
             .expect("a backend event has a waiting command")
@@ -977,9 +979,8 @@ impl Array {
     /// not a transfer time, to each command; a stream of them runs at the link's rate.
     fn submit_drive(&mut self, t: Nanos, d: DriveIo, slot: u32) {
         if let Some(b) = self.backend.as_mut()
-            && let Some(start) = b.claim(t, d, slot)
+            && let Some((start, lane)) = b.claim(t, d)
         {
-            let lane = Backend::lane(d.dir);
             self.schedule(start, Event::BackendFree(lane), slot);
             return;
         }
@@ -1500,9 +1501,8 @@ impl Component for Array {
                             .backend
                             .as_mut()
                             .expect("a backend event has a backend");
-                        let (d, s) = b.pop(lane);
-                        debug_assert_eq!(s, slot);
-                        self.start_drive(t, d, s);
+                        let d = b.pop(lane);
+                        self.start_drive(t, d, slot);
                     }
                 }
             }
