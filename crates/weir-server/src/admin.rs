@@ -260,6 +260,7 @@ pub fn spawn(
     }
     let guard = state.admin_guard.clone();
     let admin_connections = state.admin_connections;
+    let admin_per_host = state.admin_connections_per_host;
     weir_http::spawn(
         listener,
         Arc::new(move |request| match crate::dashboard::asset(&request) {
@@ -271,6 +272,7 @@ pub fn spawn(
         }),
         weir_http::Limits {
             max_connections: admin_connections,
+            max_per_address: admin_per_host,
             ..weir_http::Limits::ADMIN
         },
     )

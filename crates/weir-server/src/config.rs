@@ -7,6 +7,10 @@
 //!                                   # token in data_dir/admin-token (made at first start)
 //! # admin_hosts = ["weir.example"]  # names accepted in Host/Origin besides IP literals
 //!                                   # and localhost (reaching the API by a DNS name)
+//! admin_max_connections = 128       # admin API connections at once (8-65,536; also
+//!                                   # bounded by the open-files limit)
+//! admin_max_connections_per_host = 16  # … from one client address (1 to the cap);
+//!                                   # over either: 503 and closed at once
 //! data_dir = "/var/lib/weir"        # default: $XDG_DATA_HOME/weir, ~/.local/share/weir, ./weir-data
 //! busy_poll_us = 50                 # poll a socket this long before sleeping while its
 //!                                   # client waits on its last reply (QD1); 0: off
@@ -173,6 +177,14 @@ pub struct WeirConfig {
     /// page cannot reach the API through DNS rebinding.
     #[serde(default)]
     pub admin_hosts: Vec<String>,
+    /// Admin API connections open at once (over it: 503 and closed); lowered at
+    /// start to what the open-files limit leaves room for, never below
+    /// [`MIN_ADMIN_CONNECTIONS`].
+    #[serde(default = "default_admin_max_connections")]
+    pub admin_max_connections: u32,
+    /// … from one client address.
+    #[serde(default = "default_admin_max_connections_per_host")]
+    pub admin_max_connections_per_host: u32,
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
     #[serde(default = "default_pools")]
@@ -642,6 +654,12 @@ fn default_max_connections() -> u32 {
 fn default_max_connections_per_host() -> u32 {
     crate::connections::DEFAULT_MAX_CONNECTIONS_PER_HOST
 }
+fn default_admin_max_connections() -> u32 {
+    weir_http::Limits::ADMIN.max_connections as u32
+}
+fn default_admin_max_connections_per_host() -> u32 {
+    weir_http::Limits::ADMIN.max_per_address as u32
+}
 fn default_busy_poll_us() -> u32 {
     crate::busy_poll::DEFAULT_BUSY_POLL_US
 }
@@ -1099,7 +1117,8 @@ impl WeirConfig {
 }
 
 impl WeirConfig {
-    /// `max_connections`, `max_connections_per_host`, `idle_timeout_s`.
+    /// `max_connections`, `max_connections_per_host`, `admin_max_connections`,
+    /// `admin_max_connections_per_host`, `idle_timeout_s`.
     fn validate_connections(&self) -> Result<(), (Option<String>, String)> {
         for (field, value, max) in [
             ("max_connections", self.max_connections, MAX_CONNECTIONS),
@@ -1130,6 +1149,26 @@ impl WeirConfig {
                 ));
             }
         }
+        let admin = self.admin_max_connections;
+        if !(MIN_ADMIN_CONNECTIONS..=MAX_ADMIN_CONNECTIONS).contains(&admin) {
+            return Err((
+                Some("admin_max_connections".into()),
+                format!(
+                    "admin_max_connections: must be {MIN_ADMIN_CONNECTIONS}-{MAX_ADMIN_CONNECTIONS}, \
+                     got {admin}"
+                ),
+            ));
+        }
+        let per_host = self.admin_max_connections_per_host;
+        if !(1..=admin).contains(&per_host) {
+            return Err((
+                Some("admin_max_connections_per_host".into()),
+                format!(
+                    "admin_max_connections_per_host: must be 1 to admin_max_connections \
+                     ({admin}), got {per_host}"
+                ),
+            ));
+        }
         if self.idle_timeout_s > MAX_IDLE_TIMEOUT_S {
             return Err((
                 Some("idle_timeout_s".into()),
@@ -1145,6 +1184,11 @@ impl WeirConfig {
 
 /// Largest `max_connections` and `max_connections_per_host`.
 pub const MAX_CONNECTIONS: u32 = 1 << 20;
+/// Smallest `admin_max_connections`: what the admin API keeps however short the
+/// open-files limit is.
+pub const MIN_ADMIN_CONNECTIONS: u32 = crate::connections::MIN_ADMIN_CONNECTIONS as u32;
+/// Largest `admin_max_connections`.
+pub const MAX_ADMIN_CONNECTIONS: u32 = 1 << 16;
 /// Smallest `max_buffered_mib` and `max_buffered_mib_per_host`: one request of
 /// the largest payload.
 pub const MIN_BUFFERED_MIB: u32 = weir_nbd::consts::DEFAULT_MAX_PAYLOAD >> 20;
@@ -1286,6 +1330,43 @@ mod tests {
             ]
         );
         assert!(c.volumes.iter().all(|v| v.size.0 == 1 << 30));
+    }
+
+    #[test]
+    fn admin_connection_caps_are_checked() {
+        let c = WeirConfig::from_toml_str("", "w.toml").unwrap();
+        assert_eq!(c.admin_max_connections, 128);
+        assert_eq!(c.admin_max_connections_per_host, 16);
+        let c = WeirConfig::from_toml_str(
+            "admin_max_connections = 4096\nadmin_max_connections_per_host = 64\n",
+            "w.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            (c.admin_max_connections, c.admin_max_connections_per_host),
+            (4096, 64)
+        );
+        for (text, want) in [
+            (
+                "admin_max_connections = 7\n",
+                "admin_max_connections: must be 8-65536, got 7",
+            ),
+            (
+                "admin_max_connections = 70000\n",
+                "admin_max_connections: must be 8-65536",
+            ),
+            (
+                "admin_max_connections_per_host = 0\n",
+                "admin_max_connections_per_host: must be 1 to admin_max_connections (128), got 0",
+            ),
+            (
+                "admin_max_connections = 8\nadmin_max_connections_per_host = 9\n",
+                "admin_max_connections_per_host: must be 1 to admin_max_connections (8), got 9",
+            ),
+        ] {
+            let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+            assert!(e.message.contains(want), "{text:?}: {e}");
+        }
     }
 
     #[test]

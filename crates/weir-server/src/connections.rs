@@ -395,11 +395,11 @@ pub struct FdPlan {
 
 /// The connection caps that fit the open-files limit: raises the soft limit toward
 /// the hard one when `wanted` NBD connections and the admin API's cap
-/// (`weir_http::Limits::ADMIN`), plus what is open now and [`SPARE_FDS`], need it;
+/// (`admin_max_connections`), plus what is open now and [`SPARE_FDS`], need it;
 /// then NBD gets `wanted` or what fits, and the admin API what is left of its cap,
 /// at least [`MIN_ADMIN_CONNECTIONS`] (from the spare).
-pub fn fit_to_fd_limit(wanted: u64) -> FdPlan {
-    let admin_cap = weir_http::Limits::ADMIN.max_connections;
+pub fn fit_to_fd_limit(wanted: u64, admin_cap: usize) -> FdPlan {
+    let admin_cap = admin_cap.max(MIN_ADMIN_CONNECTIONS);
     let Some((soft, hard)) = nofile_limit() else {
         return FdPlan {
             connections: wanted,

@@ -43,9 +43,11 @@ pub struct ServerState {
     pub addrs: std::sync::OnceLock<(SocketAddr, SocketAddr)>,
     /// The admin API's token and request checks.
     pub admin_guard: Arc<crate::admin_auth::AdminGuard>,
-    /// The admin API's connection cap (`weir_http::Limits::ADMIN`'s, or fewer when
-    /// the open-files limit is short: `connections::fit_to_fd_limit`).
+    /// The admin API's connection cap (`admin_max_connections`, or fewer when the
+    /// open-files limit is short: `connections::fit_to_fd_limit`).
     pub admin_connections: usize,
+    /// … per client address (`admin_max_connections_per_host`, at most the cap).
+    pub admin_connections_per_host: usize,
     /// Asynchronous replication of thin volumes (tasks start with [`run`]).
     pub replication: crate::replicate::Replicator,
     /// History and the last second of every volume (the sampler starts with [`run`]).
@@ -114,7 +116,10 @@ impl ServerState {
             }
         }
         // After the volumes are open: what is open now counts against the limit.
-        let fds = fit_to_fd_limit(config.max_connections.into());
+        let fds = fit_to_fd_limit(
+            config.max_connections.into(),
+            config.admin_max_connections as usize,
+        );
         Ok(ServerState {
             store: Mutex::new(store),
             pools,
@@ -122,6 +127,8 @@ impl ServerState {
             started: epoch,
             busy_poll: Duration::from_micros(config.busy_poll_us.into()),
             admin_connections: fds.admin_connections,
+            admin_connections_per_host: (config.admin_max_connections_per_host as usize)
+                .min(fds.admin_connections),
             limits: ConnectionLimits::new(
                 fds.connections as usize,
                 config.max_connections_per_host as usize,

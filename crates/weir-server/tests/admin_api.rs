@@ -712,3 +712,49 @@ async fn an_admin_connection_flood_is_capped_and_hurts_no_one_else() {
     .await;
     assert_eq!(status, 200, "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_connection_caps_come_from_the_config() {
+    use tokio::io::AsyncWriteExt;
+    let toml = format!(
+        "admin_max_connections = 8\nadmin_max_connections_per_host = 2\n{}",
+        common::TEST_CONFIG
+    );
+    let (_dir, server) = common::start_with("admin-caps", &toml).await;
+    let addr = server.admin_addr();
+    // Two half-sent heads from 127.0.0.2 are kept; the third gets a 503 at once.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut s = socket.connect(addr).await.unwrap();
+        s.write_all(b"GET /v1/volumes HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut third = socket.connect(addr).await.unwrap();
+    let mut reply = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut third, &mut reply),
+    )
+    .await
+    .expect("the third connection from one address is answered at once");
+    read.unwrap();
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    // Another address is served.
+    let token = server.admin_token().to_string();
+    let (status, body) = raw_http(
+        addr,
+        &format!("GET /v1/volumes HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}"),
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    drop(held);
+}
