@@ -34,8 +34,8 @@ pub use gate::{
 };
 pub use policy::{Policy, PolicyCatalog, PolicyError, ServiceLevel, Shares};
 pub use scheduler::{
-    ClientStats, Dispatch, Dispatched, IoCost, IoKind, PACE_QUANTUM_NS, Phase, Scheduler,
-    SchedulerConfig, VolumeStats,
+    ClientStats, Dispatch, Dispatched, HELD_BACK_EVERY, IoCost, IoKind, PACE_QUANTUM_NS, Phase,
+    Scheduler, SchedulerConfig, VolumeStats,
 };
 
 /// Nanoseconds on the driver's clock (virtual or real).
