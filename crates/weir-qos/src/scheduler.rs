@@ -384,6 +384,10 @@ pub struct VolumeStats {
     /// Weight-phase releases that service-level protection moved ahead of the
     /// volume the share rule would have picked.
     pub protected_dispatches: u64,
+    /// Releases made while protection held the volume's level back: its floor, one
+    /// release in [`HELD_BACK_EVERY`] for the held-back levels together.
+    #[serde(default)]
+    pub held_back_dispatches: u64,
     /// Cost units released (see [`IoCost::units`]).
     pub dispatched_units: u64,
     /// Bytes charged against a MB/s limit by what was released: each piece's
@@ -933,6 +937,12 @@ impl<T> Scheduler<T> {
                         Some(_) => 0,
                         None => self.since_held_back_release.saturating_add(1),
                     };
+                }
+                if floor.is_some()
+                    && released.is_some()
+                    && let Some(v) = self.volume_mut(slot)
+                {
+                    v.stats.held_back_dispatches += 1;
                 }
                 if let Some(rank) = protected_rank {
                     for held in &mut self.held_back_vtime[rank + 1..] {
@@ -1907,6 +1917,10 @@ mod tests {
             .collect();
         // Every 16th release; business and non-critical alternate by share tag.
         assert_eq!(held_back, [(15, 2), (31, 3), (47, 2), (63, 3)], "{order:?}");
+        for v in [2, 3] {
+            assert_eq!(s.stats(VolumeId(v)).unwrap().held_back_dispatches, 2);
+        }
+        assert_eq!(s.stats(VolumeId(1)).unwrap().held_back_dispatches, 0);
         // The risk clears: no more floor, ordinary shares (equal here).
         for _ in 0..40 {
             s.complete(0, VolumeId(1), ClientId(1), IoCost::read(KIB4), MS);

@@ -91,6 +91,12 @@ pub struct VolumeStatsReport {
     pub queued: usize,
     /// Requests the scheduler released to meet the reservation / by shares.
     pub reservation_dispatches: u64,
+    /// Releases protection moved ahead / made while protection held the volume's
+    /// level back (its floor).
+    #[serde(default)]
+    pub protected_dispatches: u64,
+    #[serde(default)]
+    pub held_back_dispatches: u64,
     pub dispatched_ios: u64,
     /// The volume's pool's QoS gate now (device depth limit, pieces in flight).
     #[serde(default)]
@@ -551,6 +557,8 @@ fn volume_stats(s: &ServerState, name: &str) -> Result<VolumeStatsReport, ApiErr
         counters,
         queued: sched.queued,
         reservation_dispatches: sched.reservation_dispatches,
+        protected_dispatches: sched.protected_dispatches,
+        held_back_dispatches: sched.held_back_dispatches,
         dispatched_ios: sched.dispatched_ios,
         pool: gauges,
         applied_policy,

@@ -171,7 +171,7 @@ type Figure = fn(&VolumeView) -> Option<f64>;
 
 /// Per-volume gauges of the policy and the scheduler: (name, type, help, value;
 /// `None`: no sample, e.g. no limit).
-const VOLUME_FIGURES: [(&str, &str, &str, Figure); 10] = [
+const VOLUME_FIGURES: [(&str, &str, &str, Figure); 12] = [
     (
         "weir_volume_size_bytes",
         "gauge",
@@ -231,6 +231,18 @@ const VOLUME_FIGURES: [(&str, &str, &str, Figure); 10] = [
         "counter",
         "Releases made to meet the volume's reservation (the rest went by shares).",
         |v| Some(v.sched.reservation_dispatches as f64),
+    ),
+    (
+        "weir_volume_protected_dispatches_total",
+        "counter",
+        "Releases service-level protection moved ahead of the volume the share rule would have picked.",
+        |v| Some(v.sched.protected_dispatches as f64),
+    ),
+    (
+        "weir_volume_held_back_dispatches_total",
+        "counter",
+        "Releases made while protection held the volume's service level back (its floor: one in 16 for the levels held back).",
+        |v| Some(v.sched.held_back_dispatches as f64),
     ),
 ];
 

@@ -427,4 +427,14 @@ async fn a_held_back_volume_beside_an_at_risk_one_still_completes() {
         "mc {mc} vs nc {nc}: protection held nothing back"
     );
     assert!(worst_ms < 2_000, "a held-back read took {worst_ms} ms");
+    // The gate's counters say why: the non-critical volume's releases came by its
+    // floor, the mission-critical one's were moved ahead by protection.
+    let (mc, nc) = (stats(&server, "mc"), stats(&server, "nc"));
+    assert!(
+        nc.held_back_dispatches * 2 > nc.dispatched_ios,
+        "nc: {} of {} releases by the floor",
+        nc.held_back_dispatches,
+        nc.dispatched_ios
+    );
+    assert!(mc.protected_dispatches > 0 && mc.held_back_dispatches == 0);
 }

@@ -46,6 +46,7 @@ async fn every_volume_has_its_series_labels_and_policy_figures_from_the_start() 
             format!("weir_volume_queued{{volume=\"{volume}\"}} 0"),
             format!("weir_volume_qos_wait_seconds_total{{volume=\"{volume}\"}} 0"),
             format!("weir_volume_dispatches_total{{volume=\"{volume}\"}} 0"),
+            format!("weir_volume_held_back_dispatches_total{{volume=\"{volume}\"}} 0"),
         ] {
             assert!(text.contains(&series), "no {series} before any I/O");
         }
