@@ -83,9 +83,10 @@
 //! at those levels is eligible (all limit-held), everyone competes as usual, so
 //! protection never idles the device. When no volume is at risk, the ordinary share
 //! rule applies unchanged, so share ratios hold exactly. The levels held back are
-//! not starved: one release in [`HELD_BACK_EVERY`] (16) made while they wait goes to
-//! the first of them by P tag, so a held-back request waits for its own level's queue
-//! at ≈ 1/16 of the device's rate, not for as long as the overload lasts.
+//! not starved: 1/[`HELD_BACK_EVERY`] (1/16) of the cost units released while they
+//! wait goes to the first of them by P tag (one release in 16 when sizes are equal),
+//! so a held-back request waits for its own level's queue at ≈ 1/16 of the device's
+//! rate, not for as long as the overload lasts.
 //!
 //! A release made *because of* protection (the chosen volume is not the one the share
 //! rule would have picked) is charged shares from the current virtual time:
@@ -138,14 +139,16 @@ const TAG_SHIFT: u32 = 20;
 const TICKS_PER_NS: f64 = (1u64 << TAG_SHIFT) as f64;
 /// Share tags: one unit at one share advances P by this much.
 const SHARE_SCALE: u128 = 1 << 40;
-/// While protection holds lower service levels back, they still get one share
-/// release in this many (the first among them by share tag), about 6 % of the
-/// device: a held-back request waits for its own level's queue at that rate, not
-/// for as long as the overload lasts (`mixed-workload-cache`, session 24: without
-/// it a non-critical pool's first boot reads waited 208 s, the whole boot storm),
-/// while the protected levels keep ≥ 15/16 of the releases. Counted in releases
-/// (pieces are bounded in size), not in slots: the depth controller drives the
-/// device depth down to 4 exactly when protection acts, where a slot would be 25 %.
+/// While protection holds lower service levels back, they still get share releases
+/// (the first among them by share tag) worth 1/this of the cost units released —
+/// one release in 16 when all are the same size, about 6 % of the device: a
+/// held-back request waits for its own level's queue at that rate, not for as long
+/// as the overload lasts (`mixed-workload-cache`, session 24: without it a
+/// non-critical pool's first boot reads waited 208 s, the whole boot storm), while
+/// the protected levels keep ≥ 15/16. Counted in cost units, so that a held-back
+/// backup's 1 MiB reads take no more of the device than 4 KiB ones would; not in
+/// device slots, which the depth controller takes down to 4 exactly when protection
+/// acts (one slot would be 25 %).
 pub const HELD_BACK_EVERY: u32 = 16;
 /// Levels that can be protected (mission-critical, business-critical).
 const PROTECTABLE_LEVELS: usize = 2;
@@ -384,8 +387,8 @@ pub struct VolumeStats {
     /// Weight-phase releases that service-level protection moved ahead of the
     /// volume the share rule would have picked.
     pub protected_dispatches: u64,
-    /// Releases made while protection held the volume's level back: its floor, one
-    /// release in [`HELD_BACK_EVERY`] for the held-back levels together.
+    /// Releases made while protection held the volume's level back: its floor, 1 /
+    /// [`HELD_BACK_EVERY`] of the cost released, for the held-back levels together.
     #[serde(default)]
     pub held_back_dispatches: u64,
     /// Cost units released (see [`IoCost::units`]).
@@ -618,9 +621,11 @@ pub struct Scheduler<T> {
     /// held that rank back: its volumes are released from no earlier tag (no credit
     /// for the wait).
     held_back_vtime: [u128; LEVELS],
-    /// Releases made while protection held levels back since the last one that went
-    /// to a held-back level (see [`HELD_BACK_EVERY`]).
-    since_held_back_release: u32,
+    /// Cost units the held-back levels may take (see [`HELD_BACK_EVERY`]): each
+    /// release made while protection holds levels back adds its units, one of theirs
+    /// takes `HELD_BACK_EVERY - 1` times its units; at most one release's worth is
+    /// banked.
+    held_back_credit: i64,
     /// Added to every stored R tag (see [`RESERVATION_LAG_NS`]).
     r_shift: u128,
     queued: usize,
@@ -641,7 +646,7 @@ impl<T> Scheduler<T> {
             ewma_at_risk_backlogged: [0; PROTECTABLE_LEVELS],
             share_vtime: 0,
             held_back_vtime: [0; LEVELS],
-            since_held_back_release: 0,
+            held_back_credit: 0,
             r_shift: 0,
             queued: 0,
         }
@@ -917,10 +922,10 @@ impl<T> Scheduler<T> {
         // Weight phase.
         let min_ready = |heaps: &[IndexedHeap]| heaps.iter().filter_map(IndexedHeap::peek).min();
         let global = min_ready(&self.ready_heaps);
-        // The levels held back keep one release in HELD_BACK_EVERY, so their waits
-        // are bounded by their own queues, not by how long the overload lasts.
+        // The levels held back keep 1/HELD_BACK_EVERY of the cost released, so their
+        // waits are bounded by their own queues, not by how long the overload lasts.
         let floor = protected_rank
-            .filter(|_| self.since_held_back_release + 1 >= HELD_BACK_EVERY)
+            .filter(|_| self.held_back_credit >= i64::from(HELD_BACK_EVERY - 1))
             .and_then(|rank| min_ready(&self.ready_heaps[rank + 1..]));
         let chosen = match protected_rank {
             Some(rank) => floor
@@ -932,10 +937,16 @@ impl<T> Scheduler<T> {
             Some((_, slot)) => {
                 let protected = floor.is_none() && global.is_some_and(|(_, g)| g != slot);
                 let released = self.release(slot, now, Phase::Share, protected);
-                if protected_rank.is_some() {
-                    self.since_held_back_release = match floor {
-                        Some(_) => 0,
-                        None => self.since_held_back_release.saturating_add(1),
+                if protected_rank.is_some()
+                    && let Some(d) = &released
+                {
+                    let units = i64::try_from(self.config.units(d.cost)).unwrap_or(i64::MAX);
+                    let banked = i64::from(HELD_BACK_EVERY - 1);
+                    self.held_back_credit = match floor {
+                        Some(_) => self
+                            .held_back_credit
+                            .saturating_sub(units.saturating_mul(banked)),
+                        None => self.held_back_credit.saturating_add(units).min(banked),
                     };
                 }
                 if floor.is_some()
@@ -1930,6 +1941,33 @@ mod tests {
             got[io(s.dispatch(MS)).volume.0 as usize] += 1;
         }
         assert!(got[1..].iter().all(|g| (29..=31).contains(g)), "{got:?}");
+    }
+
+    /// The floor is counted in cost units: a held-back volume's 64 KiB reads (16 units
+    /// each) beside protected 4 KiB reads get 1/16 of the units, not of the releases.
+    #[test]
+    fn the_held_back_floor_is_counted_in_cost_units() {
+        let mut s = sched();
+        s.add_volume(0, VolumeId(1), critical(10.0));
+        s.add_volume(0, VolumeId(2), policy("nc"));
+        for _ in 0..4 {
+            s.complete(0, VolumeId(1), ClientId(1), IoCost::read(KIB4), 9 * MS);
+        }
+        fill(&mut s, 0, 1, 5000);
+        for i in 0..100 {
+            s.enqueue(0, VolumeId(2), ClientId(2), IoCost::read(16 * KIB4), i)
+                .unwrap();
+        }
+        let mut units = [0u64; 3];
+        for _ in 0..4000 {
+            let d = io(s.dispatch(0));
+            units[d.volume.0 as usize] += s.config().units(d.cost);
+        }
+        let share = units[2] as f64 / (units[1] + units[2]) as f64;
+        assert!(
+            (0.055..=0.07).contains(&share),
+            "held-back share of the units {share:.3}: {units:?}"
+        );
     }
 
     #[test]

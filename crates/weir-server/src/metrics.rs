@@ -241,7 +241,7 @@ const VOLUME_FIGURES: [(&str, &str, &str, Figure); 12] = [
     (
         "weir_volume_held_back_dispatches_total",
         "counter",
-        "Releases made while protection held the volume's service level back (its floor: one in 16 for the levels held back).",
+        "Releases made while protection held the volume's service level back (its floor: 1/16 of the cost released, for the levels held back together).",
         |v| Some(v.sched.held_back_dispatches as f64),
     ),
 ];

@@ -398,7 +398,7 @@ policy = "free"
 }
 
 /// Service-level protection holds a non-critical volume back while a mission-critical
-/// one is at risk, but never starves it (one release in 16): on the emulated array a
+/// one is at risk, but never starves it (1/16 of the cost released): on the emulated array a
 /// mission-critical reader at QD128 (more than the pool's 64 slots: it keeps a queue
 /// and stays at risk) beside a non-critical one at QD32. Before the floor the
 /// non-critical reader completed nothing while the other ran (37 releases in 22 s
