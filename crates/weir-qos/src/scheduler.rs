@@ -940,20 +940,7 @@ impl<T> Scheduler<T> {
                 if protected_rank.is_some()
                     && let Some(d) = &released
                 {
-                    let units = i64::try_from(self.config.units(d.cost)).unwrap_or(i64::MAX);
-                    let banked = i64::from(HELD_BACK_EVERY - 1);
-                    self.held_back_credit = match floor {
-                        Some(_) => self
-                            .held_back_credit
-                            .saturating_sub(units.saturating_mul(banked)),
-                        None => self.held_back_credit.saturating_add(units).min(banked),
-                    };
-                }
-                if floor.is_some()
-                    && released.is_some()
-                    && let Some(v) = self.volume_mut(slot)
-                {
-                    v.stats.held_back_dispatches += 1;
+                    self.charge_held_back_credit(slot, self.config.units(d.cost), floor.is_some());
                 }
                 if let Some(rank) = protected_rank {
                     for held in &mut self.held_back_vtime[rank + 1..] {
@@ -1086,6 +1073,23 @@ impl<T> Scheduler<T> {
             .get(slot as usize)
             .and_then(Option::as_ref)
             .map_or(LEVELS - 1, |v| v.rates.rank)
+    }
+
+    /// A release of `units` made while protection holds levels back: a held-back
+    /// one (`floor`) spends `HELD_BACK_EVERY - 1` times its units of the held-back
+    /// levels' credit, any other earns its units, up to one release's worth.
+    fn charge_held_back_credit(&mut self, slot: u32, units: u64, floor: bool) {
+        let units = i64::try_from(units).unwrap_or(i64::MAX);
+        let banked = i64::from(HELD_BACK_EVERY - 1);
+        self.held_back_credit = if floor {
+            if let Some(v) = self.volume_mut(slot) {
+                v.stats.held_back_dispatches += 1;
+            }
+            self.held_back_credit
+                .saturating_sub(units.saturating_mul(banked))
+        } else {
+            self.held_back_credit.saturating_add(units).min(banked)
+        };
     }
 
     fn protected_rank(&self, now: Nanos) -> Option<usize> {

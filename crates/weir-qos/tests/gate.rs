@@ -247,9 +247,9 @@ proptest! {
     /// their shares, and none of them starves: business-critical volumes whose tight
     /// latency target keeps their level at risk, beside a non-critical flood (held
     /// back meanwhile, as the levels say, but for one release in 16, so its waits stay
-    /// bounded by its own queue). Session 23: a protected
-    /// release was charged from a virtual time the held-back flood pinned, so the
-    /// volume with fewer shares got nothing for as long as protection lasted.
+    /// bounded by its own queue). Session 23: a protected release was charged from a
+    /// virtual time the held-back flood pinned, so the volume with fewer shares got
+    /// nothing for as long as protection lasted.
     /// Session 24: the held-back level had no floor, so in `mixed-workload-cache`
     /// a non-critical pool's first boot reads waited 208 s, the whole storm.
     #[test]

@@ -670,6 +670,13 @@ async fn a_broken_lease_closes_a_holder_that_reads_nothing() {
 /// them left the NBD listener 79 descriptors); now one address keeps at most
 /// `Limits::ADMIN.max_per_address`, the rest get a 503 and are closed at once, and
 /// NBD clients and other operators are served meanwhile.
+/// A TCP connection to `addr` from 127.0.0.2 (another client address on loopback).
+async fn connect_from_127_0_0_2(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
 /// An operator's `GET /v1/volumes` from 127.0.0.1 (with the token) gets a 200.
 async fn assert_operator_served(server: &weir_server::RunningServer) {
     let addr = server.admin_addr();
@@ -691,9 +698,7 @@ async fn an_admin_connection_flood_is_capped_and_hurts_no_one_else() {
     let addr = server.admin_addr();
     let mut flood = Vec::new();
     for _ in 0..400 {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
-        let mut s = socket.connect(addr).await.unwrap();
+        let mut s = connect_from_127_0_0_2(addr).await;
         let _ = s
             .write_all(b"GET /v1/volumes HTTP/1.1\r\nHost: x\r\n")
             .await;
@@ -731,18 +736,14 @@ async fn the_admin_connection_caps_come_from_the_config() {
     // Two half-sent heads from 127.0.0.2 are kept; the third gets a 503 at once.
     let mut held = Vec::new();
     for _ in 0..2 {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
-        let mut s = socket.connect(addr).await.unwrap();
+        let mut s = connect_from_127_0_0_2(addr).await;
         s.write_all(b"GET /v1/volumes HTTP/1.1\r\nHost: x\r\n")
             .await
             .unwrap();
         held.push(s);
     }
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
-    let mut third = socket.connect(addr).await.unwrap();
+    let mut third = connect_from_127_0_0_2(addr).await;
     let mut reply = Vec::new();
     let read = tokio::time::timeout(
         std::time::Duration::from_secs(5),
