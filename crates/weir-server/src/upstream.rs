@@ -234,6 +234,46 @@ struct ConnState {
     flush_scheduled: bool,
 }
 
+/// A connection's bytes not yet written ([`Conn::send`]).
+#[derive(Default)]
+struct Outbox {
+    bytes: Vec<u8>,
+    /// A sender (a caller, or the connection's writer thread) is writing: the
+    /// others only append.
+    sending: bool,
+}
+
+/// Writes what the socket takes without waiting (`MSG_DONTWAIT`: the socket
+/// itself stays blocking for the reader thread and the writer thread): the
+/// bytes written, fewer than `bytes` once it is full.
+fn send_nowait(socket: &TcpStream, bytes: &[u8]) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut done = 0;
+    while done < bytes.len() {
+        let rest = &bytes[done..];
+        // SAFETY: send(2) reads at most `rest.len()` bytes of `rest`.
+        let n = unsafe {
+            libc::send(
+                socket.as_raw_fd(),
+                rest.as_ptr().cast(),
+                rest.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            done += n as usize;
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => break,
+            io::ErrorKind::Interrupted => continue,
+            _ => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
 thread_local! {
     /// Inside an upstream reader's round of answers: the connections whose
     /// output the round's callbacks left to send, flushed when it ends.
@@ -243,9 +283,11 @@ thread_local! {
 /// One connection: the protocol state shared by callers and the reader thread.
 struct Conn {
     state: Mutex<ConnState>,
-    /// Taken for the whole of a send: requests (and, over TLS, records) go out
-    /// whole and in order.
-    writer: Mutex<TcpStream>,
+    /// What is still to be written, in stream order (requests whole; over TLS,
+    /// records), and whether a sender is writing it ([`Conn::send`]).
+    outbox: Mutex<Outbox>,
+    /// The socket the sender writes to.
+    writer: TcpStream,
     /// For shutting the socket down from any thread.
     socket: TcpStream,
     /// `nbds://`: the TLS state, shared by the writers (encrypting) and the
@@ -322,31 +364,105 @@ impl Conn {
         self.lock().alive
     }
 
-    /// Sends encoded requests (encrypted first over TLS).
-    fn send(&self, bytes: &[u8]) -> io::Result<()> {
-        let mut socket = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(tls) = &self.tls else {
-            return socket.write_all(bytes);
-        };
-        let records = {
-            let mut c = tls.lock().unwrap_or_else(|e| e.into_inner());
-            let mut records = Vec::with_capacity(bytes.len() + bytes.len() / 512 + 64);
-            let mut rest = bytes;
-            // rustls takes plaintext up to its buffer limit (64 KiB) at a time.
-            while !rest.is_empty() {
-                let n = c.writer().write(rest)?;
-                rest = &rest[n..];
-                let before = records.len();
-                while c.wants_write() {
-                    c.write_tls(&mut records)?;
-                }
-                if n == 0 && records.len() == before {
-                    return Err(io::ErrorKind::WriteZero.into());
-                }
+    /// Sends encoded requests (encrypted first over TLS) without ever blocking
+    /// the caller: the bytes join the connection's outbox, and whoever finds no
+    /// sender at work becomes it, writing what the socket takes at once. What it
+    /// does not take (an upstream that stopped reading: its window and our send
+    /// buffer are full) a writer thread of this connection finishes, so one
+    /// stalled upstream never holds up the runtime, and with it every other
+    /// volume's clients. Errors other than a full socket kill the connection.
+    fn send(self: &Arc<Self>, bytes: &[u8]) -> io::Result<()> {
+        let mut pending = {
+            let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            self.seal(bytes, &mut out.bytes)?;
+            if out.sending {
+                return Ok(());
             }
-            records
+            out.sending = true;
+            std::mem::take(&mut out.bytes)
         };
-        socket.write_all(&records)
+        loop {
+            let written = match send_nowait(&self.writer, &pending) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.outbox_closed();
+                    self.kill();
+                    return Err(e);
+                }
+            };
+            if written < pending.len() {
+                pending.drain(..written);
+                return self.finish_in_thread(pending);
+            }
+            pending.clear();
+            let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            if out.bytes.is_empty() {
+                out.sending = false;
+                // Keeps the buffer's allocation for the next batch.
+                out.bytes = pending;
+                return Ok(());
+            }
+            std::mem::swap(&mut out.bytes, &mut pending);
+        }
+    }
+
+    /// Appends `bytes` to `out` as they go on the wire: encrypted over TLS.
+    fn seal(&self, bytes: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+        let Some(tls) = &self.tls else {
+            out.extend_from_slice(bytes);
+            return Ok(());
+        };
+        let mut c = tls.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rest = bytes;
+        // rustls takes plaintext up to its buffer limit (64 KiB) at a time.
+        while !rest.is_empty() {
+            let n = c.writer().write(rest)?;
+            rest = &rest[n..];
+            let before = out.len();
+            while c.wants_write() {
+                c.write_tls(out)?;
+            }
+            if n == 0 && out.len() == before {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The sender's part once the socket is full: a thread writes `pending` and
+    /// whatever joins the outbox meanwhile, blocking, until the outbox is empty
+    /// (or the connection dies: the reader's watchdog shuts a silent upstream's
+    /// socket, which ends the blocked write).
+    fn finish_in_thread(self: &Arc<Self>, mut pending: Vec<u8>) -> io::Result<()> {
+        let conn = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("weir-upstream-w".into())
+            .spawn(move || {
+                loop {
+                    if (&conn.writer).write_all(&pending).is_err() {
+                        conn.outbox_closed();
+                        conn.kill();
+                        return;
+                    }
+                    let mut out = conn.outbox.lock().unwrap_or_else(|e| e.into_inner());
+                    if out.bytes.is_empty() {
+                        out.sending = false;
+                        return;
+                    }
+                    pending = std::mem::take(&mut out.bytes);
+                }
+            });
+        spawned.map(drop).inspect_err(|_| {
+            self.outbox_closed();
+            self.kill();
+        })
+    }
+
+    /// After a failed write: nothing more is sent (the connection is killed).
+    fn outbox_closed(&self) {
+        let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+        out.bytes = Vec::new();
+        out.sending = true;
     }
 
     /// Marks the connection dead and fails every waiting request over.
@@ -390,7 +506,7 @@ impl Conn {
     }
 
     /// Writes out what the session holds (requests of every caller encoded so far).
-    fn flush_output(&self) {
+    fn flush_output(self: &Arc<Self>) {
         let bytes = {
             let mut st = self.lock();
             st.flush_scheduled = false;
@@ -399,8 +515,9 @@ impl Conn {
             }
             st.session.take_output()
         };
-        if !bytes.is_empty() && self.send(&bytes).is_err() {
-            self.kill();
+        if !bytes.is_empty() {
+            // A failed write has killed the connection: its waiters fail over.
+            let _ = self.send(&bytes);
         }
     }
 
@@ -918,7 +1035,8 @@ impl UpstreamBackend {
                 alive: true,
                 flush_scheduled: false,
             }),
-            writer: Mutex::new(stream.try_clone()?),
+            outbox: Mutex::new(Outbox::default()),
+            writer: stream.try_clone()?,
             socket: stream.try_clone()?,
             tls: tls.map(Mutex::new),
             lease: granted.clone(),

@@ -331,3 +331,133 @@ async fn bad_gateway_configurations_are_refused_clearly() {
     gateway.shutdown().await.unwrap();
     upstream.shutdown().await.unwrap();
 }
+
+/// A TCP proxy to `upstream` that stops reading what the gateway sends while
+/// `frozen` is set (an upstream whose disks hung: its window closes, then the
+/// gateway's send buffer fills).
+async fn freezable_proxy(
+    upstream: std::net::SocketAddr,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::net::SocketAddr {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((down, _)) = listener.accept().await {
+            let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
+                return;
+            };
+            let (mut down_rd, mut down_wr) = down.into_split();
+            let (mut up_rd, mut up_wr) = up.into_split();
+            let frozen = frozen.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    while frozen.load(Ordering::Acquire) {
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                    match down_rd.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) if up_wr.write_all(&buf[..n]).await.is_ok() => {}
+                        Ok(_) => return,
+                    }
+                }
+            });
+            tokio::spawn(async move { tokio::io::copy(&mut up_rd, &mut down_wr).await });
+        }
+    });
+    addr
+}
+
+/// One upstream that stops reading never holds up another pool's volumes: the
+/// gateway's writes to it wait in its connection (a writer thread finishes
+/// them), not on the runtime that serves every client. One runtime worker, as
+/// `weir serve` runs on 2 CPUs: before, a volume on the healthy upstream got no
+/// answer at all until the stalled connection timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_stalled_upstream_does_not_hold_up_the_other_pools_volumes() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    let vol = "[[pools]]\nname = \"default\"\n[[volumes]]\nname = \"vol\"\nsize = \"64MiB\"\npolicy = \"mission-critical\"\n";
+    let (_a_dir, up_a) = common::start_with("gw-stall-a", vol).await;
+    let (_b_dir, up_b) = common::start_with("gw-stall-b", vol).await;
+    let frozen = Arc::new(AtomicBool::new(false));
+    let proxy = freezable_proxy(up_b.nbd_addr(), frozen.clone()).await;
+    let gw_toml = format!(
+        r#"
+[[pools]]
+name = "pa"
+upstream = "nbd://{}"
+upstream_timeout_s = 10
+[[pools]]
+name = "pb"
+upstream = "nbd://{proxy}"
+upstream_connections = 1
+upstream_timeout_s = 10
+[[volumes]]
+name = "a"
+export = "vol"
+policy = "mission-critical"
+pool = "pa"
+[[volumes]]
+name = "b"
+export = "vol"
+policy = "mission-critical"
+pool = "pb"
+"#,
+        up_a.nbd_addr()
+    );
+    let (_gw_dir, gateway) = common::start_with("gw-stall-gw", &gw_toml).await;
+    let (mut a, _) = common::connect(&gateway, "a").await;
+    let (mut b, _) = common::connect(&gateway, "b").await;
+    let block = pattern(7, 256 << 10);
+    b.write(0, &block, false).await.unwrap().unwrap();
+    a.read(0, 4096).await.unwrap().unwrap();
+
+    // A reader on `a` throughout, timing every read.
+    let reader = tokio::spawn(async move {
+        let end = Instant::now() + Duration::from_secs(3);
+        let (mut reads, mut longest) = (0u32, Duration::ZERO);
+        while Instant::now() < end {
+            let t = Instant::now();
+            a.read((reads as u64 % 256) * 4096, 4096)
+                .await
+                .unwrap()
+                .unwrap();
+            longest = longest.max(t.elapsed());
+            reads += 1;
+        }
+        (reads, longest)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // `b`'s upstream stops reading; 32 MiB of writes go to it.
+    frozen.store(true, Ordering::Release);
+    let mut handles = Vec::new();
+    for i in 0..128u64 {
+        handles.push(b.session().write(i * (256 << 10), &block, false));
+        b.send().await.unwrap();
+    }
+    let (reads, longest) = reader.await.unwrap();
+    assert!(
+        longest < Duration::from_secs(1) && reads >= 20,
+        "volume a beside a stalled upstream: {reads} reads in 3 s, longest {longest:?}"
+    );
+    // Thawed, every write completes: nothing was lost while it waited.
+    frozen.store(false, Ordering::Release);
+    for h in handles {
+        b.wait(h).await.unwrap().unwrap();
+    }
+    let (mut direct, _) = common::connect(&up_b, "vol").await;
+    assert_eq!(
+        direct
+            .read(127 * (256 << 10), 256 << 10)
+            .await
+            .unwrap()
+            .unwrap(),
+        block
+    );
+    // While the proxy still runs: shutting down flushes every volume upstream.
+    gateway.shutdown().await.unwrap();
+}
