@@ -64,7 +64,8 @@
 //! # gateway_id = 0                  # volume of this pool on the shared datastore
 //!                                   # (>= 8 KiB) where the gateways share latency, so
 //!                                   # every window steps with the datastore-wide mean
-//! # qos = false                     # bypass the QoS scheduler (default true)
+//! # qos = false                     # bypass the QoS scheduler (default true); at most
+//!                                   # max_in_flight requests still run at once
 //! # direct_io = true                # O_DIRECT for aligned requests (default false)
 //!
 //! # [pools.depth]                   # adaptive device depth (these are the defaults): the
@@ -333,7 +334,8 @@ pub struct PoolConfig {
     /// This gateway's slot in the stats volume (0-127, unique per gateway).
     #[serde(default)]
     pub gateway_id: Option<u32>,
-    /// `false`: requests bypass the QoS scheduler (benchmarks, pass-through pools).
+    /// `false`: requests bypass the QoS scheduler (benchmarks, pass-through pools);
+    /// at most `max_in_flight` of them are performed at once all the same.
     #[serde(default = "default_true")]
     pub qos: bool,
     /// Open the pool's volume files with `O_DIRECT` (aligned requests skip the
@@ -852,6 +854,16 @@ impl WeirConfig {
             Some(n) => n as usize,
             None => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
         }
+    }
+
+    /// The runtime's blocking threads at most: every pool's `max_in_flight` (each
+    /// request a pool performs at once may hold one: a read or write of a volume
+    /// file) plus 256 for the rest (admin API, leases, flushes), at least tokio's
+    /// default of 512 and at most 8,192. So a pool whose device stopped
+    /// answering holds its own share and never the threads the others need.
+    pub fn blocking_threads(&self) -> usize {
+        let pools: u64 = self.pools.iter().map(|p| u64::from(p.max_in_flight)).sum();
+        (pools + 256).clamp(512, 8192) as usize
     }
 
     /// The TLS keys agree: a mode other than off has a certificate and key, a
@@ -1420,6 +1432,18 @@ mod tests {
                 .worker_threads()
                 >= 1
         );
+        // Blocking threads: every pool's max_in_flight and 256 more, 512-8,192.
+        let pools = |n: u32| {
+            let t: String = (0..12)
+                .map(|i| format!("[[pools]]\nname = \"p{i}\"\nmax_in_flight = {n}\n"))
+                .collect();
+            WeirConfig::from_toml_str(&t, "w.toml")
+                .unwrap()
+                .blocking_threads()
+        };
+        assert_eq!(pools(64), 12 * 64 + 256);
+        assert_eq!(pools(8), 512);
+        assert_eq!(pools(4096), 8192);
     }
 
     #[test]

@@ -44,7 +44,7 @@
 //! towards appears.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -156,7 +156,19 @@ pub struct QosPool<P: Perform> {
     gateway_stats: Mutex<Option<SharedStats>>,
     /// `false`: requests bypass the gate (pool option `qos = false`).
     qos: bool,
+    /// Requests performed past the gate on blocking threads ([`QosPool::spawn_bypass`]).
+    bypass: Mutex<Bypass>,
     _perform: PhantomData<fn() -> P>,
+}
+
+/// A request performed past the gate, on a blocking thread.
+pub type BypassJob = Box<dyn FnOnce() + Send>;
+
+/// What runs past the gate: at most `limit` jobs at once, the rest in order.
+struct Bypass {
+    limit: usize,
+    running: usize,
+    waiting: VecDeque<BypassJob>,
 }
 
 impl<P: Perform> QosPool<P> {
@@ -167,6 +179,7 @@ impl<P: Perform> QosPool<P> {
         epoch: Instant,
         device: Option<Arc<EmulatedDevice>>,
     ) -> QosPool<P> {
+        let bypass_limit = config.max_in_flight.max(1) as usize;
         QosPool {
             name: name.to_string(),
             inner: Mutex::new(Inner {
@@ -182,8 +195,45 @@ impl<P: Perform> QosPool<P> {
             gateway_period: None,
             gateway_stats: Mutex::new(None),
             qos: true,
+            bypass: Mutex::new(Bypass {
+                limit: bypass_limit,
+                running: 0,
+                waiting: VecDeque::new(),
+            }),
             _perform: PhantomData,
         }
+    }
+
+    /// Runs `job` on a blocking thread, past the gate (`qos = false`, shutdown),
+    /// but never more than `max_in_flight` of this pool's at once: the others
+    /// wait in order and run on the threads that finish. Without the bound, one
+    /// pool on a device that stopped answering took every thread of the
+    /// runtime's blocking pool, and every other pool's requests waited behind it
+    /// (docs/HARDENING.md).
+    pub fn spawn_bypass(self: &Arc<Self>, job: BypassJob) {
+        {
+            let mut b = self.bypass.lock().unwrap_or_else(|e| e.into_inner());
+            if b.running >= b.limit {
+                b.waiting.push_back(job);
+                return;
+            }
+            b.running += 1;
+        }
+        let pool = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut job = job;
+            loop {
+                job();
+                let mut b = pool.bypass.lock().unwrap_or_else(|e| e.into_inner());
+                match b.waiting.pop_front() {
+                    Some(next) => job = next,
+                    None => {
+                        b.running -= 1;
+                        return;
+                    }
+                }
+            }
+        });
     }
 
     /// `false` bypasses the gate: the session performs requests at once (no

@@ -946,10 +946,10 @@ pub fn execute_now(pool: &Arc<Pool>, task: Arc<Task>) {
     if try_start_async(pool, None, &task) {
         return;
     }
-    tokio::task::spawn_blocking(move || {
+    pool.spawn_bypass(Box::new(move || {
         let (reply, ok) = perform(&task.job);
         deliver(&task.job, reply, ok);
-    });
+    }));
 }
 
 /// Answers a request that will not run (its volume was deleted while it was

@@ -631,3 +631,64 @@ async fn deaf_clients_that_fill_the_server_budget_are_shed() {
     assert!(closed >= 1, "no deaf connection was closed");
     server.shutdown().await.unwrap();
 }
+
+/// A pool whose device stopped answering (2 s per read) with `qos = false`
+/// holds at most its `max_in_flight` of the runtime's blocking threads; the other
+/// pool's requests that need one (a FLUSH: an fsync) are served at once. Before,
+/// 600 pipelined reads took all 512 of them and a FLUSH on the healthy pool
+/// waited for the stalled reads (2 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_pool_does_not_take_the_other_pools_threads() {
+    let (_dir, server) = common::start_with(
+        "stalled-pool",
+        r#"[[pools]]
+name = "default"
+[[pools]]
+name = "stalled"
+qos = false
+max_in_flight = 256
+[[pools.faults]]
+kind = "latency"
+latency_ms = 2000
+ops = ["read"]
+every = 1
+[[volumes]]
+name = "healthy"
+size = "4MiB"
+policy = "non-critical"
+[[volumes]]
+name = "stalled"
+size = "4MiB"
+policy = "non-critical"
+pool = "stalled"
+"#,
+    )
+    .await;
+    let (mut h, _) = common::connect(&server, "healthy").await;
+    h.write(0, &[7u8; 4096], false).await.unwrap().unwrap();
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        let (mut s, _) = common::connect(&server, "stalled").await;
+        let handles: Vec<u64> = (0..200u64)
+            .map(|i| s.session().read(i * 4096, 4096))
+            .collect();
+        s.send().await.unwrap();
+        stalled.push((s, handles));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    h.write(4096, &[8u8; 4096], false).await.unwrap().unwrap();
+    h.flush().await.unwrap().unwrap();
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(1000),
+        "a write and a FLUSH on the healthy pool took {took:?} beside 600 stalled reads"
+    );
+    // The stalled pool's reads all complete, in turns of 256.
+    for (mut s, handles) in stalled {
+        for h in handles {
+            s.wait(h).await.unwrap().unwrap();
+        }
+    }
+    server.shutdown().await.unwrap();
+}

@@ -68,6 +68,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .map_err(|(_, message)| anyhow::anyhow!(message))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.worker_threads())
+        .max_blocking_threads(config.blocking_threads())
         .enable_all()
         .build()
         .context("starting the async runtime")?;
