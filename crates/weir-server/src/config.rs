@@ -20,7 +20,8 @@
 //! max_connections_per_host = 256    # … from one client address; a client over a cap
 //!                                   # is refused with NBD_REP_ERR_POLICY and the reason
 //! max_buffered_mib = 2048           # READ/WRITE data held at once (payloads read, replies
-//! max_buffered_mib_per_host = 512   # not yet written), in all and per client address;
+//! max_buffered_mib_per_host = 512   # not yet written), in all and per client address
+//!                                   # (its requests to one pool at most half of it);
 //!                                   # each connection also at most 128 MiB, 256 requests
 //! idle_timeout_s = 0                # close a connection whose client sends nothing and
 //!                                   # awaits nothing (or reads no reply) this long; 0: off

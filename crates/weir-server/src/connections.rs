@@ -60,6 +60,8 @@ pub const WARN_EVERY: Duration = Duration::from_secs(10);
 struct HostEntry {
     connections: usize,
     data: Budget,
+    /// The host's share of `data` for each pool its connections use ([`Slot::pool_budget`]).
+    pools: HashMap<String, Budget>,
 }
 
 #[derive(Default)]
@@ -111,7 +113,29 @@ impl Slot {
     pub fn data_budgets(&self) -> (Budget, Budget) {
         (self.host_data.clone(), self.limits.data.clone())
     }
+
+    /// The share of the host's data budget that its requests to one pool may
+    /// hold: 1 / [`POOL_SHARE`] of it. A pool whose device stopped answering
+    /// keeps queueing the writes its clients send; without a share they held the
+    /// host's whole budget, and the host's requests to every other pool waited
+    /// behind them (a hypervisor host has VMs on several datastores).
+    pub fn pool_budget(&self, pool: &str) -> Budget {
+        let whole = self.host_data.whole();
+        let mut c = self.limits.counts();
+        let e = c
+            .per_host
+            .get_mut(&self.host)
+            .expect("a slot's host is counted");
+        e.pools
+            .entry(pool.to_string())
+            .or_insert_with(|| Budget::new((whole / POOL_SHARE).max(1)))
+            .clone()
+    }
 }
+
+/// A host's requests to one pool may hold at most 1 / `POOL_SHARE` of its data
+/// budget ([`Slot::pool_budget`]).
+pub const POOL_SHARE: usize = 2;
 
 /// A refusal in progress, counted until dropped.
 pub struct RefusalSlot {
@@ -239,6 +263,7 @@ impl ConnectionLimits {
             let e = c.per_host.entry(host).or_insert_with(|| HostEntry {
                 connections: 0,
                 data: Budget::new(bytes / DATA_UNIT_BYTES),
+                pools: HashMap::new(),
             });
             e.connections += 1;
             let host_data = e.data.clone();

@@ -102,6 +102,8 @@ pub struct Held {
 /// (`max_buffered_mib_per_host`) and the server's (`max_buffered_mib`).
 pub struct DataHeld {
     _connection: Taken,
+    /// The pool's share of the host's budget, then the host's.
+    _pool_host: Taken,
     _host: Taken,
     /// Grows as a WRITE payload arrives (`Session::read_payload`).
     server: Taken,
@@ -1042,6 +1044,7 @@ pub async fn run_session(
     pool.host_connection(client, volume.id, true);
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let (host_data, server_data) = slot.data_budgets();
+    let pool_host_data = slot.pool_budget(&volume.pool);
     let conn = Conn {
         peer,
         volume_counters: state.metrics.volume(&volume.name),
@@ -1056,6 +1059,7 @@ pub async fn run_session(
         data_budget: Budget::new(MAX_BUFFERED_BYTES_PER_CONNECTION / BUFFER_UNIT_BYTES),
         host_data,
         server_data,
+        pool_host_data,
         unanswered: Arc::new(AtomicUsize::new(0)),
         idle: state.idle_timeout,
         leases: state.leases.clone(),
@@ -1247,6 +1251,8 @@ struct Conn {
     /// … and their share of the host's and the server's budgets.
     host_data: Budget,
     server_data: Budget,
+    /// This pool's share of the host's budget (`connections::Slot::pool_budget`).
+    pool_host_data: Budget,
     /// Requests read and not yet answered (busy polling, idle detection).
     unanswered: Arc<AtomicUsize>,
     idle: Option<Duration>,
@@ -1488,16 +1494,24 @@ impl Conn {
             Some(t) => t,
             None => self.data_budget.take(units).await,
         };
-        let host = match self.host_data.try_take(units) {
-            Some(t) => t,
-            None => self.host_data.take(units).await,
+        // In this order everywhere: a request waiting for one budget holds only
+        // the ones before it. The pool's share comes before the host budget it is
+        // a share of, so a stalled pool's writers wait holding none of the host's.
+        let take = |b: &Budget, units: usize| {
+            let b = b.clone();
+            async move {
+                match b.try_take(units) {
+                    Some(t) => t,
+                    None => b.take(units).await,
+                }
+            }
         };
-        let server = match self.server_data.try_take(server_units) {
-            Some(t) => t,
-            None => self.server_data.take(server_units).await,
-        };
+        let pool_host = take(&self.pool_host_data, units).await;
+        let host = take(&self.host_data, units).await;
+        let server = take(&self.server_data, server_units).await;
         Some(DataHeld {
             _connection: connection,
+            _pool_host: pool_host,
             _host: host,
             server,
         })

@@ -241,6 +241,8 @@ struct Outbox {
     /// A sender (a caller, or the connection's writer thread) is writing: the
     /// others only append.
     sending: bool,
+    /// A write failed: nothing more is taken (the connection is being killed).
+    closed: bool,
 }
 
 /// Writes what the socket takes without waiting (`MSG_DONTWAIT`: the socket
@@ -374,6 +376,9 @@ impl Conn {
     fn send(self: &Arc<Self>, bytes: &[u8]) -> io::Result<()> {
         let mut pending = {
             let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            if out.closed {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
             self.seal(bytes, &mut out.bytes)?;
             if out.sending {
                 return Ok(());
@@ -462,7 +467,7 @@ impl Conn {
     fn outbox_closed(&self) {
         let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
         out.bytes = Vec::new();
-        out.sending = true;
+        out.closed = true;
     }
 
     /// Marks the connection dead and fails every waiting request over.

@@ -584,15 +584,16 @@ async fn writers_that_never_send_their_data_do_not_stall_the_server() {
 }
 
 /// Clients that read no replies, from enough addresses to fill the server's data
-/// budget (three hosts of 64 MiB over 128 MiB), are disconnected once it has
-/// given nothing back for `REPLY_STALL` while others wait; another host is then
+/// budget (five hosts of 32 MiB — half of each one's 64 MiB is all its requests
+/// to one pool may hold — over 128 MiB), are disconnected once it has given
+/// nothing back for `REPLY_STALL` while others wait; another host is then
 /// served. (Before, it waited for as long as they stayed connected.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deaf_clients_that_fill_the_server_budget_are_shed() {
     let (_dir, server) = common::start_with("deaf-budget", SMALL_BUDGETS).await;
     let addr = server.nbd_addr();
     let mut deaf = Vec::new();
-    for host in 2..5u8 {
+    for host in 2..7u8 {
         let mut s = raw_go_from(addr, Some(IpAddr::from([127, 0, 0, host])), "v").await;
         for h in 0..96u64 {
             s.write_all(&request(CMD_READ, h, (h % 64) << 20, 1 << 20))
@@ -615,7 +616,7 @@ async fn deaf_clients_that_fill_the_server_budget_are_shed() {
     read.expect("never served beside the deaf clients")
         .unwrap()
         .unwrap();
-    println!("served after {:?} beside three deaf hosts", t.elapsed());
+    println!("served after {:?} beside five deaf hosts", t.elapsed());
     // Deaf connections were closed (enough of them: one whose requests merely
     // waited for the budget may be served once the others are gone): reading
     // them ends, after what the socket buffers held.
@@ -686,6 +687,75 @@ pool = "stalled"
     );
     // The stalled pool's reads all complete, in turns of 256.
     for (mut s, handles) in stalled {
+        for h in handles {
+            s.wait(h).await.unwrap().unwrap();
+        }
+    }
+    server.shutdown().await.unwrap();
+}
+
+/// A pool whose device stopped answering (2 s per write) holds at most half of a
+/// host's data budget with the writes its clients queue; the same host's writes to
+/// another pool are served at once. Before, the stalled pool's writes took the
+/// whole host budget and a write on the healthy pool waited for them (≈ 2 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_pool_holds_only_its_share_of_a_hosts_data_budget() {
+    let (_dir, server) = common::start_with(
+        "stalled-pool-data",
+        r#"max_buffered_mib_per_host = 64
+[[pools]]
+name = "default"
+[[pools]]
+name = "stalled"
+[[pools.faults]]
+kind = "latency"
+latency_ms = 2000
+ops = ["write"]
+every = 1
+[[volumes]]
+name = "healthy"
+size = "4MiB"
+policy = "non-critical"
+[[volumes]]
+name = "stalled"
+size = "64MiB"
+policy = "non-critical"
+pool = "stalled"
+"#,
+    )
+    .await;
+    let (mut h, _) = common::connect(&server, "healthy").await;
+    h.write(0, &[7u8; 4096], false).await.unwrap().unwrap();
+    // 80 MiB of writes to the stalled pool from this host (its budget: 64 MiB).
+    let block = vec![9u8; 1 << 20];
+    let mut stalled = Vec::new();
+    for c in 0..2u64 {
+        let (mut s, _) = common::connect(&server, "stalled").await;
+        let handles: Vec<u64> = (0..40u64)
+            .map(|i| {
+                s.session()
+                    .write((c * 40 + i) % 64 * (1 << 20), &block, false)
+            })
+            .collect();
+        let sender = tokio::spawn(async move {
+            s.send().await.unwrap();
+            s
+        });
+        stalled.push((sender, handles));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    h.write(4096, &vec![8u8; 256 << 10], false)
+        .await
+        .unwrap()
+        .unwrap();
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(1000),
+        "a write on the healthy pool took {took:?} beside 80 MiB of stalled writes"
+    );
+    for (sender, handles) in stalled {
+        let mut s = sender.await.unwrap();
         for h in handles {
             s.wait(h).await.unwrap().unwrap();
         }
