@@ -633,6 +633,18 @@ async fn deaf_clients_that_fill_the_server_budget_are_shed() {
     server.shutdown().await.unwrap();
 }
 
+/// A healthy pool (volume `healthy`) and a pool `stalled` whose `op`s take 2 s
+/// (volume `stalled` of `size`): `server` lines first, `pool` lines in its table.
+fn stalled_pool_toml(server: &str, pool: &str, op: &str, size: &str) -> String {
+    format!(
+        "{server}\n[[pools]]\nname = \"default\"\n[[pools]]\nname = \"stalled\"\n{pool}\n\
+         [[pools.faults]]\nkind = \"latency\"\nlatency_ms = 2000\nops = [\"{op}\"]\nevery = 1\n\
+         {}{}",
+        common::volume_toml("healthy", "4MiB", "non-critical", "default"),
+        common::volume_toml("stalled", size, "non-critical", "stalled"),
+    )
+}
+
 /// A pool whose device stopped answering (2 s per read) with `qos = false`
 /// holds at most its `max_in_flight` of the runtime's blocking threads; the other
 /// pool's requests that need one (a FLUSH: an fsync) are served at once. Before,
@@ -642,27 +654,7 @@ async fn deaf_clients_that_fill_the_server_budget_are_shed() {
 async fn a_stalled_pool_does_not_take_the_other_pools_threads() {
     let (_dir, server) = common::start_with(
         "stalled-pool",
-        r#"[[pools]]
-name = "default"
-[[pools]]
-name = "stalled"
-qos = false
-max_in_flight = 256
-[[pools.faults]]
-kind = "latency"
-latency_ms = 2000
-ops = ["read"]
-every = 1
-[[volumes]]
-name = "healthy"
-size = "4MiB"
-policy = "non-critical"
-[[volumes]]
-name = "stalled"
-size = "4MiB"
-policy = "non-critical"
-pool = "stalled"
-"#,
+        &stalled_pool_toml("", "qos = false\nmax_in_flight = 256", "read", "4MiB"),
     )
     .await;
     let (mut h, _) = common::connect(&server, "healthy").await;
@@ -702,26 +694,7 @@ pool = "stalled"
 async fn a_stalled_pool_holds_only_its_share_of_a_hosts_data_budget() {
     let (_dir, server) = common::start_with(
         "stalled-pool-data",
-        r#"max_buffered_mib_per_host = 64
-[[pools]]
-name = "default"
-[[pools]]
-name = "stalled"
-[[pools.faults]]
-kind = "latency"
-latency_ms = 2000
-ops = ["write"]
-every = 1
-[[volumes]]
-name = "healthy"
-size = "4MiB"
-policy = "non-critical"
-[[volumes]]
-name = "stalled"
-size = "64MiB"
-policy = "non-critical"
-pool = "stalled"
-"#,
+        &stalled_pool_toml("max_buffered_mib_per_host = 64", "", "write", "64MiB"),
     )
     .await;
     let (mut h, _) = common::connect(&server, "healthy").await;
