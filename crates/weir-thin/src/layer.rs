@@ -360,9 +360,24 @@ impl Layer {
         if self.files.get().is_none() && dirty.iter().all(|(_, e)| *e == 0) {
             return Ok(()); // never written, nothing marked: nothing to store
         }
-        let r = self
+        let mut r = self
             .files()
             .and_then(|files| self.write_commit(files, &dirty, &pending));
+        if let (Err(e), Some(files)) = (&r, self.files.get())
+            && e.raw_os_error() == Some(libc::ENOSPC)
+            && !pending.is_empty()
+        {
+            // A full file system, and this commit frees slots (trims, zeroes):
+            // punched now, the space they give back lets the map be written, so a
+            // pool filled to the last block recovers by TRIM (a guest's fstrim).
+            // Safe before the commit: they are not reused until it succeeds, and
+            // the grains the on-disk map may still point at them for were trimmed
+            // or zeroed, which may read as zeroes.
+            for &s in &pending {
+                self.punch(files, s);
+            }
+            r = self.write_commit(files, &dirty, &pending);
+        }
         if r.is_err() {
             // Nothing is lost: the changes go back to wait for the next commit.
             let mut st = lock(&self.state);

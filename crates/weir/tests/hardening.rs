@@ -214,6 +214,68 @@ fn a_server_stopped_on_a_full_file_system_starts_again() {
     println!("started on a full file system; reads served, writes fail ENOSPC");
 }
 
+/// A thin pool filled to the last block recovers by TRIM (a guest's `fstrim`):
+/// the commit that frees the trimmed slots needs blocks for the map itself, so
+/// the slots are punched first. Before, every FLUSH failed with ENOSPC after the
+/// TRIM, no space ever came back, and even a snapshot could not be taken.
+#[test]
+fn a_full_thin_pool_recovers_by_trim() {
+    if !can_mount_tmpfs() {
+        return;
+    }
+    let dir = TempDir::new("full-thin");
+    let config = "[[pools]]\nname = \"thin\"\nformat = \"thin\"\n\
+                  [[volumes]]\nname = \"v\"\nsize = \"64MiB\"\npolicy = \"non-critical\"\npool = \"thin\"\n";
+    // A first run creates the metadata (and the admin token the test reads).
+    let mut first = WeirProcess::start(dir.path(), config);
+    first.terminate();
+    assert!(first.child.wait().unwrap().success());
+    // The same data directory on an 8 MiB tmpfs.
+    let data = dir.join("data");
+    let script = format!(
+        "cp -a {d} {d}.orig && exec unshare -m sh -c 'mount -t tmpfs -o size=8m tmpfs {d} && \
+         cp -a {d}.orig/. {d}/ && exec \"$0\" \"$@\"' \"$0\" \"$@\"",
+        d = data.display()
+    );
+    let server = WeirProcess::start_with(dir.path(), config, &script);
+    let rt = runtime();
+    rt.block_on(async {
+        let (mut c, _) = NbdClient::connect(server.nbd_addr, ClientConfig::go("v"))
+            .await
+            .unwrap();
+        // Fill it: 1 MiB writes until the file system is full.
+        let block = vec![0x5a; 1 << 20];
+        let mut written = 0u64;
+        while written < 64 {
+            match c.write(written << 20, &block, false).await.unwrap() {
+                Ok(()) => written += 1,
+                Err(e) => {
+                    assert_eq!(e.code, weir_nbd::ErrorCode::NoSpc, "{e}");
+                    break;
+                }
+            }
+        }
+        assert!(
+            (1..64).contains(&written),
+            "{written} MiB fitted on an 8 MiB file system"
+        );
+        let _ = c.flush().await.unwrap(); // may fail: the map has no room either
+        // TRIM all of it, then FLUSH: the space comes back.
+        c.session().trim(0, 64 << 20);
+        c.send().await.unwrap();
+        c.next_completion().await.unwrap().result.unwrap();
+        c.flush()
+            .await
+            .unwrap()
+            .expect("FLUSH after a TRIM of everything, on a full file system");
+        c.write(0, &block, false).await.unwrap().unwrap();
+        c.flush().await.unwrap().unwrap();
+        assert_eq!(c.read(0, 1 << 20).await.unwrap().unwrap(), block);
+        c.disconnect().await.unwrap();
+    });
+    println!("a full thin pool: TRIM and FLUSH gave the space back; writes fit again");
+}
+
 /// 1,000 idle connections from one host against a server with 256 descriptors,
 /// then enough from other hosts to fill `max_connections`.
 #[test]
