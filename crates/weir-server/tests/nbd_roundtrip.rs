@@ -142,7 +142,20 @@ async fn block_status_answers_each_selected_context() {
             meta_contexts: contexts.clone(),
             ..ClientConfig::go("open")
         };
-        let (mut c, _) = NbdClient::connect(server.nbd_addr(), config).await.unwrap();
+        // The previous round's lease is given back once its connection's teardown
+        // is done, after its DISC: until then the lease context is not offered.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut c = loop {
+            let (c, export) = NbdClient::connect(server.nbd_addr(), config.clone())
+                .await
+                .unwrap();
+            if export.meta_contexts.len() == expected.len() || std::time::Instant::now() > deadline
+            {
+                break c;
+            }
+            c.disconnect().await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
         for req_one in [false, true] {
             let h = c.session().block_status(0, 1 << 20, req_one);
             let reply = c.wait(h).await.unwrap();
