@@ -175,6 +175,23 @@ fn can_mount_tmpfs() -> bool {
     ok
 }
 
+/// A server on `dir`'s data directory moved onto a tmpfs of `size` in a mount
+/// namespace of its own. A first run creates the metadata, the (sparse) volume
+/// files and the admin token the test reads; `then` (shell, `{d}` the data
+/// directory) runs in the namespace before the server starts.
+fn start_on_tmpfs(dir: &std::path::Path, config: &str, size: &str, then: &str) -> WeirProcess {
+    let mut first = WeirProcess::start(dir, config);
+    first.terminate();
+    assert!(first.child.wait().unwrap().success());
+    let d = dir.join("data").display().to_string();
+    let then = then.replace("{d}", &d);
+    let script = format!(
+        "cp -a {d} {d}.orig && exec unshare -m sh -c 'mount -t tmpfs -o size={size} tmpfs {d} && \
+         cp -a --sparse=always {d}.orig/. {d}/ && {then}exec \"$0\" \"$@\"' \"$0\" \"$@\""
+    );
+    WeirProcess::start_with(dir, config, &script)
+}
+
 #[test]
 fn a_server_stopped_on_a_full_file_system_starts_again() {
     if !can_mount_tmpfs() {
@@ -182,19 +199,13 @@ fn a_server_stopped_on_a_full_file_system_starts_again() {
     }
     let dir = TempDir::new("full-disk");
     let config = "[[volumes]]\nname = \"v\"\nsize = \"16MiB\"\npolicy = \"non-critical\"\n";
-    // A first run creates the metadata and the (sparse) volume file.
-    let mut first = WeirProcess::start(dir.path(), config);
-    first.terminate();
-    assert!(first.child.wait().unwrap().success());
-    // The same data directory on a small tmpfs filled to the last block.
-    let data = dir.join("data");
-    let script = format!(
-        "cp -a {d} {d}.orig && exec unshare -m sh -c 'mount -t tmpfs -o size=2m tmpfs {d} && \
-         cp -a --sparse=always {d}.orig/. {d}/ && \
-         (dd if=/dev/zero of={d}/filler bs=4k 2>/dev/null; true) && exec \"$0\" \"$@\"' \"$0\" \"$@\"",
-        d = data.display()
+    // The data directory on a small tmpfs filled to the last block.
+    let second = start_on_tmpfs(
+        dir.path(),
+        config,
+        "2m",
+        "(dd if=/dev/zero of={d}/filler bs=4k 2>/dev/null; true) && ",
     );
-    let second = WeirProcess::start_with(dir.path(), config, &script);
     let rt = runtime();
     rt.block_on(async {
         let (mut c, _) = NbdClient::connect(second.nbd_addr, ClientConfig::go("v"))
@@ -226,18 +237,7 @@ fn a_full_thin_pool_recovers_by_trim() {
     let dir = TempDir::new("full-thin");
     let config = "[[pools]]\nname = \"thin\"\nformat = \"thin\"\n\
                   [[volumes]]\nname = \"v\"\nsize = \"64MiB\"\npolicy = \"non-critical\"\npool = \"thin\"\n";
-    // A first run creates the metadata (and the admin token the test reads).
-    let mut first = WeirProcess::start(dir.path(), config);
-    first.terminate();
-    assert!(first.child.wait().unwrap().success());
-    // The same data directory on an 8 MiB tmpfs.
-    let data = dir.join("data");
-    let script = format!(
-        "cp -a {d} {d}.orig && exec unshare -m sh -c 'mount -t tmpfs -o size=8m tmpfs {d} && \
-         cp -a {d}.orig/. {d}/ && exec \"$0\" \"$@\"' \"$0\" \"$@\"",
-        d = data.display()
-    );
-    let server = WeirProcess::start_with(dir.path(), config, &script);
+    let server = start_on_tmpfs(dir.path(), config, "8m", "");
     let rt = runtime();
     rt.block_on(async {
         let (mut c, _) = NbdClient::connect(server.nbd_addr, ClientConfig::go("v"))
