@@ -25,6 +25,9 @@
 //!                                   # each connection also at most 128 MiB, 256 requests
 //! idle_timeout_s = 0                # close a connection whose client sends nothing and
 //!                                   # awaits nothing (or reads no reply) this long; 0: off
+//! tcp_keepalive_s = 60              # probe a connection idle this long; one whose client
+//!                                   # stopped answering (host down) is closed about twice
+//!                                   # this after its last answer; 0: off
 //! # tls = "require"                 # NBD over TLS: "off" (default), "on" (offered),
 //!                                   # "require" (no option but STARTTLS before TLS)
 //! # tls_cert = "server-cert.pem"    # PEM server certificate chain (tls on/require)
@@ -226,6 +229,12 @@ pub struct WeirConfig {
     /// 0: never. Off by default: the Linux kernel's NBD client does not reconnect.
     #[serde(default)]
     pub idle_timeout_s: u32,
+    /// TCP keepalive of NBD connections (`crate::keepalive`): the first probe
+    /// after this many seconds with nothing received; a client that stops
+    /// answering (its host down) is closed about twice this after its last
+    /// answer, giving back its connection, budgets and lease. 0: off.
+    #[serde(default = "default_tcp_keepalive_s")]
+    pub tcp_keepalive_s: u32,
     /// NBD over TLS (`NBD_OPT_STARTTLS`): off, offered, or required.
     #[serde(default)]
     pub tls: TlsMode,
@@ -644,6 +653,9 @@ fn default_admin_listen() -> SocketAddr {
 }
 fn default_max_in_flight() -> u32 {
     DEFAULT_MAX_IN_FLIGHT
+}
+fn default_tcp_keepalive_s() -> u32 {
+    60
 }
 fn default_max_buffered_mib() -> u32 {
     crate::connections::DEFAULT_MAX_BUFFERED_MIB
@@ -1188,6 +1200,16 @@ impl WeirConfig {
                 format!(
                     "idle_timeout_s: must be 0 (off) to {MAX_IDLE_TIMEOUT_S} (a week), got {}",
                     self.idle_timeout_s
+                ),
+            ));
+        }
+        if self.tcp_keepalive_s > crate::keepalive::MAX_IDLE_S {
+            return Err((
+                Some("tcp_keepalive_s".into()),
+                format!(
+                    "tcp_keepalive_s: must be 0 (off) to {} (Linux's TCP_KEEPIDLE bound), got {}",
+                    crate::keepalive::MAX_IDLE_S,
+                    self.tcp_keepalive_s
                 ),
             ));
         }

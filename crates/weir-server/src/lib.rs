@@ -31,7 +31,8 @@
 //! the socket (256 requests, 128 MiB per connection; `max_buffered_mib` per
 //! host and in all); `max_connections` and `max_connections_per_host` (fitted
 //! to the open-files limit; a client over a cap is refused with the reason);
-//! `idle_timeout_s`; bogus declared lengths refused at once; accept errors backed
+//! `idle_timeout_s`; TCP keepalive ([`keepalive`]: a client whose host went
+//! down is closed, its lease released); bogus declared lengths refused at once; accept errors backed
 //! off and warnings rate-limited. `[[pools.faults]]` ([`fault`]) injects
 //! errors and latency for tests and drills.
 //! Security: NBD over TLS ([`tls`]: `tls = "off" | "on" | "require"`, X.509 with
@@ -60,6 +61,7 @@ pub mod fault;
 pub mod flash_cache;
 pub mod history;
 pub mod hosts;
+pub mod keepalive;
 pub mod lease;
 pub mod metrics;
 pub mod nbd_client;

@@ -37,6 +37,8 @@ pub struct ServerState {
     pub limits: Arc<ConnectionLimits>,
     /// `idle_timeout_s` (`None`: off).
     pub idle_timeout: Option<Duration>,
+    /// `tcp_keepalive_s` (`None`: off).
+    pub tcp_keepalive: Option<Duration>,
     /// NBD over TLS: the policy and the rustls acceptor.
     pub tls: crate::tls::NbdTls,
     /// The bound NBD and admin addresses (set once the listeners are bound).
@@ -139,6 +141,8 @@ impl ServerState {
             ),
             idle_timeout: (config.idle_timeout_s > 0)
                 .then(|| Duration::from_secs(config.idle_timeout_s.into())),
+            tcp_keepalive: (config.tcp_keepalive_s > 0)
+                .then(|| Duration::from_secs(config.tcp_keepalive_s.into())),
             tls,
             admin_guard: Arc::new(admin_guard),
             addrs: std::sync::OnceLock::new(),

@@ -725,8 +725,16 @@ type Opened = (
 );
 
 /// Connects and opens `export` (blocking, bounded by [`CONNECT_TIMEOUT`] per step),
-/// over TLS after `NBD_OPT_STARTTLS` for an `nbds://` target.
-fn connect(target: &UpstreamTarget, export: &str, lease: Option<&str>) -> io::Result<Opened> {
+/// over TLS after `NBD_OPT_STARTTLS` for an `nbds://` target. TCP keepalive
+/// probes the connection after `timeout` with nothing received, so an idle
+/// connection to an upstream that went down is given up about `2 timeout` after
+/// it last answered (`crate::keepalive`), before a request has to time out on it.
+fn connect(
+    target: &UpstreamTarget,
+    export: &str,
+    lease: Option<&str>,
+    timeout: Duration,
+) -> io::Result<Opened> {
     let mut last = None;
     let mut stream = None;
     for a in target.addrs()? {
@@ -741,6 +749,7 @@ fn connect(target: &UpstreamTarget, export: &str, lease: Option<&str>) -> io::Re
     let mut stream = stream
         .ok_or_else(|| last.unwrap_or_else(|| io_other(format!("{}: no address", target.host))))?;
     stream.set_nodelay(true)?;
+    crate::keepalive::enable(std::os::fd::AsRawFd::as_raw_fd(&stream), timeout)?;
     stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
     stream.set_write_timeout(Some(CONNECT_TIMEOUT))?;
     let mut config = ClientConfig {
@@ -869,7 +878,7 @@ impl UpstreamBackend {
             )),
         };
         let asked = lease.as_ref().filter(|l| l.asking.load(Ordering::Acquire));
-        let first = connect(target, export, asked.map(|l| l.token.as_str()));
+        let first = connect(target, export, asked.map(|l| l.token.as_str()), timeout);
         let (size_bytes, first) = match first {
             Ok(opened) => (opened.1.size_bytes, Some(opened)),
             Err(e) => match known_size.filter(|&s| s > 0) {
@@ -1073,7 +1082,8 @@ impl UpstreamBackend {
         if let Some(conn) = slot.live() {
             return Ok(conn);
         }
-        let fresh = self.adopt(connect(&self.target, &self.export, self.lease_token())?)?;
+        let token = self.lease_token();
+        let fresh = self.adopt(connect(&self.target, &self.export, token, self.timeout)?)?;
         let mut c = slot.conn.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(conn) = c.as_ref().filter(|c| c.is_alive()) {
             // Another caller reconnected it meanwhile: keep that one.

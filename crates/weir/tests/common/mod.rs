@@ -91,6 +91,19 @@ impl WeirProcess {
         Self::spawn(dir, config, cmd, &dir.join("data"))
     }
 
+    /// [`WeirProcess::start_with`] with the NBD listener on `listen` (a server
+    /// in a network namespace of its own, reached on another interface).
+    pub fn start_with_listening(
+        dir: &Path,
+        config: &str,
+        script: &str,
+        listen: SocketAddr,
+    ) -> WeirProcess {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(script).arg(weir_bin());
+        Self::spawn_at(dir, config, cmd, &dir.join("data"), listen)
+    }
+
     fn spawn(dir: &Path, config: &str, cmd: Command, data: &Path) -> WeirProcess {
         Self::spawn_at(dir, config, cmd, data, "127.0.0.1:0".parse().unwrap())
     }
