@@ -1010,16 +1010,15 @@ pub async fn run_session(
 ) {
     let host = canonical(peer.ip());
     let _ = stream.set_nodelay(true);
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-    if let Some(Err(e)) = state
-        .tcp_keepalive
-        .map(|idle| crate::keepalive::enable(fd, idle))
-    {
-        tracing::debug!(%peer, "TCP keepalive not set: {e}");
-    }
     // The socket, for the writer to shut its read side when it gives up (it
     // stays open as long as either half of the stream, plain or TLS, does).
     let socket_fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+    if let Some(Err(e)) = state
+        .tcp_keepalive
+        .map(|idle| crate::keepalive::enable(socket_fd, idle))
+    {
+        tracing::debug!(%peer, "TCP keepalive not set: {e}");
+    }
     let Some((info, leftover, stream)) =
         negotiate(&state, host, peer, Stream::Plain(stream), &mut shutdown).await
     else {

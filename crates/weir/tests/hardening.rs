@@ -164,18 +164,26 @@ fn sigterm_as_soon_as_the_listener_accepts_stops_cleanly() {
     }
 }
 
-/// Whether a tmpfs can be mounted in a fresh mount namespace here (root and
-/// `unshare`); says "skipped" when not.
-fn can_mount_tmpfs() -> bool {
+/// Whether `unshare ARGS` succeeds here; prints "skipped: `reason`" when not.
+fn unshare_works(args: &[&str], reason: &str) -> bool {
     let ok = std::process::Command::new("unshare")
-        .args(["-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"])
+        .args(args)
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        println!("skipped: cannot mount a tmpfs in a new mount namespace (needs root and unshare)");
+        println!("skipped: {reason}");
     }
     ok
+}
+
+/// Whether a tmpfs can be mounted in a fresh mount namespace here (root and
+/// `unshare`).
+fn can_mount_tmpfs() -> bool {
+    unshare_works(
+        &["-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+        "cannot mount a tmpfs in a new mount namespace (needs root and unshare)",
+    )
 }
 
 /// A server on `dir`'s data directory moved onto a tmpfs of `size` in a mount
@@ -280,19 +288,14 @@ fn a_full_thin_pool_recovers_by_trim() {
 }
 
 /// Whether two network namespaces joined by a veth pair can be made here (root,
-/// `unshare`, `ip`, the veth driver); says "skipped" when not.
+/// `unshare`, `ip`, the veth driver).
 fn can_make_two_hosts() -> bool {
-    let ok = std::process::Command::new("unshare")
-        .args([
+    unshare_works(
+        &[
             "-n", "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1",
-        ])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        println!("skipped: cannot join two network namespaces by veth (needs root, unshare, ip)");
-    }
-    ok
+        ],
+        "cannot join two network namespaces by veth (needs root, unshare, ip)",
+    )
 }
 
 /// Moves the calling thread into the network namespace of process `pid` (its

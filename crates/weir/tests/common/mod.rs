@@ -86,9 +86,7 @@ impl WeirProcess {
     /// and ends with `exec "$0" "$@"`. `WEIR_BIN` overrides the binary (to
     /// measure another build, e.g. before a fix).
     pub fn start_with(dir: &Path, config: &str, script: &str) -> WeirProcess {
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c").arg(script).arg(weir_bin());
-        Self::spawn(dir, config, cmd, &dir.join("data"))
+        Self::start_with_listening(dir, config, script, "127.0.0.1:0".parse().unwrap())
     }
 
     /// [`WeirProcess::start_with`] with the NBD listener on `listen` (a server
