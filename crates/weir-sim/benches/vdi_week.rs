@@ -77,7 +77,7 @@ fn main() {
     // The week as 004's calendar runs it: one of each phase (8.1 power-on).
     for (label, filter) in [
         ("sunday creation", "sun-creation"),
-        ("monday initial login", "mon-initial-login"),
+        ("monday initial login", "mon-initial-login/8.1"),
         ("tuesday login", "tue-login"),
         ("power-on (8.1)", "mon-power-on/8.1"),
         ("steady state", "steady-state"),

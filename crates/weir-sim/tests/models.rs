@@ -317,7 +317,7 @@ fn week_small() -> String {
 #[test]
 fn vdi_week_orders_the_phases_as_004_and_clone_aware_cache_boots_faster() {
     let names = load("vdi-week-small", &week_small()).case_names();
-    assert_eq!(names.len(), 9);
+    assert_eq!(names.len(), 10);
     let r = {
         let mut s2 = load("vdi-week-small", &week_small());
         s2.retain_cases("login");
@@ -335,7 +335,7 @@ fn vdi_week_orders_the_phases_as_004_and_clone_aware_cache_boots_faster() {
             .iops
     };
     let (initial, monday, tuesday) = (
-        iops("mon-initial-login"),
+        iops("mon-initial-login/8.1"),
         iops("mon-login-after-reboot"),
         iops("tue-login"),
     );
@@ -433,7 +433,7 @@ fn acceptance_vdi_week_full() {
             .unwrap_or(c.total.as_ref().unwrap().iops)
     };
     let (i, m, t, st) = (
-        iops("mon-initial-login"),
+        iops("mon-initial-login/8.1"),
         iops("mon-login-after-reboot"),
         iops("tue-login"),
         iops("steady-state"),
@@ -450,7 +450,12 @@ fn acceptance_vdi_week_full() {
         128.0
     );
     assert_eq!(acme("sun-creation", "create_peak_concurrent"), 8.0);
-    for c in ["mon-initial-login", "tue-login", "mon-login-after-reboot"] {
+    for c in [
+        "mon-initial-login/8.1",
+        "mon-initial-login/8.0.1",
+        "tue-login",
+        "mon-login-after-reboot",
+    ] {
         assert_eq!(acme(c, "logins_started"), 2500.0, "{c}");
         let w = acme(c, "login_window_s");
         assert!((w - 2499.0 * 0.624).abs() < 1.0, "{c}: {w} s");
