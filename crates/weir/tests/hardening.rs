@@ -323,6 +323,16 @@ fn sh_in_netns(pid: u32, script: &str) {
     );
 }
 
+/// A child process killed and reaped when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// How the lease holder's host is doing when it goes down.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum WhenDown {
@@ -358,11 +368,15 @@ fn holder_host_goes_down(when: WhenDown, within: Duration) -> Option<Duration> {
     }
     let keepalive = std::env::var("DEAD_HOST_KEEPALIVE_S").unwrap_or_else(|_| "1".into());
     let limit = Duration::from_secs(env_or("DEAD_HOST_LIMIT_S", within.as_secs()));
-    let mut host_b = std::process::Command::new("unshare")
-        .args(["-n", "sleep", "3600"])
-        .spawn()
-        .unwrap();
-    let pb = host_b.id();
+    // Host B's network namespace lives as long as this process (killed
+    // however the test ends).
+    let host_b = KillOnDrop(
+        std::process::Command::new("unshare")
+            .args(["-n", "sleep", "3600"])
+            .spawn()
+            .unwrap(),
+    );
+    let pb = host_b.0.id();
     let dir = TempDir::new("dead-host");
     let keepalive_line = match keepalive.as_str() {
         "default" => String::new(),
@@ -495,8 +509,7 @@ fn holder_host_goes_down(when: WhenDown, within: Duration) -> Option<Duration> {
     let served = a.join();
     let _ = end_tx.send(());
     let _ = b.join();
-    let _ = host_b.kill();
-    let _ = host_b.wait();
+    drop(host_b);
     println!("host B down ({when:?}); the server's side of its connection then:\n{at_down}");
     let log = std::fs::read_to_string(dir.path().join("weir.log")).unwrap_or_default();
     for line in log.lines().filter(|l| l.contains("closing connection")) {
