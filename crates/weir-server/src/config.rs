@@ -26,8 +26,9 @@
 //! idle_timeout_s = 0                # close a connection whose client sends nothing and
 //!                                   # awaits nothing (or reads no reply) this long; 0: off
 //! tcp_keepalive_s = 60              # probe a connection idle this long; one whose client
-//!                                   # stopped answering (host down) is closed about twice
-//!                                   # this after its last answer; 0: off
+//!                                   # stopped answering (host down), idle or being sent
+//!                                   # replies, is closed about twice this after its last
+//!                                   # answer; 0: off
 //! # tls = "require"                 # NBD over TLS: "off" (default), "on" (offered),
 //!                                   # "require" (no option but STARTTLS before TLS)
 //! # tls_cert = "server-cert.pem"    # PEM server certificate chain (tls on/require)
@@ -232,7 +233,9 @@ pub struct WeirConfig {
     /// TCP keepalive of NBD connections (`crate::keepalive`): the first probe
     /// after this many seconds with nothing received; a client that stops
     /// answering (its host down) is closed about twice this after its last
-    /// answer, giving back its connection, budgets and lease. 0: off.
+    /// answer, giving back its connection, budgets and lease: by keepalive
+    /// when idle, by the dead-peer watch (`keepalive::PeerWatch`) when it was
+    /// being sent replies or had closed its window. 0: off (both).
     #[serde(default = "default_tcp_keepalive_s")]
     pub tcp_keepalive_s: u32,
     /// NBD over TLS (`NBD_OPT_STARTTLS`): off, offered, or required.

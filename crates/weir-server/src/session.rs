@@ -1083,6 +1083,12 @@ pub async fn run_session(
         conn.server_data.clone(),
     ));
     let mut reader = BufReader::with_capacity(256 * 1024, std::io::Cursor::new(leftover).chain(rd));
+    // A peer found gone with replies or window probes unanswered (which
+    // keepalive does not cover) has its connection aborted. Declared after
+    // `reader`, so dropped (the watch stopped) before the socket can close.
+    let peer_watch = state
+        .tcp_keepalive
+        .map(|idle| crate::keepalive::PeerWatch::start(socket_fd, idle, peer));
     let ended = conn
         .serve_requests(&mut reader, BusyPoll::new(state.busy_poll), &mut shutdown)
         .await;
@@ -1109,6 +1115,7 @@ pub async fn run_session(
         unsafe { libc::shutdown(socket_fd, libc::SHUT_RDWR) };
     }
     let _ = writer.await;
+    drop(peer_watch);
     // Only now (no write of this connection is in flight any more) may another
     // client take the lease, or this one's end start the grace (a last release
     // records it: an fsync, so on a blocking thread).

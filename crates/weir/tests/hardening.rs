@@ -4,8 +4,10 @@
 //! - a server stopped on a full file system starts again (its metadata is not
 //!   rewritten when unchanged);
 //! - a client host that went down without closing its connection gives back
-//!   the exclusive lease it held (TCP keepalive), and a live one that reads no
-//!   replies for a while is not taken for dead;
+//!   the exclusive lease it held (TCP keepalive), also when it went down with
+//!   replies on their way to it or its receive window closed (the dead-peer
+//!   watch), and a live one that reads no replies for a while is not taken for
+//!   dead;
 //! - a flood of idle connections, four times the server's descriptors, leaves
 //!   another host served (or refused with the reason) within a second, the accept
 //!   loop idle and the log small.
@@ -321,39 +323,80 @@ fn sh_in_netns(pid: u32, script: &str) {
     );
 }
 
-/// A client host that goes down without closing its connection (power lost,
-/// network cut: no FIN, no RST) gives back the exclusive lease it held, so that
-/// the volume's other writers are served again: TCP keepalive finds the peer
-/// gone and the connection closes. Before, the dead host's connection stayed
-/// open for ever and every other write to the volume was refused with EPERM
-/// until an operator broke the lease.
+/// A child process killed and reaped when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// How the lease holder's host is doing when it goes down.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum WhenDown {
+    /// It has acknowledged everything it was sent (idle: keepalive's case).
+    Idle,
+    /// Its READs are being answered: the server's replies leave after it is
+    /// gone and nothing acknowledges them (retransmission's case).
+    RepliesInFlight,
+    /// It read none of its replies and its receive window is closed: the
+    /// server has replies waiting and probes the window (window probing's case).
+    WindowClosed,
+}
+
+/// Host B takes a volume's exclusive lease from its own network namespace,
+/// then goes down as `when` says, without closing anything; host A, on the
+/// server's side, writes the volume every 200 ms until one write is served.
+/// Returns how long after B went down that was; fails if still refused after
+/// `within`. `tcp_keepalive_s` is 1 unless `DEAD_HOST_KEEPALIVE_S` says
+/// otherwise (`default`: the key is left out), and `DEAD_HOST_LIMIT_S`
+/// replaces `within` (to measure other settings, or a build without the fix
+/// through `WEIR_BIN`). `None`: two hosts cannot be made here.
 ///
 /// The server runs in a network namespace of its own; host B is another,
 /// joined to it by a veth pair, and "goes down" by giving up its address: the
 /// link stays up, as a switch port does when the host behind it dies, and
 /// nothing answers the server's packets (B's process and socket live on,
-/// silent; no RST, since B's kernel no longer owns the address).
-#[test]
-fn a_client_host_that_went_down_gives_its_lease_back() {
+/// silent; no RST, since B's kernel no longer owns the address). The volume's
+/// reads take 400 ms (a latency fault), so that B's READs are answered after
+/// it went down.
+fn holder_host_goes_down(when: WhenDown, within: Duration) -> Option<Duration> {
     if !can_make_two_hosts() {
-        return;
+        return None;
     }
-    let mut host_b = std::process::Command::new("unshare")
-        .args(["-n", "sleep", "300"])
-        .spawn()
-        .unwrap();
-    let pb = host_b.id();
+    let keepalive = std::env::var("DEAD_HOST_KEEPALIVE_S").unwrap_or_else(|_| "1".into());
+    let limit = Duration::from_secs(env_or("DEAD_HOST_LIMIT_S", within.as_secs()));
+    // Host B's network namespace lives as long as this process (killed
+    // however the test ends).
+    let host_b = KillOnDrop(
+        std::process::Command::new("unshare")
+            .args(["-n", "sleep", "3600"])
+            .spawn()
+            .unwrap(),
+    );
+    let pb = host_b.0.id();
     let dir = TempDir::new("dead-host");
-    let config = "tcp_keepalive_s = 1\n[[volumes]]\nname = \"v\"\nsize = \"16MiB\"\n\
-                  policy = \"non-critical\"\n";
+    let keepalive_line = match keepalive.as_str() {
+        "default" => String::new(),
+        s => format!("tcp_keepalive_s = {s}\n"),
+    };
+    let config = format!(
+        "{keepalive_line}[[pools]]\nname = \"default\"\n[[pools.faults]]\nkind = \"latency\"\n\
+         ops = [\"read\"]\nevery = 1\nlatency_ms = 400\n\
+         [[volumes]]\nname = \"v\"\nsize = \"256MiB\"\npolicy = \"non-critical\"\n"
+    );
+    // The server logs why it closes a connection (`closing connection: …`).
     let script = format!(
-        "exec unshare -n sh -c 'ip link set lo up && \
+        "exec env RUST_LOG=warn,weir_server::session=info,weir_server::keepalive=info \
+         unshare -n sh -c 'ip link set lo up && \
          ip link add v0 type veth peer name v1 netns {pb} && \
          ip addr add 10.77.0.1/24 dev v0 && ip link set v0 up && exec \"$0\" \"$@\"' \"$0\" \"$@\""
     );
     let server = WeirProcess::start_with_listening(
         dir.path(),
-        config,
+        &config,
         &script,
         "0.0.0.0:0".parse().unwrap(),
     );
@@ -363,8 +406,25 @@ fn a_client_host_that_went_down_gives_its_lease_back() {
     );
     let port = server.nbd_addr.port();
     let pa = server.child.id();
+    // The server's side of B's connection, as `ss -tnoi` shows it.
+    let holder_socket = move || {
+        let o = std::process::Command::new("nsenter")
+            .args([
+                "-t",
+                &pa.to_string(),
+                "-n",
+                "ss",
+                "-tnoi",
+                "dst",
+                "10.77.0.2",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
 
-    // Host B takes the lease and writes; then it keeps its connection.
+    // Host B takes the lease and writes, then keeps its connection and, as
+    // `when` says, sends READs it reads no reply of.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
     let b = std::thread::spawn(move || {
@@ -379,12 +439,40 @@ fn a_client_host_that_went_down_gives_its_lease_back() {
             let addr = SocketAddr::new([10, 77, 0, 1].into(), port);
             let (mut c, _) = NbdClient::connect(addr, cfg).await.unwrap();
             c.write(0, &[7; 4096], false).await.unwrap().unwrap();
+            let reads = match when {
+                WhenDown::Idle => 0,
+                WhenDown::RepliesInFlight => 8,
+                WhenDown::WindowClosed => 64,
+            };
+            for i in 0..reads {
+                c.session().read(i << 20, 1 << 20);
+            }
+            c.send().await.unwrap();
             ready_tx.send(()).unwrap();
             let _ = end_rx.recv();
             drop(c);
         });
     });
     ready_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    match when {
+        // Once B acknowledged its WRITE's reply (a delayed ACK, ~40 ms).
+        WhenDown::Idle => std::thread::sleep(Duration::from_millis(500)),
+        // B's READs reached the server (a veth hop) and wait for their 400 ms.
+        WhenDown::RepliesInFlight => std::thread::sleep(Duration::from_millis(50)),
+        // Until B's receive window is closed, with replies still waiting
+        // (the server probes the window: its persist timer).
+        WhenDown::WindowClosed => {
+            let t = Instant::now();
+            while !holder_socket().contains("timer:(persist") {
+                assert!(t.elapsed() < Duration::from_secs(20), "{}", holder_socket());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    // Host B goes down: nothing answers any more, nothing is closed.
+    sh_in_netns(pb, "ip addr del 10.77.0.2/24 dev v1");
+    let down = Instant::now();
+    let at_down = holder_socket();
 
     // Host A, on the server's side of the link: refused while B holds the lease.
     let a = std::thread::spawn(move || {
@@ -394,56 +482,121 @@ fn a_client_host_that_went_down_gives_its_lease_back() {
             let (mut c, _) = NbdClient::connect(addr, ClientConfig::go("v"))
                 .await
                 .unwrap();
-            let e = c.write(0, &[1; 4096], false).await.unwrap().unwrap_err();
-            assert_eq!(e.code, weir_nbd::ErrorCode::Perm, "{e}");
-            // Host B goes down once it has acknowledged all it was sent (a
-            // peer that dies with data unacknowledged is left to the kernel's
-            // retransmission limit: docs/HARDENING.md): nothing answers any
-            // more, nothing is closed.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            sh_in_netns(pb, "ip addr del 10.77.0.2/24 dev v1");
-            let down = Instant::now();
+            let mut refused = 0;
             loop {
                 match c.write(0, &[1; 4096], false).await.unwrap() {
                     Ok(()) => break,
                     Err(e) => assert_eq!(e.code, weir_nbd::ErrorCode::Perm, "{e}"),
                 }
+                refused += 1;
                 assert!(
-                    down.elapsed() < Duration::from_secs(30),
-                    "writes still refused 30 s after the lease holder's host went down"
+                    down.elapsed() < limit,
+                    "writes still refused {} s after the lease holder's host went down",
+                    limit.as_secs()
                 );
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             let served_after = down.elapsed();
+            assert!(
+                refused > 0,
+                "host A's first write was served: B held no lease"
+            );
             assert_eq!(c.read(0, 4096).await.unwrap().unwrap(), vec![1; 4096]);
             c.disconnect().await.unwrap();
             served_after
         })
     });
-    let served_after = a.join().unwrap();
-    end_tx.send(()).unwrap();
-    b.join().unwrap();
-    let _ = host_b.kill();
-    let _ = host_b.wait();
+    let served = a.join();
+    let _ = end_tx.send(());
+    let _ = b.join();
+    drop(host_b);
+    println!("host B down ({when:?}); the server's side of its connection then:\n{at_down}");
+    let log = std::fs::read_to_string(dir.path().join("weir.log")).unwrap_or_default();
+    for line in log.lines().filter(|l| l.contains("closing connection")) {
+        println!("server: {line}");
+    }
+    let served_after = served.unwrap();
     println!(
-        "host B down: its lease given back and host A's write served after {:.1} s \
-         (tcp_keepalive_s = 1: 1 s idle and 6 probes 1 s apart, then the lease's 2 s grace)",
+        "host B down ({when:?}): its lease given back and host A's write served after {:.1} s \
+         (tcp_keepalive_s = {keepalive})",
         served_after.as_secs_f64()
     );
+    // The lease's grace follows its release.
     assert!(served_after >= Duration::from_secs(2), "{served_after:?}");
+    Some(served_after)
 }
 
-/// Keepalive takes only a silent peer for dead: a live client that takes none
-/// of its replies for five times `tcp_keepalive_s` (its receive window closed,
-/// 128 MiB of replies waiting) keeps its connection and then gets every reply.
-/// (`TCP_USER_TIMEOUT`, tried beside keepalive, closed this connection: Linux
-/// counts a zero window against it.)
+/// A client host that goes down without closing its connection (power lost,
+/// network cut: no FIN, no RST) gives back the exclusive lease it held, so that
+/// the volume's other writers are served again: TCP keepalive finds the peer
+/// gone and the connection closes. Before, the dead host's connection stayed
+/// open for ever and every other write to the volume was refused with EPERM
+/// until an operator broke the lease. (1 s idle and 6 probes 1 s apart, then
+/// the lease's 2 s grace.)
+#[test]
+fn a_client_host_that_went_down_gives_its_lease_back() {
+    holder_host_goes_down(WhenDown::Idle, Duration::from_secs(30));
+}
+
+/// The same host going down while the server is sending it replies (a busy
+/// VM's host): keepalive sends no probe while data is unacknowledged, and the
+/// kernel's retransmissions held the connection, and so the lease, for about
+/// 15 minutes (`tcp_retries2`; with this test's settings the writes were still
+/// refused at its limit). The server's watch (`keepalive::PeerWatch`) aborts a
+/// connection whose peer acknowledged nothing for as long as keepalive gives
+/// an idle one (7 s here) and left its retransmissions unanswered.
+#[test]
+fn a_lease_holder_that_went_down_with_replies_in_flight_gives_its_lease_back() {
+    holder_host_goes_down(WhenDown::RepliesInFlight, Duration::from_secs(15));
+}
+
+/// The same host going down after it stopped reading (its receive window
+/// closed): the server probes the window, and no probe is answered (before:
+/// about 15 minutes too). A live client in the same state answers the probes
+/// and keeps its connection
+/// (`a_live_client_that_reads_no_replies_for_a_while_keeps_its_connection`).
+#[test]
+fn a_lease_holder_that_went_down_with_its_window_closed_gives_its_lease_back() {
+    holder_host_goes_down(WhenDown::WindowClosed, Duration::from_secs(15));
+}
+
+/// Keepalive and the dead-peer watch take only a silent peer for dead: a live
+/// client that takes none of its replies (its receive window closed, 128 MiB
+/// of replies waiting) keeps its connection and then gets every reply, even
+/// after the server has heard no ACK from it for longer than a dead peer is
+/// given (7 s with `tcp_keepalive_s = 1`): the server's window probes back
+/// off exponentially, so a live client's ACKs come further and further apart,
+/// but it answers each one. (`TCP_USER_TIMEOUT`, tried beside keepalive,
+/// closed this connection: Linux counts a zero window against it; a watch on
+/// the time since the last ACK alone closed it after about 20 s.)
 #[test]
 fn a_live_client_that_reads_no_replies_for_a_while_keeps_its_connection() {
     let dir = TempDir::new("slow-reader");
     let config = "tcp_keepalive_s = 1\n[[volumes]]\nname = \"v\"\nsize = \"64MiB\"\n\
                   policy = \"non-critical\"\n";
     let server = WeirProcess::start(dir.path(), config);
+    let port = server.nbd_addr.port();
+    // The longest time the server's side went without an ACK, from `ss`.
+    let longest_without_ack = || {
+        let o = std::process::Command::new("ss")
+            .args([
+                "-tnoi",
+                "state",
+                "established",
+                "sport",
+                "=",
+                &format!(":{port}"),
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .filter_map(|w| w.strip_prefix("lastack:")?.parse::<u64>().ok())
+            .max()
+            .map(Duration::from_millis)
+    };
+    let silent = Duration::from_secs(25);
+    let mut longest = Duration::ZERO;
     runtime().block_on(async {
         let (mut c, _) = NbdClient::connect(server.nbd_addr, ClientConfig::go("v"))
             .await
@@ -452,7 +605,11 @@ fn a_live_client_that_reads_no_replies_for_a_while_keeps_its_connection() {
             c.session().read((i % 64) << 20, 1 << 20);
         }
         c.send().await.unwrap();
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        let t = Instant::now();
+        while t.elapsed() < silent {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            longest = longest.max(longest_without_ack().unwrap_or_default());
+        }
         for _ in 0..128 {
             let done = c.next_completion().await.unwrap();
             match done.result.unwrap() {
@@ -462,7 +619,15 @@ fn a_live_client_that_reads_no_replies_for_a_while_keeps_its_connection() {
         }
         c.disconnect().await.unwrap();
     });
-    println!("a client silent for 5 s with tcp_keepalive_s = 1: all 128 replies of 1 MiB");
+    println!(
+        "a client silent for {} s with tcp_keepalive_s = 1: all 128 replies of 1 MiB; \
+         the server went up to {:.1} s without an ACK from it",
+        silent.as_secs(),
+        longest.as_secs_f64()
+    );
+    // What this test is about: longer than a dead peer is given.
+    let dead_after = weir_server::keepalive::give_up_after(Duration::from_secs(1));
+    assert!(longest > dead_after, "{longest:?}");
 }
 
 /// 1,000 idle connections from one host against a server with 256 descriptors,
