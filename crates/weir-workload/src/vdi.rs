@@ -29,7 +29,8 @@
 //! * Login activity, per logged-in desktop, from the "for one VM" rows and the
 //!   concurrency rows of 004 Tables 11 (initial), 20 (Monday), 15 (Tuesday): the
 //!   share of desktops reading / writing in a second and the IOPS of one active
-//!   desktop. Read sizes mean 19–20 KB, writes 12 KB (initial, Monday) or 8 KB
+//!   desktop (the initial login's only gives its read / write proportions: its
+//!   desktops work in a closed loop, below). Read sizes mean 19–20 KB, writes 12 KB (initial, Monday) or 8 KB
 //!   (Tuesday): the bucket weights are Weir's (004's histograms are images), fitted to
 //!   those means, with 1 MB writes at 0.3 % (004: "1MB write operations have been
 //!   recorded during large file-save operations").
