@@ -1633,15 +1633,24 @@ mod tests {
         let conn = b.slots[0].live().expect("connected");
         let before = data_segments_sent(&conn.socket);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        for i in 0..32u64 {
-            let tx = tx.clone();
-            let op = AsyncOp::Read {
-                offset: i * 4096,
-                length: 4096,
-            };
-            let started = b.start_async(op, Box::new(move |r| drop(tx.send(r))));
-            assert!(started.is_ok(), "request {i} not started");
-        }
+        // Started by a task on the runtime's one worker, as `weir serve` starts
+        // them (the test's own body runs on another thread, where the worker could
+        // run the flush task while the batch is still being started).
+        let b = Arc::new(b);
+        let starter = b.clone();
+        tokio::spawn(async move {
+            for i in 0..32u64 {
+                let tx = tx.clone();
+                let op = AsyncOp::Read {
+                    offset: i * 4096,
+                    length: 4096,
+                };
+                let started = starter.start_async(op, Box::new(move |r| drop(tx.send(r))));
+                assert!(started.is_ok(), "request {i} not started");
+            }
+        })
+        .await
+        .unwrap();
         for _ in 0..32 {
             let r = rx.recv().await.expect("answered");
             assert!(matches!(r, Some(Ok(ref d)) if d.len() == 4096), "{r:?}");
