@@ -30,10 +30,10 @@
 //!   concurrency rows of 004 Tables 11 (initial), 20 (Monday), 15 (Tuesday): the
 //!   share of desktops reading / writing in a second and the IOPS of one active
 //!   desktop (the initial login's only gives its read / write proportions: its
-//!   desktops work in a closed loop, below). Read sizes mean 19–20 KB, writes 12 KB (initial, Monday) or 8 KB
-//!   (Tuesday): the bucket weights are Weir's (004's histograms are images), fitted to
-//!   those means, with 1 MB writes at 0.3 % (004: "1MB write operations have been
-//!   recorded during large file-save operations").
+//!   desktops work in a closed loop, below). Read sizes mean 19–20 KB, writes
+//!   12 KB (initial, Monday) or 8 KB (Tuesday): the bucket weights are Weir's (004's
+//!   histograms are images), fitted to those means, with 1 MB writes at 0.3 % (004:
+//!   "1MB write operations have been recorded during large file-save operations").
 //! * Closed-loop work after the initial login ([`Work::of`]): the per-second activity
 //!   of Table 11 is what desktops *got* from a saturated controller (CPU 93-95 %,
 //!   51-64 ms at ESX against 0.9-5 ms at the controller, Table 10), not what they
