@@ -313,133 +313,9 @@ impl LoadScenario {
             .get("scenario")
             .and_then(toml::Value::as_table)
             .is_some_and(|t| t.contains_key("timeline_interval_s"));
-        let mut windows = Vec::new();
-        for (i, w) in h.window.iter().enumerate() {
-            if !(w.start_s >= 0.0 && w.end_s > w.start_s) {
-                return Err(scen_err(
-                    file,
-                    format!(
-                        "scenario.window[{i}]: needs 0 ≤ start_s < end_s, got {}..{}",
-                        w.start_s, w.end_s
-                    ),
-                ));
-            }
-            windows.push(Window {
-                name: w.name.clone(),
-                start_s: w.start_s,
-                end_s: w.end_s,
-            });
-        }
-        let mut models: Vec<&ModelSpec> = Vec::new();
-        for (i, spec) in doc.model.iter().enumerate() {
-            spec.validate()
-                .map_err(|e| scen_err(file, format!("model[{}]: {e}", spec.name())))?;
-            if models.iter().any(|x| x.name() == spec.name()) {
-                return Err(scen_err(
-                    file,
-                    format!("model[{i}]: two models are named {:?}", spec.name()),
-                ));
-            }
-            models.push(spec);
-        }
-        // A model's schedule is the whole model's (as in the simulator): every copy
-        // of every [[vm]] running it is one instance, numbered in file order.
-        let copies = |model: &str| -> u32 {
-            doc.vm
-                .iter()
-                .filter(|v| v.workload == model)
-                .map(|v| v.count)
-                .sum()
-        };
-        let mut seen: std::collections::BTreeMap<&str, u32> = Default::default();
-        let mut vms = Vec::new();
-        let mut ignored_vm_fields = std::collections::BTreeSet::new();
-        for v in &doc.vm {
-            let at = format!("vm[{}]", v.name);
-            if !v.host.is_empty() {
-                ignored_vm_fields.insert("host");
-            }
-            if v.shares != Default::default() {
-                ignored_vm_fields.insert("shares");
-            }
-            for (field, set) in [
-                ("limit_iops", v.limit_iops.is_some()),
-                ("reservation_iops", v.reservation_iops.is_some()),
-                ("host_cache", v.host_cache),
-                ("prewarm_cache", v.prewarm_cache),
-            ] {
-                if set {
-                    ignored_vm_fields.insert(field);
-                }
-            }
-            let workload = &v.workload;
-            let template = match doc.workload.iter().find(|w| &w.name == workload) {
-                Some(w) => VmWorkload::Access(w.clone()),
-                None => match models.iter().find(|m| m.name() == workload) {
-                    Some(m) => VmWorkload::Model {
-                        spec: Box::new((*m).clone()),
-                        instance: 0,
-                        instances: 1,
-                    },
-                    None => VmWorkload::Access(profile(workload).map(|p| p.spec).map_err(|_| {
-                        scen_err(
-                            file,
-                            format!(
-                                "{at}.workload: no [[workload]], [[model]] or built-in profile named {workload:?} (profiles: {})",
-                                profile_names().join(", ")
-                            ),
-                        )
-                    })?),
-                },
-            };
-            let disk_gib = v.disk_gib.unwrap_or(0.0);
-            if !(0.0..=1e6).contains(&disk_gib) {
-                return Err(scen_err(
-                    file,
-                    format!("{at}.disk_gib: must be in [0, 1e6], got {disk_gib}"),
-                ));
-            }
-            let disk_bytes = (disk_gib > 0.0)
-                .then(|| (disk_gib * (1u64 << 30) as f64) as u64 / 4096 * 4096)
-                .filter(|&b| b > 0);
-            let count = v.count as usize;
-            let first = seen.get(workload.as_str()).copied().unwrap_or(0);
-            for k in 0..count {
-                let name = if count == 1 {
-                    v.name.clone()
-                } else {
-                    format!("{}-{}", v.name, k + 1)
-                };
-                if vms.iter().any(|x: &LoadVm| x.name == name) {
-                    return Err(scen_err(
-                        file,
-                        format!("{at}.name: two VMs are named {name:?}"),
-                    ));
-                }
-                let mut run = template.clone();
-                if let VmWorkload::Model {
-                    instance,
-                    instances,
-                    ..
-                } = &mut run
-                {
-                    *instance = first + k as u32;
-                    *instances = copies(workload);
-                }
-                vms.push(LoadVm {
-                    name,
-                    base: v.name.clone(),
-                    workload: workload.clone(),
-                    run,
-                    disk_bytes,
-                    volume: v.volume.clone(),
-                });
-                if vms.len() > MAX_VMS {
-                    return Err(scen_err(file, format!("more than {MAX_VMS} VMs")));
-                }
-            }
-            *seen.entry(workload.as_str()).or_insert(0) += v.count;
-        }
+        let windows = windows(file, h)?;
+        let models = models(file, &doc)?;
+        let (vms, ignored_vm_fields) = expand_vms(file, &doc, &models)?;
         if !ignored_vm_fields.is_empty() {
             notes.push(format!(
                 "VM fields left to the target's QoS: {}",
@@ -461,6 +337,167 @@ impl LoadScenario {
             notes,
         })
     }
+}
+
+/// Each `[[scenario.window]]`, checked.
+fn windows(file: &str, h: &weir_scenario::ScenarioHeader) -> Result<Vec<Window>, LoadError> {
+    let mut windows = Vec::new();
+    for (i, w) in h.window.iter().enumerate() {
+        if !(w.start_s >= 0.0 && w.end_s > w.start_s) {
+            return Err(scen_err(
+                file,
+                format!(
+                    "scenario.window[{i}]: needs 0 ≤ start_s < end_s, got {}..{}",
+                    w.start_s, w.end_s
+                ),
+            ));
+        }
+        windows.push(Window {
+            name: w.name.clone(),
+            start_s: w.start_s,
+            end_s: w.end_s,
+        });
+    }
+    Ok(windows)
+}
+
+/// Each `[[model]]`, validated, with distinct names.
+fn models<'a>(file: &str, doc: &'a ScenarioFile) -> Result<Vec<&'a ModelSpec>, LoadError> {
+    let mut models: Vec<&ModelSpec> = Vec::new();
+    for (i, spec) in doc.model.iter().enumerate() {
+        spec.validate()
+            .map_err(|e| scen_err(file, format!("model[{}]: {e}", spec.name())))?;
+        if models.iter().any(|x| x.name() == spec.name()) {
+            return Err(scen_err(
+                file,
+                format!("model[{i}]: two models are named {:?}", spec.name()),
+            ));
+        }
+        models.push(spec);
+    }
+    Ok(models)
+}
+
+/// What a `[[vm]]` runs: a `[[workload]]`, a `[[model]]` (instance numbers set
+/// per copy later) or a built-in profile, in that order.
+fn vm_template(
+    file: &str,
+    at: &str,
+    doc: &ScenarioFile,
+    models: &[&ModelSpec],
+    workload: &str,
+) -> Result<VmWorkload, LoadError> {
+    if let Some(w) = doc.workload.iter().find(|w| w.name == workload) {
+        return Ok(VmWorkload::Access(w.clone()));
+    }
+    if let Some(m) = models.iter().find(|m| m.name() == workload) {
+        return Ok(VmWorkload::Model {
+            spec: Box::new((*m).clone()),
+            instance: 0,
+            instances: 1,
+        });
+    }
+    let p = profile(workload).map_err(|_| {
+        scen_err(
+            file,
+            format!(
+                "{at}.workload: no [[workload]], [[model]] or built-in profile named {workload:?} (profiles: {})",
+                profile_names().join(", ")
+            ),
+        )
+    })?;
+    Ok(VmWorkload::Access(p.spec))
+}
+
+/// The fields of a `[[vm]]` that only the simulator acts on (a live target's QoS
+/// does it), where this VM sets them.
+fn simulator_only_fields(v: &weir_scenario::VmSpec) -> Vec<&'static str> {
+    [
+        ("host", !v.host.is_empty()),
+        ("shares", v.shares != Default::default()),
+        ("limit_iops", v.limit_iops.is_some()),
+        ("reservation_iops", v.reservation_iops.is_some()),
+        ("host_cache", v.host_cache),
+        ("prewarm_cache", v.prewarm_cache),
+    ]
+    .into_iter()
+    .filter_map(|(field, set)| set.then_some(field))
+    .collect()
+}
+
+/// Every copy of every `[[vm]]`, named `name-1`, `name-2`, … when it has more than
+/// one, and the simulator-only fields the file sets.
+fn expand_vms(
+    file: &str,
+    doc: &ScenarioFile,
+    models: &[&ModelSpec],
+) -> Result<(Vec<LoadVm>, std::collections::BTreeSet<&'static str>), LoadError> {
+    // A model's schedule is the whole model's (as in the simulator): every copy
+    // of every [[vm]] running it is one instance, numbered in file order.
+    let copies = |model: &str| -> u32 {
+        doc.vm
+            .iter()
+            .filter(|v| v.workload == model)
+            .map(|v| v.count)
+            .sum()
+    };
+    let mut seen: std::collections::BTreeMap<&str, u32> = Default::default();
+    let mut vms = Vec::new();
+    let mut ignored_vm_fields = std::collections::BTreeSet::new();
+    for v in &doc.vm {
+        let at = format!("vm[{}]", v.name);
+        ignored_vm_fields.extend(simulator_only_fields(v));
+        let workload = &v.workload;
+        let template = vm_template(file, &at, doc, models, workload)?;
+        let disk_gib = v.disk_gib.unwrap_or(0.0);
+        if !(0.0..=1e6).contains(&disk_gib) {
+            return Err(scen_err(
+                file,
+                format!("{at}.disk_gib: must be in [0, 1e6], got {disk_gib}"),
+            ));
+        }
+        let disk_bytes = (disk_gib > 0.0)
+            .then(|| (disk_gib * (1u64 << 30) as f64) as u64 / 4096 * 4096)
+            .filter(|&b| b > 0);
+        let count = v.count as usize;
+        let first = seen.get(workload.as_str()).copied().unwrap_or(0);
+        for k in 0..count {
+            let name = if count == 1 {
+                v.name.clone()
+            } else {
+                format!("{}-{}", v.name, k + 1)
+            };
+            if vms.iter().any(|x: &LoadVm| x.name == name) {
+                return Err(scen_err(
+                    file,
+                    format!("{at}.name: two VMs are named {name:?}"),
+                ));
+            }
+            let mut run = template.clone();
+            if let VmWorkload::Model {
+                instance,
+                instances,
+                ..
+            } = &mut run
+            {
+                *instance = first + k as u32;
+                *instances = copies(workload);
+            }
+            vms.push(LoadVm {
+                name,
+                base: v.name.clone(),
+                workload: workload.clone(),
+                run,
+                disk_bytes,
+                volume: v.volume.clone(),
+            });
+            if vms.len() > MAX_VMS {
+                return Err(scen_err(file, format!("more than {MAX_VMS} VMs")));
+            }
+        }
+        *seen.entry(workload.as_str()).or_insert(0) += v.count;
+    }
+    Ok((vms, ignored_vm_fields))
 }
 
 fn count(k: &str, x: f64) -> Result<u32, String> {

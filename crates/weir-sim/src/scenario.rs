@@ -209,25 +209,7 @@ impl Scenario {
                         .map_err(|m| located(&at(&[key("set"), key(k)]), m))?;
                 }
             }
-            for (si, sweep) in case.sweep.iter().enumerate() {
-                let known =
-                    sweep.param.contains('.') || SWEEP_PARAMS.contains(&sweep.param.as_str());
-                if !known || sweep.values.is_empty() {
-                    let m = if known {
-                        "a sweep needs at least one value".to_string()
-                    } else {
-                        format!(
-                            "unknown sweep parameter {:?} (workload parameters: {}; or a dotted path such as \"array.drives\")",
-                            sweep.param,
-                            SWEEP_PARAMS.join(", ")
-                        )
-                    };
-                    return Err(located(
-                        &at(&[key("sweep"), Seg::Index(si), key("param")]),
-                        m,
-                    ));
-                }
-            }
+            check_sweeps(case).map_err(|(p, m)| located(&at(&p), m))?;
             let sweeps: Vec<weir_workload::Sweep> = case
                 .sweep
                 .iter()
@@ -241,20 +223,8 @@ impl Scenario {
                 .map(|s| s.span())
                 .unwrap_or(0..0);
             for params in weir_workload::expand_sweeps(&sweeps) {
-                let mut v = value.clone();
-                for (p, x) in &params {
-                    if p.contains('.') {
-                        let num = numbers
-                            .get(&x.to_bits())
-                            .map(|t| DeValue::parse(t))
-                            .ok_or_else(|| format!("internal: no text for sweep value {x}"))
-                            .and_then(|r| r.map_err(|e| e.message().to_string()))
-                            .map_err(|m| located(&at(&[key("sweep")]), m))?
-                            .into_inner();
-                        set_path(&mut v, p, toml::Spanned::new(sweep_span.clone(), num))
-                            .map_err(|m| located(&at(&[key("sweep")]), m))?;
-                    }
-                }
+                let v = with_dotted_values(&value, &params, &numbers, &sweep_span)
+                    .map_err(|m| located(&at(&[key("sweep")]), m))?;
                 let DeValue::Table(t) = v else {
                     return Err(located(&[], "internal: the document is not a table".into()));
                 };
@@ -266,15 +236,7 @@ impl Scenario {
                         )
                     },
                 )?;
-                let name = if params.is_empty() {
-                    case.name.clone()
-                } else {
-                    let p: Vec<String> = params
-                        .iter()
-                        .map(|(k, x)| format!("{k}={}", fmt_num(*x)))
-                        .collect();
-                    format!("{}/{}", case.name, p.join(","))
-                };
+                let name = point_name(&case.name, &params);
                 if !names.insert(name.clone()) {
                     return Err(located(
                         &at(&[key("name")]),
@@ -292,46 +254,8 @@ impl Scenario {
                     let field = render_path(&p);
                     located(&at(&[]), format!("case {name:?}: {field}: {m}"))
                 })?;
-                // Workload sweeps apply to the resolved VMs.
-                for (si, s) in case.sweep.iter().enumerate() {
-                    if s.param.contains('.') {
-                        continue;
-                    }
-                    for vm_name in &s.vms {
-                        if !plan
-                            .vms
-                            .iter()
-                            .any(|v| &v.name == vm_name || base_name(&v.name) == vm_name)
-                        {
-                            return Err(located(
-                                &at(&[key("sweep"), Seg::Index(si), key("vms")]),
-                                format!("no VM named {vm_name:?}"),
-                            ));
-                        }
-                    }
-                    let x = params[&s.param];
-                    for vm in plan.vms.iter_mut().filter(|v| {
-                        s.vms.is_empty()
-                            || s.vms
-                                .iter()
-                                .any(|n| n == &v.name || n == base_name(&v.name))
-                    }) {
-                        if vm.model.is_some() {
-                            continue;
-                        }
-                        vm.spec
-                            .set_param(&s.param, x)
-                            .and_then(|_| {
-                                AccessGenerator::new(&vm.spec, vm.disk_bytes, 0).map(|_| ())
-                            })
-                            .map_err(|e| {
-                                located(
-                                    &at(&[key("sweep"), Seg::Index(si), key("values")]),
-                                    format!("case {name:?}, VM {}: {e}", vm.name),
-                                )
-                            })?;
-                    }
-                }
+                apply_workload_sweeps(&mut plan, case, &params)
+                    .map_err(|(p, m)| located(&at(&p), m))?;
                 cases.push(plan);
             }
         }
@@ -371,6 +295,103 @@ impl Scenario {
     pub fn retain_cases(&mut self, pattern: &str) {
         self.cases.retain(|c| c.name.contains(pattern));
     }
+}
+
+/// A case's sweeps name known parameters and have values; the error's path is
+/// inside the case.
+fn check_sweeps(case: &CaseSpec) -> Result<(), PathErr> {
+    for (si, sweep) in case.sweep.iter().enumerate() {
+        let known = sweep.param.contains('.') || SWEEP_PARAMS.contains(&sweep.param.as_str());
+        if known && !sweep.values.is_empty() {
+            continue;
+        }
+        let m = if known {
+            "a sweep needs at least one value".to_string()
+        } else {
+            format!(
+                "unknown sweep parameter {:?} (workload parameters: {}; or a dotted path such as \"array.drives\")",
+                sweep.param,
+                SWEEP_PARAMS.join(", ")
+            )
+        };
+        return Err((vec![key("sweep"), Seg::Index(si), key("param")], m));
+    }
+    Ok(())
+}
+
+/// `value` (a case's document) with one sweep point's dotted parameters set, each
+/// from its TOML number text in `numbers` (keyed by the value's bits).
+fn with_dotted_values<'a>(
+    value: &DeValue<'a>,
+    params: &BTreeMap<String, f64>,
+    numbers: &'a BTreeMap<u64, String>,
+    span: &Range<usize>,
+) -> Result<DeValue<'a>, String> {
+    let mut v = value.clone();
+    for (p, x) in params.iter().filter(|(p, _)| p.contains('.')) {
+        let num = numbers
+            .get(&x.to_bits())
+            .map(|t| DeValue::parse(t))
+            .ok_or_else(|| format!("internal: no text for sweep value {x}"))?
+            .map_err(|e| e.message().to_string())?
+            .into_inner();
+        set_path(&mut v, p, toml::Spanned::new(span.clone(), num))?;
+    }
+    Ok(v)
+}
+
+/// A sweep point's case name: the case's, then `/param=value,…`.
+fn point_name(case: &str, params: &BTreeMap<String, f64>) -> String {
+    if params.is_empty() {
+        return case.to_string();
+    }
+    let p: Vec<String> = params
+        .iter()
+        .map(|(k, x)| format!("{k}={}", fmt_num(*x)))
+        .collect();
+    format!("{case}/{}", p.join(","))
+}
+
+/// Sets a sweep point's workload parameters on the planned VMs they name (all
+/// without a model when they name none), checking each VM's access spec still
+/// builds; the error's path is inside the case.
+fn apply_workload_sweeps(
+    plan: &mut CasePlan,
+    case: &CaseSpec,
+    params: &BTreeMap<String, f64>,
+) -> Result<(), PathErr> {
+    let named = |s: &weir_scenario::CaseSweep, vm: &str| {
+        s.vms.iter().any(|n| n == vm || n == base_name(vm))
+    };
+    for (si, s) in case.sweep.iter().enumerate() {
+        if s.param.contains('.') {
+            continue;
+        }
+        if let Some(missing) = s.vms.iter().find(|n| {
+            !plan
+                .vms
+                .iter()
+                .any(|v| &&v.name == n || base_name(&v.name) == n.as_str())
+        }) {
+            let path = vec![key("sweep"), Seg::Index(si), key("vms")];
+            return Err((path, format!("no VM named {missing:?}")));
+        }
+        let x = params[&s.param];
+        let chosen = plan
+            .vms
+            .iter_mut()
+            .filter(|v| v.model.is_none() && (s.vms.is_empty() || named(s, &v.name)));
+        for vm in chosen {
+            vm.spec
+                .set_param(&s.param, x)
+                .and_then(|_| AccessGenerator::new(&vm.spec, vm.disk_bytes, 0).map(|_| ()))
+                .map_err(|e| {
+                    let path = vec![key("sweep"), Seg::Index(si), key("values")];
+                    (path, format!("case {:?}, VM {}: {e}", plan.name, vm.name))
+                })?;
+        }
+    }
+    Ok(())
 }
 
 fn base_name(vm: &str) -> &str {
