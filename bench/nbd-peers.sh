@@ -4,7 +4,7 @@
 #   REPS=2 RUNTIME=4 bench/nbd-peers.sh
 #   SERVERS_ONLY="weir-qos nbdkit" CELLS_MATCH=qd1 bench/nbd-peers.sh   # a subset
 #   PIN=split bench/nbd-peers.sh  # servers on CPU 1, fio on CPU 0 (PIN=same: all on CPU 0)
-#   BUSY_POLL_US=0 bench/nbd-peers.sh   # weir's busy_poll_us (default: the server's, 50)
+#   BUSY_POLL_US=0 bench/nbd-peers.sh   # weir's busy_poll_us (default: the server's, 200)
 # On a small VM the QD1 cells mostly measure where the scheduler puts the two ends:
 # a request and its reply each wake the other side's vCPU when they run apart
 # (≈ 4× the round trip of running together, for every server). Unpinned, that

@@ -12,8 +12,12 @@
 //! admin_max_connections_per_host = 16  # … from one client address (1 to the cap);
 //!                                   # over either: 503 and closed at once
 //! data_dir = "/var/lib/weir"        # default: $XDG_DATA_HOME/weir, ~/.local/share/weir, ./weir-data
-//! busy_poll_us = 50                 # poll a socket this long before sleeping while its
+//! busy_poll_us = 200                # poll a socket this long before sleeping while its
 //!                                   # client waits on its last reply (QD1); 0: off
+//! zero_copy_reads = "auto"          # READs of ≥ 64 KiB from the page cache go out with
+//!                                   # sendfile(2): "auto" (default) to clients on other
+//!                                   # machines only (a client on this one pays more to
+//!                                   # receive them than copied data), "on", "off"
 //! # worker_threads = 1              # async runtime threads (default: half the CPUs)
 //! max_connections = 1024            # NBD connections at once (also bounded by the
 //!                                   # open-files limit, raised toward its hard limit)
@@ -206,6 +210,9 @@ pub struct WeirConfig {
     /// `busy_poll`). Costs CPU only while a client is actively waiting on us.
     #[serde(default = "default_busy_poll_us")]
     pub busy_poll_us: u32,
+    /// Large READs from the page cache sent with `sendfile(2)`: to which clients.
+    #[serde(default)]
+    pub zero_copy_reads: ZeroCopyReads,
     /// Threads of the async runtime that runs the connections (sockets, QoS, I/O
     /// served from the page cache); blocking I/O has its own pool. Absent: half the
     /// CPUs, at least one ([`WeirConfig::worker_threads`]).
@@ -255,6 +262,31 @@ pub struct WeirConfig {
     /// (`[[replications]]`, docs/THIN.md "Replication").
     #[serde(default)]
     pub replications: Vec<ReplicationConfig>,
+}
+
+/// `zero_copy_reads = "auto" | "on" | "off"`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ZeroCopyReads {
+    /// To clients on other machines: a client on this one (loopback, or our own
+    /// address) receives copied data at less cost than page-cache pages.
+    #[default]
+    Auto,
+    /// To every client.
+    On,
+    /// To none: large READs are read into a buffer and copied.
+    Off,
+}
+
+impl ZeroCopyReads {
+    /// Whether a client on this machine (`same_host`) is sent page-cache pages.
+    pub fn applies(self, same_host: bool) -> bool {
+        match self {
+            ZeroCopyReads::Auto => !same_host,
+            ZeroCopyReads::On => true,
+            ZeroCopyReads::Off => false,
+        }
+    }
 }
 
 /// `tls = "off" | "on" | "require"`.

@@ -33,6 +33,8 @@ pub struct ServerState {
     pub started: Instant,
     /// Longest busy poll of a connection waiting on its client (`busy_poll_us`).
     pub busy_poll: Duration,
+    /// Which clients large page-cache READs go to with `sendfile(2)`.
+    pub zero_copy_reads: crate::config::ZeroCopyReads,
     /// The connection caps (`max_connections`, `max_connections_per_host`).
     pub limits: Arc<ConnectionLimits>,
     /// `idle_timeout_s` (`None`: off).
@@ -128,6 +130,7 @@ impl ServerState {
             metrics: Metrics::default(),
             started: epoch,
             busy_poll: Duration::from_micros(config.busy_poll_us.into()),
+            zero_copy_reads: config.zero_copy_reads,
             admin_connections: fds.admin_connections,
             admin_connections_per_host: (config.admin_max_connections_per_host as usize)
                 .min(fds.admin_connections),
