@@ -15,6 +15,7 @@
 #                                     # CPU 1 (threads pinned with taskset): a gateway
 #                                     # with a core of its own, as on a hypervisor host
 #                                     # whose storage is another machine
+#   GW_BUSY_POLL_US=0 bench/gateway.sh  # the gateway's busy_poll_us (default: the server's)
 #   PEERS="nbdkit qemu-nbd" bench/gateway.sh  # peer gateways in the same run (default:
 #                                     # both where installed; PEERS= for none): nbdkit's
 #                                     # nbd plugin and qemu-nbd over QEMU's nbd block
@@ -89,6 +90,7 @@ cat > "$WORK/gw.toml" <<CONF
 listen = "127.0.0.1:$P_GW"
 admin_listen = "127.0.0.1:$P_GWA"
 data_dir = "$WORK/gw"
+${GW_BUSY_POLL_US:+busy_poll_us = $GW_BUSY_POLL_US}
 [[pools]]
 name = "gw"
 upstream = "$SCHEME://127.0.0.1:$P_UP"
