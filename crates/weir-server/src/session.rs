@@ -316,8 +316,8 @@ pub fn try_perform_inline(job: &Job) -> Option<(Reply, bool)> {
 /// thread and copied into the socket, not sent with `sendfile(2)`: on loopback
 /// the client's kernel receives what ours sends, and page-cache pages handed over
 /// by `sendfile` cost the receiving client far more system time than copied data
-/// (Linux 6.18, fio's nbd engine, 1 MiB reads at QD4: fio 3.1-3.2 s of system
-/// time in 4 s at 1,040-1,140 MB/s, against 1.3-1.5 s at 2,140-2,700 MB/s;
+/// (Linux 6.18, fio's nbd engine, 1 MiB reads at QD4: fio 3.14-3.32 s of system
+/// time in 4 s at 926-1,144 MB/s, against 1.39-1.62 s at 1,728-2,258 MB/s;
 /// docs/PERFORMANCE.md). Across a network the receiver is another machine.
 fn same_host(stream: &TcpStream, peer: std::net::IpAddr) -> bool {
     peer.is_loopback()
@@ -326,9 +326,9 @@ fn same_host(stream: &TcpStream, peer: std::net::IpAddr) -> bool {
             .is_ok_and(|local| canonical(local.ip()) == peer)
 }
 
-/// A READ reply sent from the page cache by `sendfile(2)` (to a client on another
-/// machine), if its range is all
-/// cached now (a page-cache check, no data copied: cheap enough to run inline).
+/// A READ reply sent from the page cache by `sendfile(2)`, if the connection may
+/// (`zero_copy_reads`) and the range is all cached now (a page-cache check, no
+/// data copied: cheap enough to run inline).
 fn zero_copy_reply(job: &Job, offset: u64, length: u32) -> Option<Reply> {
     if !job.zero_copy {
         return None;
