@@ -119,12 +119,7 @@ start_peer() {  # NAME PORT COMMAND...: started in the background, killed on exi
   "$@" > "$WORK/$name.log" 2>&1 &
   local pid=$!
   WEIR_PIDS+=("$pid")
-  for _ in $(seq 100); do
-    if (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null; then
-      GATEWAYS+=("$name:$port:$pid"); return
-    fi
-    sleep 0.1
-  done
+  if wait_port "$port"; then GATEWAYS+=("$name:$port:$pid"); return; fi
   echo "peer $name did not open port $port, left out; log:"; tail -n 5 "$WORK/$name.log"
 }
 for peer in $PEERS; do

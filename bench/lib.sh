@@ -42,14 +42,19 @@ weir_stop_all() {
   for p in "${WEIR_PIDS[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.1; done; done
   [ ${#WEIR_SCRATCH[@]} -eq 0 ] || rm -rf "${WEIR_SCRATCH[@]}"
 }
+# Waits up to 10 s for 127.0.0.1:PORT to accept a connection; false if it never does.
+wait_port() {
+  for _ in $(seq 100); do
+    (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
 serve_weir() {
   local name=$1 port=$2
   "$WEIR" serve --config "$WORK/$name.toml" > "$WORK/$name.out" 2> "$WORK/$name.log" &
   WEIR_PIDS+=($!)
   trap weir_stop_all EXIT
-  for _ in $(seq 100); do
-    (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && return
-    sleep 0.1
-  done
+  wait_port "$port" && return
   echo "weir serve ($name) did not open port $port; log:"; tail -n 5 "$WORK/$name.log"; exit 1
 }

@@ -490,6 +490,21 @@ struct Counters {
     write_latency_ns: u64,
 }
 
+impl std::ops::AddAssign<&Counters> for Counters {
+    fn add_assign(&mut self, x: &Counters) {
+        self.reads += x.reads;
+        self.writes += x.writes;
+        self.read_bytes += x.read_bytes;
+        self.write_bytes += x.write_bytes;
+        self.reading += x.reading;
+        self.writing += x.writing;
+        self.reads_done += x.reads_done;
+        self.read_latency_ns += x.read_latency_ns;
+        self.writes_done += x.writes_done;
+        self.write_latency_ns += x.write_latency_ns;
+    }
+}
+
 pub(crate) struct VdiModel {
     spec: VdiSpec,
     instance: u32,
@@ -1315,16 +1330,7 @@ impl IoGenerator for VdiModel {
         let seconds = b.saturating_sub(a).max(1) as f64;
         let mut c = Counters::default();
         for x in self.per_second.iter().take(b).skip(a) {
-            c.reads += x.reads;
-            c.writes += x.writes;
-            c.read_bytes += x.read_bytes;
-            c.write_bytes += x.write_bytes;
-            c.reading += x.reading;
-            c.writing += x.writing;
-            c.reads_done += x.reads_done;
-            c.read_latency_ns += x.read_latency_ns;
-            c.writes_done += x.writes_done;
-            c.write_latency_ns += x.write_latency_ns;
+            c += x;
         }
         let per = |x: u64, y: u64| if y > 0 { x as f64 / y as f64 } else { f64::NAN };
         let n = self.d() as f64;
