@@ -937,7 +937,6 @@ impl WeirConfig {
 
     /// Semantic checks; on error, a string to locate (a `name = "…"` line) and the message.
     fn validate(&self) -> Result<(), (Option<String>, String)> {
-        let at = |name: &str| Some(format!("name = \"{name}\""));
         let max_poll = crate::busy_poll::MAX_BUSY_POLL_US;
         if self.busy_poll_us > max_poll {
             return Err((
@@ -967,100 +966,33 @@ impl WeirConfig {
         }
         let mut seen = std::collections::BTreeSet::new();
         for (i, p) in self.pools.iter().enumerate() {
-            validate_name("pool", &p.name)
-                .map_err(|e| (at(&p.name), format!("pools[{i}].name: {e}")))?;
             if !seen.insert(&p.name) {
                 return Err((
                     at(&p.name),
                     format!("pools[{i}].name: duplicate pool {:?}", p.name),
                 ));
             }
-            if p.max_in_flight == 0 || p.max_in_flight > 65536 {
-                return Err((
-                    at(&p.name),
-                    format!(
-                        "pools[{i}].max_in_flight: must be 1-65536, got {}",
-                        p.max_in_flight
-                    ),
-                ));
-            }
-            for (field, f) in [
-                ("trim_cost_factor", p.trim_cost_factor),
-                ("zero_cost_factor", p.zero_cost_factor),
-            ] {
-                if !(0.0..=1.0).contains(&f) {
-                    return Err((
-                        Some(field.into()),
-                        format!(
-                            "pools[{i}].{field}: must be 0-1 (the fraction of its length a request is charged), got {f}"
-                        ),
-                    ));
-                }
-            }
-            validate_depth(&p.depth, p.max_in_flight).map_err(|(field, e)| {
-                (Some(field.into()), format!("pools[{i}].depth.{field}: {e}"))
-            })?;
-            if p.format == PoolFormat::Thin && p.direct_io {
-                return Err((
-                    Some("direct_io".into()),
-                    format!("pools[{i}].direct_io: not available for format = \"thin\""),
-                ));
-            }
-            if let Some(c) = &p.congestion {
-                c.validate()
-                    .map_err(|e| (at(&p.name), format!("pools[{i}].congestion: {e}")))?;
-            }
-            if let Some(c) = &p.gateway_congestion {
-                c.validate()
-                    .map_err(|e| (at(&p.name), format!("pools[{i}].gateway_congestion: {e}")))?;
-                if p.gateway_stats_volume.is_some() != p.gateway_id.is_some() {
-                    return Err((
-                        at(&p.name),
-                        format!(
-                            "pools[{i}]: gateway_stats_volume and gateway_id go together \
-                             (each gateway writes its own slot of the shared volume)"
-                        ),
-                    ));
-                }
-                if let Some(id) = p.gateway_id
-                    && id as usize >= crate::datastore_stats::SLOTS
-                {
-                    return Err((
-                        at(&p.name),
-                        format!(
-                            "pools[{i}].gateway_id: {id} is out of range (0-{})",
-                            crate::datastore_stats::SLOTS - 1
-                        ),
-                    ));
-                }
-                if c.enabled && !p.qos {
-                    return Err((
-                        at(&p.name),
-                        format!(
-                            "pools[{i}].gateway_congestion: needs qos = true (with qos = false \
-                             requests bypass the gate that holds the window)"
-                        ),
-                    ));
-                }
-            }
-            if p.gateway_stats_volume.is_some()
-                && !p.gateway_congestion.as_ref().is_some_and(|c| c.enabled)
-            {
-                return Err((
-                    at(&p.name),
-                    format!(
-                        "pools[{i}].gateway_stats_volume: needs gateway_congestion = \
-                         {{ enabled = true, … }} (the stats feed the gateway window)"
-                    ),
-                ));
-            }
-            for (j, f) in p.faults.iter().enumerate() {
-                f.validate()
-                    .map_err(|e| (at(&p.name), format!("pools[{i}].faults[{j}].{e}")))?;
-            }
-            crate::stack::validate_pool(p)
-                .map_err(|(field, e)| (Some(field.into()), format!("pools[{i}].{field}: {e}")))?;
+            validate_pool(i, p)?;
         }
+        let groups = self.validate_access_groups()?;
+        let mut volumes = std::collections::BTreeSet::new();
+        for (i, v) in self.volumes.iter().enumerate() {
+            if !volumes.insert(v.name.as_str()) {
+                return Err((
+                    at(&v.name),
+                    format!("volumes[{i}] ({:?}).name: duplicate volume", v.name),
+                ));
+            }
+            self.validate_volume(i, v, &catalog, &groups)?;
+        }
+        self.validate_replications()
+    }
+
+    /// `[[access_groups]]`: names (unique), host patterns, identities (which need
+    /// client certificates); the set of their names.
+    fn validate_access_groups(
+        &self,
+    ) -> Result<std::collections::BTreeSet<&str>, (Option<String>, String)> {
         let mut groups = std::collections::BTreeSet::new();
         for (i, g) in self.access_groups.iter().enumerate() {
             validate_name("access group", &g.name)
@@ -1084,54 +1016,60 @@ impl WeirConfig {
                 ));
             }
         }
-        let mut volumes = std::collections::BTreeSet::new();
-        for (i, v) in self.volumes.iter().enumerate() {
-            let here = |field: &str, msg: String| {
-                (
-                    at(&v.name),
-                    format!("volumes[{i}] ({:?}).{field}: {msg}", v.name),
-                )
-            };
-            validate_name("volume", &v.name).map_err(|e| here("name", e))?;
-            if !volumes.insert(v.name.as_str()) {
-                return Err(here("name", "duplicate volume".into()));
+        Ok(groups)
+    }
+
+    /// One `[[volumes]]` entry (its name's uniqueness is the caller's): size,
+    /// upstream export, description, and that its policy, pool and access groups exist.
+    fn validate_volume(
+        &self,
+        i: usize,
+        v: &VolumeConfig,
+        catalog: &PolicyCatalog,
+        groups: &std::collections::BTreeSet<&str>,
+    ) -> Result<(), (Option<String>, String)> {
+        let here = |field: &str, msg: String| {
+            (
+                at(&v.name),
+                format!("volumes[{i}] ({:?}).{field}: {msg}", v.name),
+            )
+        };
+        validate_name("volume", &v.name).map_err(|e| here("name", e))?;
+        let upstream = self
+            .pools
+            .iter()
+            .any(|p| p.name == v.pool && p.upstream.is_some());
+        if v.size.0 == 0 && !upstream {
+            return Err(here("size", "must be more than 0 bytes".into()));
+        }
+        if let Some(e) = &v.export {
+            if !upstream {
+                return Err(here(
+                    "export",
+                    format!(
+                        "only for volumes in a pool with upstream = \"nbd://…\" ({:?} has none)",
+                        v.pool
+                    ),
+                ));
             }
-            let upstream = self
-                .pools
-                .iter()
-                .any(|p| p.name == v.pool && p.upstream.is_some());
-            if v.size.0 == 0 && !upstream {
-                return Err(here("size", "must be more than 0 bytes".into()));
-            }
-            if let Some(e) = &v.export {
-                if !upstream {
-                    return Err(here(
-                        "export",
-                        format!(
-                            "only for volumes in a pool with upstream = \"nbd://…\" ({:?} has none)",
-                            v.pool
-                        ),
-                    ));
-                }
-                crate::upstream::validate_export_name(e).map_err(|m| here("export", m))?;
-            }
-            validate_description(&v.description).map_err(|e| here("description", e))?;
-            catalog
-                .get(&v.policy)
-                .map_err(|e| here("policy", e.to_string()))?;
-            if !self.pools.iter().any(|p| p.name == v.pool) {
-                return Err(here("pool", format!("no pool named {:?}", v.pool)));
-            }
-            for g in &v.access_groups {
-                if !groups.contains(g.as_str()) {
-                    return Err(here(
-                        "access_groups",
-                        format!("no access group named {g:?}"),
-                    ));
-                }
+            crate::upstream::validate_export_name(e).map_err(|m| here("export", m))?;
+        }
+        validate_description(&v.description).map_err(|e| here("description", e))?;
+        catalog
+            .get(&v.policy)
+            .map_err(|e| here("policy", e.to_string()))?;
+        if !self.pools.iter().any(|p| p.name == v.pool) {
+            return Err(here("pool", format!("no pool named {:?}", v.pool)));
+        }
+        for g in &v.access_groups {
+            if !groups.contains(g.as_str()) {
+                return Err(here(
+                    "access_groups",
+                    format!("no access group named {g:?}"),
+                ));
             }
         }
-        self.validate_replications()
+        Ok(())
     }
 
     /// `[[replications]]`: names, targets and intervals. A volume declared in
@@ -1268,6 +1206,96 @@ pub const MAX_BUFFERED_MIB: u32 = 1 << 20;
 pub const MAX_IDLE_TIMEOUT_S: u32 = 7 * 24 * 3600;
 
 /// Checks a pool's `[pools.depth]` table; an error names the field.
+/// The `name = "…"` line to locate an error at.
+fn at(name: &str) -> Option<String> {
+    Some(format!("name = \"{name}\""))
+}
+
+/// One `[[pools]]` entry (its name's uniqueness is the caller's): name, in-flight
+/// limit, cost factors, depth controller, format, congestion and faults, its stack.
+fn validate_pool(i: usize, p: &PoolConfig) -> Result<(), (Option<String>, String)> {
+    validate_name("pool", &p.name).map_err(|e| (at(&p.name), format!("pools[{i}].name: {e}")))?;
+    if p.max_in_flight == 0 || p.max_in_flight > 65536 {
+        return Err((
+            at(&p.name),
+            format!(
+                "pools[{i}].max_in_flight: must be 1-65536, got {}",
+                p.max_in_flight
+            ),
+        ));
+    }
+    for (field, f) in [
+        ("trim_cost_factor", p.trim_cost_factor),
+        ("zero_cost_factor", p.zero_cost_factor),
+    ] {
+        if !(0.0..=1.0).contains(&f) {
+            return Err((
+                Some(field.into()),
+                format!(
+                    "pools[{i}].{field}: must be 0-1 (the fraction of its length a request is charged), got {f}"
+                ),
+            ));
+        }
+    }
+    validate_depth(&p.depth, p.max_in_flight)
+        .map_err(|(field, e)| (Some(field.into()), format!("pools[{i}].depth.{field}: {e}")))?;
+    if p.format == PoolFormat::Thin && p.direct_io {
+        return Err((
+            Some("direct_io".into()),
+            format!("pools[{i}].direct_io: not available for format = \"thin\""),
+        ));
+    }
+    if let Some(c) = &p.congestion {
+        c.validate()
+            .map_err(|e| (at(&p.name), format!("pools[{i}].congestion: {e}")))?;
+    }
+    validate_gateway_congestion(i, p)?;
+    for (j, f) in p.faults.iter().enumerate() {
+        f.validate()
+            .map_err(|e| (at(&p.name), format!("pools[{i}].faults[{j}].{e}")))?;
+    }
+    crate::stack::validate_pool(p)
+        .map_err(|(field, e)| (Some(field.into()), format!("pools[{i}].{field}: {e}")))
+}
+
+/// A pool's gateway window: its settings, and the shared stats volume and slot
+/// that go with it.
+fn validate_gateway_congestion(i: usize, p: &PoolConfig) -> Result<(), (Option<String>, String)> {
+    let err = |msg: String| Err((at(&p.name), msg));
+    let enabled = p.gateway_congestion.as_ref().is_some_and(|c| c.enabled);
+    if let Some(c) = &p.gateway_congestion {
+        c.validate()
+            .map_err(|e| (at(&p.name), format!("pools[{i}].gateway_congestion: {e}")))?;
+        if p.gateway_stats_volume.is_some() != p.gateway_id.is_some() {
+            return err(format!(
+                "pools[{i}]: gateway_stats_volume and gateway_id go together \
+                 (each gateway writes its own slot of the shared volume)"
+            ));
+        }
+        if let Some(id) = p.gateway_id
+            && id as usize >= crate::datastore_stats::SLOTS
+        {
+            return err(format!(
+                "pools[{i}].gateway_id: {id} is out of range (0-{})",
+                crate::datastore_stats::SLOTS - 1
+            ));
+        }
+        if c.enabled && !p.qos {
+            return err(format!(
+                "pools[{i}].gateway_congestion: needs qos = true (with qos = false \
+                 requests bypass the gate that holds the window)"
+            ));
+        }
+    }
+    if p.gateway_stats_volume.is_some() && !enabled {
+        return err(format!(
+            "pools[{i}].gateway_stats_volume: needs gateway_congestion = \
+             {{ enabled = true, … }} (the stats feed the gateway window)"
+        ));
+    }
+    Ok(())
+}
+
 fn validate_depth(d: &DepthConfig, max_in_flight: u32) -> Result<(), (&'static str, String)> {
     if d.min_depth == 0 || d.min_depth > max_in_flight {
         return Err((
