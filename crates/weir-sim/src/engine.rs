@@ -499,6 +499,139 @@ fn prewarm(
     }
 }
 
+/// A host: its gate (ESX's scheduler, with the PARDA window when congestion control
+/// is on), its link, CPU and flash cache as new components.
+fn build_host(plan: &CasePlan, hi: usize, comps: &mut Vec<Comp>) -> Result<HostState, String> {
+    let h = &plan.hosts[hi];
+    // ESX keeps a fixed device queue depth: no depth controller at the host.
+    let fixed = DepthConfig {
+        adaptive: false,
+        ..DepthConfig::default()
+    };
+    let mut qos = Tier::new(h.cost_unit_bytes, h.queue_depth, fixed);
+    for (vi, vm) in plan.vms.iter().enumerate() {
+        if vm.host == hi {
+            qos.gate
+                .add_volume(0, VolumeId(vi as u32), vm.policy.clone());
+        }
+    }
+    // The host's PARDA window is its gate's gateway window: the same code a
+    // `weir serve` gateway on a shared cluster runs.
+    if plan.congestion.enabled {
+        qos.gate
+            .enable_gateway_window(plan.congestion.clone(), h.queue_depth);
+    }
+    let link =
+        hw::build_link(&h.link)?.map(|c| push_comp(comps, c, format!("link {}", h.name), "link"));
+    let cpu = match &h.cpu {
+        Some(spec) => Some(push_comp(
+            comps,
+            hw::build_processor(spec)?,
+            format!("cpu {}", h.name),
+            "cpu",
+        )),
+        None => None,
+    };
+    let cache = match plan.file.host[hi]
+        .flash_cache
+        .as_ref()
+        .filter(|c| c.enabled)
+    {
+        Some(c) => Some(HostCache::new(comps, format!("host flash {}", h.name), c)?),
+        None => None,
+    };
+    Ok(HostState {
+        cache,
+        qos,
+        queue_depth: h.queue_depth,
+        link,
+        cpu,
+        area: 0,
+        last_change: 0,
+        dispatched: 0,
+        dispatched_bytes: 0,
+        window_series: Vec::new(),
+    })
+}
+
+/// The array's flash cache (its index, its flash component, clone-aware,
+/// write-back) if the scenario has one, and the flash device's channels (1 without).
+fn build_array_cache(
+    plan: &CasePlan,
+    comps: &mut Vec<Comp>,
+) -> Result<(Option<(BlockCache, u32, bool, bool)>, u32), String> {
+    let Some(c) = plan.file.array_cache.as_ref().filter(|c| c.enabled) else {
+        return Ok((None, 1));
+    };
+    let (comp, channels) = flash_component(comps, "array flash".into(), &c.flash)?;
+    let cache = BlockCache::new(
+        (c.size_gib * (1u64 << 30) as f64) as u64,
+        c.block_kib as u64 * 1024,
+    );
+    Ok((Some((cache, comp, c.clone_aware, c.write_back)), channels))
+}
+
+/// The array's gate, if `[array_qos]` is on: the datastore's volumes, and the flash
+/// tier's class bound when there is a flash tier (without one nothing is ever sent
+/// there, and the gate has one class).
+fn build_array_qos(plan: &CasePlan, flash_tier: bool, flash_channels: u32) -> Option<Tier> {
+    let q = plan.file.array_qos.as_ref().filter(|q| q.enabled)?;
+    let mut qos = Tier::new(q.cost_unit_bytes, q.backend_concurrency, q.depth.clone());
+    for (i, v) in plan.volumes.iter().enumerate() {
+        qos.gate.add_volume(0, VolumeId(i as u32), v.policy.clone());
+    }
+    if flash_tier {
+        let bound = q.flash_concurrency.unwrap_or(flash_channels.max(1));
+        qos.gate
+            .set_class_limit(0, FLASH_CLASS, bound, &mut Vec::new());
+    }
+    Some(qos)
+}
+
+/// Each VM's state: its generator (its model, or its access specification) on its
+/// own random stream, at its offset on the array.
+fn build_vms(
+    plan: &CasePlan,
+    seed: u64,
+    offsets: &[u64],
+    flash_volumes: &[Option<u32>],
+    buckets: usize,
+) -> Result<Vec<VmState>, String> {
+    let mut vms = Vec::new();
+    for ((vm, &base_offset), &flash_volume) in plan.vms.iter().zip(offsets).zip(flash_volumes) {
+        let generator: Box<dyn IoGenerator + Send> = match &vm.model {
+            Some(m) => m
+                .build(
+                    vm.disk_bytes,
+                    stream_seed(seed, &vm.name),
+                    vm.instance,
+                    vm.instances,
+                )
+                .map_err(|e| format!("VM {}: {e}", vm.name))?,
+            None => Box::new(
+                AccessGenerator::new(&vm.spec, vm.disk_bytes, stream_seed(seed, &vm.name))
+                    .map_err(|e| format!("VM {}: {e}", vm.name))?,
+            ),
+        };
+        let workers = generator.workers() as usize;
+        vms.push(VmState {
+            plan: VmPlan {
+                base_offset,
+                ..vm.clone()
+            },
+            flash_volume,
+            shared: generator.shared_region(),
+            generator,
+            last_end: vec![u64::MAX; workers],
+            outstanding: vec![0; workers],
+            wake_at: vec![None; workers],
+            stats: Stats::new(2),
+            buckets: vec![(0, 0, 0); buckets],
+        });
+    }
+    Ok(vms)
+}
+
 impl<'p> Engine<'p> {
     pub(crate) fn new(
         plan: &'p CasePlan,
@@ -526,88 +659,11 @@ impl<'p> Engine<'p> {
             None => None,
         };
         let mut hosts = Vec::new();
-        for (hi, h) in plan.hosts.iter().enumerate() {
-            // ESX keeps a fixed device queue depth: no depth controller at the host.
-            let fixed = DepthConfig {
-                adaptive: false,
-                ..DepthConfig::default()
-            };
-            let mut qos = Tier::new(h.cost_unit_bytes, h.queue_depth, fixed);
-            for (vi, vm) in plan.vms.iter().enumerate() {
-                if vm.host == hi {
-                    qos.gate
-                        .add_volume(0, VolumeId(vi as u32), vm.policy.clone());
-                }
-            }
-            // The host's PARDA window is its gate's gateway window: the same code a
-            // `weir serve` gateway on a shared cluster runs.
-            if plan.congestion.enabled {
-                qos.gate
-                    .enable_gateway_window(plan.congestion.clone(), h.queue_depth);
-            }
-            let link = hw::build_link(&h.link)?
-                .map(|c| push_comp(&mut comps, c, format!("link {}", h.name), "link"));
-            let cpu = match &h.cpu {
-                Some(spec) => Some(push_comp(
-                    &mut comps,
-                    hw::build_processor(spec)?,
-                    format!("cpu {}", h.name),
-                    "cpu",
-                )),
-                None => None,
-            };
-            let cache = match plan.file.host[hi]
-                .flash_cache
-                .as_ref()
-                .filter(|c| c.enabled)
-            {
-                Some(c) => Some(HostCache::new(
-                    &mut comps,
-                    format!("host flash {}", h.name),
-                    c,
-                )?),
-                None => None,
-            };
-            hosts.push(HostState {
-                cache,
-                qos,
-                queue_depth: h.queue_depth,
-                link,
-                cpu,
-                area: 0,
-                last_change: 0,
-                dispatched: 0,
-                dispatched_bytes: 0,
-                window_series: Vec::new(),
-            });
+        for hi in 0..plan.hosts.len() {
+            hosts.push(build_host(plan, hi, &mut comps)?);
         }
-        let mut flash_channels = 1;
-        let mut array_cache = match plan.file.array_cache.as_ref().filter(|c| c.enabled) {
-            Some(c) => {
-                let (comp, channels) = flash_component(&mut comps, "array flash".into(), &c.flash)?;
-                let cache = BlockCache::new(
-                    (c.size_gib * (1u64 << 30) as f64) as u64,
-                    c.block_kib as u64 * 1024,
-                );
-                flash_channels = channels;
-                Some((cache, comp, c.clone_aware, c.write_back))
-            }
-            None => None,
-        };
-        // Without a flash tier nothing is ever sent there, and the gate has one class.
-        let flash_tier = array_cache.is_some();
-        let array_qos = plan.file.array_qos.as_ref().filter(|q| q.enabled).map(|q| {
-            let mut qos = Tier::new(q.cost_unit_bytes, q.backend_concurrency, q.depth.clone());
-            for (i, v) in plan.volumes.iter().enumerate() {
-                qos.gate.add_volume(0, VolumeId(i as u32), v.policy.clone());
-            }
-            if flash_tier {
-                let bound = q.flash_concurrency.unwrap_or(flash_channels.max(1));
-                qos.gate
-                    .set_class_limit(0, FLASH_CLASS, bound, &mut Vec::new());
-            }
-            qos
-        });
+        let (mut array_cache, flash_channels) = build_array_cache(plan, &mut comps)?;
+        let array_qos = build_array_qos(plan, array_cache.is_some(), flash_channels);
         let offsets = vm_offsets(plan, comps[0].c.capacity_bytes());
         let flash_volumes = host_cache_volumes(plan, &mut hosts);
         prewarm(
@@ -618,39 +674,7 @@ impl<'p> Engine<'p> {
             array_cache.as_mut().map(|c| &mut c.0),
         );
         let buckets = ((plan.warmup_ns + plan.duration_ns) / plan.interval_ns + 1) as usize;
-        let mut vms = Vec::new();
-        for ((vm, &base_offset), &flash_volume) in plan.vms.iter().zip(&offsets).zip(&flash_volumes)
-        {
-            let generator: Box<dyn IoGenerator + Send> = match &vm.model {
-                Some(m) => m
-                    .build(
-                        vm.disk_bytes,
-                        stream_seed(seed, &vm.name),
-                        vm.instance,
-                        vm.instances,
-                    )
-                    .map_err(|e| format!("VM {}: {e}", vm.name))?,
-                None => Box::new(
-                    AccessGenerator::new(&vm.spec, vm.disk_bytes, stream_seed(seed, &vm.name))
-                        .map_err(|e| format!("VM {}: {e}", vm.name))?,
-                ),
-            };
-            let workers = generator.workers() as usize;
-            vms.push(VmState {
-                plan: VmPlan {
-                    base_offset,
-                    ..vm.clone()
-                },
-                flash_volume,
-                shared: generator.shared_region(),
-                generator,
-                last_end: vec![u64::MAX; workers],
-                outstanding: vec![0; workers],
-                wake_at: vec![None; workers],
-                stats: Stats::new(2),
-                buckets: vec![(0, 0, 0); buckets],
-            });
-        }
+        let vms = build_vms(plan, seed, &offsets, &flash_volumes, buckets)?;
         let in_flight: usize = plan
             .vms
             .iter()
