@@ -411,7 +411,7 @@ pub(crate) struct Engine<'p> {
     /// Per volume, per timeline interval: bytes, I/Os, latency sum as the VMs saw it.
     volume_buckets: Vec<Vec<(u64, u64, u128)>>,
     /// Array flash cache and its flash component.
-    array_cache: Option<(BlockCache, u32, bool, bool)>,
+    array_cache: Option<ArrayCache>,
     /// Per request slot in `HostCacheOp::Hit`: the flash slots its read saw.
     host_hits: Vec<Vec<SlotRef>>,
     sizes: IoSizeHistogram,
@@ -554,12 +554,14 @@ fn build_host(plan: &CasePlan, hi: usize, comps: &mut Vec<Comp>) -> Result<HostS
     })
 }
 
-/// The array's flash cache (its index, its flash component, clone-aware,
-/// write-back) if the scenario has one, and the flash device's channels (1 without).
+/// The array's flash cache: its index, its flash component, clone-aware, write-back.
+type ArrayCache = (BlockCache, u32, bool, bool);
+
+/// The array's flash cache if the scenario has one, and the flash device's channels (1 without).
 fn build_array_cache(
     plan: &CasePlan,
     comps: &mut Vec<Comp>,
-) -> Result<(Option<(BlockCache, u32, bool, bool)>, u32), String> {
+) -> Result<(Option<ArrayCache>, u32), String> {
     let Some(c) = plan.file.array_cache.as_ref().filter(|c| c.enabled) else {
         return Ok((None, 1));
     };
