@@ -243,6 +243,66 @@ impl DeclaredVolume {
     }
 }
 
+/// The metadata file's bytes as read (None if there is none yet) and its contents
+/// (empty for a new data directory); a version this build does not read is refused.
+fn load_meta(path: &Path) -> Result<(Option<Vec<u8>>, Meta), StoreError> {
+    let on_disk = match std::fs::read(path) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io_err(path.display(), e)),
+    };
+    let meta = match &on_disk {
+        Some(bytes) => serde_json::from_slice::<Meta>(bytes)
+            .map_err(|e| StoreError::Invalid(format!("{}: {e}", path.display())))?,
+        None => Meta {
+            version: META_VERSION,
+            ..Meta::default()
+        },
+    };
+    if meta.version != META_VERSION {
+        return Err(StoreError::Invalid(format!(
+            "{}: metadata version {} is not supported (expected {META_VERSION})",
+            path.display(),
+            meta.version
+        )));
+    }
+    Ok((on_disk, meta))
+}
+
+/// The configuration's volumes into the metadata: a known one merged by
+/// [`apply_declared`], a new one recorded with the next id; then what the file
+/// declares now is remembered for the next start.
+fn merge_declared_volumes(meta: &mut Meta, config: &WeirConfig) -> Result<(), StoreError> {
+    for v in &config.volumes {
+        let last = meta.declared.get(&v.name);
+        if let Some(r) = meta.volumes.iter_mut().find(|r| r.name == v.name) {
+            apply_declared(r, v, last)?;
+        } else {
+            meta.next_volume_id += 1;
+            meta.volumes.push(VolumeRecord {
+                id: meta.next_volume_id,
+                name: v.name.clone(),
+                pool: v.pool.clone(),
+                size_bytes: v.size.0,
+                policy: v.policy.clone(),
+                access_groups: v.access_groups.clone(),
+                read_only: v.read_only,
+                description: v.description.clone(),
+                layer: None,
+                origin: None,
+                cache: v.cache,
+                exclusive_lease: None,
+            });
+        }
+    }
+    meta.declared = config
+        .volumes
+        .iter()
+        .map(|v| (v.name.clone(), DeclaredVolume::of(v)))
+        .collect();
+    Ok(())
+}
+
 /// Merges a declared volume's configuration into its stored record (the rule is
 /// at the top of this module): a value the file changed since the last start is
 /// applied and logged as a diff; a value changed through the API while the file
@@ -387,26 +447,7 @@ impl VolumeStore {
         create_dirs(&data_dir)
             .map_err(|e| io_err(format!("creating {}", data_dir.display()), e))?;
         let meta_path = data_dir.join(META_FILE);
-        let on_disk = match std::fs::read(&meta_path) {
-            Ok(bytes) => Some(bytes),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io_err(meta_path.display(), e)),
-        };
-        let mut meta = match &on_disk {
-            Some(bytes) => serde_json::from_slice::<Meta>(bytes)
-                .map_err(|e| StoreError::Invalid(format!("{}: {e}", meta_path.display())))?,
-            None => Meta {
-                version: META_VERSION,
-                ..Meta::default()
-            },
-        };
-        if meta.version != META_VERSION {
-            return Err(StoreError::Invalid(format!(
-                "{}: metadata version {} is not supported (expected {META_VERSION})",
-                meta_path.display(),
-                meta.version
-            )));
-        }
+        let (on_disk, mut meta) = load_meta(&meta_path)?;
         // Merge the configuration.
         for p in &config.policies {
             meta.policies.retain(|q| q.name != p.name);
@@ -436,18 +477,7 @@ impl VolumeStore {
             flash: HashMap::new(),
             tiers: HashMap::new(),
         };
-        for p in &config.pools {
-            if let Some(fc) = &p.flash_cache {
-                let dev = FlashCacheDevice::open(&p.name, fc)
-                    .map_err(|e| StoreError::Invalid(format!("pool {:?}: {e}", p.name)))?;
-                store.flash.insert(p.name.clone(), dev);
-            }
-            if let Some(t) = &p.tier {
-                let dev = crate::tier::TierDevice::open(&p.name, t, &store.pool_dir(&p.name))
-                    .map_err(|e| StoreError::Invalid(format!("pool {:?}: {e}", p.name)))?;
-                store.tiers.insert(p.name.clone(), dev);
-            }
-        }
+        store.open_pool_devices(config)?;
         store.connect_rbd_pools()?;
         // Volumes that existed before this start (an RBD volume's image must).
         let known: std::collections::HashSet<String> =
@@ -468,33 +498,7 @@ impl VolumeStore {
                 .map_err(|e| StoreError::Invalid(format!("access group {:?}: {e}", g.name)))?;
             store.groups.insert(g.name.clone(), rule);
         }
-        for v in &config.volumes {
-            let last = meta.declared.get(&v.name);
-            if let Some(r) = meta.volumes.iter_mut().find(|r| r.name == v.name) {
-                apply_declared(r, v, last)?;
-            } else {
-                meta.next_volume_id += 1;
-                meta.volumes.push(VolumeRecord {
-                    id: meta.next_volume_id,
-                    name: v.name.clone(),
-                    pool: v.pool.clone(),
-                    size_bytes: v.size.0,
-                    policy: v.policy.clone(),
-                    access_groups: v.access_groups.clone(),
-                    read_only: v.read_only,
-                    description: v.description.clone(),
-                    layer: None,
-                    origin: None,
-                    cache: v.cache,
-                    exclusive_lease: None,
-                });
-            }
-        }
-        meta.declared = config
-            .volumes
-            .iter()
-            .map(|v| (v.name.clone(), DeclaredVolume::of(v)))
-            .collect();
+        merge_declared_volumes(&mut meta, config)?;
         let mut upstream = store.open_upstreams(&mut meta.volumes, config)?;
         for r in &meta.volumes {
             store.check_record(r)?;
@@ -519,20 +523,7 @@ impl VolumeStore {
             }
         }
         store.collect_layers()?;
-        for r in store.meta.volumes.clone() {
-            let volume = match upstream.remove(&r.name) {
-                Some(b) => store.upstream_volume(&r, b),
-                None if store.rbd_pool(&r.pool).is_some() => {
-                    let (volume, size) = store.open_rbd(&r, known.contains(&r.name))?;
-                    for m in store.meta.volumes.iter_mut().filter(|m| m.name == r.name) {
-                        m.size_bytes = size;
-                    }
-                    volume
-                }
-                None => store.open_file(&r, true)?,
-            };
-            store.open.insert(r.name.clone(), volume);
-        }
+        store.open_volumes(&mut upstream, &known)?;
         store.merge_replication_config(&config.replications)?;
         for snap in store.meta.thin.snapshots.clone() {
             store.open_snapshot(&snap)?;
@@ -548,6 +539,48 @@ impl VolumeStore {
         }
         store.remove_orphan_layers();
         Ok(store)
+    }
+
+    /// The pools' flash caches and flash tiers.
+    fn open_pool_devices(&mut self, config: &WeirConfig) -> Result<(), StoreError> {
+        for p in &config.pools {
+            let invalid = |e| StoreError::Invalid(format!("pool {:?}: {e}", p.name));
+            if let Some(fc) = &p.flash_cache {
+                let dev = FlashCacheDevice::open(&p.name, fc).map_err(invalid)?;
+                self.flash.insert(p.name.clone(), dev);
+            }
+            if let Some(t) = &p.tier {
+                let dev = crate::tier::TierDevice::open(&p.name, t, &self.pool_dir(&p.name))
+                    .map_err(invalid)?;
+                self.tiers.insert(p.name.clone(), dev);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every volume of the metadata: on its upstream (already connected), its RBD
+    /// image (which must exist if the volume did before this start; its size is
+    /// the image's), or its file.
+    fn open_volumes(
+        &mut self,
+        upstream: &mut HashMap<String, Arc<crate::upstream::UpstreamBackend>>,
+        known: &std::collections::HashSet<String>,
+    ) -> Result<(), StoreError> {
+        for r in self.meta.volumes.clone() {
+            let volume = match upstream.remove(&r.name) {
+                Some(b) => self.upstream_volume(&r, b),
+                None if self.rbd_pool(&r.pool).is_some() => {
+                    let (volume, size) = self.open_rbd(&r, known.contains(&r.name))?;
+                    for m in self.meta.volumes.iter_mut().filter(|m| m.name == r.name) {
+                        m.size_bytes = size;
+                    }
+                    volume
+                }
+                None => self.open_file(&r, true)?,
+            };
+            self.open.insert(r.name.clone(), volume);
+        }
+        Ok(())
     }
 
     /// `cache = "flash"` needs a pool with a flash cache.
