@@ -1251,6 +1251,155 @@ struct Req {
     zero: bool,
 }
 
+/// What [`ship`] keeps between events: the requests in flight by handle and their
+/// start offsets (the lowest is the cursor a checkpoint records: everything below
+/// it is written), the checkpoint's FLUSH in flight, and the bytes since the last.
+struct Shipper<'a> {
+    opts: &'a ShipOptions,
+    zero_buf: Vec<u8>,
+    inflight: HashMap<u64, Req>,
+    starts: BTreeSet<u64>,
+    /// The end of the last piece queued.
+    queued_end: u64,
+    producer_done: bool,
+    /// The checkpoint's FLUSH: its handle and the cursor it will record.
+    checkpoint: Option<(u64, u64)>,
+    saved_cursor: u64,
+    since_bytes: u64,
+    since: Instant,
+    stats: ShipStats,
+}
+
+impl<'a> Shipper<'a> {
+    fn new(opts: &'a ShipOptions) -> Self {
+        Shipper {
+            opts,
+            zero_buf: vec![0u8; opts.max_write as usize],
+            inflight: HashMap::new(),
+            starts: BTreeSet::new(),
+            queued_end: opts.start,
+            producer_done: false,
+            checkpoint: None,
+            saved_cursor: opts.start,
+            since_bytes: 0,
+            since: Instant::now(),
+            stats: ShipStats::default(),
+        }
+    }
+
+    /// Room for another piece from the producer.
+    fn room(&self) -> bool {
+        !self.producer_done && self.inflight.len() < MAX_IN_FLIGHT
+    }
+
+    fn push(&mut self, handle: u64, offset: u64, length: u64, zero: bool) {
+        self.inflight.insert(
+            handle,
+            Req {
+                offset,
+                length,
+                zero,
+            },
+        );
+        self.starts.insert(offset);
+    }
+
+    /// Queues a piece's requests (WRITEs of at most `max_write`, or one
+    /// WRITE_ZEROES when the target takes it).
+    fn queue(&mut self, client: &mut NbdClient, piece: Piece) {
+        let max_write = self.opts.max_write;
+        self.queued_end = match piece {
+            Piece::Data { offset, data } => {
+                for (k, chunk) in data.chunks(max_write as usize).enumerate() {
+                    let at = offset + (k as u64) * max_write;
+                    let h = client.session().write(at, chunk, false);
+                    self.push(h, at, chunk.len() as u64, false);
+                }
+                offset + data.len() as u64
+            }
+            Piece::Zero { offset, length } if self.opts.write_zeroes => {
+                let h = client.session().write_zeroes(offset, length as u32, false);
+                self.push(h, offset, length, true);
+                offset + length
+            }
+            Piece::Zero { offset, length } => {
+                let mut at = offset;
+                while at < offset + length {
+                    let n = (offset + length - at).min(max_write);
+                    let h = client
+                        .session()
+                        .write(at, &self.zero_buf[..n as usize], false);
+                    self.push(h, at, n, true);
+                    at += n;
+                }
+                offset + length
+            }
+        };
+    }
+
+    /// Queues the pieces the producer has ready, as far as there is room.
+    fn take_ready(&mut self, client: &mut NbdClient, rx: &mut mpsc::Receiver<Piece>) {
+        while self.room() {
+            match rx.try_recv() {
+                Ok(p) => self.queue(client, p),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => self.producer_done = true,
+            }
+        }
+    }
+
+    /// Sends a checkpoint's FLUSH when the cursor moved and enough bytes or time
+    /// passed since the last (one at a time; none if the target takes no FLUSH).
+    fn maybe_checkpoint(&mut self, client: &mut NbdClient) {
+        let cursor = self.starts.first().copied().unwrap_or(self.queued_end);
+        if self.opts.flush
+            && self.checkpoint.is_none()
+            && cursor > self.saved_cursor
+            && (self.since_bytes >= CHECKPOINT_BYTES || self.since.elapsed() >= CHECKPOINT_INTERVAL)
+        {
+            self.checkpoint = Some((client.session().flush(), cursor));
+            self.since_bytes = 0;
+            self.since = Instant::now();
+        }
+    }
+
+    /// The cursor to record if `handle` is the checkpoint's FLUSH.
+    fn checkpoint_done(&mut self, handle: u64) -> Option<u64> {
+        let (h, at) = self.checkpoint?;
+        (h == handle).then(|| {
+            self.checkpoint = None;
+            at
+        })
+    }
+
+    /// A WRITE or zeroing completed: counted, or its error described.
+    fn write_done(&mut self, done: Completion, job: &Job) -> Result<(), String> {
+        let Some(req) = self.inflight.remove(&done.handle) else {
+            return Err(format!("a reply to unknown request {}", done.handle));
+        };
+        self.starts.remove(&req.offset);
+        done.result.map_err(|e| {
+            format!(
+                "{} of {} bytes at offset {} failed: {e}",
+                if req.zero { "zeroing" } else { "WRITE" },
+                req.length,
+                req.offset
+            )
+        })?;
+        self.stats.requests += 1;
+        self.since_bytes += req.length;
+        job.done.fetch_add(req.length, Ordering::Relaxed);
+        if req.zero {
+            self.stats.zeroed += req.length;
+            job.zeroed.fetch_add(req.length, Ordering::Relaxed);
+        } else {
+            self.stats.shipped += req.length;
+            job.shipped.fetch_add(req.length, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
 /// Writes the pieces from `rx` to the target, [`MAX_IN_FLIGHT`] requests in
 /// flight, with checkpoints; returns when every piece is written (not yet
 /// flushed).
@@ -1265,85 +1414,20 @@ async fn ship(
     snapshot: &str,
     target: &NbdUrl,
 ) -> Result<ShipStats, String> {
-    let zero_buf = vec![0u8; opts.max_write as usize];
-    let mut stats = ShipStats::default();
-    let mut inflight: HashMap<u64, Req> = HashMap::new();
-    let mut starts: BTreeSet<u64> = BTreeSet::new();
-    let mut queued_end = opts.start;
-    let mut producer_done = false;
-    let mut checkpoint: Option<(u64, u64)> = None; // (FLUSH handle, cursor)
-    let mut saved_cursor = opts.start;
-    let (mut since_bytes, mut since) = (0u64, Instant::now());
+    let mut sh = Shipper::new(opts);
     let name = plan_snapshot_name(snapshot);
-    let queue = |client: &mut NbdClient,
-                 inflight: &mut HashMap<u64, Req>,
-                 starts: &mut BTreeSet<u64>,
-                 piece: Piece|
-     -> u64 {
-        let mut push = |h: u64, offset: u64, length: u64, zero: bool| {
-            inflight.insert(
-                h,
-                Req {
-                    offset,
-                    length,
-                    zero,
-                },
-            );
-            starts.insert(offset);
-        };
-        match piece {
-            Piece::Data { offset, data } => {
-                for (k, chunk) in data.chunks(opts.max_write as usize).enumerate() {
-                    let at = offset + (k as u64) * opts.max_write;
-                    let h = client.session().write(at, chunk, false);
-                    push(h, at, chunk.len() as u64, false);
-                }
-                offset + data.len() as u64
-            }
-            Piece::Zero { offset, length } if opts.write_zeroes => {
-                let h = client.session().write_zeroes(offset, length as u32, false);
-                push(h, offset, length, true);
-                offset + length
-            }
-            Piece::Zero { offset, length } => {
-                let mut at = offset;
-                while at < offset + length {
-                    let n = (offset + length - at).min(opts.max_write);
-                    let h = client.session().write(at, &zero_buf[..n as usize], false);
-                    push(h, at, n, true);
-                    at += n;
-                }
-                offset + length
-            }
-        }
-    };
     let fail = |what: String| format!("target {target}: {what}");
     loop {
-        while !producer_done && inflight.len() < MAX_IN_FLIGHT {
-            match rx.try_recv() {
-                Ok(p) => queued_end = queue(client, &mut inflight, &mut starts, p),
-                Err(mpsc::error::TryRecvError::Empty) => break,
-                Err(mpsc::error::TryRecvError::Disconnected) => producer_done = true,
-            }
-        }
-        let cursor = starts.first().copied().unwrap_or(queued_end);
-        if opts.flush
-            && checkpoint.is_none()
-            && cursor > saved_cursor
-            && (since_bytes >= CHECKPOINT_BYTES || since.elapsed() >= CHECKPOINT_INTERVAL)
-        {
-            checkpoint = Some((client.session().flush(), cursor));
-            since_bytes = 0;
-            since = Instant::now();
-        }
+        sh.take_ready(client, &mut rx);
+        sh.maybe_checkpoint(client);
         client.send().await.map_err(|e| fail(format!("{e:#}")))?;
-        if inflight.is_empty() && checkpoint.is_none() {
-            if producer_done {
-                return Ok(stats);
+        if sh.inflight.is_empty() && sh.checkpoint.is_none() {
+            if sh.producer_done {
+                return Ok(sh.stats);
             }
             match rx.recv().await {
-                Some(p) => queued_end = queue(client, &mut inflight, &mut starts, p),
-                None => producer_done = true,
+                Some(p) => sh.queue(client, p),
+                None => sh.producer_done = true,
             }
             continue;
         }
@@ -1352,7 +1436,7 @@ async fn ship(
             Piece(Option<Piece>),
             Idle,
         }
-        let room = !producer_done && inflight.len() < MAX_IN_FLIGHT;
+        let room = sh.room();
         let event = tokio::select! {
             biased;
             c = client.next_completion() => Event::Done(c),
@@ -1361,31 +1445,28 @@ async fn ship(
         };
         let done = match event {
             Event::Piece(Some(p)) => {
-                queued_end = queue(client, &mut inflight, &mut starts, p);
+                sh.queue(client, p);
                 continue;
             }
             Event::Piece(None) => {
-                producer_done = true;
+                sh.producer_done = true;
                 continue;
             }
             Event::Idle => {
                 return Err(fail(format!(
                     "no answer for {} s with {} requests in flight",
                     IDLE_TIMEOUT.as_secs(),
-                    inflight.len() + usize::from(checkpoint.is_some())
+                    sh.inflight.len() + usize::from(sh.checkpoint.is_some())
                 )));
             }
             Event::Done(c) => c.map_err(|e| fail(format!("{e:#}")))?,
         };
-        if let Some((h, at)) = checkpoint
-            && h == done.handle
-        {
-            checkpoint = None;
+        if let Some(at) = sh.checkpoint_done(done.handle) {
             done.result
                 .map_err(|e| fail(format!("FLUSH failed: {e}")))?;
             let (v, n) = (job.volume.clone(), name.clone());
             match with_store(state, guard, move |s| s.replication_checkpoint(&v, &n, at)).await {
-                Ok(()) => saved_cursor = at,
+                Ok(()) => sh.saved_cursor = at,
                 Err(e) => tracing::warn!(
                     "volume {:?}: recording the cycle's progress: {e}",
                     job.volume
@@ -1393,28 +1474,7 @@ async fn ship(
             }
             continue;
         }
-        let Some(req) = inflight.remove(&done.handle) else {
-            return Err(fail(format!("a reply to unknown request {}", done.handle)));
-        };
-        starts.remove(&req.offset);
-        done.result.map_err(|e| {
-            fail(format!(
-                "{} of {} bytes at offset {} failed: {e}",
-                if req.zero { "zeroing" } else { "WRITE" },
-                req.length,
-                req.offset
-            ))
-        })?;
-        stats.requests += 1;
-        since_bytes += req.length;
-        job.done.fetch_add(req.length, Ordering::Relaxed);
-        if req.zero {
-            stats.zeroed += req.length;
-            job.zeroed.fetch_add(req.length, Ordering::Relaxed);
-        } else {
-            stats.shipped += req.length;
-            job.shipped.fetch_add(req.length, Ordering::Relaxed);
-        }
+        sh.write_done(done, job).map_err(fail)?;
     }
 }
 
