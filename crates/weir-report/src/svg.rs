@@ -458,198 +458,40 @@ impl LineChart {
             y_min = y_min.min(0.0);
             y_max = y_max.max(0.0);
         }
-        let y_axis = YAxis::new(y_min, y_max);
-
-        // x domain and ticks (in transformed units) with their labels.
-        let (x_lo, x_hi, x_ticks): (f64, f64, Vec<(f64, String)>) = {
-            let mut data_xs: Vec<f64> = usable.iter().map(|p| p.1).collect();
-            data_xs.sort_by(f64::total_cmp);
-            data_xs.dedup();
-            let untransform = |v: f64| match self.x_scale {
-                XScale::Linear => v,
-                XScale::Log2 => v.exp2(),
-            };
-            if self.ticks_at_data && data_xs.len() <= 12 {
-                let (lo, hi) = if x_max > x_min {
-                    let pad = (x_max - x_min) * 0.04;
-                    (x_min - pad, x_max + pad)
-                } else {
-                    (x_min - 1.0, x_max + 1.0)
-                };
-                let ticks = data_xs
-                    .iter()
-                    .map(|&v| (v, fmt_param(untransform(v))))
-                    .collect();
-                (lo, hi, ticks)
-            } else if self.x_scale == XScale::Log2 {
-                let lo = x_min.floor();
-                let hi = x_max.ceil().max(lo + 1.0);
-                let stride = (((hi - lo) / 8.0).ceil() as i64).max(1);
-                let ticks = (lo as i64..=hi as i64)
-                    .step_by(stride as usize)
-                    .map(|e| (e as f64, fmt_param((e as f64).exp2())))
-                    .collect();
-                (lo, hi, ticks)
-            } else {
-                let (lo, hi, ticks, step) = linear_ticks(x_min, x_max, 6);
-                let abs = lo.abs().max(hi.abs());
-                let ticks = ticks
-                    .into_iter()
-                    .map(|t| (t, tick_label(t, step, abs)))
-                    .collect();
-                (lo, hi, ticks)
-            }
+        let mut data_xs: Vec<f64> = usable.iter().map(|p| p.1).collect();
+        data_xs.sort_by(f64::total_cmp);
+        data_xs.dedup();
+        let (x_lo, x_hi, x_ticks) = self.x_domain(&data_xs, x_min, x_max);
+        let frame = Frame {
+            x_lo,
+            x_hi,
+            y_axis: YAxis::new(y_min, y_max),
         };
-
-        let plot_w = CHART_W - PLOT_LEFT - PLOT_RIGHT;
-        let sx = |x: f64| PLOT_LEFT + (x - x_lo) / (x_hi - x_lo) * plot_w;
-        let sy = |y: f64| y_axis.px_of(y);
-
-        // Legend layout (wrapping rows under the x axis label); the seed figures'
-        // marker last.
-        let legend_top = PLOT_TOP + PLOT_H + 58.0;
-        let show_legend = series.len() > 1 || !series[0].name.is_empty() || !seeds.is_empty();
-        let seed_legend = "seed document's figure";
-        let (legend, height) = if show_legend {
-            let names = series
-                .iter()
-                .map(|s| s.name.as_str())
-                .chain((!seeds.is_empty()).then_some(seed_legend));
-            let n_series = series.len();
-            let (legend, last_row_y) = wrapped_legend(
-                names,
-                legend_top,
-                LegendSwatch {
-                    item_px: 26.0,
-                    text_dx: 24.0,
-                },
-                |legend, i, x, y| {
-                    if i == n_series {
-                        legend.push_str(&diamond(x + 9.0, y - 4.0, "#374151", ""));
-                        return;
-                    }
-                    let (colour, dash) = series_stroke(i);
-                    let _ = write!(
-                        legend,
-                        "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{colour}\" \
-                         stroke-width=\"3\"{dash}/>",
-                        px(x),
-                        px(y - 4.0),
-                        px(x + 18.0),
-                        px(y - 4.0),
-                    );
-                },
-            );
-            (legend, last_row_y + 10.0)
-        } else {
-            (String::new(), legend_top - 8.0)
-        };
+        let (legend, height) = line_legend(&series, !seeds.is_empty());
 
         let mut svg = String::new();
         open_svg(&mut svg, "chart", px(CHART_W), height);
-        let bottom = PLOT_TOP + PLOT_H;
-        if let Some(shade) = &self.shade {
-            let (a, b) = (
-                self.x_value(shade.from).map(|v| v.max(x_lo)),
-                self.x_value(shade.to).map(|v| v.min(x_hi)),
-            );
-            if let (Some(a), Some(b)) = (a, b)
-                && b > a
-            {
-                let _ = write!(
-                    svg,
-                    "<g class=\"shade\"><rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" \
-                     fill=\"#eceff3\"><title>{label}</title></rect><text class=\"muted\" x=\"{}\" \
-                     y=\"{}\">{label}</text></g>",
-                    px(sx(a)),
-                    px(PLOT_TOP),
-                    px(sx(b) - sx(a)),
-                    px(PLOT_H),
-                    px(sx(a) + 4.0),
-                    px(PLOT_TOP + 12.0),
-                    label = esc(&shade.label)
-                );
-            }
-        }
-        y_axis.write_grid(&mut svg);
-        // x ticks.
-        let mut last_label_end = f64::NEG_INFINITY;
-        for (t, label) in &x_ticks {
-            let x = sx(*t);
-            let _ = write!(
-                svg,
-                "<line class=\"axis\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\"/>",
-                px(bottom),
-                px(bottom + 5.0),
-                x = px(x)
-            );
-            // Skip labels that would overlap the previous one.
-            let half = label.chars().count() as f64 * CHAR_PX / 2.0;
-            if x - half > last_label_end + 4.0 {
-                let _ = write!(
-                    svg,
-                    "<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
-                    px(x),
-                    px(bottom + 18.0),
-                    esc(label)
-                );
-                last_label_end = x + half;
-            }
-        }
-        write_axes(&mut svg, bottom, Some(&self.x_label), &self.y_label);
-        // Series.
+        self.write_shade(&mut svg, &frame);
+        frame.y_axis.write_grid(&mut svg);
+        write_x_ticks(&mut svg, &frame, &x_ticks);
+        write_axes(
+            &mut svg,
+            PLOT_TOP + PLOT_H,
+            Some(&self.x_label),
+            &self.y_label,
+        );
         for (i, s) in series.iter().enumerate() {
-            let (colour, dash) = series_stroke(i);
-            let mut path = String::new();
-            let mut pen_down = false;
-            let mut markers = String::new();
-            let finite_points = s
-                .points
-                .iter()
-                .filter(|(x, y)| self.x_value(*x).is_some() && y.is_finite())
-                .count();
-            let draw_markers = finite_points <= 40;
-            for &(x_raw, y) in &s.points {
-                let Some(x) = self.x_value(x_raw).filter(|_| y.is_finite()) else {
-                    pen_down = false;
-                    continue;
-                };
-                let (px_x, px_y) = (sx(x), sy(y));
-                let _ = write!(
-                    path,
-                    "{}{} {} ",
-                    if pen_down { "L" } else { "M" },
-                    px(px_x),
-                    px(px_y)
-                );
-                pen_down = true;
-                if draw_markers {
-                    let _ = write!(
-                        markers,
-                        "<circle cx=\"{}\" cy=\"{}\" r=\"3.2\" fill=\"{colour}\"><title>{}: {} → {}</title></circle>",
-                        px(px_x),
-                        px(px_y),
-                        esc(&s.name),
-                        esc(&format!("{} {}", self.x_name, fmt_param(x_raw))),
-                        esc(&format!(
-                            "{} {}",
-                            fmt_thousands(y, if y.abs() >= 100.0 { 0 } else { 2 }),
-                            self.y_label
-                        ))
-                    );
-                }
-            }
-            let _ = write!(
-                svg,
-                "<g class=\"series\"><path d=\"{}\" fill=\"none\" stroke=\"{colour}\" \
-                 stroke-width=\"2.2\" stroke-linejoin=\"round\" stroke-linecap=\"round\"{dash}/>{markers}</g>",
-                path.trim_end()
-            );
+            self.write_series(&mut svg, &frame, i, s);
         }
         if !seeds.is_empty() {
             svg.push_str("<g class=\"seeds\">");
             for &(i, x, y, label) in &seeds {
-                svg.push_str(&diamond(sx(x), sy(y), series_stroke(i).0, label));
+                svg.push_str(&diamond(
+                    frame.sx(x),
+                    frame.sy(y),
+                    series_stroke(i).0,
+                    label,
+                ));
             }
             svg.push_str("</g>");
         }
@@ -657,6 +499,213 @@ impl LineChart {
         svg.push_str("</svg>");
         svg
     }
+
+    /// The x domain and its ticks (in transformed units) with their labels: at the
+    /// data's x values when asked and there are at most 12, powers of two on a log
+    /// scale, else round linear steps.
+    fn x_domain(&self, data_xs: &[f64], x_min: f64, x_max: f64) -> (f64, f64, Vec<(f64, String)>) {
+        let untransform = |v: f64| match self.x_scale {
+            XScale::Linear => v,
+            XScale::Log2 => v.exp2(),
+        };
+        if self.ticks_at_data && data_xs.len() <= 12 {
+            let (lo, hi) = if x_max > x_min {
+                let pad = (x_max - x_min) * 0.04;
+                (x_min - pad, x_max + pad)
+            } else {
+                (x_min - 1.0, x_max + 1.0)
+            };
+            let ticks = data_xs
+                .iter()
+                .map(|&v| (v, fmt_param(untransform(v))))
+                .collect();
+            (lo, hi, ticks)
+        } else if self.x_scale == XScale::Log2 {
+            let lo = x_min.floor();
+            let hi = x_max.ceil().max(lo + 1.0);
+            let stride = (((hi - lo) / 8.0).ceil() as i64).max(1);
+            let ticks = (lo as i64..=hi as i64)
+                .step_by(stride as usize)
+                .map(|e| (e as f64, fmt_param((e as f64).exp2())))
+                .collect();
+            (lo, hi, ticks)
+        } else {
+            let (lo, hi, ticks, step) = linear_ticks(x_min, x_max, 6);
+            let abs = lo.abs().max(hi.abs());
+            let ticks = ticks
+                .into_iter()
+                .map(|t| (t, tick_label(t, step, abs)))
+                .collect();
+            (lo, hi, ticks)
+        }
+    }
+
+    /// The shaded x range (e.g. the warm-up), clipped to the domain, with its label.
+    fn write_shade(&self, svg: &mut String, frame: &Frame) {
+        let Some(shade) = &self.shade else {
+            return;
+        };
+        let (a, b) = (
+            self.x_value(shade.from).map(|v| v.max(frame.x_lo)),
+            self.x_value(shade.to).map(|v| v.min(frame.x_hi)),
+        );
+        if let (Some(a), Some(b)) = (a, b)
+            && b > a
+        {
+            let _ = write!(
+                svg,
+                "<g class=\"shade\"><rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" \
+                 fill=\"#eceff3\"><title>{label}</title></rect><text class=\"muted\" x=\"{}\" \
+                 y=\"{}\">{label}</text></g>",
+                px(frame.sx(a)),
+                px(PLOT_TOP),
+                px(frame.sx(b) - frame.sx(a)),
+                px(PLOT_H),
+                px(frame.sx(a) + 4.0),
+                px(PLOT_TOP + 12.0),
+                label = esc(&shade.label)
+            );
+        }
+    }
+
+    /// One series: its line (broken at non-finite points) and, for at most 40
+    /// points, a marker with a tooltip at each.
+    fn write_series(&self, svg: &mut String, frame: &Frame, i: usize, s: &LineSeries) {
+        let (colour, dash) = series_stroke(i);
+        let mut path = String::new();
+        let mut pen_down = false;
+        let mut markers = String::new();
+        let finite_points = s
+            .points
+            .iter()
+            .filter(|(x, y)| self.x_value(*x).is_some() && y.is_finite())
+            .count();
+        let draw_markers = finite_points <= 40;
+        for &(x_raw, y) in &s.points {
+            let Some(x) = self.x_value(x_raw).filter(|_| y.is_finite()) else {
+                pen_down = false;
+                continue;
+            };
+            let (px_x, px_y) = (frame.sx(x), frame.sy(y));
+            let _ = write!(
+                path,
+                "{}{} {} ",
+                if pen_down { "L" } else { "M" },
+                px(px_x),
+                px(px_y)
+            );
+            pen_down = true;
+            if draw_markers {
+                let _ = write!(
+                    markers,
+                    "<circle cx=\"{}\" cy=\"{}\" r=\"3.2\" fill=\"{colour}\"><title>{}: {} → {}</title></circle>",
+                    px(px_x),
+                    px(px_y),
+                    esc(&s.name),
+                    esc(&format!("{} {}", self.x_name, fmt_param(x_raw))),
+                    esc(&format!(
+                        "{} {}",
+                        fmt_thousands(y, if y.abs() >= 100.0 { 0 } else { 2 }),
+                        self.y_label
+                    ))
+                );
+            }
+        }
+        let _ = write!(
+            svg,
+            "<g class=\"series\"><path d=\"{}\" fill=\"none\" stroke=\"{colour}\" \
+             stroke-width=\"2.2\" stroke-linejoin=\"round\" stroke-linecap=\"round\"{dash}/>{markers}</g>",
+            path.trim_end()
+        );
+    }
+}
+
+/// A line chart's plot area: its x domain (transformed units) and y axis, and
+/// their mapping to pixels.
+struct Frame {
+    x_lo: f64,
+    x_hi: f64,
+    y_axis: YAxis,
+}
+
+impl Frame {
+    fn sx(&self, x: f64) -> f64 {
+        let plot_w = CHART_W - PLOT_LEFT - PLOT_RIGHT;
+        PLOT_LEFT + (x - self.x_lo) / (self.x_hi - self.x_lo) * plot_w
+    }
+
+    fn sy(&self, y: f64) -> f64 {
+        self.y_axis.px_of(y)
+    }
+}
+
+/// The x ticks and their labels, a label left out where it would overlap the
+/// previous one.
+fn write_x_ticks(svg: &mut String, frame: &Frame, x_ticks: &[(f64, String)]) {
+    let bottom = PLOT_TOP + PLOT_H;
+    let mut last_label_end = f64::NEG_INFINITY;
+    for (t, label) in x_ticks {
+        let x = frame.sx(*t);
+        let _ = write!(
+            svg,
+            "<line class=\"axis\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\"/>",
+            px(bottom),
+            px(bottom + 5.0),
+            x = px(x)
+        );
+        let half = label.chars().count() as f64 * CHAR_PX / 2.0;
+        if x - half > last_label_end + 4.0 {
+            let _ = write!(
+                svg,
+                "<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                px(x),
+                px(bottom + 18.0),
+                esc(label)
+            );
+            last_label_end = x + half;
+        }
+    }
+}
+
+/// A line chart's legend (wrapping rows under the x axis label; the seed
+/// figures' marker last), and the chart's height with it. None for one unnamed
+/// series without seed figures.
+fn line_legend(series: &[LineSeries], with_seeds: bool) -> (String, f64) {
+    let legend_top = PLOT_TOP + PLOT_H + 58.0;
+    let show_legend = series.len() > 1 || !series[0].name.is_empty() || with_seeds;
+    if !show_legend {
+        return (String::new(), legend_top - 8.0);
+    }
+    let names = series
+        .iter()
+        .map(|s| s.name.as_str())
+        .chain(with_seeds.then_some("seed document's figure"));
+    let n_series = series.len();
+    let (legend, last_row_y) = wrapped_legend(
+        names,
+        legend_top,
+        LegendSwatch {
+            item_px: 26.0,
+            text_dx: 24.0,
+        },
+        |legend, i, x, y| {
+            if i == n_series {
+                legend.push_str(&diamond(x + 9.0, y - 4.0, "#374151", ""));
+                return;
+            }
+            let (colour, dash) = series_stroke(i);
+            let _ = write!(
+                legend,
+                "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{colour}\" \
+                 stroke-width=\"3\"{dash}/>",
+                px(x),
+                px(y - 4.0),
+                px(x + 18.0),
+                px(y - 4.0),
+            );
+        },
+    );
+    (legend, last_row_y + 10.0)
 }
 
 /// A hollow diamond (a seed document's figure) centred at `(x, y)`, with a tooltip.
