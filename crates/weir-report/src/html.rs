@@ -342,6 +342,46 @@ fn case_section(out: &mut String, case: &CaseReport, index: usize, open: bool) {
         if open { " open" } else { "" },
         esc(&case_title(case, index))
     );
+    case_badges(out, case);
+    out.push_str("</summary>\n");
+    if !case.description.trim().is_empty() {
+        let _ = writeln!(
+            out,
+            "<p class=\"case-desc\">{}</p>",
+            esc(case.description.trim())
+        );
+    }
+    case_chips(out, case);
+    key_metric_tiles(out, case);
+
+    out.push_str("<h3>Workloads</h3>\n");
+    if case.workloads.is_empty() && case.total.is_none() {
+        out.push_str("<p class=\"empty\">No workloads.</p>\n");
+    } else {
+        workloads_table(out, case);
+    }
+    model_sections(out, case);
+    for kind in ComparisonKind::ALL {
+        comparison_section(out, case, kind);
+    }
+    timeline_section(out, case);
+    if !case.components.is_empty() {
+        out.push_str("<h3>Components</h3>\n<figure>");
+        let rows: Vec<(&str, &str, f64)> = case
+            .components
+            .iter()
+            .map(|c| (c.name.as_str(), c.kind.as_str(), c.utilisation))
+            .collect();
+        out.push_str(&utilisation_bars(&rows));
+        out.push_str("</figure>\n");
+        components_table(out, case);
+    }
+    out.push_str("</details>\n</section>\n");
+}
+
+/// A case's headline figures and its badges (predictions off, targets passed),
+/// in its summary line.
+fn case_badges(out: &mut String, case: &CaseReport) {
     if let Some(w) = case.headline() {
         let _ = write!(
             out,
@@ -375,14 +415,11 @@ fn case_section(out: &mut String, case: &CaseReport, index: usize, open: bool) {
             t.targets
         );
     }
-    out.push_str("</summary>\n");
-    if !case.description.trim().is_empty() {
-        let _ = writeln!(
-            out,
-            "<p class=\"case-desc\">{}</p>",
-            esc(case.description.trim())
-        );
-    }
+}
+
+/// The chips under a case's summary: measured time, warm-up, simulated I/Os and
+/// the sweep's parameters.
+fn case_chips(out: &mut String, case: &CaseReport) {
     out.push_str("<div class=\"meta\">");
     let _ = write!(
         out,
@@ -412,98 +449,81 @@ fn case_section(out: &mut String, case: &CaseReport, index: usize, open: bool) {
         );
     }
     out.push_str("</div>\n");
-    key_metric_tiles(out, case);
+}
 
-    out.push_str("<h3>Workloads</h3>\n");
-    if case.workloads.is_empty() && case.total.is_none() {
-        out.push_str("<p class=\"empty\">No workloads.</p>\n");
-    } else {
-        workloads_table(out, case);
+/// A case's compare rows of one kind: paired bars (not for targets) and the table.
+fn comparison_section(out: &mut String, case: &CaseReport, kind: ComparisonKind) {
+    let rows: Vec<&Comparison> = case.comparisons.iter().filter(|c| c.kind == kind).collect();
+    if rows.is_empty() {
+        return;
     }
-    model_sections(out, case);
-
-    for kind in ComparisonKind::ALL {
-        let rows: Vec<&Comparison> = case.comparisons.iter().filter(|c| c.kind == kind).collect();
-        if rows.is_empty() {
-            continue;
-        }
-        let _ = writeln!(out, "<h3>{}</h3>", esc(kind_heading(kind)));
-        if kind != ComparisonKind::Target {
-            let labels: Vec<String> = rows.iter().map(|c| c.metric.clone()).collect();
-            let pairs: Vec<Pair<'_>> = rows
-                .iter()
-                .zip(&labels)
-                .map(|(c, label)| Pair {
-                    label,
-                    weir: c.weir,
-                    seed: c.seed,
-                    ratio: c.ratio(),
-                    differs: c.differs(),
-                    weir_text: fmt_number(c.weir),
-                    seed_text: fmt_number(c.seed),
-                })
-                .collect();
-            out.push_str("<figure>");
-            out.push_str(&paired_bars(&pairs));
-            out.push_str("</figure>\n");
-        }
-        comparisons_table(out, kind, &rows);
-    }
-
-    if !case.timeline.is_empty() {
-        out.push_str("<h3>Over time</h3>\n<div class=\"charts\">\n");
-        for (unit, series) in timeline_groups(&case.timeline) {
-            let timed = series.iter().all(|s| valid_interval(s.interval_s));
-            let names = legend_names(&series);
-            let chart = LineChart {
-                x_label: if timed {
-                    "simulated time (s)".to_string()
-                } else {
-                    "interval".to_string()
-                },
-                y_label: unit.to_string(),
-                series: series
-                    .iter()
-                    .zip(names)
-                    .map(|(s, name)| LineSeries {
-                        name,
-                        points: timeline_points(s),
-                    })
-                    .collect(),
-                x_scale: XScale::Linear,
-                ticks_at_data: false,
-                y_from_zero: true,
-                x_name: "t =".to_string(),
-                seeds: Vec::new(),
-                shade: (timed && case.warmup_s > 0.0).then(|| Shade {
-                    from: 0.0,
-                    to: case.warmup_s,
-                    label: format!("warm-up {} s, not measured", fmt_number(case.warmup_s)),
-                }),
-            };
-            let _ = writeln!(
-                out,
-                "<figure><figcaption>{} over time<span>{} series</span></figcaption>{}</figure>",
-                esc(&unit_title(unit)),
-                series.len(),
-                chart.render()
-            );
-        }
-        out.push_str("</div>\n");
-    }
-
-    if !case.components.is_empty() {
-        out.push_str("<h3>Components</h3>\n<figure>");
-        let rows: Vec<(&str, &str, f64)> = case
-            .components
+    let _ = writeln!(out, "<h3>{}</h3>", esc(kind_heading(kind)));
+    if kind != ComparisonKind::Target {
+        let labels: Vec<String> = rows.iter().map(|c| c.metric.clone()).collect();
+        let pairs: Vec<Pair<'_>> = rows
             .iter()
-            .map(|c| (c.name.as_str(), c.kind.as_str(), c.utilisation))
+            .zip(&labels)
+            .map(|(c, label)| Pair {
+                label,
+                weir: c.weir,
+                seed: c.seed,
+                ratio: c.ratio(),
+                differs: c.differs(),
+                weir_text: fmt_number(c.weir),
+                seed_text: fmt_number(c.seed),
+            })
             .collect();
-        out.push_str(&utilisation_bars(&rows));
+        out.push_str("<figure>");
+        out.push_str(&paired_bars(&pairs));
         out.push_str("</figure>\n");
-        components_table(out, case);
     }
-    out.push_str("</details>\n</section>\n");
+    comparisons_table(out, kind, &rows);
+}
+
+/// A case's time series, one chart per unit, the warm-up shaded.
+fn timeline_section(out: &mut String, case: &CaseReport) {
+    if case.timeline.is_empty() {
+        return;
+    }
+    out.push_str("<h3>Over time</h3>\n<div class=\"charts\">\n");
+    for (unit, series) in timeline_groups(&case.timeline) {
+        let timed = series.iter().all(|s| valid_interval(s.interval_s));
+        let names = legend_names(&series);
+        let chart = LineChart {
+            x_label: if timed {
+                "simulated time (s)".to_string()
+            } else {
+                "interval".to_string()
+            },
+            y_label: unit.to_string(),
+            series: series
+                .iter()
+                .zip(names)
+                .map(|(s, name)| LineSeries {
+                    name,
+                    points: timeline_points(s),
+                })
+                .collect(),
+            x_scale: XScale::Linear,
+            ticks_at_data: false,
+            y_from_zero: true,
+            x_name: "t =".to_string(),
+            seeds: Vec::new(),
+            shade: (timed && case.warmup_s > 0.0).then(|| Shade {
+                from: 0.0,
+                to: case.warmup_s,
+                label: format!("warm-up {} s, not measured", fmt_number(case.warmup_s)),
+            }),
+        };
+        let _ = writeln!(
+            out,
+            "<figure><figcaption>{} over time<span>{} series</span></figcaption>{}</figure>",
+            esc(&unit_title(unit)),
+            series.len(),
+            chart.render()
+        );
+    }
+    out.push_str("</div>\n");
 }
 
 fn valid_interval(interval_s: f64) -> bool {
