@@ -239,9 +239,40 @@ pub struct ValidRequest {
 /// A WRITE whose payload was discarded by the decoder is EINVAL.
 pub fn validate(request: &Request, export: &ExportInfo) -> Result<ValidRequest, NbdError> {
     let h = &request.header;
-    let flags = h.flags;
-    let fua = flags & CMD_FLAG_FUA != 0;
-    let allowed = match h.command {
+    check_flags(h.command, h.flags, export)?;
+    let command = command_of(h, export)?;
+    if command == Command::Disconnect {
+        return Ok(ValidRequest {
+            handle: h.handle,
+            command,
+        });
+    }
+    let writes = matches!(
+        command,
+        Command::Write { .. } | Command::Trim { .. } | Command::WriteZeroes { .. }
+    );
+    if writes && export.read_only() {
+        return Err(NbdError::new(ErrorCode::Perm, "export is read-only"));
+    }
+    if matches!(command, Command::Write { .. }) && request.payload.is_none() {
+        return Err(NbdError::inval(format!(
+            "write of {} bytes exceeds the maximum payload of {} bytes",
+            h.length, export.block_size.max_payload_bytes
+        )));
+    }
+    if command != Command::Flush {
+        check_range(&command, h.offset, h.length, export)?;
+    }
+    Ok(ValidRequest {
+        handle: h.handle,
+        command,
+    })
+}
+
+/// The flags a command may carry on this connection (FUA only if the export
+/// offers it; DF and FAST_ZERO only if negotiated): else EINVAL.
+fn check_flags(command: u16, flags: u16, export: &ExportInfo) -> Result<(), NbdError> {
+    let allowed = match command {
         CMD_READ => CMD_FLAG_DF,
         CMD_WRITE | CMD_TRIM => 0,
         CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
@@ -257,7 +288,7 @@ pub fn validate(request: &Request, export: &ExportInfo) -> Result<ValidRequest, 
         return Err(NbdError::inval(format!(
             "command flags {:#x} not valid for {} on this connection",
             flags & !allowed,
-            command_name(h.command)
+            command_name(command)
         )));
     }
     if flags & CMD_FLAG_DF != 0 && !export.has_flag(FLAG_SEND_DF) {
@@ -266,14 +297,16 @@ pub fn validate(request: &Request, export: &ExportInfo) -> Result<ValidRequest, 
     if flags & CMD_FLAG_FAST_ZERO != 0 && !export.has_flag(FLAG_SEND_FAST_ZERO) {
         return Err(NbdError::inval("NBD_CMD_FLAG_FAST_ZERO was not negotiated"));
     }
-    let (offset, length) = (h.offset, h.length);
-    let command = match h.command {
-        CMD_DISC => {
-            return Ok(ValidRequest {
-                handle: h.handle,
-                command: Command::Disconnect,
-            });
-        }
+    Ok(())
+}
+
+/// The command a header asks for (its flags already checked): FLUSH with a
+/// range, or BLOCK_STATUS without a selected context or with length 0, is EINVAL.
+fn command_of(h: &RequestHeader, export: &ExportInfo) -> Result<Command, NbdError> {
+    let (offset, length, flags) = (h.offset, h.length, h.flags);
+    let fua = flags & CMD_FLAG_FUA != 0;
+    Ok(match h.command {
+        CMD_DISC => Command::Disconnect,
         CMD_FLUSH => {
             if offset != 0 || length != 0 {
                 return Err(NbdError::inval("NBD_CMD_FLUSH needs offset and length 0"));
@@ -322,57 +355,50 @@ pub fn validate(request: &Request, export: &ExportInfo) -> Result<ValidRequest, 
             }
         }
         other => return Err(NbdError::inval(format!("unknown command type {other}"))),
-    };
-    let writes = matches!(
-        command,
-        Command::Write { .. } | Command::Trim { .. } | Command::WriteZeroes { .. }
-    );
-    if writes && export.read_only() {
-        return Err(NbdError::new(ErrorCode::Perm, "export is read-only"));
+    })
+}
+
+/// A command's range: inside the export (else ENOSPC for WRITE and
+/// WRITE_ZEROES, EINVAL for the rest), aligned to the minimum block size, and
+/// for READ, WRITE and CACHE no longer than the maximum payload.
+fn check_range(
+    command: &Command,
+    offset: u64,
+    length: u32,
+    export: &ExportInfo,
+) -> Result<(), NbdError> {
+    let end = offset.checked_add(length as u64);
+    if end.is_none_or(|end| end > export.size_bytes) {
+        let code = if matches!(command, Command::Write { .. } | Command::WriteZeroes { .. }) {
+            ErrorCode::NoSpc
+        } else {
+            ErrorCode::Inval
+        };
+        return Err(NbdError::new(
+            code,
+            format!(
+                "range {offset}+{length} exceeds the export size of {} bytes",
+                export.size_bytes
+            ),
+        ));
     }
-    if matches!(command, Command::Write { .. }) && request.payload.is_none() {
+    let min = export.block_size.min_bytes.max(1) as u64;
+    if !offset.is_multiple_of(min) || !(length as u64).is_multiple_of(min) {
         return Err(NbdError::inval(format!(
-            "write of {length} bytes exceeds the maximum payload of {} bytes",
+            "range {offset}+{length} is not aligned to {min} bytes"
+        )));
+    }
+    let bounded = matches!(
+        command,
+        Command::Read { .. } | Command::Write { .. } | Command::Cache { .. }
+    );
+    if bounded && length > export.block_size.max_payload_bytes {
+        return Err(NbdError::inval(format!(
+            "length {length} exceeds the maximum payload of {} bytes",
             export.block_size.max_payload_bytes
         )));
     }
-    if command != Command::Flush {
-        let end = offset.checked_add(length as u64);
-        if end.is_none_or(|end| end > export.size_bytes) {
-            let code = if matches!(command, Command::Write { .. } | Command::WriteZeroes { .. }) {
-                ErrorCode::NoSpc
-            } else {
-                ErrorCode::Inval
-            };
-            return Err(NbdError::new(
-                code,
-                format!(
-                    "range {offset}+{length} exceeds the export size of {} bytes",
-                    export.size_bytes
-                ),
-            ));
-        }
-        let min = export.block_size.min_bytes.max(1) as u64;
-        if !offset.is_multiple_of(min) || !(length as u64).is_multiple_of(min) {
-            return Err(NbdError::inval(format!(
-                "range {offset}+{length} is not aligned to {min} bytes"
-            )));
-        }
-        let bounded = matches!(
-            command,
-            Command::Read { .. } | Command::Write { .. } | Command::Cache { .. }
-        );
-        if bounded && length > export.block_size.max_payload_bytes {
-            return Err(NbdError::inval(format!(
-                "length {length} exceeds the maximum payload of {} bytes",
-                export.block_size.max_payload_bytes
-            )));
-        }
-    }
-    Ok(ValidRequest {
-        handle: h.handle,
-        command,
-    })
+    Ok(())
 }
 
 /// Name of a command type for messages.
