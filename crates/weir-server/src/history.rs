@@ -19,7 +19,9 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::io::Write as _;
 use std::os::unix::fs::FileExt as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -214,10 +216,33 @@ struct SlotEntry {
 }
 
 impl SlotMap {
-    fn free_slot(&self) -> Option<usize> {
-        let mut used: Vec<usize> = self.volumes.values().map(|e| e.slot).collect();
-        used.sort_unstable();
-        (0..MAX_SLOTS).find(|s| used.binary_search(s).is_err())
+    /// What a damaged or hand-edited `slots.json` may hold and the store cannot:
+    /// a slot out of range (it would size the ring files by it) or one another
+    /// volume holds. Such entries are dropped, with a warning.
+    fn sanitized(mut self) -> SlotMap {
+        let mut held = vec![false; MAX_SLOTS];
+        let before = self.volumes.len();
+        self.volumes
+            .retain(|_, e| e.slot < MAX_SLOTS && !std::mem::replace(&mut held[e.slot], true));
+        if self.volumes.len() != before {
+            tracing::warn!(
+                "history: slots.json: {} entries out of range or sharing a slot dropped",
+                before - self.volumes.len()
+            );
+        }
+        self
+    }
+
+    /// The slots no volume holds, lowest first (one pass: the sampler asks every
+    /// second, and with every slot taken it asked once per volume left over).
+    fn free_slots(&self) -> Vec<usize> {
+        let mut used = vec![false; MAX_SLOTS];
+        for e in self.volumes.values() {
+            if let Some(u) = used.get_mut(e.slot) {
+                *u = true;
+            }
+        }
+        (0..MAX_SLOTS).filter(|&s| !used[s]).collect()
     }
 
     fn segments(&self) -> usize {
@@ -252,7 +277,10 @@ impl History {
     /// Opens (creating) `<data_dir>/history`.
     pub fn open(data_dir: &Path) -> io::Result<History> {
         let dir = data_dir.join("history");
-        std::fs::create_dir_all(&dir)?;
+        crate::store::create_dirs(&dir)?;
+        // Volume names and their I/O are the owner's (an older version made the
+        // directory 0755 and its files 0644).
+        private(&std::fs::File::open(&dir)?, crate::store::DIR_MODE)?;
         let slots: SlotMap = match std::fs::read(dir.join("slots.json")) {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
                 tracing::warn!("history: slots.json unreadable ({e}); starting afresh");
@@ -260,7 +288,8 @@ impl History {
             }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => SlotMap::default(),
             Err(e) => return Err(e),
-        };
+        }
+        .sanitized();
         let mut segments = Vec::new();
         for s in 0..slots.segments() {
             segments.push(open_segment(&dir, s)?);
@@ -320,11 +349,12 @@ impl History {
             .volumes
             .retain(|name, _| present.contains(name.as_str()));
         let mut changed = inner.slots.volumes.len() != before;
+        let mut free = inner.slots.free_slots().into_iter();
         for (name, _) in samples {
             if inner.slots.volumes.contains_key(name) {
                 continue;
             }
-            let Some(slot) = inner.slots.free_slot() else {
+            let Some(slot) = free.next() else {
                 if !inner.warned_full {
                     tracing::warn!(
                         "history: more than {MAX_SLOTS} volumes; {name:?} and later ones are not recorded"
@@ -556,7 +586,9 @@ fn open_ring(path: &Path, tier: &Tier) -> io::Result<File> {
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(crate::store::FILE_MODE)
         .open(path)?;
+    private(&file, crate::store::FILE_MODE)?;
     let want = header(tier);
     let mut have = [0u8; HEADER_BYTES as usize];
     let fits =
@@ -577,8 +609,27 @@ fn open_ring(path: &Path, tier: &Tier) -> io::Result<File> {
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)?;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(crate::store::FILE_MODE)
+        .open(&tmp)?;
+    private(&f, crate::store::FILE_MODE)?;
+    f.write_all(bytes)?;
+    drop(f);
     std::fs::rename(&tmp, path)
+}
+
+/// Takes away what `mode` does not give others (a file or directory an older
+/// version created more open).
+fn private(file: &File, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let have = file.metadata()?.permissions().mode();
+    if have & 0o077 & !mode != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -665,6 +716,72 @@ mod tests {
         let s = h.series("new", t0 + 2, 60, 1).unwrap().unwrap();
         assert_eq!(s.points.len(), 1, "{:?}", s.points);
         assert!(h.series("old", t0 + 2, 60, 1).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_store_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = weir_testkit::TempDir::new("history-mode");
+        let h = History::open(dir.path()).unwrap();
+        h.record(1_700_000_000, &[("a".to_string(), sample(1.0))])
+            .unwrap();
+        drop(h);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let store = dir.path().join("history");
+        // An older version's modes are tightened on the next start.
+        std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let ring = std::fs::read_dir(&store)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|x| x == "ring"))
+            .unwrap();
+        std::fs::set_permissions(&ring, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let h = History::open(dir.path()).unwrap();
+        h.record(1_700_000_001, &[("b".to_string(), sample(1.0))])
+            .unwrap();
+        assert_eq!(mode(&store), 0o700);
+        for e in std::fs::read_dir(&store).unwrap() {
+            let p = e.unwrap().path();
+            assert_eq!(mode(&p), 0o600, "{}", p.display());
+        }
+    }
+
+    #[test]
+    fn free_slots_are_the_gaps_and_none_when_full() {
+        let mut map = SlotMap::default();
+        for s in (0..MAX_SLOTS).filter(|&s| s != 7 && s != 4000) {
+            map.volumes
+                .insert(format!("v{s}"), SlotEntry { slot: s, since: 0 });
+        }
+        assert_eq!(map.free_slots(), vec![7, 4000]);
+        map.volumes
+            .insert("a".into(), SlotEntry { slot: 7, since: 0 });
+        map.volumes.insert(
+            "b".into(),
+            SlotEntry {
+                slot: 4000,
+                since: 0,
+            },
+        );
+        assert!(map.free_slots().is_empty());
+        // A slot out of range (a hand-edited slots.json) is ignored, not a panic.
+        map.volumes.insert(
+            "c".into(),
+            SlotEntry {
+                slot: MAX_SLOTS + 5,
+                since: 0,
+            },
+        );
+        assert!(map.free_slots().is_empty());
+        map.volumes
+            .insert("d".into(), SlotEntry { slot: 7, since: 0 });
+        let map = map.sanitized();
+        assert_eq!(
+            map.volumes.len(),
+            MAX_SLOTS,
+            "c (out of range) and one of a / d dropped"
+        );
+        assert!(map.volumes.values().all(|e| e.slot < MAX_SLOTS));
     }
 
     #[test]

@@ -156,6 +156,8 @@ struct State {
     looks: HashMap<String, (u64, u32, u32)>,
     at: Option<Instant>,
     second: u64,
+    /// Failed history writes (a full disk fails every second).
+    record_failed: Option<crate::connections::RateLimited>,
 }
 
 fn run(state: &ServerState, stop: &(Mutex<bool>, Condvar)) {
@@ -205,7 +207,13 @@ fn sample_second(state: &ServerState, s: &mut State, second: u64) {
         let samples: Vec<(String, Sample)> =
             volumes.iter().map(|v| (v.name.clone(), v.sample)).collect();
         if let Err(e) = history.record(second, &samples) {
-            tracing::warn!("history: recording second {second} failed: {e}");
+            let limit = s.record_failed.get_or_insert_with(|| {
+                crate::connections::RateLimited::new(crate::connections::WARN_EVERY)
+            });
+            if let Some(n) = limit.allow(now) {
+                let more = crate::connections::suppressed_note(n);
+                tracing::warn!("history: recording second {second} failed: {e}{more}");
+            }
         }
     }
     state.recorder.set_live(LiveStats {
