@@ -211,8 +211,8 @@ pub enum VolumeCommand {
     Stats {
         /// The volume
         name: String,
-        /// Report the rates over this many seconds, again and again
-        #[arg(long, value_name = "SECONDS", conflicts_with = "since")]
+        /// Report the rates over this many seconds (0.1-86400), again and again
+        #[arg(long, value_name = "SECONDS", conflicts_with = "since", value_parser = parse_refresh_seconds)]
         interval: Option<f64>,
         /// With --interval: stop after this many reports
         #[arg(long, value_name = "N", requires = "interval")]
@@ -463,6 +463,20 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
 pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     outln!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
+}
+
+/// Seconds between refreshes (`top --delay`, `volume stats --interval`): 0.1 s
+/// (faster only spins) to a day.
+pub(crate) fn parse_refresh_seconds(text: &str) -> Result<f64, String> {
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if (0.1..=86_400.0).contains(&secs) {
+        Ok(secs)
+    } else {
+        Err(format!("must be 0.1-86400 seconds, not {text}"))
+    }
 }
 
 fn parse_cache_arg(
@@ -922,9 +936,6 @@ async fn stats(
         let window_s = last.uptime_seconds;
         return print_stats(json, &last, None, &counters, window_s);
     };
-    if !(secs > 0.0 && secs.is_finite()) {
-        bail!("--interval must be a positive number of seconds, not {secs}");
-    }
     if count == Some(0) {
         bail!("--count must be at least 1");
     }

@@ -19,8 +19,8 @@ use weir_server::sampler::{LiveStats, VolumeLive};
 
 #[derive(clap::Args)]
 pub struct TopArgs {
-    /// Seconds between refreshes
-    #[arg(long, short = 'd', value_name = "SECONDS", default_value = "1")]
+    /// Seconds between refreshes (0.1-86400)
+    #[arg(long, short = 'd', value_name = "SECONDS", default_value = "1", value_parser = crate::admin::parse_refresh_seconds)]
     delay: f64,
     /// What rows show first (keys v, h, p switch)
     #[arg(long, value_enum, default_value = "volumes")]
@@ -352,12 +352,6 @@ pub fn on_key(view: &mut View, key: KeyCode, page: usize) -> bool {
 
 /// `weir top`.
 pub fn run(target: crate::admin::AdminTarget, args: TopArgs) -> Result<()> {
-    if !(args.delay > 0.0 && args.delay.is_finite()) {
-        bail!(
-            "--delay must be a positive number of seconds, not {}",
-            args.delay
-        );
-    }
     let interactive_view = !(args.batch || target.json);
     if interactive_view && !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
         bail!(

@@ -348,6 +348,33 @@ fn top_without_a_terminal_points_to_batch() {
     );
 }
 
+/// Refresh periods out of range are refused by the argument parser, before
+/// anything runs (a huge one panicked converting to a duration; a tiny one spins).
+#[test]
+fn refresh_periods_out_of_range_are_refused() {
+    for args in [
+        &["top", "-b", "-d", "1e20"][..],
+        &["top", "-b", "--delay", "0.001"],
+        &["top", "-b", "-d", "nan"],
+        &["volume", "stats", "v", "--interval", "1e20"],
+        &["volume", "stats", "v", "--interval=-1"],
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(args)
+            .args(["--admin", "127.0.0.1:1"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("0.1-86400 seconds") || err.contains("is not a number of seconds"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn completions_and_man_pages_are_generated() {
     let dir = TempDir::new("cli-completions");
