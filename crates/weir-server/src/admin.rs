@@ -70,11 +70,13 @@ use crate::store::{
 use crate::thin::SnapshotRecord;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ResizeRequest {
     pub size_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SetPolicyRequest {
     pub policy: String,
 }
@@ -176,12 +178,14 @@ pub struct HostWindowReport {
 
 /// `POST /v1/volumes/{volume}/snapshots`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SnapshotRequest {
     pub name: String,
 }
 
 /// `POST /v1/volumes/{volume}/rollback`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RollbackRequest {
     pub snapshot: String,
 }
@@ -189,6 +193,7 @@ pub struct RollbackRequest {
 /// `POST /v1/volumes/{volume}/snapshots/{snapshot}/clones`: linked clones, one
 /// per name, with the source volume's policy unless `policy` names another.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CloneRequest {
     pub names: Vec<String>,
     #[serde(default)]

@@ -330,6 +330,7 @@ pub struct Collapse {
 
 /// `POST /v1/volumes/{name}/replication`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ReplicationRequest {
     /// `nbd://HOST[:PORT]/EXPORT`.
     pub to: String,

@@ -125,6 +125,7 @@ pub struct LeaseHolder {
 
 /// What the admin API needs to create a volume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VolumeCreate {
     pub name: String,
     pub size_bytes: u64,
@@ -144,6 +145,7 @@ pub struct VolumeCreate {
 /// A partial change of a volume's attributes (absent fields stay as they are).
 /// Takes effect for connections opened afterwards.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VolumeUpdate {
     #[serde(default)]
     pub access_groups: Option<Vec<String>>,

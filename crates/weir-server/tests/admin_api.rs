@@ -509,6 +509,30 @@ async fn admin_api_refuses_no_token_foreign_origin_foreign_host_and_non_json() {
     )
     .await;
     assert_eq!(status, 201, "{body}");
+    // A misspelt or unknown field is refused (422), not ignored: `readonly` for
+    // `read_only` once created a writable volume and changed nothing on PATCH.
+    let json = format!("{host}\r\n{auth}\r\nContent-Type: application/json");
+    for (head, body) in [
+        (
+            format!("POST /v1/volumes HTTP/1.1\r\n{json}"),
+            r#"{"name": "typo", "size_bytes": 1048576, "policy": "non-critical", "readonly": true}"#,
+        ),
+        (
+            format!("PATCH /v1/volumes/csrf HTTP/1.1\r\n{json}"),
+            r#"{"readonly": true}"#,
+        ),
+        (
+            format!("POST /v1/volumes/csrf/resize HTTP/1.1\r\n{json}"),
+            r#"{"size_bytes": 2097152, "shrink": true}"#,
+        ),
+    ] {
+        let (status, answer) = raw_http(addr, &head, body).await;
+        assert_eq!(status, 422, "{head}: {answer}");
+        assert!(answer.contains("unknown field"), "{answer}");
+    }
+    let csrf = admin.show_volume("csrf").await.unwrap();
+    assert!(!csrf.read_only && csrf.size_bytes == 1048576, "{csrf:?}");
+    assert!(admin.show_volume("typo").await.is_err());
     let (status, _) = raw_http(
         addr,
         &format!(
