@@ -639,6 +639,15 @@ impl<'de> Deserialize<'de> for ByteSize {
                     .map_err(|_| E::custom(format!("size {bytes} is negative")))
             }
             fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<ByteSize, E> {
+                // A quoted number is more likely "20" meant as 20 GiB than 20 bytes
+                // (the CLI refuses `--size 20` for that reason): bytes are a TOML
+                // integer.
+                let t = text.trim();
+                if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+                    return Err(E::custom(format!(
+                        "size {text:?} has no unit: write \"{t}GiB\" (or G, MiB, TB, …), or {t} without quotes for bytes"
+                    )));
+                }
                 parse_size(text).map(ByteSize).map_err(E::custom)
             }
         }
@@ -1731,6 +1740,11 @@ mod tests {
         let c = WeirConfig::from_toml_str(text, "w.toml").unwrap();
         assert_eq!(c.volumes[0].size, ByteSize(4096));
         assert_eq!(c.volumes[1].size, ByteSize(2 << 20));
+        // A quoted number has no unit: refused, not read as bytes.
+        let e =
+            WeirConfig::from_toml_str(&text.replace("\"2 MiB\"", "\"20\""), "w.toml").unwrap_err();
+        assert_eq!(e.line, Some(8), "{e}");
+        assert!(e.message.contains("has no unit"), "{e}");
     }
 
     #[test]
