@@ -36,7 +36,7 @@ gateway_toml() {
   printf 'listen = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\ndata_dir = "%s/gw-%s"\n' $P_GW $P_GWA "$WORK" "$1"
   printf '[[pools]]\nname = "gw"\nupstream = "nbd://127.0.0.1:%s"\n' $P_UP
   # scan_cutoff 0: the warming pass reads each database sequentially.
-  [ "$1" = c ] && printf 'flash_cache = { dir = "%s/cache", size = "12GiB", scan_cutoff = "0" }\n' "$WORK"
+  [ "$1" = c ] && printf 'flash_cache = { dir = "%s/cache", size = "12GiB", scan_cutoff = 0 }\n' "$WORK"
   printf '[[policies]]\nname = "best-effort"\n'
   for i in 1 2 3 4; do
     printf '[[volumes]]\nname = "%s%s"\nexport = "sql%s"\npolicy = "best-effort"\npool = "gw"\n' "$1" $i $i
