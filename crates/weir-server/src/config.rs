@@ -968,7 +968,14 @@ impl WeirConfig {
         self.check_tls()
             .map_err(|(key, message)| (Some(key.to_string()), message))?;
         let mut catalog = PolicyCatalog::new();
+        let mut policies = std::collections::BTreeSet::new();
         for (i, p) in self.policies.iter().enumerate() {
+            if !policies.insert(p.name.as_str()) {
+                return Err((
+                    at(&p.name),
+                    format!("policies[{i}].name: duplicate policy {:?}", p.name),
+                ));
+            }
             catalog
                 .insert(p.clone())
                 .map_err(|e| (at(&p.name), format!("policies[{i}] ({:?}): {e}", p.name)))?;
@@ -1732,6 +1739,15 @@ mod tests {
             WeirConfig::from_toml_str(&with("volume = \"db\"\nto = \"nbd://a/db\"\n"), "w.toml")
                 .unwrap_err();
         assert!(e.message.contains("every"), "{e}");
+    }
+
+    #[test]
+    fn a_policy_declared_twice_is_refused() {
+        let policy = "[[policies]]\nname = \"gold\"\nlimit_iops = 100\n";
+        let text = format!("{policy}\n{policy}");
+        let e = WeirConfig::from_toml_str(&text, "w.toml").unwrap_err();
+        assert!(e.message.contains("duplicate policy \"gold\""), "{e}");
+        assert_eq!(e.line, Some(2), "{e}");
     }
 
     #[test]
