@@ -782,16 +782,21 @@ impl VolumeStore {
         let path = self.data_dir.join(META_FILE);
         let tmp = self.data_dir.join(format!("{META_FILE}.tmp"));
         let bytes = self.meta_bytes()?;
-        let mut f = OpenOptions::new()
+        let written = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(FILE_MODE)
             .open(&tmp)
-            .map_err(|e| io_err(tmp.display(), e))?;
-        f.write_all(&bytes).map_err(|e| io_err(tmp.display(), e))?;
-        f.sync_all().map_err(|e| io_err(tmp.display(), e))?;
-        drop(f);
+            .and_then(|mut f| {
+                f.write_all(&bytes)?;
+                f.sync_all()
+            });
+        if let Err(e) = written {
+            // A full disk: no half-written copy is left beside the metadata.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io_err(tmp.display(), e));
+        }
         std::fs::rename(&tmp, &path).map_err(|e| io_err(path.display(), e))?;
         let dir = File::open(&self.data_dir).map_err(|e| io_err(self.data_dir.display(), e))?;
         dir.sync_all()
@@ -983,10 +988,19 @@ impl VolumeStore {
             .write(true)
             .open(&path)
             .map_err(|e| io_err(path.display(), e))?;
-        f.set_len(size_bytes)
-            .map_err(|e| io_err(path.display(), e))?;
-        f.sync_all().map_err(|e| io_err(path.display(), e))?;
-        self.update(name, |r| r.size_bytes = size_bytes)
+        let grown = f
+            .set_len(size_bytes)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| io_err(path.display(), e))
+            .and_then(|()| self.update(name, |r| r.size_bytes = size_bytes));
+        if grown.is_err() {
+            // The metadata keeps the old size (a full disk refuses its rewrite):
+            // so does the file. Nothing past it was visible, so nothing is lost.
+            if let Err(e) = f.set_len(record.size_bytes) {
+                tracing::warn!("volume {name:?}: restoring its file's size: {e}");
+            }
+        }
+        grown
     }
 
     /// Changes access groups, read-only flag or description.

@@ -556,6 +556,47 @@ async fn admin_api_refuses_no_token_foreign_origin_foreign_host_and_non_json() {
     server.shutdown().await.unwrap();
 }
 
+/// A resize whose metadata cannot be written (a full disk; here its temporary
+/// file's name taken by a directory) fails and leaves the volume as it was: the
+/// file is not left grown behind metadata that says otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_that_cannot_be_recorded_changes_nothing() {
+    let dir = common::TempDir::new("admin-resize-fail");
+    let server = common::start(dir.path()).await;
+    let admin = server.admin_client();
+    admin
+        .create_volume(&plain_volume("r", 1 << 20))
+        .await
+        .unwrap();
+    let file = find_file(dir.path(), "r.img").expect("the volume's file");
+    let blocker = dir.path().join("weir-meta.json.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    let e = admin.resize_volume("r", 4 << 20).await.unwrap_err();
+    assert_eq!(status(e), 500);
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 1 << 20);
+    assert_eq!(admin.show_volume("r").await.unwrap().size_bytes, 1 << 20);
+    std::fs::remove_dir(&blocker).unwrap();
+    let grown = admin.resize_volume("r", 4 << 20).await.unwrap();
+    assert_eq!(grown.size_bytes, 4 << 20);
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 4 << 20);
+    assert!(!blocker.exists(), "no temporary file left behind");
+    server.shutdown().await.unwrap();
+}
+
+fn find_file(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    for e in std::fs::read_dir(dir).ok()? {
+        let p = e.ok()?.path();
+        if p.is_dir() {
+            if let Some(f) = find_file(&p, name) {
+                return Some(f);
+            }
+        } else if p.file_name().is_some_and(|n| n == name) {
+            return Some(p);
+        }
+    }
+    None
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_errors_carry_no_absolute_paths() {
     let dir = common::TempDir::new("admin-paths");
