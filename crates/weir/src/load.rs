@@ -58,7 +58,7 @@ pub struct LoadArgs {
     /// Print one JSON document instead of tables
     #[arg(long)]
     pub json: bool,
-    /// Also write a self-contained HTML report with charts to FILE
+    /// Also write a self-contained HTML report with charts to FILE (checked before the run)
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
     /// No progress bar
@@ -132,6 +132,7 @@ impl LoadArgs {
 /// mismatches) on stderr. `Ok(false)`: the run did not pass (exit non-zero).
 pub fn run_command(args: &LoadArgs) -> Result<bool> {
     let opts = args.options()?;
+    let html = crate::sim::open_output(&args.html)?;
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
         let bar = ProgressBar::new(1000);
         bar.set_style(
@@ -153,11 +154,15 @@ pub fn run_command(args: &LoadArgs) -> Result<bool> {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    print_outcome(args, &outcome)?;
+    print_outcome(args, &outcome, html)?;
     Ok(outcome.passed())
 }
 
-fn print_outcome(args: &LoadArgs, outcome: &LoadOutcome) -> Result<()> {
+fn print_outcome(
+    args: &LoadArgs,
+    outcome: &LoadOutcome,
+    html: Option<std::fs::File>,
+) -> Result<()> {
     if args.json {
         outln!("{}", weir_report::render_json(&outcome.report));
     } else {
@@ -166,9 +171,12 @@ fn print_outcome(args: &LoadArgs, outcome: &LoadOutcome) -> Result<()> {
             weir_report::render_text(&outcome.report, &weir_report::TextOptions::default())
         );
     }
-    if let Some(path) = &args.html {
-        std::fs::write(path, weir_report::render_html(&outcome.report))
-            .with_context(|| format!("writing HTML report to {}", path.display()))?;
+    if let (Some(path), Some(mut file)) = (&args.html, html) {
+        std::io::Write::write_all(
+            &mut file,
+            weir_report::render_html(&outcome.report).as_bytes(),
+        )
+        .with_context(|| format!("writing HTML report to {}", path.display()))?;
         if !args.json {
             errln!("HTML report written to {}", path.display());
         }

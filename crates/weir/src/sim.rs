@@ -77,7 +77,7 @@ fn load(name_or_path: &str) -> Result<Scenario> {
 
 /// Creates (or truncates) an output file now, so that a path that cannot be written
 /// fails before a run that may take minutes, not after it.
-fn open_output(path: &Option<PathBuf>) -> Result<Option<std::fs::File>> {
+pub(crate) fn open_output(path: &Option<PathBuf>) -> Result<Option<std::fs::File>> {
     path.as_ref()
         .map(|path| {
             std::fs::File::create(path).with_context(|| {

@@ -195,6 +195,27 @@ fn report_paths_are_checked_before_the_run() {
             "{flag}: {err}"
         );
     }
+    // `weir load` too: before connecting to anything (this target is closed).
+    let bad = dir.join("no-such-dir").join("report.html");
+    let out = weir()
+        .args([
+            "load",
+            "--target",
+            "nbd://127.0.0.1:1/x",
+            "-d",
+            "5s",
+            "app-profiles",
+            "--html",
+        ])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("checked before running") && err.contains("no-such-dir"),
+        "load: {err}"
+    );
     // A good --json-out path gets the same document as --json.
     let file = dir.join("report.json");
     let out = weir()
