@@ -186,7 +186,8 @@ pub enum VolumeCommand {
         #[arg(long, value_parser = parse_size_arg)]
         size: u64,
     },
-    /// Delete a volume and its data (asks first; --yes does not)
+    /// Delete a volume and its data (asks first; --yes does not), and the access
+    /// group `create --hosts` made for it (NAME-hosts) if no other volume is in it
     Delete {
         /// The volume
         name: String,
@@ -654,6 +655,21 @@ async fn create_volume(
     show_volume(json, v)
 }
 
+/// The access group `volume create --hosts` makes (`NAME-hosts`), deleted with
+/// its volume when no other volume is in it; its name if it was.
+async fn drop_implicit_group(client: &Client, v: &weir_server::VolumeRecord) -> Option<String> {
+    let group = format!("{}-hosts", v.name);
+    if !v.access_groups.contains(&group) {
+        return None;
+    }
+    let volumes = client.list_volumes().await.ok()?;
+    if volumes.iter().any(|o| o.access_groups.contains(&group)) {
+        return None;
+    }
+    client.delete_access_group(&group).await.ok()?;
+    Some(group)
+}
+
 /// `weir volume clone VOLUME@SNAPSHOT NAME [--count N]`: a long run of clones is
 /// summed up in one line (all of them with `--json`).
 async fn clone_volumes(
@@ -799,10 +815,14 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     ),
                 )?;
                 let v = client.delete_volume(&name).await.map_err(explain)?;
+                let group = drop_implicit_group(&client, &v).await;
                 if target.json {
                     print_json(&v)
                 } else {
-                    outln!("deleted volume {}", v.name);
+                    match group {
+                        Some(g) => outln!("deleted volume {} and its access group {g}", v.name),
+                        None => outln!("deleted volume {}", v.name),
+                    }
                     Ok(())
                 }
             }

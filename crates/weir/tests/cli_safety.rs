@@ -239,10 +239,19 @@ fn volume_create_with_hosts_leaves_no_group_behind_and_rewrites_none() {
     // Created: the group exists; the same hosts again reuse it.
     ok(&create("v2", "default", "127.0.0.1"));
     ok(&weir(&p, &["access-group", "show", "v2-hosts"]));
+    // Deleted with its volume (no other volume is in it): the name can be
+    // created again with other hosts.
+    let out = ok(&weir(&p, &["volume", "delete", "v2", "--yes"]));
+    assert!(out.contains("v2-hosts"), "{out}");
+    refused(&weir(&p, &["access-group", "show", "v2-hosts"]));
+    ok(&create("v2", "default", "10.0.0.0/8"));
     ok(&weir(&p, &["volume", "delete", "v2", "--yes"]));
-    ok(&create("v2", "default", "127.0.0.1"));
-    // Other hosts for an existing group: refused, the group unchanged.
-    ok(&weir(&p, &["volume", "delete", "v2", "--yes"]));
+    // A group of that name with other members (made by hand; other volumes may
+    // use it): refused, the group unchanged.
+    ok(&weir(
+        &p,
+        &["access-group", "create", "v2-hosts", "--hosts", "127.0.0.1"],
+    ));
     let err = refused(&create("v2", "default", "10.0.0.0/8"));
     assert!(err.contains("exists with other members"), "{err}");
     let group = ok(&weir(&p, &["access-group", "show", "v2-hosts"]));
