@@ -247,8 +247,9 @@ fn sort_rows(rows: &mut [RowData], key: SortKey, descending: bool) {
     }
 }
 
-/// Draws one frame of `live` as `view` says.
-pub fn draw(frame: &mut ratatui::Frame, view: &View, live: &LiveStats) {
+/// Draws one frame of `live` as `view` says; `trouble`: why the figures shown
+/// are not fresh (the server went away: the last frame stays, marked).
+pub fn draw(frame: &mut ratatui::Frame, view: &View, live: &LiveStats, trouble: Option<&str>) {
     let (header, rows) = rows_of(view, live);
     let [top, body, keys] = Layout::vertical([
         Constraint::Length(2),
@@ -256,30 +257,82 @@ pub fn draw(frame: &mut ratatui::Frame, view: &View, live: &LiveStats) {
         Constraint::Length(1),
     ])
     .areas(frame.area());
-    frame.render_widget(Paragraph::new(summary(view, live)), top);
     let visible = usize::from(body.height.saturating_sub(1));
     let offset = view.offset.min(rows.len().saturating_sub(visible));
-    let widths: Vec<Constraint> = header
-        .iter()
-        .enumerate()
-        .map(|(i, h)| Constraint::Length(if i == 0 { 24 } else { (h.len() as u16).max(8) }))
-        .collect();
+    let shown: Vec<&RowData> = rows.iter().skip(offset).take(visible).collect();
+    let widths = fit_columns(&header, &shown, body.width);
+    let hidden = header.len() - widths.len();
+    let mut lines = summary(view, live);
+    if hidden > 0 {
+        // First on its line: a narrow screen cuts the line's end.
+        let note = format!("{hidden} columns hidden (widen the terminal)  ");
+        lines[1].spans.insert(0, note.into());
+    }
+    if let Some(t) = trouble {
+        lines[1] = Line::from(format!("{t}; showing the last frame, retrying"))
+            .style(Style::new().fg(Color::Red));
+    }
+    frame.render_widget(Paragraph::new(lines), top);
     let table = Table::new(
-        rows.iter().skip(offset).take(visible).map(row_widget),
-        widths,
+        shown.iter().map(|r| row_widget(r, &widths)),
+        widths.iter().map(|&w| Constraint::Length(w as u16)),
     )
-    .header(Row::new(header.clone()).style(Style::new().add_modifier(Modifier::REVERSED)));
+    .header(
+        Row::new(header[..widths.len()].to_vec())
+            .style(Style::new().add_modifier(Modifier::REVERSED)),
+    );
     frame.render_widget(table, body);
     let help = "q quit  v volumes  h hosts  p policies  s sort  r reverse  ↑↓ PgUp PgDn scroll";
     frame.render_widget(Paragraph::new(help), keys);
 }
 
-fn row_widget(r: &RowData) -> Row<'static> {
+/// The widths of the columns that fit in `width` terminal columns: each as wide
+/// as its widest cell or header; when they do not all fit, the name (first)
+/// column gives up width down to 12 (its names end in "…"), then columns are
+/// left out from the right. A figure is never cut.
+fn fit_columns(header: &[&str], rows: &[&RowData], width: u16) -> Vec<usize> {
+    const NAME_MIN: usize = 12;
+    let mut widths: Vec<usize> = header
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let widest = rows
+                .iter()
+                .filter_map(|r| r.cells.get(i))
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(0);
+            widest.max(h.chars().count())
+        })
+        .collect();
+    // Each column after the first is preceded by one space.
+    let total = |w: &[usize]| w.iter().sum::<usize>() + w.len().saturating_sub(1);
+    let width = usize::from(width);
+    if total(&widths) > width && widths[0] > NAME_MIN {
+        let over = total(&widths) - width;
+        widths[0] = widths[0].saturating_sub(over).max(NAME_MIN);
+    }
+    while widths.len() > 1 && total(&widths) > width {
+        widths.pop();
+    }
+    widths
+}
+
+/// A row's first `widths.len()` cells; a name longer than its column ends in "…".
+fn row_widget(r: &RowData, widths: &[usize]) -> Row<'static> {
     let style = match r.meets {
         Some(false) => Style::new().fg(Color::Red),
         _ => Style::new(),
     };
-    Row::new(r.cells.iter().cloned().map(Cell::from)).style(style)
+    let cells = r.cells.iter().zip(widths).enumerate().map(|(i, (c, &w))| {
+        if i == 0 && c.chars().count() > w {
+            let kept: String = c.chars().take(w.saturating_sub(1)).collect();
+            Cell::from(kept + "…")
+        } else {
+            Cell::from(c.clone())
+        }
+    });
+    Row::new(cells).style(style)
 }
 
 fn summary(view: &View, live: &LiveStats) -> Vec<Line<'static>> {
@@ -289,8 +342,15 @@ fn summary(view: &View, live: &LiveStats) -> Vec<Line<'static>> {
         .iter()
         .filter(|v| meets(v) == Some(true))
         .count();
-    let iops: f64 = live.volumes.iter().map(|v| f64::from(v.sample.iops)).sum();
-    let mbps: f64 = live.volumes.iter().map(|v| f64::from(v.sample.mbps)).sum();
+    // `max`: no "-0" from a sum of negative zeros (a server's first second).
+    let iops: f64 = (live.volumes.iter())
+        .map(|v| f64::from(v.sample.iops))
+        .sum::<f64>()
+        .max(0.0);
+    let mbps: f64 = (live.volumes.iter())
+        .map(|v| f64::from(v.sample.mbps))
+        .sum::<f64>()
+        .max(0.0);
     let time = if live.time == 0 {
         "-".into()
     } else {
@@ -298,14 +358,14 @@ fn summary(view: &View, live: &LiveStats) -> Vec<Line<'static>> {
     };
     vec![
         Line::from(format!(
-            "weir top — {time} UTC  {} volumes  {} hosts  {iops:.0} IOPS  {mbps:.1} MB/s  {meeting}/{busy} busy volumes meet their targets",
-            live.volumes.len(),
-            live.hosts.len()
+            "weir top — {time} UTC  {}  {}  {iops:.0} IOPS  {mbps:.1} MB/s  {meeting}/{busy} busy volumes meet their targets",
+            plural(live.volumes.len(), "volume"),
+            plural(live.hosts.len(), "host")
         )),
         Line::from(format!(
-            "mode: {:?}  sort: {:?} {}",
-            view.mode,
-            view.sort,
+            "mode: {}  sort: {} {}",
+            value_name(view.mode),
+            value_name(view.sort),
             if view.descending {
                 "(descending)"
             } else {
@@ -315,11 +375,34 @@ fn summary(view: &View, live: &LiveStats) -> Vec<Line<'static>> {
     ]
 }
 
+/// `1 host`, `2 hosts`.
+fn plural(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
+/// A mode's or sort key's name as `--mode` / `--sort` take it.
+fn value_name(v: impl clap::ValueEnum) -> String {
+    v.to_possible_value()
+        .map_or_else(String::new, |p| p.get_name().to_string())
+}
+
 /// One frame as the screen shows it, as text lines (the TestBackend tests).
 #[cfg(test)]
 pub fn render_text(view: &View, live: &LiveStats, width: u16, height: u16) -> Result<String> {
+    render_text_with(view, live, width, height, None)
+}
+
+/// [`render_text`] with the server in trouble.
+#[cfg(test)]
+pub fn render_text_with(
+    view: &View,
+    live: &LiveStats,
+    width: u16,
+    height: u16,
+    trouble: Option<&str>,
+) -> Result<String> {
     let mut terminal = Terminal::new(ratatui::backend::TestBackend::new(width, height))?;
-    terminal.draw(|f| draw(f, view, live))?;
+    terminal.draw(|f| draw(f, view, live, trouble))?;
     let buffer = terminal.backend().buffer().clone();
     let mut out = String::new();
     for y in 0..height {
@@ -471,9 +554,10 @@ fn interactive<B: Backend>(
     delay: Duration,
 ) -> Result<()> {
     let mut live = fetch()?;
+    let mut trouble: Option<String> = None;
     let mut next = Instant::now() + delay;
     loop {
-        terminal.draw(|f| draw(f, view, &live))?;
+        terminal.draw(|f| draw(f, view, &live, trouble.as_deref()))?;
         let page = usize::from(terminal.size()?.height.saturating_sub(4)).max(1);
         if event::poll(next.saturating_duration_since(Instant::now()))?
             && let Event::Key(k) = event::read()?
@@ -483,7 +567,12 @@ fn interactive<B: Backend>(
             return Ok(());
         }
         if Instant::now() >= next {
-            live = fetch()?;
+            // A server restarting or gone keeps the view open (as esxtop does):
+            // the last frame stays, marked, until it answers again.
+            match fetch() {
+                Ok(l) => (live, trouble) = (l, None),
+                Err(e) => trouble = Some(format!("{e:#}")),
+            }
             next = Instant::now() + delay;
         }
     }
@@ -592,6 +681,52 @@ mod tests {
             row_of(&l, "idle") < row_of(&l, "vdi-0002")
                 && row_of(&l, "sql") < row_of(&l, "vdi-0001")
         );
+    }
+
+    /// A narrow terminal leaves columns out and shortens names, never a figure
+    /// (at 50 columns 22,149 IOPS showed as "221"); a wide one shows whole names.
+    #[test]
+    fn a_narrow_terminal_drops_columns_not_digits() {
+        let mut live = snapshot();
+        live.volumes[0].name = "a-volume-with-a-rather-long-name".into();
+        live.volumes[0].sample.iops = 22149.0;
+        live.volumes[0].policy = "business-critical-2".into();
+        let v = view(Mode::Volumes, SortKey::Iops);
+        let text = render_text(&v, &live, 50, 12).unwrap();
+        let l: Vec<&str> = text.lines().collect();
+        assert!(l[1].contains("columns hidden"), "{text}");
+        let row = l.iter().find(|x| x.starts_with("a-volume")).unwrap();
+        assert!(row.contains('…'), "{row}");
+        let header: Vec<&str> = l[2].split_whitespace().collect();
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(header.len(), cells.len(), "{text}");
+        if let Some(i) = header.iter().position(|h| *h == "IOPS") {
+            assert_eq!(cells[i], "22149", "{text}");
+        }
+        assert!(text.lines().all(|x| x.chars().count() <= 50), "{text}");
+        // Wide: whole names, every column.
+        let text = render_text(&v, &live, 200, 12).unwrap();
+        assert!(
+            !text.contains("columns hidden") && !text.contains('…'),
+            "{text}"
+        );
+        assert!(text.contains("a-volume-with-a-rather-long-name"), "{text}");
+        assert!(
+            text.contains("business-critical-2") && text.contains("22149"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mode: volumes  sort: iops") && text.contains("1 host "),
+            "{text}"
+        );
+        // The server gone: the last frame stays, and the second line says why.
+        let text = render_text_with(&v, &live, 200, 12, Some("cannot reach x")).unwrap();
+        let l: Vec<&str> = text.lines().collect();
+        assert!(
+            l[1].starts_with("cannot reach x; showing the last frame, retrying"),
+            "{text}"
+        );
+        assert!(text.contains("22149"), "{text}");
     }
 
     #[test]
