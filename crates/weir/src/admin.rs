@@ -68,12 +68,14 @@ pub(crate) fn admin_client(target: &AdminTarget) -> Result<(Client, AdminEndpoin
         if token.is_empty() {
             bail!("--admin-token-file {} is empty", file.display());
         }
+        check_token(token, &format!("--admin-token-file {}", file.display()))?;
         return Ok((client.with_token(token), endpoint));
     }
     if let Some(token) = std::env::var(TOKEN_ENV)
         .ok()
         .filter(|t| !t.trim().is_empty())
     {
+        check_token(token.trim(), &format!("${TOKEN_ENV}"))?;
         return Ok((client.with_token(token.trim()), endpoint));
     }
     let dir = target
@@ -90,6 +92,19 @@ pub(crate) fn admin_client(target: &AdminTarget) -> Result<(Client, AdminEndpoin
         // The server may run elsewhere: try without (a refusal explains itself).
         Err(_) => Ok((client, endpoint)),
     }
+}
+
+/// A token goes into an HTTP header: one word of visible ASCII. Anything else
+/// (a second line, a space) is this side's mistake, said as such, not a
+/// "malformed answer" from the server.
+fn check_token(token: &str, source: &str) -> Result<()> {
+    if !token.chars().all(|c| c.is_ascii_graphic()) {
+        bail!(
+            "{source}: the token is one word of visible ASCII (the server's admin-token file \
+             holds one line); this holds spaces, more lines or other characters"
+        );
+    }
+    Ok(())
 }
 
 /// Says on standard error which server answers (unless `--json`): its URL,

@@ -384,6 +384,32 @@ fn refresh_periods_out_of_range_are_refused() {
     }
 }
 
+/// A token file of two lines is the caller's mistake, said before anything is
+/// sent (it was reported as a malformed answer from the server).
+#[test]
+fn a_token_of_two_lines_is_refused_here() {
+    let dir = TempDir::new("cli-token-lines");
+    let file = dir.join("token");
+    std::fs::write(&file, "abc\ndef\n").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "volume",
+            "list",
+            "--admin",
+            "127.0.0.1:1",
+            "--admin-token-file",
+        ])
+        .arg(&file)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = refused(&o);
+    assert!(
+        err.contains("one word of visible ASCII") && !err.contains("malformed"),
+        "{err}"
+    );
+}
+
 #[test]
 fn completions_and_man_pages_are_generated() {
     let dir = TempDir::new("cli-completions");
