@@ -538,13 +538,13 @@ fn show_snapshots(json: bool, snaps: &[SnapshotRecord]) -> Result<()> {
     let mut table = Table::new(vec![
         Column::left("snapshot"),
         Column::right("size"),
-        Column::right("taken (unix s)"),
+        Column::left("taken (UTC)"),
     ]);
     for s in snaps {
         table.add_row([
             s.export_name(),
             human_size(s.size_bytes),
-            s.created_unix_s.to_string(),
+            crate::history::utc(s.created_unix_s),
         ]);
     }
     out!("{table}");
@@ -698,14 +698,30 @@ async fn clone_volumes(
     let Some((volume, snapshot)) = source.split_once('@') else {
         bail!("the source must be VOLUME@SNAPSHOT, not {source:?}");
     };
-    let req = CloneRequest {
-        names: clone_names(name, count)?,
-        policy,
-    };
-    let vs = client
-        .clone_snapshot(volume, snapshot, &req)
-        .await
-        .map_err(explain)?;
+    // In requests the admin API's body limit (2 MiB) takes whatever the names'
+    // length; each is one catalog write.
+    const CLONES_PER_REQUEST: usize = 10_000;
+    let names = clone_names(name, count)?;
+    let mut vs = Vec::with_capacity(names.len());
+    for chunk in names.chunks(CLONES_PER_REQUEST) {
+        let req = CloneRequest {
+            names: chunk.to_vec(),
+            policy: policy.clone(),
+        };
+        match client.clone_snapshot(volume, snapshot, &req).await {
+            Ok(mut made) => vs.append(&mut made),
+            Err(e) if vs.is_empty() => return Err(explain(e)),
+            Err(e) => {
+                return Err(explain(e).context(format!(
+                    "{} of the {} clones were created ({} … {}) before this",
+                    vs.len(),
+                    names.len(),
+                    names[0],
+                    names[vs.len() - 1]
+                )));
+            }
+        }
+    }
     if let Some(v) = vs.first() {
         warn_overcommit(client, &v.pool).await;
     }
