@@ -486,7 +486,11 @@ struct Pending {
     offset: u64,
     length: u32,
     data: Vec<u8>,
+    /// Bytes the content chunks so far cover.
     covered: u64,
+    /// Those chunks by start offset → end: a chunk overlapping one is refused
+    /// (the spec forbids it, and counted twice it hid a gap of zeros).
+    chunks: std::collections::BTreeMap<u64, u64>,
     error: Option<NbdError>,
     extents: Vec<(u32, Vec<Extent>)>,
 }
@@ -566,6 +570,7 @@ impl ClientSession {
                     length,
                     data: Vec::new(),
                     covered: 0,
+                    chunks: Default::default(),
                     error: None,
                     extents: vec![],
                 },
@@ -759,6 +764,14 @@ impl ClientSession {
                 if p.data.len() != p.length as usize {
                     p.data = vec![0u8; p.length as usize];
                 }
+                let (start, stop) = (offset, offset + n);
+                let before = p.chunks.range(..=start).next_back();
+                let after = p.chunks.range(start..).next();
+                if before.is_some_and(|(_, &e)| e > start) || after.is_some_and(|(&b, _)| b < stop)
+                {
+                    return Err(bad("content chunks overlap"));
+                }
+                p.chunks.insert(start, stop);
                 let at = (offset - p.offset) as usize;
                 match data {
                     Some(d) => p.data[at..at + d.len()].copy_from_slice(d),

@@ -531,6 +531,35 @@ fn client_rejects_inconsistent_replies() {
     reply::offset_data_header(&mut out, h, 0, 5, true);
     out.extend_from_slice(&[0u8; 5]);
     assert!(client.input(&out).is_err());
+    // Overlapping chunks whose lengths add up to the request's: a gap of zeros
+    // passed as a successful read until session 29 (the spec forbids overlap).
+    for (first, second) in [((0, 5), (0, 5)), ((0, 6), (4, 4)), ((4, 6), (0, 6))] {
+        let mut client = ClientSession::new(export.clone());
+        let h = client.read(0, 10);
+        let mut out = vec![];
+        reply::offset_data_header(&mut out, h, first.0, first.1, false);
+        out.extend(std::iter::repeat_n(7u8, first.1 as usize));
+        reply::offset_hole(&mut out, h, second.0, second.1, true);
+        let e = client.input(&out).unwrap_err();
+        assert!(
+            e.to_string().contains("overlap"),
+            "{first:?} {second:?}: {e}"
+        );
+    }
+    // Adjacent chunks in any order are fine.
+    let mut client = ClientSession::new(export.clone());
+    let h = client.read(0, 10);
+    let mut out = vec![];
+    reply::offset_hole(&mut out, h, 5, 5, false);
+    reply::offset_data_header(&mut out, h, 0, 5, true);
+    out.extend_from_slice(&[3u8; 5]);
+    client.input(&out).unwrap();
+    let mut expected = vec![3u8; 5];
+    expected.extend([0u8; 5]);
+    assert_eq!(
+        client.poll_completion().unwrap().result,
+        Ok(ReplyData::Read(expected))
+    );
     // Unknown handle.
     let mut client = ClientSession::new(export);
     let mut out = vec![];
