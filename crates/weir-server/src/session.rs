@@ -1006,9 +1006,22 @@ impl ExportCatalog for SessionCatalog<'_> {
         if !store.may_access(&r, self.peer) {
             return None;
         }
+        let limits = store.upstream_limits(&r.name);
         let mut d = ExportDescription::new(r.name, r.size_bytes);
         d.description = r.description;
         d.read_only = r.read_only;
+        if let Some(up) = limits {
+            // Its clients get no more than the upstream gives: alignment, request
+            // size (larger ones are split anyway), writability.
+            let b = up.block_size;
+            let max = b.max_payload_bytes.min(d.block_size.max_payload_bytes);
+            d.block_size = weir_nbd::BlockSize {
+                min_bytes: b.min_bytes,
+                preferred_bytes: b.preferred_bytes.min(max),
+                max_payload_bytes: max,
+            };
+            d.read_only |= up.read_only;
+        }
         // One shared file per volume: FLUSH (fdatasync) covers every connection.
         d.can_multi_conn = true;
         Some(d)

@@ -640,7 +640,20 @@ const CONFIRM_WAIT: Duration = Duration::from_millis(100);
 struct Negotiated {
     flags: u16,
     base_allocation: Option<u32>,
+    /// Its block size constraints (None: not advertised).
+    block_size: Option<weir_nbd::BlockSize>,
 }
+
+/// What a volume on an upstream may promise its own clients: no larger
+/// requests, no finer alignment and no more writability than the upstream's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UpstreamLimits {
+    pub block_size: weir_nbd::BlockSize,
+    pub read_only: bool,
+}
+
+/// Without constraints advertised, the NBD spec has clients send at most 32 MiB.
+const UNADVERTISED_MAX_PAYLOAD: u32 = 32 << 20;
 
 /// One volume's upstream export.
 pub struct UpstreamBackend {
@@ -938,6 +951,25 @@ impl UpstreamBackend {
         *self.negotiated.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The upstream's limits, once a connection learned them; before, only the
+    /// spec's implicit 32 MiB.
+    pub fn limits(&self) -> UpstreamLimits {
+        let n = self.negotiated();
+        let block_size = n.and_then(|n| n.block_size).unwrap_or(weir_nbd::BlockSize {
+            max_payload_bytes: UNADVERTISED_MAX_PAYLOAD,
+            ..weir_nbd::BlockSize::default()
+        });
+        UpstreamLimits {
+            block_size,
+            read_only: n.is_some_and(|n| n.flags & FLAG_READ_ONLY != 0),
+        }
+    }
+
+    /// The largest READ or WRITE sent upstream in one request.
+    fn max_request(&self) -> usize {
+        (self.limits().block_size.max_payload_bytes as usize).max(1)
+    }
+
     /// Whether the upstream advertised `flag` (before any connection: no).
     fn has(&self, flag: u16) -> bool {
         self.negotiated().is_some_and(|n| n.flags & flag != 0)
@@ -1020,6 +1052,7 @@ impl UpstreamBackend {
         *self.negotiated.lock().unwrap_or_else(|e| e.into_inner()) = Some(Negotiated {
             flags: ex.transmission_flags,
             base_allocation: info.base_allocation_id,
+            block_size: ex.block_size,
         });
         let granted = match &self.lease {
             Some(f) if info.exclusive_lease.as_deref() == Some(f.token.as_str()) => Some(f.clone()),
@@ -1284,8 +1317,15 @@ impl UpstreamBackend {
         Ok(())
     }
 
+    /// In requests of at most the upstream's maximum payload (each with FUA if
+    /// asked: the whole is durable when the last is answered).
     fn write_flags(&self, data: &[u8], offset: u64, fua: bool) -> io::Result<()> {
-        self.call(true, &|s| s.write(offset, data, fua)).map(|_| ())
+        let max = self.max_request();
+        for (k, part) in data.chunks(max).enumerate() {
+            let at = offset + (k * max) as u64;
+            self.call(true, &|s| s.write(at, part, fua))?;
+        }
+        Ok(())
     }
 
     /// Splits a long range into requests of at most [`MAX_RANGE`].
@@ -1385,6 +1425,13 @@ impl Backend for UpstreamBackend {
             AsyncOp::Write { ref data, .. } if data.bytes().len() > ASYNC_MAX_WRITE_BYTES => {
                 return Err(done);
             }
+            // Larger than the upstream takes: split by the blocking calls.
+            AsyncOp::Read { length, .. } if length as usize > self.max_request() => {
+                return Err(done);
+            }
+            AsyncOp::Write { ref data, .. } if data.bytes().len() > self.max_request() => {
+                return Err(done);
+            }
             _ => {}
         }
         let Some(conn) = self.choose() else {
@@ -1430,15 +1477,18 @@ impl Backend for UpstreamBackend {
         Ok(())
     }
 
+    /// In requests of at most the upstream's maximum payload.
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let len = buf.len() as u32;
-        match self.call(true, &|s| s.read(offset, len))? {
-            ReplyData::Read(data) if data.len() == buf.len() => {
-                buf.copy_from_slice(&data);
-                Ok(())
+        let max = self.max_request();
+        for (k, part) in buf.chunks_mut(max).enumerate() {
+            let at = offset + (k * max) as u64;
+            let len = part.len() as u32;
+            match self.call(true, &|s| s.read(at, len))? {
+                ReplyData::Read(data) if data.len() == part.len() => part.copy_from_slice(&data),
+                _ => return Err(eio("upstream: a read reply of the wrong length".into())),
             }
-            _ => Err(eio("upstream: a read reply of the wrong length".into())),
         }
+        Ok(())
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {

@@ -461,3 +461,83 @@ pool = "pb"
     // While the proxy still runs: shutting down flushes every volume upstream.
     gateway.shutdown().await.unwrap();
 }
+
+/// A gateway volume promises its clients no more than its upstream gives: the
+/// upstream's alignment and largest request (nbdkit with 512 B / 64 KiB
+/// constraints; a larger request is split, an unaligned one refused at the
+/// gateway), and a read-only upstream export is read-only here too (writes got
+/// EINVAL from upstream, trims a silent success).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_s_block_sizes_and_read_only_flag_pass_through() {
+    const UP: &str = "[[pools]]\nname = \"default\"\n[[volumes]]\nname = \"ro\"\nsize = \"1MiB\"\npolicy = \"non-critical\"\nread_only = true\n";
+    let (_up_dir, upstream) = common::start_with("gw-upstream-ro", UP).await;
+    let gw = "[[volumes]]\nname = \"ro\"\npolicy = \"non-critical\"\npool = \"gw\"\n";
+    let (_gw_dir, gateway) = common::start_with("gw-ro", &gateway_toml(&upstream, gw)).await;
+    let (mut c, export) = common::connect(&gateway, "ro").await;
+    assert!(
+        export.transmission_flags & FLAG_READ_ONLY != 0,
+        "{export:?}"
+    );
+    let e = c.write(0, &[1u8; 4096], false).await.unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::Perm, "{e}");
+    let h = c.session().trim(0, 4096);
+    let e = c.wait(h).await.unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::Perm, "{e}");
+    c.disconnect().await.unwrap();
+    gateway.shutdown().await.unwrap();
+    upstream.shutdown().await.unwrap();
+
+    if !weir_testkit::require_tool("nbdkit", &["nbdkit"]) {
+        return;
+    }
+    let (_nbdkit, port) = weir_testkit::start_daemon("nbdkit", |p| {
+        [
+            "-f",
+            "-p",
+            &p.to_string(),
+            "--exit-with-parent",
+            "memory",
+            "4M",
+            "--filter=blocksize-policy",
+            "blocksize-minimum=512",
+            "blocksize-preferred=4096",
+            "blocksize-maximum=65536",
+            "blocksize-error-policy=error",
+        ]
+        .map(String::from)
+        .to_vec()
+    });
+    let toml = format!(
+        "[[pools]]\nname = \"gw\"\nupstream = \"nbd://127.0.0.1:{port}\"\n\
+         [[volumes]]\nname = \"k\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
+    );
+    let (_dir, gateway) = common::start_with("gw-blocksize", &toml).await;
+    let (mut c, export) = common::connect(&gateway, "k").await;
+    let b = export.block_size.expect("block sizes advertised");
+    assert_eq!(
+        (b.min_bytes, b.preferred_bytes, b.max_payload_bytes),
+        (512, 4096, 65536)
+    );
+    // Up to the maximum through the gateway; unaligned refused here (the
+    // upstream would drop the connection).
+    let data = pattern(9, 1 << 20);
+    c.write(0, &data[..65536], false).await.unwrap().unwrap();
+    assert_eq!(c.read(0, 65536).await.unwrap().unwrap(), data[..65536]);
+    let e = c.read(100, 512).await.unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::Inval, "{e}");
+    c.disconnect().await.unwrap();
+    // The volume's own larger requests (a flash cache's, or a client's that
+    // connected before the limits were known) are split for the upstream.
+    let volume = gateway.state().store().open_volume("k").unwrap();
+    let backend = volume.backend.clone();
+    let (written, read) = tokio::task::spawn_blocking(move || {
+        backend.write(0, &data).unwrap();
+        let mut back = vec![0u8; 1 << 20];
+        backend.read(0, &mut back).unwrap();
+        (data, back)
+    })
+    .await
+    .unwrap();
+    assert!(written == read, "a 1 MiB read or write was not split right");
+    gateway.shutdown().await.unwrap();
+}

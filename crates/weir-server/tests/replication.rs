@@ -7,7 +7,7 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use weir_nbd::ClientConfig;
@@ -15,7 +15,7 @@ use weir_server::RunningServer;
 use weir_server::admin::Client;
 use weir_server::nbd_client::NbdClient;
 use weir_server::replicate::{ReplicationRequest, ReplicationStatus};
-use weir_testkit::{output_text as text, require_tool};
+use weir_testkit::{output_text as text, require_tool, start_daemon};
 
 const MIB: u64 = 1 << 20;
 const GRAIN: u64 = 64 << 10;
@@ -104,50 +104,6 @@ async fn qemu_img_compare(a: &str, b: &str) -> Result<(), String> {
     } else {
         Err(text(&o))
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A child process killed on drop (nbdkit, qemu-nbd).
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `cmd` with `args(port)` on a free port; waits until it accepts.
-fn start_daemon(cmd: &str, args: impl Fn(u16) -> Vec<String>) -> (Daemon, u16) {
-    for _ in 0..5 {
-        let port = free_port();
-        let child = Command::new(cmd)
-            .args(args(port))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{cmd} does not run: {e}"));
-        let mut d = Daemon(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = d.0.try_wait() {
-                break; // exited (port taken?): try another port
-            }
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return (d, port);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = d.0.kill();
-    }
-    panic!("{cmd} did not start");
 }
 
 fn once(to: &str) -> ReplicationRequest {

@@ -118,6 +118,51 @@ pub fn output_text(output: &Output) -> String {
     )
 }
 
+/// A free TCP port on 127.0.0.1 (free when asked: [`start_daemon`] retries).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process killed on drop (nbdkit, qemu-nbd).
+pub struct Daemon(pub std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `cmd` with `args(port)` on a free port; waits until it accepts.
+pub fn start_daemon(cmd: &str, args: impl Fn(u16) -> Vec<String>) -> (Daemon, u16) {
+    for _ in 0..5 {
+        let port = free_port();
+        let child = Command::new(cmd)
+            .args(args(port))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{cmd} does not run: {e}"));
+        let mut d = Daemon(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = d.0.try_wait() {
+                break; // exited (port taken?): try another port
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return (d, port);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = d.0.kill();
+    }
+    panic!("{cmd} did not start");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -153,6 +153,11 @@ impl VolumeStore {
         Ok((record, open))
     }
 
+    /// What an upstream volume may promise its clients (none for other volumes).
+    pub fn upstream_limits(&self, name: &str) -> Option<crate::upstream::UpstreamLimits> {
+        self.upstreams.get(name).map(|b| b.limits())
+    }
+
     /// Every upstream volume's counters, by name.
     pub fn upstream_snapshots(&self) -> Vec<(String, crate::upstream::UpstreamSnapshot)> {
         self.upstreams
