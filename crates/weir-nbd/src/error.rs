@@ -111,6 +111,9 @@ pub enum ProtocolError {
     NotFixedNewstyle,
     #[error("server sent an unexpected {what}: {detail}")]
     Unexpected { what: &'static str, detail: String },
+    /// What [`ProtocolError::Unexpected`] is on the server's side: the client's.
+    #[error("client sent an unexpected {what}: {detail}")]
+    ClientSent { what: &'static str, detail: String },
     #[error("{}", refused_text(*option, *reply, message))]
     OptionRefused {
         option: u32,
@@ -170,6 +173,14 @@ fn refused_text(option: u32, reply: u32, message: &str) -> String {
 impl ProtocolError {
     pub(crate) fn unexpected(what: &'static str, detail: impl Into<String>) -> ProtocolError {
         ProtocolError::Unexpected {
+            what,
+            detail: detail.into(),
+        }
+    }
+
+    /// A client's violation, as the server's logs name it.
+    pub(crate) fn client_sent(what: &'static str, detail: impl Into<String>) -> ProtocolError {
+        ProtocolError::ClientSent {
             what,
             detail: detail.into(),
         }

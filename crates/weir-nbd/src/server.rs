@@ -255,7 +255,7 @@ impl ServerHandshake {
         }
         if self.state == State::AwaitingTls {
             self.state = State::Finished;
-            return Err(ProtocolError::unexpected(
+            return Err(ProtocolError::client_sent(
                 "input",
                 "plain-text data after NBD_OPT_STARTTLS was acknowledged",
             ));
@@ -268,7 +268,7 @@ impl ServerHandshake {
                 State::AwaitingTls => {
                     if !self.input.is_empty() {
                         self.state = State::Finished;
-                        return Err(ProtocolError::unexpected(
+                        return Err(ProtocolError::client_sent(
                             "input",
                             "the client sent data before the server acknowledged NBD_OPT_STARTTLS",
                         ));
@@ -308,7 +308,7 @@ impl ServerHandshake {
                     self.options_seen += 1;
                     if self.options_seen > Self::MAX_OPTIONS {
                         self.state = State::Finished;
-                        return Err(ProtocolError::unexpected(
+                        return Err(ProtocolError::client_sent(
                             "option count",
                             "more than 4096 options",
                         ));
@@ -356,7 +356,7 @@ impl ServerHandshake {
             _ => {
                 let message = format!("option data of {len} bytes exceeds {MAX_OPTION_LEN}");
                 self.reply_err(option, REP_ERR_TOO_BIG, &message);
-                Err(ProtocolError::unexpected("option length", message))
+                Err(ProtocolError::client_sent("option length", message))
             }
         }
     }
@@ -399,7 +399,7 @@ impl ServerHandshake {
         }
         if self.shutting_down {
             if option == OPT_EXPORT_NAME {
-                return Err(ProtocolError::unexpected(
+                return Err(ProtocolError::client_sent(
                     "option",
                     "server is shutting down",
                 ));
@@ -409,7 +409,7 @@ impl ServerHandshake {
         }
         if let Some(reason) = self.refusal.clone() {
             if option == OPT_EXPORT_NAME {
-                return Err(ProtocolError::unexpected("option", reason));
+                return Err(ProtocolError::client_sent("option", reason));
             }
             self.reply_err(option, REP_ERR_POLICY, &reason);
             return Ok(None);
@@ -420,7 +420,7 @@ impl ServerHandshake {
         if self.tls_required() {
             if option == OPT_EXPORT_NAME {
                 // It cannot be refused with an error reply.
-                return Err(ProtocolError::unexpected(
+                return Err(ProtocolError::client_sent(
                     "option",
                     "NBD_OPT_EXPORT_NAME before NBD_OPT_STARTTLS on a server that requires TLS",
                 ));
@@ -431,7 +431,7 @@ impl ServerHandshake {
         match option {
             OPT_EXPORT_NAME => {
                 let name =
-                    parse_string(data).map_err(|e| ProtocolError::unexpected("export name", e))?;
+                    parse_string(data).map_err(|e| ProtocolError::client_sent("export name", e))?;
                 let Some(export) = catalog.lookup(&name) else {
                     return Err(ProtocolError::UnknownExport(name));
                 };
