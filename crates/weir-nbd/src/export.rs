@@ -84,15 +84,12 @@ impl ExportDescription {
     /// Transmission flags for this export; `NBD_FLAG_SEND_DF` only when structured
     /// replies were negotiated.
     pub fn transmission_flags(&self, structured_replies: bool) -> u16 {
-        let mut flags = FLAG_HAS_FLAGS
-            | FLAG_SEND_FLUSH
-            | FLAG_SEND_FUA
-            | FLAG_SEND_TRIM
-            | FLAG_SEND_WRITE_ZEROES
-            | FLAG_SEND_FAST_ZERO
-            | FLAG_SEND_CACHE;
+        let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_CACHE;
         if self.read_only {
+            // As qemu-nbd -r: no TRIM or WRITE_ZEROES to offer (they would get EPERM).
             flags |= FLAG_READ_ONLY;
+        } else {
+            flags |= FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
         }
         if self.can_multi_conn {
             flags |= FLAG_CAN_MULTI_CONN;
@@ -176,5 +173,27 @@ impl ExportInfo {
     }
     pub fn has_flag(&self, flag: u16) -> bool {
         self.transmission_flags & flag != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_only_export_offers_no_trim_or_zeroing() {
+        let mut d = ExportDescription::new("a", 1 << 20);
+        let rw = d.transmission_flags(true);
+        let writes = FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+        assert_eq!(rw & writes, writes);
+        assert_eq!(rw & FLAG_READ_ONLY, 0);
+        d.read_only = true;
+        let ro = d.transmission_flags(true);
+        assert_eq!(ro & writes, 0);
+        assert_ne!(ro & FLAG_READ_ONLY, 0);
+        assert_eq!(
+            ro & (FLAG_SEND_FLUSH | FLAG_SEND_CACHE | FLAG_SEND_DF),
+            rw & (FLAG_SEND_FLUSH | FLAG_SEND_CACHE | FLAG_SEND_DF)
+        );
     }
 }

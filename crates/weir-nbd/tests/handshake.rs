@@ -458,7 +458,10 @@ fn oversized_option_is_refused_at_once_without_reading_its_data() {
         let r = s.input(&option_header(OPT_INFO, len), &catalog());
         // The server's log blames the client, not "the server".
         let e = r.expect_err("refused").to_string();
-        assert!(e.starts_with("client sent an unexpected option length"), "{e}");
+        assert!(
+            e.starts_with("client sent an unexpected option length"),
+            "{e}"
+        );
         assert!(s.is_finished());
         let r = replies(&s.take_output());
         assert_eq!(r.len(), 1);
