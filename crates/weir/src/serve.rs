@@ -85,14 +85,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         // Through a vtable: the server's futures are compiled in weir-server at full
         // optimisation, not here (this crate is built at opt-level 0).
         let server = weir_server::start_boxed(config).await?;
-        let nbd = server.nbd_addr();
         let admin = weir_server::admin::Client::new(server.admin_addr())
             .with_token(server.admin_token());
         let volumes = admin.list_volumes().await.unwrap_or_default();
         outln!(
-            "weir serving NBD on {nbd}, admin API on http://{}",
-            server.admin_addr()
+            "weir serving NBD on {}, admin API on http://{}",
+            listening(server.nbd_addr()),
+            listening(server.admin_addr())
         );
+        // URLs that work from this machine (a wildcard address is no URL).
+        let nbd = usable(server.nbd_addr());
         outln!("data directory: {}", data_dir.display());
         outln!(
             "admin token: {} (the weir CLI reads it; or WEIR_ADMIN_TOKEN)",
@@ -143,6 +145,25 @@ pub fn run(args: ServeArgs) -> Result<()> {
 /// can run at once an arena of its own, so allocation does not contend on a lock
 /// more than with glibc's default (`MALLOC_ARENA_MAX` still wins when set). On 2
 /// CPUs: 1,000,000 fuzzed sessions then peaked at 137 MB (docs/HARDENING.md).
+/// A listening address as the banner says it: a wildcard one is every address.
+fn listening(addr: std::net::SocketAddr) -> String {
+    if addr.ip().is_unspecified() {
+        format!("{addr} (every address)")
+    } else {
+        addr.to_string()
+    }
+}
+
+/// An address a URL on this machine can use: the loopback one for a wildcard.
+fn usable(addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => (Ipv4Addr::LOCALHOST, addr.port()).into(),
+        IpAddr::V6(ip) if ip.is_unspecified() => (Ipv6Addr::LOCALHOST, addr.port()).into(),
+        _ => addr,
+    }
+}
+
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
@@ -153,5 +174,22 @@ fn limit_malloc_arenas() {
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, arenas);
         }
+    }
+}
+
+#[cfg(test)]
+mod banner_tests {
+    use super::*;
+
+    #[test]
+    fn wildcard_addresses_are_not_shown_as_urls() {
+        let any4: std::net::SocketAddr = "0.0.0.0:10809".parse().unwrap();
+        let any6: std::net::SocketAddr = "[::]:10809".parse().unwrap();
+        let one: std::net::SocketAddr = "10.0.0.5:10809".parse().unwrap();
+        assert_eq!(usable(any4).to_string(), "127.0.0.1:10809");
+        assert_eq!(usable(any6).to_string(), "[::1]:10809");
+        assert_eq!(usable(one), one);
+        assert_eq!(listening(any4), "0.0.0.0:10809 (every address)");
+        assert_eq!(listening(one), "10.0.0.5:10809");
     }
 }
