@@ -229,7 +229,7 @@ fn io_error(e: &io::Error, what: &str) -> NbdError {
 }
 
 fn deleted() -> NbdError {
-    NbdError::new(ErrorCode::Io, "volume was deleted")
+    NbdError::new(ErrorCode::Shutdown, "volume was deleted")
 }
 
 /// The reply to a request that failed with `error`.
@@ -1430,8 +1430,17 @@ impl Conn {
             if valid.command == Command::Disconnect {
                 return closed(drain_until);
             }
+            // A deleted volume's connection ends as a shutdown does (its requests
+            // failed with EIO for as long as the client kept it open).
+            if self.volume.is_deleted() && drain_until.is_none() {
+                drain_until = Some(Instant::now() + SHUTDOWN_DRAIN);
+            }
             if drain_until.is_some() {
-                let e = NbdError::new(ErrorCode::Shutdown, "the server is shutting down");
+                let e = if self.volume.is_deleted() {
+                    deleted()
+                } else {
+                    NbdError::new(ErrorCode::Shutdown, "the server is shutting down")
+                };
                 self.reply_error(valid.handle, &e, held);
                 continue;
             }

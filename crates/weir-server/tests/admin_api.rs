@@ -556,6 +556,38 @@ async fn admin_api_refuses_no_token_foreign_origin_foreign_host_and_non_json() {
     server.shutdown().await.unwrap();
 }
 
+/// A client still connected to a volume that is deleted gets ESHUTDOWN ("volume
+/// was deleted"), and its connection ends (it got EIO for as long as it stayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_volume_s_connections_are_told_and_closed() {
+    let dir = common::TempDir::new("admin-delete-open");
+    let server = common::start(dir.path()).await;
+    let admin = server.admin_client();
+    admin
+        .create_volume(&plain_volume("d", 1 << 20))
+        .await
+        .unwrap();
+    let (mut c, _) = common::connect(&server, "d").await;
+    c.write(0, &[5u8; 4096], false).await.unwrap().unwrap();
+    admin.delete_volume("d").await.unwrap();
+    let e = c.read(0, 4096).await.unwrap().unwrap_err();
+    assert_eq!(e.code, weir_nbd::ErrorCode::Shutdown, "{e}");
+    assert!(e.message.contains("deleted"), "{e}");
+    // Then the server closes: a later request finds the connection gone.
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            match c.read(0, 4096).await {
+                Err(_) => return,
+                Ok(r) => assert!(r.is_err()),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the connection stayed open");
+    server.shutdown().await.unwrap();
+}
+
 /// A resize whose metadata cannot be written (a full disk; here its temporary
 /// file's name taken by a directory) fails and leaves the volume as it was: the
 /// file is not left grown behind metadata that says otherwise.
