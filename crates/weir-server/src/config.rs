@@ -331,8 +331,31 @@ pub struct ReplicationConfig {
     pub volume: String,
     /// `nbd://HOST[:PORT]/EXPORT` (port 10809 by default).
     pub to: String,
-    /// Time between cycles: `"30s"`, `"5m"`, `"1h"`, `"1h30m"`, or seconds.
+    /// Time between cycles: `"30s"`, `"5m"`, `"1h"`, `"1h30m"`, or seconds
+    /// (`300` or `"300"`).
+    #[serde(deserialize_with = "text_or_integer")]
     pub every: String,
+}
+
+/// A string, or an integer taken as its decimal text (`every = 300`).
+fn text_or_integer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    struct V;
+    impl serde::de::Visitor<'_> for V {
+        type Value = String;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration like \"5m\" or a number of seconds")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+    }
+    d.deserialize_any(V)
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -678,7 +701,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "tb" => 1e12,
         other => {
             return Err(format!(
-                "size {text:?} has an unknown unit {other:?} (use KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+                "size {text:?} has an unknown unit {other:?} (use B; K, M, G, T or KiB, MiB, GiB, TiB for powers of 1024; KB, MB, GB, TB for powers of 1000)"
             ));
         }
     };
@@ -1698,6 +1721,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.replications[0].every, "5m");
+        // Seconds as a TOML integer, as THIN.md says.
+        let c = WeirConfig::from_toml_str(
+            &with("volume = \"db\"\nto = \"nbd://dr:10809/db\"\nevery = 300\n"),
+            "w.toml",
+        )
+        .unwrap();
+        assert_eq!(c.replications[0].every, "300");
         // A volume the file does not declare is checked against the catalog at start.
         let text = with("volume = \"made-by-api\"\nto = \"nbd://dr/x\"\nevery = \"1h\"\n");
         assert!(WeirConfig::from_toml_str(&text, "w.toml").is_ok());

@@ -74,7 +74,10 @@ pub struct Recorder {
 impl Recorder {
     pub fn open(data_dir: &std::path::Path) -> Recorder {
         let history = History::open(data_dir)
-            .map_err(|e| tracing::warn!("history store unavailable: {e}"))
+            .map_err(|e| {
+                let dir = data_dir.join("history");
+                tracing::warn!("history store {} unavailable: {e}", dir.display())
+            })
             .ok();
         Recorder {
             history,

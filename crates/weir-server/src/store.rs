@@ -446,6 +446,12 @@ impl VolumeStore {
     /// Opens (creating if needed) the data directory and every volume file.
     pub fn open(config: &WeirConfig) -> Result<VolumeStore, StoreError> {
         let data_dir = config.data_dir.clone();
+        if data_dir.exists() && !data_dir.is_dir() {
+            return Err(StoreError::Invalid(format!(
+                "data_dir {} exists and is not a directory",
+                data_dir.display()
+            )));
+        }
         create_dirs(&data_dir)
             .map_err(|e| io_err(format!("creating {}", data_dir.display()), e))?;
         let meta_path = data_dir.join(META_FILE);
@@ -963,6 +969,12 @@ impl VolumeStore {
     pub fn resize(&mut self, name: &str, size_bytes: u64) -> Result<VolumeRecord, StoreError> {
         let record = self.volume(name)?;
         self.check_not_busy(name)?;
+        // The same bounds as a new volume's (a size past a file offset's range
+        // failed as an I/O error, 500).
+        self.check_record(&VolumeRecord {
+            size_bytes,
+            ..record.clone()
+        })?;
         if size_bytes < record.size_bytes {
             return Err(StoreError::Invalid(format!(
                 "volume {name:?} is {} bytes; volumes can only grow, not shrink to {size_bytes}",

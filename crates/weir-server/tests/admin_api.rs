@@ -159,6 +159,11 @@ async fn volumes_and_policies_through_the_admin_client() {
         400,
         "no shrinking"
     );
+    assert_eq!(
+        status(admin.resize_volume("db", u64::MAX).await.unwrap_err()),
+        400,
+        "past a file offset's range: the caller's mistake, not a server error"
+    );
     let (_, export) = common::connect(&server, "db").await;
     assert_eq!(
         export.size_bytes,

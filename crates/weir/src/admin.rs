@@ -447,8 +447,14 @@ pub fn human_size(bytes: u64) -> String {
     }
 }
 
+/// A policy figure: whole numbers without decimals (`200`, `2,000`), others
+/// as the reports write them.
 fn opt(v: Option<f64>) -> String {
-    v.map(weir_report::fmt_number).unwrap_or_else(|| "-".into())
+    match v {
+        None => "-".into(),
+        Some(x) if x.fract() == 0.0 => weir_report::fmt_thousands(x, 0),
+        Some(x) => weir_report::fmt_number(x),
+    }
 }
 
 /// Turns an admin client error into what a person needs to read.

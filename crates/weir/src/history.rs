@@ -31,7 +31,7 @@ pub async fn print(client: &Client, name: &str, since: &str, json: bool) -> Resu
 /// The table (times in UTC).
 pub fn render(series: &Series, since: &str) -> String {
     let mut out = format!(
-        "{}: last {since}, a row per {} s (tier {}), {} rows\n",
+        "{}: last {since}, a row per {} s (tier {}), {} row{}\n",
         series.volume,
         series.step_s,
         if series.tier.is_empty() {
@@ -39,7 +39,8 @@ pub fn render(series: &Series, since: &str) -> String {
         } else {
             &series.tier
         },
-        series.points.len()
+        series.points.len(),
+        if series.points.len() == 1 { "" } else { "s" }
     );
     if series.points.is_empty() {
         out.push_str("no history yet (the server records every volume once a second)\n");
@@ -126,7 +127,7 @@ mod tests {
         };
         let text = render(&series, "1h");
         assert!(
-            text.starts_with("sql: last 1h, a row per 60 s (tier 1s), 1 rows"),
+            text.starts_with("sql: last 1h, a row per 60 s (tier 1s), 1 row\n"),
             "{text}"
         );
         assert!(

@@ -21,7 +21,9 @@ pub struct Replicate {
 }
 
 fn secs(s: f64) -> String {
-    if s < 120.0 {
+    if s < 0.1 {
+        format!("{:.0} ms", s * 1e3)
+    } else if s < 120.0 {
         format!("{s:.1} s")
     } else {
         format_every(s.round() as u64)
@@ -41,7 +43,7 @@ fn last_cycle(r: &ReplicationStatus) -> String {
     match &r.last_cycle {
         None => "-".into(),
         Some(c) => format!(
-            "{}{}: {} written, {} zeroed in {} ({})",
+            "{}{}: {} written, {} zeroed in {} ({} written)",
             if c.full { "full copy" } else { "changes" },
             c.resumed_from_bytes
                 .map(|b| format!(" resumed at {}", human_size(b)))
@@ -49,7 +51,8 @@ fn last_cycle(r: &ReplicationStatus) -> String {
             human_size(c.shipped_bytes),
             human_size(c.zeroed_bytes),
             secs(c.seconds),
-            mbps(c.shipped_bytes + c.zeroed_bytes, c.seconds),
+            // Zeroes cost the target no data (WRITE_ZEROES): no rate of them.
+            mbps(c.shipped_bytes, c.seconds),
         ),
     }
 }
