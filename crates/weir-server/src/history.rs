@@ -393,10 +393,10 @@ impl History {
         step_s: u64,
     ) -> io::Result<Option<Series>> {
         let since_s = since_s.clamp(1, TIERS[2].span_s());
-        let tier = *TIERS
+        let chosen = TIERS
             .iter()
-            .find(|t| t.span_s() >= since_s)
-            .unwrap_or(&TIERS[2]);
+            .position(|t| t.span_s() >= since_s)
+            .unwrap_or(2);
         let inner = self.lock();
         let Some(entry) = inner.slots.volumes.get(name).copied() else {
             return Ok(None);
@@ -404,29 +404,52 @@ impl History {
         let Some(seg) = inner.segments.get(entry.slot / SEGMENT_SLOTS) else {
             return Ok(None);
         };
-        let file = &seg.files[TIERS.iter().position(|x| *x == tier).unwrap_or(0)];
         let (from, to) = (now.saturating_sub(since_s), now);
-        let mut points = Vec::new();
-        let mut t = from - from % tier.step_s;
-        while t <= to {
-            if t >= entry.since - entry.since % tier.step_s
-                && let Some(sample) = read_sample(file, &tier, t, entry.slot % SEGMENT_SLOTS)?
-            {
-                points.push(Point { t, sample });
+        // The tier whose span covers the window; while it holds nothing yet (its
+        // first step has not ended: an hour for `--since 31d`), the finer ones.
+        let mut found = (chosen, Vec::new());
+        for i in (0..=chosen).rev() {
+            let tier = TIERS[i];
+            let start = from.max(now.saturating_sub(tier.span_s()));
+            let points = read_points(&seg.files[i], &tier, &entry, start, to)?;
+            if !points.is_empty() {
+                found = (i, points);
+                break;
             }
-            t += tier.step_s;
         }
         drop(inner);
-        let step_s = step_s.max(tier.step_s);
+        let (i, points) = found;
+        let step_s = step_s.max(TIERS[i].step_s);
         Ok(Some(Series {
             volume: name.to_string(),
-            tier: tier.name.to_string(),
+            tier: TIERS[i].name.to_string(),
             step_s,
             from,
             to,
             points: downsample(points, step_s),
         }))
     }
+}
+
+/// A volume's points of one tier from `from` to `to` (none before it got its slot).
+fn read_points(
+    file: &File,
+    tier: &Tier,
+    entry: &SlotEntry,
+    from: u64,
+    to: u64,
+) -> io::Result<Vec<Point>> {
+    let mut points = Vec::new();
+    let mut t = from - from % tier.step_s;
+    while t <= to {
+        if t >= entry.since - entry.since % tier.step_s
+            && let Some(sample) = read_sample(file, tier, t, entry.slot % SEGMENT_SLOTS)?
+        {
+            points.push(Point { t, sample });
+        }
+        t += tier.step_s;
+    }
+    Ok(points)
 }
 
 /// Averages points into buckets of `step_s` (each at its bucket's start).
@@ -675,6 +698,12 @@ mod tests {
         let first = s.points.iter().find(|p| p.t == t0 - t0 % 60 + 60).unwrap();
         assert!(first.sample.iops > 0.0);
         assert!(h.series("zzz", t0, 60, 1).unwrap().is_none());
+        // 30 days asked two minutes in: the hour tier holds nothing yet, so the
+        // finest tier that does answers (it said "no history yet").
+        let s = h.series("a", t0 + 119, 30 * 86_400, 1).unwrap().unwrap();
+        assert_eq!(s.tier, "1m", "{s:?}");
+        assert!(!s.points.is_empty());
+        assert_eq!(s.from, t0 + 119 - 30 * 86_400, "the window asked for");
     }
 
     #[test]

@@ -383,22 +383,22 @@ fn history(state: &ServerState, name: &str, query: &str) -> Answer {
     let (mut since, mut step) = (900, 1);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let seconds = parse_seconds(value).ok_or_else(|| {
-            (
-                400,
-                format!("{key}={value:?}: expected a duration such as 90, 15m, 1h or 7d"),
-            )
-        })?;
-        match key {
-            "since" => since = seconds,
-            "step" => step = seconds,
+        let field = match key {
+            "since" => &mut since,
+            "step" => &mut step,
             _ => {
                 return Err((
                     400,
                     format!("unknown query parameter {key:?} (since, step)"),
                 ));
             }
-        }
+        };
+        *field = parse_seconds(value).ok_or_else(|| {
+            (
+                400,
+                format!("{key}={value:?}: expected a duration such as 90, 15m, 1h or 7d"),
+            )
+        })?;
     }
     let Some(store) = &state.recorder.history else {
         return Err((
