@@ -1053,8 +1053,12 @@ fn render_summary(out: &mut String, report: &ScenarioReport, o: Out) {
             cells.push(if t.targets == 0 {
                 Cell::new("")
             } else {
+                let mut text = format!("{}/{} pass", t.passed, t.targets);
+                if t.targets_unmeasured > 0 {
+                    let _ = write!(text, " ({} not measured)", t.targets_unmeasured);
+                }
                 Cell::styled(
-                    format!("{}/{} pass", t.passed, t.targets),
+                    text,
                     if t.passed == t.targets {
                         Style::Green
                     } else {

@@ -773,6 +773,19 @@ mod kinds {
             "{share}"
         );
         assert!(line("not reached").contains("not measured"));
+        // The summary's per-case column says it too ("3/4 pass" read as a failure).
+        let summary = render_text(
+            &r,
+            &TextOptions {
+                summary: true,
+                ..TextOptions::default()
+            },
+        );
+        let case = summary
+            .lines()
+            .find(|l| l.trim_start().starts_with("only"))
+            .unwrap();
+        assert!(case.contains("2/4 pass (1 not measured)"), "{summary}");
         assert!(r.cases[0].comparisons[0].ratio().is_nan());
         let html = render_html(&r);
         assert!(
