@@ -1,6 +1,6 @@
 //! `weir serve`: the NBD storage server, on a config file or the embedded default.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use weir_server::WeirConfig;
@@ -66,6 +66,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     config
         .check_tls()
         .map_err(|(_, message)| anyhow::anyhow!(message))?;
+    let (nbd, admin) = (config.listen, config.admin_listen);
+    let overlap =
+        nbd.ip() == admin.ip() || nbd.ip().is_unspecified() || admin.ip().is_unspecified();
+    if nbd.port() != 0 && nbd.port() == admin.port() && overlap {
+        bail!(
+            "listen ({nbd}) and admin_listen ({admin}) are the same port: NBD and the admin \
+             API need one each (defaults 10809 and 10810)"
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.worker_threads())
         .max_blocking_threads(config.blocking_threads())

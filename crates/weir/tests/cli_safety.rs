@@ -410,6 +410,28 @@ fn a_token_of_two_lines_is_refused_here() {
     );
 }
 
+/// The NBD and admin listeners on one port: said as such before anything starts
+/// (it was "Address already in use").
+#[test]
+fn one_port_for_nbd_and_the_admin_api_is_refused() {
+    let dir = TempDir::new("cli-same-port");
+    let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:23457",
+            "--admin-listen",
+            "0.0.0.0:23457",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = refused(&o);
+    assert!(err.contains("same port"), "{err}");
+}
+
 #[test]
 fn completions_and_man_pages_are_generated() {
     let dir = TempDir::new("cli-completions");
