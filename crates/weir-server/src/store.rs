@@ -353,12 +353,16 @@ fn apply_declared(
             false
         }
     };
-    if field(
-        "size",
-        now.size_bytes.to_string(),
-        last.size_bytes.to_string(),
-        stored.size_bytes.to_string(),
-    ) {
+    // No size in the file (an upstream pool's volume: the upstream's size) is
+    // nothing to apply or keep.
+    if now.size_bytes != 0
+        && field(
+            "size",
+            now.size_bytes.to_string(),
+            last.size_bytes.to_string(),
+            stored.size_bytes.to_string(),
+        )
+    {
         r.size_bytes = now.size_bytes;
     }
     if field(
