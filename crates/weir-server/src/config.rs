@@ -335,6 +335,10 @@ pub struct ReplicationConfig {
     /// (`300` or `"300"`).
     #[serde(deserialize_with = "text_or_integer")]
     pub every: String,
+    /// The target may hold data that the first full copy writes over (without
+    /// it, a target found holding data is refused).
+    #[serde(default)]
+    pub overwrite: bool,
 }
 
 /// A string, or an integer taken as its decimal text (`every = 300`).

@@ -273,6 +273,11 @@ pub struct ReplicationRecord {
     /// The snapshot of a cycle that has not finished.
     #[serde(default)]
     pub pending: Option<PendingCycle>,
+    /// The target may be written over: it was found without data before the
+    /// first copy, or the operator said so (`overwrite`). Until then a first
+    /// full copy looks for data there and refuses to destroy it.
+    #[serde(default)]
+    pub target_checked: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -341,6 +346,10 @@ pub struct ReplicationRequest {
     /// Run a cycle now.
     #[serde(default)]
     pub once: bool,
+    /// A target that holds data may be written over (its first full copy
+    /// otherwise refuses; see [`ReplicationRecord::target_checked`]).
+    #[serde(default)]
+    pub overwrite: bool,
 }
 
 /// One finished cycle.
@@ -546,7 +555,9 @@ impl Replicator {
                     .into(),
             ));
         }
-        let (_, created) = s.store().put_replication(volume, &to, req.every_seconds)?;
+        let (_, created) =
+            s.store()
+                .put_replication(volume, &to, req.every_seconds, req.overwrite)?;
         let job = self.job(volume);
         // The status before the wake-up: a cycle numbered after its
         // `cycles_started` starts after this request (what `--once` waits for).
@@ -897,13 +908,13 @@ async fn cycle(
 ) -> Result<CycleReport, String> {
     let started = Instant::now();
     let volume = job.volume.clone();
-    let target = {
+    let rec = {
         let v = volume.clone();
-        let rec = read_store(state, move |s| s.replication(&v))
+        read_store(state, move |s| s.replication(&v))
             .await
-            .ok_or("the replication was removed")?;
-        NbdUrl::parse(&rec.target)?
+            .ok_or("the replication was removed")?
     };
+    let target = NbdUrl::parse(&rec.target)?;
     let (mut client, export) = connect(&target).await?;
     let plan = {
         let v = volume.clone();
@@ -933,6 +944,11 @@ async fn cycle(
         resumed,
         ..
     } = plan;
+    if full && !resumed && !rec.target_checked && rec.last.is_none() {
+        check_target_holds_no_data(&mut client, &target, size).await?;
+        let v = volume.clone();
+        with_store(state, guard, move |s| s.replication_target_checked(&v)).await?;
+    }
     let (set, changed_grains) = {
         let from = cursor / grain;
         blocking(guard, move || {
@@ -1015,6 +1031,44 @@ async fn cycle(
         merge_seconds,
         finished_unix_ms: now_unix_ms(),
     })
+}
+
+/// Before a replication's first full copy: refuses a target that holds data
+/// (a mistyped URL must not zero somebody's disk). Reads its first and last MiB
+/// (partition tables, file system and LVM labels live there) and 64 KiB at 62
+/// points between: about 5 MiB whatever the size, so data elsewhere only can
+/// be missed.
+async fn check_target_holds_no_data(
+    client: &mut NbdClient,
+    target: &NbdUrl,
+    size: u64,
+) -> Result<(), String> {
+    const PIECE: u64 = 64 << 10;
+    let mut ranges: Vec<(u64, u64)> = vec![(0, 1 << 20), (size.saturating_sub(1 << 20), 1 << 20)];
+    ranges.extend((1..=62).map(|k| (size / 63 * k / PIECE * PIECE, PIECE)));
+    for (start, length) in ranges {
+        let end = (start + length).min(size);
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(PIECE) as u32;
+            let data = client
+                .read(at, n)
+                .await
+                .map_err(|e| format!("target {target}: {e:#}"))?
+                .map_err(|e| format!("target {target}: reading it before the first copy: {e}"))?;
+            if let Some(i) = data.iter().position(|&b| b != 0) {
+                return Err(format!(
+                    "target {target} holds data (a non-zero byte at offset {}): the first \
+                     replication would write over all of it. If that is intended, say so: \
+                     weir volume replicate VOLUME --to {target} --overwrite, or overwrite = true \
+                     in [[replications]]",
+                    at + i as u64
+                ));
+            }
+            at += u64::from(n);
+        }
+    }
+    Ok(())
 }
 
 /// `volume@repl-3` → `repl-3`.

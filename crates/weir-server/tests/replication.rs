@@ -111,6 +111,7 @@ fn once(to: &str) -> ReplicationRequest {
         to: to.into(),
         every_seconds: None,
         once: true,
+        overwrite: false,
     }
 }
 
@@ -421,6 +422,7 @@ async fn configured_replication_runs_every_second_and_stops_cleanly() {
         to: s.target.clone(),
         every_seconds: Some(3600),
         once: false,
+        overwrite: false,
     };
     assert_eq!(
         admin.replicate("db", &hourly).await.unwrap().every_seconds,
@@ -508,6 +510,7 @@ async fn bad_targets_and_requests_are_refused_clearly() {
         to: to.clone(),
         every_seconds: None,
         once: false,
+        overwrite: false,
     };
     let (code, msg) = status(admin.replicate("db", &no_mode).await);
     assert_eq!(code, 400, "{msg}");
@@ -526,8 +529,9 @@ async fn bad_targets_and_requests_are_refused_clearly() {
     target.shutdown().await.unwrap();
 }
 
-/// qemu-nbd over a file full of 0xFF: the first (full) copy zeroes what the
-/// volume has never written, so the target matches byte for byte.
+/// qemu-nbd over a file full of 0xFF: refused (nothing written) until the
+/// request says `overwrite`; then the first (full) copy zeroes what the volume
+/// has never written, so the target matches byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_nbd_dirty_target_gets_its_holes_zeroed() {
     if !require_tool("qemu-nbd", &[]) || !require_tool("qemu-img", &[]) {
@@ -555,7 +559,37 @@ async fn qemu_nbd_dirty_target_gets_its_holes_zeroed() {
     });
     write(&server, 4 * MIB, &bytes(9, MIB as usize)).await;
     let to = format!("nbd://127.0.0.1:{port}/dr");
-    let s = cycle_once(&server.admin_client(), &to).await;
+    // A target holding data: the first cycle refuses it before writing anything.
+    let admin = server.admin_client();
+    let s = admin.replicate("db", &once(&to)).await.unwrap();
+    let wanted = s.cycles_started + 1;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let s = loop {
+        let s = admin.replication("db").await.unwrap();
+        if s.last_error_cycle >= wanted {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no answer: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let e = s.last_error.unwrap_or_default();
+    assert!(e.contains("holds data") && e.contains("--overwrite"), "{e}");
+    assert!(
+        std::fs::read(&image).unwrap().iter().all(|&b| b == 0xFF),
+        "the refused target was written"
+    );
+    // Said to overwrite it: the copy goes ahead.
+    let s = admin
+        .replicate(
+            "db",
+            &ReplicationRequest {
+                overwrite: true,
+                ..once(&to)
+            },
+        )
+        .await
+        .unwrap();
+    let s = wait_cycle(&admin, "db", s.cycles_started + 1, Duration::from_secs(60)).await;
     let c = s.last_cycle.unwrap();
     assert_eq!((c.shipped_bytes, c.zeroed_bytes), (MIB, 15 * MIB), "{c:?}");
     qemu_img_compare(&common::uri(&server, "db@repl-1"), &to)

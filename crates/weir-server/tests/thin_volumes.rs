@@ -440,7 +440,10 @@ async fn a_snapshot_deleted_during_a_replication_collapse_below_it_keeps_the_dat
     let mut expect = random_bytes(11, 4 << 20);
     write_all(&server, "db", &expect).await;
     let to = NbdUrl::parse("nbd://127.0.0.1:9/nowhere").unwrap();
-    state.store().put_replication("db", &to, None).unwrap();
+    state
+        .store()
+        .put_replication("db", &to, None, false)
+        .unwrap();
     let first = state.store().replication_begin("db").unwrap();
     state
         .store()

@@ -315,6 +315,10 @@ pub enum VolumeCommand {
         /// Stop replicating (the target keeps the last replicated snapshot's copy)
         #[arg(long, conflicts_with_all = ["to", "every", "once"])]
         stop: bool,
+        /// The target holds data the first full copy may write over (without it,
+        /// a target found holding data is refused before anything is written)
+        #[arg(long, conflicts_with = "stop")]
+        overwrite: bool,
     },
     /// Replications: target, lag (RPO), last cycle (of one volume, or all)
     Replications {
@@ -934,12 +938,14 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 once,
                 no_wait,
                 stop,
+                overwrite,
             } => {
                 let r = crate::replicate::Replicate {
                     name,
                     to,
                     every,
                     once,
+                    overwrite,
                     no_wait,
                     stop,
                 };

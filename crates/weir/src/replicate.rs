@@ -18,6 +18,7 @@ pub struct Replicate {
     pub once: bool,
     pub no_wait: bool,
     pub stop: bool,
+    pub overwrite: bool,
 }
 
 fn secs(s: f64) -> String {
@@ -158,6 +159,7 @@ pub async fn replicate(client: &Client, json: bool, r: Replicate) -> Result<()> 
         to,
         every_seconds,
         once: r.once,
+        overwrite: r.overwrite,
     };
     let first = client.replicate(&r.name, &req).await.map_err(explain)?;
     if !r.once || r.no_wait {

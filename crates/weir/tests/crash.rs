@@ -439,6 +439,7 @@ fn replicate_now(target: std::net::SocketAddr) -> weir_server::replicate::Replic
         to: format!("nbd://{target}/dr"),
         every_seconds: Some(3600),
         once: true,
+        overwrite: false,
     }
 }
 

@@ -50,6 +50,7 @@ impl VolumeStore {
         volume: &str,
         to: &NbdUrl,
         every_seconds: Option<u64>,
+        overwrite: bool,
     ) -> Result<(ReplicationRecord, bool), StoreError> {
         self.thin_record(volume)?;
         let target = to.to_string();
@@ -66,6 +67,7 @@ impl VolumeStore {
                 if every_seconds.is_some() {
                     r.every_seconds = every_seconds;
                 }
+                r.target_checked |= overwrite;
                 false
             }
             None => {
@@ -77,6 +79,7 @@ impl VolumeStore {
                     next_seq: 1,
                     last: None,
                     pending: None,
+                    target_checked: overwrite,
                 });
                 true
             }
@@ -86,6 +89,23 @@ impl VolumeStore {
             return Err(e);
         }
         Ok((self.replication(volume).expect("just put"), created))
+    }
+
+    /// A replication's target was found without data: its first full copy may
+    /// write over it from now on (also after an interruption).
+    pub fn replication_target_checked(&mut self, volume: &str) -> Result<(), StoreError> {
+        let before = self.meta.replications.clone();
+        let Some(r) = self.replication_mut(volume) else {
+            return Err(StoreError::NotFound(format!(
+                "volume {volume:?} is not replicated"
+            )));
+        };
+        r.target_checked = true;
+        if let Err(e) = self.persist() {
+            self.meta.replications = before;
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Ends the replication of `volume`: its record goes and so do the names of
@@ -462,6 +482,7 @@ impl VolumeStore {
                 Some(r) if r.target == target => {
                     let r = self.replication_mut(&c.volume).expect("exists");
                     r.every_seconds = Some(every);
+                    r.target_checked |= c.overwrite;
                 }
                 other => {
                     if let Some(old) = other {
@@ -491,6 +512,7 @@ impl VolumeStore {
                         next_seq: 1,
                         last: None,
                         pending: None,
+                        target_checked: c.overwrite,
                     });
                 }
             }
