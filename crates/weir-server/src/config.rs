@@ -159,6 +159,7 @@
 //! volume = "db"                     # (in a pool with format = "thin")
 //! to = "nbd://dr-site:10809/db"     # any NBD target at least the volume's size
 //! every = "5m"                      # a cycle (snapshot, ship changes, flush) this often
+//! # overwrite = true                 # the target holds data the first copy may write over
 //! ```
 
 use std::fmt;
@@ -1732,6 +1733,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.replications[0].every, "300");
+        assert!(!c.replications[0].overwrite);
+        let c = WeirConfig::from_toml_str(
+            &with("volume = \"db\"\nto = \"nbd://dr:10809/db\"\nevery = 300\noverwrite = true\n"),
+            "w.toml",
+        )
+        .unwrap();
+        assert!(c.replications[0].overwrite);
         // A volume the file does not declare is checked against the catalog at start.
         let text = with("volume = \"made-by-api\"\nto = \"nbd://dr/x\"\nevery = \"1h\"\n");
         assert!(WeirConfig::from_toml_str(&text, "w.toml").is_ok());
