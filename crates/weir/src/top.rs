@@ -292,19 +292,7 @@ pub fn draw(frame: &mut ratatui::Frame, view: &View, live: &LiveStats, trouble: 
 /// left out from the right. A figure is never cut.
 fn fit_columns(header: &[&str], rows: &[&RowData], width: u16) -> Vec<usize> {
     const NAME_MIN: usize = 12;
-    let mut widths: Vec<usize> = header
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            let widest = rows
-                .iter()
-                .filter_map(|r| r.cells.get(i))
-                .map(|c| c.chars().count())
-                .max()
-                .unwrap_or(0);
-            widest.max(h.chars().count())
-        })
-        .collect();
+    let mut widths = natural_widths(header, rows);
     // Each column after the first is preceded by one space.
     let total = |w: &[usize]| w.iter().sum::<usize>() + w.len().saturating_sub(1);
     let width = usize::from(width);
@@ -316,6 +304,20 @@ fn fit_columns(header: &[&str], rows: &[&RowData], width: u16) -> Vec<usize> {
         widths.pop();
     }
     widths
+}
+
+/// Each column's widest cell or header, in characters.
+fn natural_widths(header: &[&str], rows: &[&RowData]) -> Vec<usize> {
+    let widest = |i: usize| {
+        (rows.iter())
+            .filter_map(|r| r.cells.get(i))
+            .map(|c| c.chars().count())
+            .max()
+            .unwrap_or(0)
+    };
+    (header.iter().enumerate())
+        .map(|(i, h)| widest(i).max(h.chars().count()))
+        .collect()
 }
 
 /// A row's first `widths.len()` cells; a name longer than its column ends in "…".
@@ -481,18 +483,9 @@ pub fn run(target: crate::admin::AdminTarget, args: TopArgs) -> Result<()> {
 /// the others), so long policy or volume names keep the columns aligned.
 pub fn batch_text(view: &View, live: &LiveStats) -> String {
     let (header, rows) = rows_of(view, live);
-    let widths: Vec<usize> = header
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            let widest = rows
-                .iter()
-                .filter_map(|r| r.cells.get(i))
-                .map(|c| c.chars().count())
-                .max()
-                .unwrap_or(0);
-            widest.max(h.len()).max(if i == 0 { 24 } else { 8 })
-        })
+    let all: Vec<&RowData> = rows.iter().collect();
+    let widths: Vec<usize> = (natural_widths(&header, &all).into_iter().enumerate())
+        .map(|(i, w)| w.max(if i == 0 { 24 } else { 8 }))
         .collect();
     let line = |cells: Vec<&str>| {
         let mut out = String::new();
