@@ -53,6 +53,12 @@ pub fn inherited_listeners() -> anyhow::Result<Inherited> {
     Ok(out)
 }
 
+/// Whether systemd passed this process listening sockets (the configured
+/// addresses of those it passed are not used).
+pub fn socket_activated() -> bool {
+    passed_fd_count().is_ok_and(|n| n.is_some_and(|n| n > 0))
+}
+
 /// `LISTEN_FDS` if `LISTEN_PID` is this process.
 fn passed_fd_count() -> anyhow::Result<Option<i32>> {
     let (Ok(pid), Ok(fds)) = (std::env::var("LISTEN_PID"), std::env::var("LISTEN_FDS")) else {

@@ -69,7 +69,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let (nbd, admin) = (config.listen, config.admin_listen);
     let overlap =
         nbd.ip() == admin.ip() || nbd.ip().is_unspecified() || admin.ip().is_unspecified();
-    if nbd.port() != 0 && nbd.port() == admin.port() && overlap {
+    // Under socket activation the configured addresses are not what is served.
+    let activated = weir_server::systemd::socket_activated();
+    if !activated && nbd.port() != 0 && nbd.port() == admin.port() && overlap {
         bail!(
             "listen ({nbd}) and admin_listen ({admin}) are the same port: NBD and the admin \
              API need one each (defaults 10809 and 10810)"
