@@ -661,6 +661,9 @@ pub struct UpstreamBackend {
     export: String,
     size_bytes: u64,
     negotiated: Mutex<Option<Negotiated>>,
+    /// `limits().block_size.max_payload_bytes`, read on every READ and WRITE
+    /// without the lock (set with `negotiated`).
+    max_request: std::sync::atomic::AtomicU32,
     slots: Vec<Slot>,
     timeout: Duration,
     pub stats: UpstreamStats,
@@ -915,6 +918,7 @@ impl UpstreamBackend {
             export: export.to_string(),
             size_bytes,
             negotiated: Mutex::new(None),
+            max_request: std::sync::atomic::AtomicU32::new(UNADVERTISED_MAX_PAYLOAD),
             slots: (0..connections.max(1))
                 .map(|_| Slot {
                     conn: Mutex::new(None),
@@ -967,7 +971,7 @@ impl UpstreamBackend {
 
     /// The largest READ or WRITE sent upstream in one request.
     fn max_request(&self) -> usize {
-        (self.limits().block_size.max_payload_bytes as usize).max(1)
+        (self.max_request.load(Ordering::Acquire) as usize).max(1)
     }
 
     /// Whether the upstream advertised `flag` (before any connection: no).
@@ -1054,6 +1058,10 @@ impl UpstreamBackend {
             base_allocation: info.base_allocation_id,
             block_size: ex.block_size,
         });
+        self.max_request.store(
+            self.limits().block_size.max_payload_bytes,
+            Ordering::Release,
+        );
         let granted = match &self.lease {
             Some(f) if info.exclusive_lease.as_deref() == Some(f.token.as_str()) => Some(f.clone()),
             Some(f) if !f.asking.load(Ordering::Acquire) => None,
