@@ -22,6 +22,31 @@ pub struct GroupRule {
 }
 
 impl GroupRule {
+    /// A group being declared (config, admin API): as [`GroupRule::parse`], and a
+    /// host or identity listed twice is refused as the slip it is (`10.0.0.1` and
+    /// `10.0.0.1/32` are the same host). Groups already stored are read with
+    /// `parse`, which takes repeats as they were accepted before.
+    pub fn parse_new(group: &AccessGroupConfig) -> Result<GroupRule, String> {
+        let rule = GroupRule::parse(group)?;
+        for (i, h) in rule.hosts.iter().enumerate() {
+            if let Some(first) = rule.hosts[..i].iter().position(|p| p == h) {
+                let (a, b) = (group.hosts[first].trim(), group.hosts[i].trim());
+                let also = if a == b {
+                    String::new()
+                } else {
+                    format!(" (also as {b:?})")
+                };
+                return Err(format!("host {a:?} is listed twice{also}"));
+            }
+        }
+        for (i, id) in group.identities.iter().enumerate() {
+            if group.identities[..i].contains(id) {
+                return Err(format!("identity {id:?} is listed twice"));
+            }
+        }
+        Ok(rule)
+    }
+
     pub fn parse(group: &AccessGroupConfig) -> Result<GroupRule, String> {
         let hosts = group
             .hosts
@@ -208,5 +233,31 @@ mod tests {
             })
             .is_err()
         );
+    }
+
+    /// A host or identity listed twice is refused when a group is declared, and
+    /// read as it is from stored metadata (written before repeats were refused).
+    #[test]
+    fn repeats_are_refused_when_declared() {
+        let g = |hosts: &[&str], ids: &[&str]| AccessGroupConfig {
+            name: "g".into(),
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            identities: ids.iter().map(|i| i.to_string()).collect(),
+        };
+        let same = g(&["10.0.0.1", "10.0.0.2", "10.0.0.1/32"], &[]);
+        let err = GroupRule::parse_new(&same).unwrap_err();
+        assert!(
+            err.contains("\"10.0.0.1\"") && err.contains("twice"),
+            "{err}"
+        );
+        assert!(GroupRule::parse(&same).is_ok());
+        let ids = g(&["*"], &["backup", "backup"]);
+        assert!(
+            GroupRule::parse_new(&ids)
+                .unwrap_err()
+                .contains("\"backup\"")
+        );
+        // Overlapping is not repeating: a block and one of its hosts.
+        assert!(GroupRule::parse_new(&g(&["10.0.0.0/8", "10.0.0.1"], &[])).is_ok());
     }
 }

@@ -1051,6 +1051,8 @@ impl WeirConfig {
                 HostPattern::parse(h)
                     .map_err(|e| (at(&g.name), format!("access_groups[{i}].hosts: {e}")))?;
             }
+            crate::access::GroupRule::parse_new(g)
+                .map_err(|e| (at(&g.name), format!("access_groups[{i}]: {e}")))?;
             if !g.identities.is_empty() && self.tls_client_ca.is_none() {
                 return Err((
                     at(&g.name),
@@ -1789,6 +1791,14 @@ mod tests {
         let text = format!("{policy}\n{policy}");
         let e = WeirConfig::from_toml_str(&text, "w.toml").unwrap_err();
         assert!(e.message.contains("duplicate policy \"gold\""), "{e}");
+        assert_eq!(e.line, Some(2), "{e}");
+    }
+
+    #[test]
+    fn a_host_listed_twice_in_a_group_is_refused() {
+        let text = "[[access_groups]]\nname = \"g\"\nhosts = [\"10.0.0.1\", \"10.0.0.1/32\"]\n";
+        let e = WeirConfig::from_toml_str(text, "w.toml").unwrap_err();
+        assert!(e.message.contains("listed twice"), "{e}");
         assert_eq!(e.line, Some(2), "{e}");
     }
 

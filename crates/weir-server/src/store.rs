@@ -1115,7 +1115,7 @@ impl VolumeStore {
         group: AccessGroupConfig,
     ) -> Result<AccessGroupConfig, StoreError> {
         validate_name("access group", &group.name).map_err(StoreError::Invalid)?;
-        let rule = GroupRule::parse(&group).map_err(StoreError::Invalid)?;
+        let rule = GroupRule::parse_new(&group).map_err(StoreError::Invalid)?;
         let before = self.meta.access_groups.clone();
         self.meta.access_groups.retain(|g| g.name != group.name);
         self.meta.access_groups.push(group.clone());

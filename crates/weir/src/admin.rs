@@ -31,10 +31,8 @@ pub struct AdminTarget {
     /// Print JSON instead of tables (and no "server:" line on standard error)
     #[arg(long, global = true)]
     pub(crate) json: bool,
-    /// Answer yes to the confirmation of destructive commands (volume, policy and
-    /// access-group delete, delete-snapshot, rollback, takeover, break-lease);
-    /// without it they ask on a terminal and refuse otherwise
-    #[arg(long, short = 'y', global = true)]
+    /// Set from [`Confirm`] by the commands that have destructive subcommands.
+    #[arg(skip)]
     yes: bool,
     /// File holding the admin token (default: $WEIR_ADMIN_TOKEN, else the admin-token file of
     /// --data-dir)
@@ -53,6 +51,22 @@ impl AdminTarget {
     pub fn yes(&self) -> bool {
         self.yes
     }
+    /// The target with the answer of `--yes` (only `volume`, `policy` and
+    /// `access-group` take it: `top` and `pool` delete nothing).
+    pub fn confirmed(mut self, confirm: Confirm) -> AdminTarget {
+        self.yes = confirm.yes;
+        self
+    }
+}
+
+/// `--yes`, for the commands with destructive subcommands.
+#[derive(clap::Args)]
+pub struct Confirm {
+    /// Answer yes to the confirmation of destructive commands (volume, policy and
+    /// access-group delete, delete-snapshot, rollback, takeover, break-lease);
+    /// without it they ask on a terminal and refuse otherwise
+    #[arg(long, short = 'y', global = true)]
+    yes: bool,
 }
 
 /// A client of the endpoint `--admin` names, with the token from

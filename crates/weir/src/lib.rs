@@ -93,6 +93,8 @@ enum Command {
     Volume {
         #[command(flatten)]
         target: admin::AdminTarget,
+        #[command(flatten)]
+        confirm: admin::Confirm,
         #[command(subcommand)]
         command: admin::VolumeCommand,
     },
@@ -107,6 +109,8 @@ enum Command {
     Policy {
         #[command(flatten)]
         target: admin::AdminTarget,
+        #[command(flatten)]
+        confirm: admin::Confirm,
         #[command(subcommand)]
         command: admin::PolicyCommand,
     },
@@ -114,6 +118,8 @@ enum Command {
     AccessGroup {
         #[command(flatten)]
         target: admin::AdminTarget,
+        #[command(flatten)]
+        confirm: admin::Confirm,
         #[command(subcommand)]
         command: groups::AccessGroupCommand,
     },
@@ -195,9 +201,21 @@ pub fn main() -> ExitCode {
             Ok(true) => Ok(()),
             Err(e) => Err(e),
         },
-        Command::Volume { target, command } => admin::volume(target, command),
-        Command::Policy { target, command } => admin::policy(target, command),
-        Command::AccessGroup { target, command } => groups::run(target, command),
+        Command::Volume {
+            target,
+            confirm,
+            command,
+        } => admin::volume(target.confirmed(confirm), command),
+        Command::Policy {
+            target,
+            confirm,
+            command,
+        } => admin::policy(target.confirmed(confirm), command),
+        Command::AccessGroup {
+            target,
+            confirm,
+            command,
+        } => groups::run(target.confirmed(confirm), command),
         Command::Pool { target, command } => pools::run(target, command),
         Command::Completions(args) => ops::completions(args),
         Command::Man(args) => ops::man(args),
@@ -239,6 +257,23 @@ mod tests {
         let mut missing = Vec::new();
         walk(&super::command(), "", &mut missing);
         assert!(missing.is_empty(), "no help for: {missing:#?}");
+    }
+
+    /// `--yes` answers a confirmation, so only the commands with destructive
+    /// subcommands take it (`weir top --help` listed it once).
+    #[test]
+    fn only_commands_that_delete_take_yes() {
+        let root = super::command();
+        let takes_yes = |name: &str| {
+            let cmd = root.find_subcommand(name).expect(name);
+            cmd.get_arguments().any(|a| a.get_long() == Some("yes"))
+        };
+        for name in ["volume", "policy", "access-group"] {
+            assert!(takes_yes(name), "{name} lacks --yes");
+        }
+        for name in ["top", "pool", "sim", "load", "serve"] {
+            assert!(!takes_yes(name), "{name} lists --yes");
+        }
     }
 
     #[test]
