@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, OwnedMutexGuard, mpsc};
 use tokio::task::JoinHandle;
 use weir_nbd::consts::{FLAG_READ_ONLY, FLAG_SEND_FLUSH, FLAG_SEND_WRITE_ZEROES};
-use weir_nbd::{ClientConfig, ClientExport, Completion};
+use weir_nbd::{ClientConfig, ClientExport, Completion, ReplyData};
 use weir_thin::{Entry, GrainCache, Layer};
 
 use crate::nbd_client::NbdClient;
@@ -945,7 +945,7 @@ async fn cycle(
         ..
     } = plan;
     if full && !resumed && !rec.target_checked && rec.last.is_none() {
-        check_target_holds_no_data(&mut client, &target, size).await?;
+        check_target_holds_no_data(&mut client, &export, &target, size).await?;
         let v = volume.clone();
         with_store(state, guard, move |s| s.replication_target_checked(&v)).await?;
     }
@@ -1036,37 +1036,115 @@ async fn cycle(
 /// Before a replication's first full copy: refuses a target that holds data
 /// (a mistyped URL must not zero somebody's disk). Reads its first and last MiB
 /// (partition tables, file system and LVM labels live there) and 64 KiB at 62
-/// points between: about 5 MiB whatever the size, so data elsewhere only can
-/// be missed.
+/// points between (about 5 MiB whatever the size); then, where the target
+/// says which of its extents may hold data (`base:allocation`), the first
+/// 64 KiB of each of those, up to [`EXTENT_CHECK_BYTES`]. Data that is both
+/// away from the samples and in an extent the target reports as zero, or past
+/// the budget, can still be missed.
 async fn check_target_holds_no_data(
     client: &mut NbdClient,
+    export: &ClientExport,
     target: &NbdUrl,
     size: u64,
 ) -> Result<(), String> {
-    const PIECE: u64 = 64 << 10;
     let mut ranges: Vec<(u64, u64)> = vec![(0, 1 << 20), (size.saturating_sub(1 << 20), 1 << 20)];
-    ranges.extend((1..=62).map(|k| (size / 63 * k / PIECE * PIECE, PIECE)));
+    ranges.extend((1..=62).map(|k| (size / 63 * k / PROBE_PIECE * PROBE_PIECE, PROBE_PIECE)));
     for (start, length) in ranges {
-        let end = (start + length).min(size);
-        let mut at = start;
-        while at < end {
-            let n = (end - at).min(PIECE) as u32;
-            let data = client
-                .read(at, n)
-                .await
-                .map_err(|e| format!("target {target}: {e:#}"))?
-                .map_err(|e| format!("target {target}: reading it before the first copy: {e}"))?;
-            if let Some(i) = data.iter().position(|&b| b != 0) {
-                return Err(format!(
-                    "target {target} holds data (a non-zero byte at offset {}): the first \
-                     replication would write over all of it. If that is intended, say so: \
-                     weir volume replicate VOLUME --to {target} --overwrite, or overwrite = true \
-                     in [[replications]]",
-                    at + i as u64
-                ));
-            }
-            at += u64::from(n);
+        read_zeros(client, target, start, (start + length).min(size)).await?;
+    }
+    check_allocated_extents(client, export, target, size).await
+}
+
+/// The target's reads are this long while it is probed.
+const PROBE_PIECE: u64 = 64 << 10;
+/// What the extent walk reads at most: 1,024 data extents' first 64 KiB.
+const EXTENT_CHECK_BYTES: u64 = 64 << 20;
+/// BLOCK_STATUS requests the walk makes at most (a server may answer each with
+/// one short extent).
+const EXTENT_CHECK_REQUESTS: u32 = 100_000;
+
+/// Reads `start..end` of the target; a non-zero byte refuses it.
+async fn read_zeros(
+    client: &mut NbdClient,
+    target: &NbdUrl,
+    start: u64,
+    end: u64,
+) -> Result<(), String> {
+    let mut at = start;
+    while at < end {
+        let n = (end - at).min(PROBE_PIECE) as u32;
+        let data = client
+            .read(at, n)
+            .await
+            .map_err(|e| format!("target {target}: {e:#}"))?
+            .map_err(|e| format!("target {target}: reading it before the first copy: {e}"))?;
+        if let Some(i) = data.iter().position(|&b| b != 0) {
+            return Err(format!(
+                "target {target} holds data (a non-zero byte at offset {}): the first \
+                 replication would write over all of it. If that is intended, say so: \
+                 weir volume replicate VOLUME --to {target} --overwrite, or overwrite = true \
+                 in [[replications]]",
+                at + i as u64
+            ));
         }
+        at += u64::from(n);
+    }
+    Ok(())
+}
+
+/// Walks the target's `base:allocation` extents and reads the start of each
+/// that is not reported as reading zeros. A target without the context (or
+/// without structured replies) is left to the samples.
+async fn check_allocated_extents(
+    client: &mut NbdClient,
+    export: &ClientExport,
+    target: &NbdUrl,
+    size: u64,
+) -> Result<(), String> {
+    let Some(context) = export
+        .meta_contexts
+        .iter()
+        .find(|(_, name)| name == weir_nbd::consts::BASE_ALLOCATION)
+        .map(|(id, _)| *id)
+    else {
+        return Ok(());
+    };
+    let (mut at, mut budget, mut requests) = (0u64, EXTENT_CHECK_BYTES, 0u32);
+    while at < size && budget > 0 && requests < EXTENT_CHECK_REQUESTS {
+        requests += 1;
+        let h = client
+            .session()
+            .block_status(at, (size - at).min(1 << 30) as u32, false);
+        let extents = match client.wait(h).await {
+            Ok(Ok(ReplyData::BlockStatus(lists))) => lists
+                .into_iter()
+                .find(|(id, _)| *id == context)
+                .map(|(_, e)| e)
+                .unwrap_or_default(),
+            // Not answered: the samples stand.
+            Ok(_) | Err(_) => break,
+        };
+        if extents.is_empty() {
+            break;
+        }
+        for e in extents {
+            let end = (at + u64::from(e.length)).min(size);
+            if e.flags & weir_nbd::consts::STATE_ZERO == 0 && budget > 0 {
+                let n = (end - at).min(PROBE_PIECE).min(budget);
+                read_zeros(client, target, at, at + n).await?;
+                budget -= n;
+            }
+            at = end;
+            if at >= size {
+                break;
+            }
+        }
+    }
+    if at < size {
+        tracing::info!(
+            "target {target}: extents checked for data up to offset {at} of {size} (the rest \
+             by samples only)"
+        );
     }
     Ok(())
 }
@@ -1079,8 +1157,12 @@ fn plan_snapshot_name(export: &str) -> String {
         .to_string()
 }
 
-/// Connects to the target (each address its host resolves to, in turn).
+/// Connects to the target (each address its host resolves to, in turn), asking
+/// for structured replies and `base:allocation` (the check before a first copy
+/// walks the extents; one connection, as a target may take only one: qemu-nbd's
+/// default).
 async fn connect(url: &NbdUrl) -> Result<(NbdClient, ClientExport), String> {
+    let config = ClientConfig::go(url.export.clone());
     let addrs: Vec<std::net::SocketAddr> = tokio::time::timeout(
         CONNECT_TIMEOUT,
         tokio::net::lookup_host((url.host.as_str(), url.port)),
@@ -1091,12 +1173,7 @@ async fn connect(url: &NbdUrl) -> Result<(NbdClient, ClientExport), String> {
     .collect();
     let mut last = format!("{} resolves to no address", url.host);
     for a in addrs {
-        let config = ClientConfig {
-            structured_replies: false,
-            meta_contexts: vec![],
-            ..ClientConfig::go(url.export.clone())
-        };
-        match tokio::time::timeout(CONNECT_TIMEOUT, NbdClient::connect(a, config)).await {
+        match tokio::time::timeout(CONNECT_TIMEOUT, NbdClient::connect(a, config.clone())).await {
             Ok(Ok(c)) => return Ok(c),
             Ok(Err(e)) => last = format!("{e:#}"),
             Err(_) => last = format!("connecting to {a}: timed out"),
