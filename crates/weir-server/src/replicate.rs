@@ -922,16 +922,7 @@ async fn cycle(
     };
     let snapshot = plan.snapshot.export_name();
     let size = plan.snapshot.size_bytes;
-    if export.transmission_flags & FLAG_READ_ONLY != 0 {
-        return Err(format!("target {target} is read-only"));
-    }
-    if export.size_bytes < size {
-        return Err(format!(
-            "target {target} is {} bytes, smaller than volume {volume:?} ({size} bytes): \
-             grow the target's export to at least the volume's size",
-            export.size_bytes
-        ));
-    }
+    check_export(&export, &target, &volume, size)?;
     let grain = plan
         .chain
         .first()
@@ -994,30 +985,10 @@ async fn cycle(
         .map_err(|e| format!("reading the snapshot failed: {e}"))?;
     let stats = shipped?;
     read?;
-    if opts.flush {
-        client
-            .flush()
-            .await
-            .map_err(|e| format!("target {target}: {e:#}"))?
-            .map_err(|e| format!("target {target} failed the final FLUSH: {e}"))?;
-    } else {
-        tracing::warn!("target {target} does not accept FLUSH: durability is up to it");
-    }
+    final_flush(&mut client, &target, opts.flush).await?;
     let _ = client.disconnect().await;
     let seconds = started.elapsed().as_secs_f64();
-    {
-        let (v, name) = (volume.clone(), plan_snapshot_name(&snapshot));
-        with_store(state, guard, move |s| s.replication_finish(&v, &name)).await?;
-    }
-    let merge_seconds = {
-        let (state2, v) = (state.clone(), volume.clone());
-        blocking(guard, move || collapse_all(&state2, &v))
-            .await
-            .unwrap_or_else(|e| {
-                tracing::warn!("volume {volume:?}: merging the released snapshot: {e}");
-                0.0
-            })
-    };
+    let merge_seconds = record_finish(state, guard, &volume, &snapshot).await?;
     Ok(CycleReport {
         number,
         snapshot,
@@ -1031,6 +1002,58 @@ async fn cycle(
         merge_seconds,
         finished_unix_ms: now_unix_ms(),
     })
+}
+
+/// A target the copy can go to: writable and at least the snapshot's size.
+fn check_export(
+    export: &ClientExport,
+    target: &NbdUrl,
+    volume: &str,
+    size: u64,
+) -> Result<(), String> {
+    if export.transmission_flags & FLAG_READ_ONLY != 0 {
+        return Err(format!("target {target} is read-only"));
+    }
+    if export.size_bytes < size {
+        return Err(format!(
+            "target {target} is {} bytes, smaller than volume {volume:?} ({size} bytes): \
+             grow the target's export to at least the volume's size",
+            export.size_bytes
+        ));
+    }
+    Ok(())
+}
+
+/// The FLUSH that makes the cycle durable on the target, where it takes one.
+async fn final_flush(client: &mut NbdClient, target: &NbdUrl, flush: bool) -> Result<(), String> {
+    if !flush {
+        tracing::warn!("target {target} does not accept FLUSH: durability is up to it");
+        return Ok(());
+    }
+    client
+        .flush()
+        .await
+        .map_err(|e| format!("target {target}: {e:#}"))?
+        .map_err(|e| format!("target {target} failed the final FLUSH: {e}"))
+}
+
+/// Records the cycle's snapshot as replicated and merges the one it replaces
+/// (the merge's seconds; its failure is only a warning).
+async fn record_finish(
+    state: &Arc<ServerState>,
+    guard: &Arc<OwnedMutexGuard<()>>,
+    volume: &str,
+    snapshot: &str,
+) -> Result<f64, String> {
+    let (v, name) = (volume.to_string(), plan_snapshot_name(snapshot));
+    with_store(state, guard, move |s| s.replication_finish(&v, &name)).await?;
+    let (state2, v) = (state.clone(), volume.to_string());
+    Ok(blocking(guard, move || collapse_all(&state2, &v))
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!("volume {volume:?}: merging the released snapshot: {e}");
+            0.0
+        }))
 }
 
 /// Before a replication's first full copy: refuses a target that holds data
