@@ -857,30 +857,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 warn_overcommit(&client, &v.pool).await;
                 show_volume(target.json, v)
             }
-            VolumeCommand::Delete { name } => {
-                let v = client.show_volume(&name).await.map_err(explain)?;
-                confirm(
-                    target.yes,
-                    &format!(
-                        "Delete volume {:?} ({}, pool {}) and all its data on {}?",
-                        v.name,
-                        human_size(v.size_bytes),
-                        v.pool,
-                        endpoint.url
-                    ),
-                )?;
-                let v = client.delete_volume(&name).await.map_err(explain)?;
-                let group = drop_implicit_group(&client, &v).await;
-                if target.json {
-                    print_json(&v)
-                } else {
-                    match group {
-                        Some(g) => outln!("deleted volume {} and its access group {g}", v.name),
-                        None => outln!("deleted volume {}", v.name),
-                    }
-                    Ok(())
-                }
-            }
+            VolumeCommand::Delete { name } => delete(&client, &endpoint, &target, &name).await,
             VolumeCommand::Snapshot { volume, snapshot } => {
                 let s = client.snapshot(&volume, &snapshot).await.map_err(explain)?;
                 show_snapshots(target.json, &[s])
@@ -890,31 +867,10 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                 show_snapshots(target.json, &s)
             }
             VolumeCommand::DeleteSnapshot { volume, snapshot } => {
-                confirm(
-                    target.yes,
-                    &format!("Delete snapshot {volume}@{snapshot} on {}?", endpoint.url),
-                )?;
-                let s = client
-                    .delete_snapshot(&volume, &snapshot)
-                    .await
-                    .map_err(explain)?;
-                if target.json {
-                    print_json(&s)
-                } else {
-                    outln!("deleted snapshot {}", s.export_name());
-                    Ok(())
-                }
+                delete_snapshot(&client, &endpoint, &target, &volume, &snapshot).await
             }
             VolumeCommand::Rollback { volume, snapshot } => {
-                confirm(
-                    target.yes,
-                    &format!(
-                        "Return volume {volume:?} to snapshot {snapshot:?} on {}? Writes since the snapshot are lost.",
-                        endpoint.url
-                    ),
-                )?;
-                let v = client.rollback(&volume, &snapshot).await.map_err(explain)?;
-                show_volume(target.json, v)
+                rollback(&client, &endpoint, &target, &volume, &snapshot).await
             }
             VolumeCommand::Clone {
                 source,
@@ -932,19 +888,7 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
             VolumeCommand::BreakLease { volume } => {
                 break_lease(&client, &endpoint, &target, &volume).await
             }
-            VolumeCommand::Check => {
-                let pools = client.check().await.map_err(explain)?;
-                let bad = pools.iter().any(|p| !p.problems.is_empty());
-                if target.json {
-                    print_json(&pools)?;
-                } else {
-                    print_check(&pools);
-                }
-                if bad {
-                    bail!("thin pool check found problems");
-                }
-                Ok(())
-            }
+            VolumeCommand::Check => check(&client, target.json).await,
             VolumeCommand::Replicate {
                 name,
                 to,
@@ -973,7 +917,10 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
                     cache: Some(cache),
                     ..Default::default()
                 };
-                let v = client.update_volume(&name, &change).await.map_err(explain)?;
+                let v = client
+                    .update_volume(&name, &change)
+                    .await
+                    .map_err(explain)?;
                 show_volume(target.json, v)
             }
             VolumeCommand::SetPolicy { name, policy } => {
@@ -996,6 +943,93 @@ pub fn volume(target: AdminTarget, command: VolumeCommand) -> Result<()> {
             } => stats(&client, target.json, &name, interval, count).await,
         }
     })
+}
+
+/// `weir volume delete`: asks (naming its size and pool), deletes it and the
+/// access group `create --hosts` made for it.
+async fn delete(
+    client: &Client,
+    endpoint: &AdminEndpoint,
+    target: &AdminTarget,
+    name: &str,
+) -> Result<()> {
+    let v = client.show_volume(name).await.map_err(explain)?;
+    confirm(
+        target.yes,
+        &format!(
+            "Delete volume {:?} ({}, pool {}) and all its data on {}?",
+            v.name,
+            human_size(v.size_bytes),
+            v.pool,
+            endpoint.url
+        ),
+    )?;
+    let v = client.delete_volume(name).await.map_err(explain)?;
+    let group = drop_implicit_group(client, &v).await;
+    if target.json {
+        return print_json(&v);
+    }
+    match group {
+        Some(g) => outln!("deleted volume {} and its access group {g}", v.name),
+        None => outln!("deleted volume {}", v.name),
+    }
+    Ok(())
+}
+
+/// `weir volume delete-snapshot`, after asking.
+async fn delete_snapshot(
+    client: &Client,
+    endpoint: &AdminEndpoint,
+    target: &AdminTarget,
+    volume: &str,
+    snapshot: &str,
+) -> Result<()> {
+    confirm(
+        target.yes,
+        &format!("Delete snapshot {volume}@{snapshot} on {}?", endpoint.url),
+    )?;
+    let s = client
+        .delete_snapshot(volume, snapshot)
+        .await
+        .map_err(explain)?;
+    if target.json {
+        return print_json(&s);
+    }
+    outln!("deleted snapshot {}", s.export_name());
+    Ok(())
+}
+
+/// `weir volume rollback`, after asking.
+async fn rollback(
+    client: &Client,
+    endpoint: &AdminEndpoint,
+    target: &AdminTarget,
+    volume: &str,
+    snapshot: &str,
+) -> Result<()> {
+    confirm(
+        target.yes,
+        &format!(
+            "Return volume {volume:?} to snapshot {snapshot:?} on {}? Writes since the snapshot are lost.",
+            endpoint.url
+        ),
+    )?;
+    let v = client.rollback(volume, snapshot).await.map_err(explain)?;
+    show_volume(target.json, v)
+}
+
+/// `weir volume check`: fails when any pool has problems.
+async fn check(client: &Client, json: bool) -> Result<()> {
+    let pools = client.check().await.map_err(explain)?;
+    if json {
+        print_json(&pools)?;
+    } else {
+        print_check(&pools);
+    }
+    if pools.iter().any(|p| !p.problems.is_empty()) {
+        bail!("thin pool check found problems");
+    }
+    Ok(())
 }
 
 /// `volume stats`: since start, or the rates over each `interval` seconds,
