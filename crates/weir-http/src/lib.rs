@@ -125,6 +125,18 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
 /// What answers requests.
 pub type Handler = Arc<dyn Fn(Request) -> Response + Send + Sync>;
 
+/// Looks at a request before its body is read (`body` empty): `Some` answers it
+/// at once, the body unread (an unauthenticated client's 2 MiB is never taken
+/// in, nor a `100 Continue` sent), and the connection closes after the answer.
+pub type HeadCheck = Arc<dyn Fn(&Request) -> Option<Response> + Send + Sync>;
+
+/// The head check (if any) and the handler of one listener.
+#[derive(Clone)]
+struct Handlers {
+    head: Option<HeadCheck>,
+    answer: Handler,
+}
+
 /// Serves HTTP/1.1 on `listener` in a new task until `shutdown` completes, then
 /// stops accepting, lets the requests in progress finish (at most
 /// [`SHUTDOWN_GRACE`]) and ends the task.
@@ -134,12 +146,31 @@ pub fn spawn(
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     limits: Limits,
 ) -> JoinHandle<()> {
-    tokio::spawn(serve(listener, handler, shutdown, limits))
+    let handlers = Handlers {
+        head: None,
+        answer: handler,
+    };
+    tokio::spawn(serve(listener, handlers, shutdown, limits))
+}
+
+/// [`spawn`], with `head` asked first about every request (see [`HeadCheck`]).
+pub fn spawn_checked(
+    listener: TcpListener,
+    head: HeadCheck,
+    handler: Handler,
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    limits: Limits,
+) -> JoinHandle<()> {
+    let handlers = Handlers {
+        head: Some(head),
+        answer: handler,
+    };
+    tokio::spawn(serve(listener, handlers, shutdown, limits))
 }
 
 async fn serve(
     listener: TcpListener,
-    handler: Handler,
+    handler: Handlers,
     mut shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     limits: Limits,
 ) {
@@ -261,7 +292,7 @@ impl Warnings {
 
 async fn connection(
     stream: TcpStream,
-    handler: Handler,
+    handler: Handlers,
     mut stopped: watch::Receiver<bool>,
     limits: Limits,
     _slot: Slot,
@@ -370,12 +401,31 @@ impl AsyncWrite for StallGuard {
 type HttpResponse = hyper::Response<Full<Bytes>>;
 
 async fn answer(
-    handler: Handler,
+    handler: Handlers,
     request: hyper::Request<Incoming>,
     body_timeout: Duration,
 ) -> Result<HttpResponse, Infallible> {
     let (parts, body) = request.into_parts();
-    let body = match tokio::time::timeout(
+    let mut request = Request {
+        method: parts.method.as_str().to_string(),
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().unwrap_or_default().to_string(),
+        headers: parts
+            .headers
+            .iter()
+            .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect(),
+        body: Vec::new(),
+    };
+    if let Some(r) = handler.head.as_ref().and_then(|check| check(&request)) {
+        let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = with_headers(status, r.content_type, r.body);
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Ok(response);
+    }
+    request.body = match tokio::time::timeout(
         body_timeout,
         Limited::new(body, MAX_BODY_BYTES).collect(),
     )
@@ -397,19 +447,9 @@ async fn answer(
             return Ok(plain(StatusCode::REQUEST_TIMEOUT, why));
         }
     };
-    let request = Request {
-        method: parts.method.as_str().to_string(),
-        path: parts.uri.path().to_string(),
-        query: parts.uri.query().unwrap_or_default().to_string(),
-        headers: parts
-            .headers
-            .iter()
-            .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
-            .collect(),
-        body,
-    };
+    let answer = handler.answer;
     Ok(
-        match tokio::task::spawn_blocking(move || handler(request)).await {
+        match tokio::task::spawn_blocking(move || answer(request)).await {
             Ok(r) => {
                 let status =
                     StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -272,8 +272,13 @@ pub fn spawn(
     let guard = state.admin_guard.clone();
     let admin_connections = state.admin_connections;
     let admin_per_host = state.admin_connections_per_host;
-    weir_http::spawn(
+    let early = guard.clone();
+    weir_http::spawn_checked(
         listener,
+        Arc::new(move |request| match crate::dashboard::asset(request) {
+            Some(_) if early.host_ok(request) => None,
+            _ => early.refuse_early(request),
+        }),
         Arc::new(move |request| match crate::dashboard::asset(&request) {
             Some(page) if guard.host_ok(&request) => page,
             _ => guard.serve(&request, |r| handle(&state, r)),

@@ -5,12 +5,16 @@
 //!   `admin_hosts`. A web page that re-points its own DNS name at this machine
 //!   (DNS rebinding) sends its own name and is refused (403).
 //! - **Origin**: when present (browsers send it), it must be the same origin,
-//!   `http://<Host>`; a page on another origin is refused (403).
+//!   `http://<Host>` or `https://<Host>` (behind a TLS proxy); a page on
+//!   another origin is refused (403).
 //! - **Token**: `Authorization: Bearer <token>`, compared in constant time (401
 //!   without it). The token is made at first start — 32 random bytes, hex —
 //!   in `<data_dir>/admin-token`, mode 0600, where the CLI finds it.
 //! - **Content type**: a request with a body, and every POST, PUT and PATCH,
 //!   must say `Content-Type: application/json` (415): an HTML form cannot.
+//!
+//! The checks run on a request's head, before its body is read
+//! ([`AdminGuard::refuse_early`]): a refused client sends no body we take in.
 //!
 //! Error answers never carry absolute paths: the data directory becomes
 //! `<data_dir>`, and in server errors (500: I/O) any other absolute path
@@ -59,6 +63,19 @@ impl AdminGuard {
             Ok(()) => route(request),
             Err((status, message)) => error(status, &message),
         };
+        self.scrubbed(response)
+    }
+
+    /// The answer to a request refused on its head alone (Host, Origin, token,
+    /// content type), before its body is read; `None`: read the body and
+    /// [`AdminGuard::serve`] it.
+    pub fn refuse_early(&self, request: &Request) -> Option<Response> {
+        let (status, message) = self.check(request).err()?;
+        Some(self.scrubbed(error(status, &message)))
+    }
+
+    /// An error answer without absolute paths (a success as it is).
+    fn scrubbed(&self, response: Response) -> Response {
         if response.status < 400 || response.content_type != JSON {
             return response;
         }
@@ -77,7 +94,12 @@ impl AdminGuard {
         if scrubbed == body.error {
             return response;
         }
-        tracing::warn!(status = response.status, "admin API error: {}", body.error);
+        // The full text of a server error is the operator's; a client error
+        // echoes the client's input (a Host or Origin naming the data
+        // directory), which must not fill the log.
+        if response.status >= 500 {
+            tracing::warn!(status = response.status, "admin API error: {}", body.error);
+        }
         error(response.status, &scrubbed)
     }
 
@@ -91,16 +113,23 @@ impl AdminGuard {
             return Err((
                 403,
                 format!(
-                    "Host {host:?} is not this server's (use its address, localhost, or a name listed in admin_hosts)"
+                    "Host {:?} is not this server's (use its address, localhost, or a name listed in admin_hosts)",
+                    clip(host)
                 ),
             ));
         }
         if let Some(origin) = request.header("origin") {
+            // `https://` too: the dashboard behind a TLS-terminating proxy
+            // that passes the Host on.
             let same = origin
                 .strip_prefix("http://")
+                .or_else(|| origin.strip_prefix("https://"))
                 .is_some_and(|o| o.eq_ignore_ascii_case(host));
             if !same {
-                return Err((403, format!("cross-origin request from {origin:?} refused")));
+                return Err((
+                    403,
+                    format!("cross-origin request from {:?} refused", clip(origin)),
+                ));
             }
         }
         let presented = request
@@ -168,6 +197,16 @@ fn host_name(host: &str) -> &str {
     match host.rsplit_once(':') {
         Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
         _ => host,
+    }
+}
+
+/// A client's header value as an error message quotes it: at most 100
+/// characters (a header may be 64 KiB).
+fn clip(value: &str) -> String {
+    const MAX: usize = 100;
+    match value.char_indices().nth(MAX) {
+        Some((end, _)) => format!("{}…", &value[..end]),
+        None => value.to_string(),
     }
 }
 

@@ -1006,10 +1006,13 @@ impl Acceptor {
     }
 }
 
-/// SIGINT and SIGTERM, caught from the moment this returns.
+/// SIGINT, SIGTERM and SIGHUP, caught from the moment this returns. SIGHUP
+/// (a closed terminal or ssh session; weir has no configuration reload) stops
+/// the server cleanly too, instead of killing it without a sync.
 pub struct StopSignals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
 }
 
 impl StopSignals {
@@ -1022,23 +1025,26 @@ impl StopSignals {
         Ok(StopSignals {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
         })
     }
 
-    /// Waits for either signal (returns at once if one came since `install`).
-    pub async fn recv(&mut self) {
+    /// Waits for any of the signals (returns at once if one came since
+    /// `install`); its name.
+    pub async fn recv(&mut self) -> &'static str {
         tokio::select! {
-            _ = self.interrupt.recv() => {}
-            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.hangup.recv() => "SIGHUP (weir has no configuration reload: it stops)",
         }
     }
 }
 
-/// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.
+/// Runs the server until SIGINT, SIGTERM or SIGHUP, then shuts down gracefully.
 pub async fn serve(config: WeirConfig) -> anyhow::Result<()> {
     let mut signals = StopSignals::install()?;
     let server = RunningServer::start(config).await?;
-    signals.recv().await;
-    tracing::info!("signal received, shutting down");
+    let signal = signals.recv().await;
+    tracing::info!("{signal} received, shutting down");
     server.shutdown().await
 }

@@ -514,6 +514,46 @@ async fn admin_api_refuses_no_token_foreign_origin_foreign_host_and_non_json() {
     )
     .await;
     assert_eq!(status, 201, "{body}");
+    // Behind a TLS-terminating proxy that passes the Host on, the page's origin
+    // is https://HOST: the same origin.
+    let (status, body) = raw_http(
+        addr,
+        &format!("GET /v1/volumes HTTP/1.1\r\n{host}\r\n{auth}\r\nOrigin: https://{addr}"),
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // A refused header is quoted clipped (it may be 64 KiB).
+    let (status, body) = raw_http(
+        addr,
+        &format!(
+            "GET /v1/volumes HTTP/1.1\r\n{host}\r\n{auth}\r\nOrigin: http://{}",
+            "A".repeat(50_000)
+        ),
+        "",
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.len() < 300, "{} bytes", body.len());
+    // A client without the token is answered on its head: its body is never
+    // waited for (nor a 100 Continue sent), and the connection closes.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /v1/volumes HTTP/1.1\r\n{host}\r\nContent-Type: application/json\r\n\
+             Expect: 100-continue\r\nContent-Length: 2000000\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut out))
+            .await
+            .expect("not answered before its body")
+            .unwrap();
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+        assert!(!text.contains("100 Continue"), "{text}");
+    }
     // A misspelt or unknown field is refused (422), not ignored: `readonly` for
     // `read_only` once created a writable volume and changed nothing on PATCH.
     let json = format!("{host}\r\n{auth}\r\nContent-Type: application/json");

@@ -141,9 +141,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if let Err(e) = weir_server::systemd::notify(&status) {
             tracing::warn!("sd_notify READY: {e}");
         }
-        signals.recv().await;
+        let signal = signals.recv().await;
         let _ = weir_server::systemd::notify("STOPPING=1");
-        errln!("stopping: finishing in-flight requests, syncing data…");
+        errln!("{signal}: stopping: finishing in-flight requests, syncing data…");
         weir_server::shutdown_boxed(server).await
     })
 }

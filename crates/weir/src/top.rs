@@ -344,15 +344,16 @@ fn summary(view: &View, live: &LiveStats) -> Vec<Line<'static>> {
         .iter()
         .filter(|v| meets(v) == Some(true))
         .count();
-    // `max`: no "-0" from a sum of negative zeros (a server's first second).
-    let iops: f64 = (live.volumes.iter())
-        .map(|v| f64::from(v.sample.iops))
-        .sum::<f64>()
-        .max(0.0);
-    let mbps: f64 = (live.volumes.iter())
-        .map(|v| f64::from(v.sample.mbps))
-        .sum::<f64>()
-        .max(0.0);
+    let iops = positive_zero(
+        (live.volumes.iter())
+            .map(|v| f64::from(v.sample.iops))
+            .sum(),
+    );
+    let mbps = positive_zero(
+        (live.volumes.iter())
+            .map(|v| f64::from(v.sample.mbps))
+            .sum(),
+    );
     let time = if live.time == 0 {
         "-".into()
     } else {
@@ -512,7 +513,28 @@ fn rows_of(view: &View, live: &LiveStats) -> (Vec<&'static str>, Vec<RowData>) {
         Mode::Policies => policy_rows(live),
     };
     sort_rows(&mut rows, view.sort, view.descending);
+    for row in &mut rows {
+        for cell in &mut row.cells {
+            if cell.chars().any(char::is_control) {
+                *cell = printable(cell);
+            }
+        }
+    }
     (header, rows)
+}
+
+/// `text` with control characters (a hostile server's terminal escapes) shown
+/// as U+FFFD.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '\u{FFFD}' } else { c })
+        .collect()
+}
+
+/// `x`, with a negative zero (what an empty or all-zero `f64` sum gives, which
+/// `max(0.0)` may keep) made positive: "-0 IOPS" is not a figure.
+fn positive_zero(x: f64) -> f64 {
+    if x == 0.0 { 0.0 } else { x }
 }
 
 fn batch(
@@ -674,6 +696,26 @@ mod tests {
             row_of(&l, "idle") < row_of(&l, "vdi-0002")
                 && row_of(&l, "sql") < row_of(&l, "vdi-0001")
         );
+    }
+
+    /// No server's answer reaches the terminal as an escape sequence, and no
+    /// volumes make 0 IOPS, not "-0".
+    #[test]
+    fn hostile_names_are_shown_not_obeyed_and_zero_is_positive() {
+        let mut live = snapshot();
+        live.volumes[0].name = "\x1b[2J\x1b]0;title\x07".into();
+        live.volumes[0].pool = "p\nq".into();
+        let text = batch_text(&view(Mode::Volumes, SortKey::Iops), &live);
+        assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text:?}");
+        assert!(text.contains("\u{FFFD}[2J"), "{text:?}");
+        assert!(text.contains("p\u{FFFD}q"), "{text:?}");
+        let none = LiveStats {
+            volumes: Vec::new(),
+            ..snapshot()
+        };
+        let text = batch_text(&view(Mode::Volumes, SortKey::Iops), &none);
+        assert!(text.contains(" 0 IOPS  0.0 MB/s"), "{text}");
+        assert!(!text.contains("-0"), "{text}");
     }
 
     /// A narrow terminal leaves columns out and shortens names, never a figure
