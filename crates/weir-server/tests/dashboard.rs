@@ -316,8 +316,8 @@ async fn dashboard_in_a_headless_browser() {
     let page = format!("http://{}/", server.admin_addr());
     let token = server.admin_token().to_string();
     let browser = std::sync::Arc::new(browser);
-    let b = browser.clone();
-    tokio::task::spawn_blocking(move || sign_in_and_watch_live_charts(&b, &page, &token))
+    let (b, t) = (browser.clone(), token.clone());
+    tokio::task::spawn_blocking(move || sign_in_and_watch_live_charts(&b, &page, &t))
         .await
         .unwrap();
 
@@ -353,6 +353,10 @@ async fn dashboard_in_a_headless_browser() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    let (b, t) = (browser.clone(), token.clone());
+    tokio::task::spawn_blocking(move || the_page_keeps_its_footing(&b, &t))
+        .await
+        .unwrap();
     let b = browser.clone();
     tokio::task::spawn_blocking(move || {
         b.goto(&format!(
@@ -400,6 +404,55 @@ fn sign_in_and_watch_live_charts(b: &Browser, page: &str, token: &str) {
         "const c = window.weirCharts; return c.length === 6 && c[0].data[1].filter(x => x > 0).length >= 2 && c[2].data[2].some(x => x > 0)",
     );
     b.screenshot("volume-live.png");
+}
+
+/// Session 30's review of the page: an action's error stays readable through
+/// the refreshes; a view left while its answer was on the way leaves nothing
+/// behind; a malformed address shows the volume list; a `#token=` address
+/// signs nobody in.
+fn the_page_keeps_its_footing(b: &Browser, token: &str) {
+    let origin = b.eval("return location.origin + '/'");
+    let page = origin.as_str().unwrap();
+    b.goto(&format!("{page}#volumes"));
+    b.wait_for(
+        "the create form",
+        "return !!document.querySelector('#create-volume')",
+    );
+    b.type_into("#create-volume input[name=name]", "bad name!");
+    b.click("#create-volume button[type=submit]");
+    std::thread::sleep(Duration::from_millis(2500));
+    let status = b.eval("return document.getElementById('status').textContent");
+    assert!(
+        status.as_str().unwrap().contains("create bad name!:"),
+        "the error was replaced: {status}"
+    );
+    b.eval("location.hash = 'hosts'; setTimeout(() => { location.hash = 'groups'; }, 0); return 0");
+    b.wait_for(
+        "the access groups",
+        "return !!document.querySelector('#groups-table')",
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let stale = b.eval("return document.querySelectorAll('#hosts-table').length");
+    assert_eq!(stale.as_i64(), Some(0), "the hosts view left its table");
+    b.goto(&format!("{page}#volume/%E0%A4%A"));
+    b.wait_for(
+        "the volume list for an unreadable name",
+        "return !!document.querySelector('#volumes-table')",
+    );
+    b.goto("about:blank");
+    b.goto(&format!("{page}#token=00ff"));
+    b.wait_for(
+        "the sign-in form, the link refused",
+        "return !document.getElementById('login').hidden && location.hash === '#levels'",
+    );
+    let said = b.eval("return document.getElementById('login-error').textContent");
+    assert!(said.as_str().unwrap().contains("paste the token"), "{said}");
+    b.type_into("#login-token", token);
+    b.click("#login-go");
+    b.wait_for(
+        "signed in again",
+        "return document.getElementById('login').hidden",
+    );
 }
 
 fn edit_policy_in_the_page(b: &Browser) {

@@ -5,7 +5,8 @@
 
 const TOKEN_KEY = "weir-admin-token";
 const LIVE_SPAN = 300; // seconds the live charts keep
-const state = { view: "levels", volume: null, range: "live", timer: null, charts: [], live: [] };
+const state = { view: "levels", volume: null, range: "live", timer: null, charts: [], live: [], run: 0, refreshMs: 1000, notice: null };
+const NOTICE_MS = 8000; // how long an action's result stays in the status line
 window.weirCharts = state.charts; // read by the browser test
 
 if (window.top !== window.self) document.documentElement.textContent = "";
@@ -23,7 +24,9 @@ function h(tag, attrs, ...children) {
 const $ = (id) => document.getElementById(id);
 const fmt = (x, d = 0) => (x === null || x === undefined || Number.isNaN(x)) ? "–" : Number(x).toLocaleString("en-US", { maximumFractionDigits: d, minimumFractionDigits: d });
 const pct = (x) => fmt(100 * x) + " %";
-const gib = (b) => fmt(b / 2 ** 30, b % 2 ** 30 ? 2 : 0) + " GiB";
+const gib = (b) => b < 2 ** 30
+  ? fmt(b / 2 ** 20, b % 2 ** 20 ? 2 : 0) + " MiB"
+  : fmt(b / 2 ** 30, b % 2 ** 30 ? 2 : 0) + " GiB";
 
 // ---------- API ----------
 class ApiError extends Error { constructor(status, msg) { super(msg); this.status = status; } }
@@ -51,7 +54,7 @@ function setStatus(text, bad) {
 // ---------- sign-in ----------
 function showLogin(message) {
   sessionStorage.removeItem(TOKEN_KEY);
-  $("login-error").textContent = message || "";
+  if (message !== undefined) $("login-error").textContent = message;
   $("login").hidden = false;
   $("login-token").focus();
 }
@@ -62,6 +65,7 @@ async function signIn(event) {
   try {
     await api("GET", "/v1/policies");
     $("login-token").value = "";
+    $("login-error").textContent = "";
     $("login").hidden = true;
     route();
   } catch (e) {
@@ -81,13 +85,17 @@ function confirmAction(text) {
   });
 }
 
+/// Runs an action; its result (an error above all) stays in the status line
+/// for NOTICE_MS, through the refreshes.
 async function act(what, fn) {
   try {
     await fn();
-    setStatus(what + ": done");
+    state.notice = { text: what + ": done", bad: false };
   } catch (e) {
-    setStatus(what + ": " + e.message, true);
+    state.notice = { text: what + ": " + e.message, bad: true };
   }
+  state.notice.until = Date.now() + NOTICE_MS;
+  setStatus(state.notice.text, state.notice.bad);
   await refresh();
 }
 
@@ -103,30 +111,52 @@ const views = {
 };
 
 function route() {
+  if (location.hash.startsWith("#token=")) history.replaceState(null, "", location.pathname + "#levels");
   const [view, arg] = (location.hash.slice(1) || "levels").split("/");
-  state.view = views[view] ? view : "levels";
-  state.volume = arg ? decodeURIComponent(arg) : null;
+  let volume = null;
+  try { volume = arg ? decodeURIComponent(arg) : null; } catch (_) { volume = null; }
+  // A volume's page without a (readable) name: the list.
+  state.view = view === "volume" && !volume ? "volumes" : views[view] ? view : "levels";
+  state.volume = volume;
   for (const a of document.querySelectorAll("#tabs a")) a.classList.toggle("active", a.dataset.view === state.view);
-  $("main").textContent = "";
+  // A fresh <main>: a render of the view left behind (its answer still on its
+  // way) fills the old, detached one, never this.
+  const old = $("main");
+  old.replaceWith(old.cloneNode(false));
   state.charts.length = 0;
   refresh();
 }
 
+/// Renders the view and schedules the next refresh: only the newest refresh
+/// does (a route change while one waits would otherwise start a second loop).
+/// Skipped while a control of the page has the focus (a policy list being
+/// chosen from would be rebuilt under the pointer); slower when a render is
+/// slow (2,000 volumes: ≈ 1 s of the browser's time).
 async function refresh() {
   if (!sessionStorage.getItem(TOKEN_KEY)) return showLogin();
   clearTimeout(state.timer);
+  const run = ++state.run;
+  const main = $("main");
+  const started = performance.now();
   try {
-    await views[state.view].render($("main"));
-    setStatus("updated " + new Date().toLocaleTimeString());
+    if (!main.contains(document.activeElement) || !document.activeElement.matches("select, input, textarea")) {
+      await views[state.view].render(main);
+    }
+    if (run !== state.run) return;
+    const n = state.notice;
+    if (n && Date.now() < n.until) setStatus(n.text, n.bad);
+    else setStatus("updated " + new Date().toLocaleTimeString());
   } catch (e) {
+    if (run !== state.run) return;
     if (e.status !== 401) setStatus(e.message, true);
   }
-  state.timer = setTimeout(refresh, 1000);
+  state.refreshMs = Math.min(10000, Math.max(1000, 3 * (performance.now() - started)));
+  state.timer = setTimeout(refresh, state.refreshMs);
 }
 
-/// A section whose content is replaced on each refresh (charts are kept).
+/// A section of `main` whose content is replaced on each refresh (charts are kept).
 function section(main, id) {
-  let el = document.getElementById(id);
+  let el = main.querySelector("#" + id);
   if (!el) { el = h("section", { id }); main.append(el); }
   el.textContent = "";
   return el;
@@ -164,7 +194,7 @@ async function renderLevels(main) {
     if (!vs.length) continue;
     t.append(h("h2", {}, `${lvl} (${vs.length})`), h("div", { class: "tiles" }, vs.map(tile)));
   }
-  updateLevelCharts(levels);
+  if (main.isConnected) updateLevelCharts(levels);
 }
 
 function tile(v) {
@@ -219,7 +249,7 @@ function chart(title, series, digits) {
 }
 
 function chartsOnce(main, id, make) {
-  if (document.getElementById(id)) return;
+  if (!main.isConnected || main.querySelector("#" + id)) return;
   const box = h("section", { id, class: "charts" });
   main.append(box);
   for (const c of make()) { state.charts.push(c); box.append(c.holder); }
@@ -228,7 +258,7 @@ function chartsOnce(main, id, make) {
 // Volumes: table with actions, create form.
 async function renderVolumes(main) {
   const [live, policies, pools] = await Promise.all([api("GET", "/v1/stats"), api("GET", "/v1/policies"), api("GET", "/v1/pools")]);
-  if (!document.getElementById("create-volume")) main.append(createVolumeForm(policies, pools));
+  if (!main.querySelector("#create-volume")) main.append(createVolumeForm(policies, pools));
   const s = section(main, "volumes-table");
   s.append(h("h2", {}, `Volumes (${live.volumes.length})`), table(
     ["name", "pool", "policy", "size", "IOPS", "MB/s", "p99 ms", "target ms", "queued", "throttled", "meets", ""],
@@ -296,7 +326,7 @@ async function renderVolume(main) {
   const target = p.map(() => policy.latency_target_ms ?? null);
   const resv = p.map(() => policy.reservation_iops ?? null);
   const data = [[t, col("iops"), resv], [t, col("mbps")], [t, col("p50_ms"), col("p99_ms"), target], [t, col("queued")], [t, col("throttled", 100)], [t, col("reservation_met", 100), col("target_met", 100)]];
-  data.forEach((d, i) => state.charts[i].setData(d));
+  if (main.isConnected) data.forEach((d, i) => state.charts[i].setData(d));
 }
 
 function volumeCharts() {
@@ -315,7 +345,7 @@ const POLICY_FIELDS = ["reservation_iops", "limit_iops", "reservation_mbps", "li
 
 async function renderPolicies(main) {
   const [policies, volumes] = await Promise.all([api("GET", "/v1/policies"), api("GET", "/v1/volumes")]);
-  if (!document.getElementById("policy-form")) main.append(policyForm());
+  if (!main.querySelector("#policy-form")) main.append(policyForm());
   const s = section(main, "policies-table");
   s.append(h("h2", {}, "Policies"), table(
     ["name", "service level", ...POLICY_FIELDS, "volumes", ""],
@@ -380,10 +410,12 @@ async function renderGroups(main) {
 
 // ---------- start ----------
 function start() {
-  const m = location.hash.match(/^#token=([0-9a-fA-F]+)$/);
-  if (m) {
-    sessionStorage.setItem(TOKEN_KEY, m[1]);
+  // No sign-in links: a token in the address is kept in the browser's history
+  // (on disk, offered by autocomplete, synced), whatever the page does after.
+  if (location.hash.startsWith("#token=")) {
     history.replaceState(null, "", location.pathname + "#levels");
+    sessionStorage.removeItem(TOKEN_KEY);
+    $("login-error").textContent = "Sign-in links are not taken (the browser keeps the address in its history): paste the token.";
   }
   $("login-form").addEventListener("submit", signIn);
   $("logout").addEventListener("click", () => showLogin("Signed out."));
