@@ -418,7 +418,7 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
         }
         ("POST", ["v1", "volumes", name, "rollback"]) => {
             let req: RollbackRequest = parse(body)?;
-            ok(&store().rollback(name, &req.snapshot)?)
+            ok(&s.rollback_volume(name, &req.snapshot)?)
         }
         ("POST", ["v1", "volumes", name, "flatten"]) => ok(&s.flatten_volume(name)?),
         ("POST", ["v1", "volumes", name, "takeover"]) => ok(&store().take_over(name)?),

@@ -262,6 +262,28 @@ impl ServerState {
         Ok(r)
     }
 
+    /// Returns a volume to a snapshot, refused while a caching gateway holds
+    /// its exclusive lease: that gateway's cache would keep serving the data
+    /// written since (the lease promises it nobody else changes the volume).
+    /// A lease taken while the rollback ran is broken after it.
+    pub fn rollback_volume(&self, name: &str, snapshot: &str) -> Result<VolumeRecord, StoreError> {
+        let leased = |leases: &crate::lease::Leases| {
+            leases.holders().into_iter().find(|(v, _, _)| v == name)
+        };
+        if let Some((_, holder, _)) = leased(&self.leases) {
+            return Err(StoreError::Conflict(format!(
+                "volume {name:?} is leased by the caching gateway at {holder}, whose cache \
+                 would keep serving what the rollback takes back: break the lease first \
+                 (weir volume break-lease {name})"
+            )));
+        }
+        let r = self.store().rollback(name, snapshot)?;
+        if leased(&self.leases).is_some() {
+            self.leases.break_lease(name);
+        }
+        Ok(r)
+    }
+
     /// Linked clones of a snapshot, each under its policy in its pool's gate.
     pub fn clone_snapshot(
         &self,
