@@ -271,6 +271,53 @@ fn load_meta(path: &Path) -> Result<(Option<Vec<u8>>, Meta), StoreError> {
     Ok((on_disk, meta))
 }
 
+/// With no metadata file, a data directory whose pools hold files is not new:
+/// its catalog was lost (deleted, not restored). Starting afresh would take the
+/// files for orphans (thin layers deleted at start) or hand them to new volumes
+/// of the same ids (another volume's data read by a new one), so it is refused.
+fn refuse_orphaned_pools(data_dir: &Path, meta_path: &Path) -> Result<(), StoreError> {
+    let pools = data_dir.join("pools");
+    let mut files = Vec::new();
+    collect_files(&pools, 4, &mut files);
+    let Some(first) = files.first() else {
+        return Ok(());
+    };
+    let more = match files.len() {
+        1 => String::new(),
+        n if n >= FILES_LISTED => format!(" and {} or more others", n - 1),
+        n => format!(" and {} others", n - 1),
+    };
+    Err(StoreError::Invalid(format!(
+        "{} is missing, but {} holds volume files ({}{more}): without the catalog nothing \
+         says which volume they belong to. Restore {META_FILE} from a backup, or move {} \
+         away to start with no volumes",
+        meta_path.display(),
+        pools.display(),
+        first.display(),
+        pools.display()
+    )))
+}
+
+/// How many files [`refuse_orphaned_pools`] looks for at most.
+const FILES_LISTED: usize = 1000;
+
+/// Regular files below `dir` (at most `depth` levels, [`FILES_LISTED`] files).
+fn collect_files(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if out.len() >= FILES_LISTED {
+            return;
+        }
+        match e.file_type() {
+            Ok(t) if t.is_file() => out.push(e.path()),
+            Ok(t) if t.is_dir() && depth > 1 => collect_files(&e.path(), depth - 1, out),
+            _ => {}
+        }
+    }
+}
+
 /// The configuration's volumes into the metadata: a known one merged by
 /// [`apply_declared`], a new one recorded with the next id; then what the file
 /// declares now is remembered for the next start.
@@ -460,6 +507,9 @@ impl VolumeStore {
             .map_err(|e| io_err(format!("creating {}", data_dir.display()), e))?;
         let meta_path = data_dir.join(META_FILE);
         let (on_disk, mut meta) = load_meta(&meta_path)?;
+        if on_disk.is_none() {
+            refuse_orphaned_pools(&data_dir, &meta_path)?;
+        }
         // Merge the configuration.
         for p in &config.policies {
             meta.policies.retain(|q| q.name != p.name);

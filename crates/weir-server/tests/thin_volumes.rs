@@ -530,3 +530,48 @@ async fn a_leased_volume_is_not_rolled_back_under_its_gateway() {
     assert_eq!(c.read(0, 4).await.unwrap().unwrap(), vec![1; 4]);
     server.shutdown().await.unwrap();
 }
+
+/// A data directory whose metadata file is gone but whose pools hold volume
+/// files is refused at start, the files untouched (session 30: every thin layer
+/// was deleted as an orphan, and a volume declared anew read an old one's data).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_catalog_is_refused_not_taken_for_a_new_directory() {
+    let dir = common::TempDir::new("thin-lost-meta");
+    let server = RunningServer::start(config(dir.path())).await.unwrap();
+    write_all(&server, "db", &[7; 1 << 20]).await;
+    server.shutdown().await.unwrap();
+    let files = |d: &Path| {
+        let mut v = Vec::new();
+        for e in walk(d) {
+            v.push((e.clone(), std::fs::metadata(&e).unwrap().len()));
+        }
+        v.sort();
+        v
+    };
+    let before = files(&dir.path().join("pools"));
+    assert!(!before.is_empty());
+    std::fs::remove_file(dir.path().join("weir-meta.json")).unwrap();
+    let e = RunningServer::start(config(dir.path()))
+        .await
+        .err()
+        .expect("started without its catalog");
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("weir-meta.json is missing") && e.contains("Restore"),
+        "{e}"
+    );
+    assert_eq!(files(&dir.path().join("pools")), before, "files changed");
+}
+
+/// Every file below `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}

@@ -68,8 +68,6 @@ pub struct Layer {
     dir: PathBuf,
     files: OnceLock<Files>,
     create: Mutex<()>,
-    /// Set when files were created and the directory not yet synced.
-    new_files: AtomicBool,
     /// Read-only from now on (a snapshot's layer, or a parent): its grains never
     /// change, so the read cache may keep them.
     frozen: AtomicBool,
@@ -106,7 +104,6 @@ impl Layer {
             dir: dir.to_path_buf(),
             files: OnceLock::new(),
             create: Mutex::new(()),
-            new_files: AtomicBool::new(false),
             frozen: AtomicBool::new(false),
             map: RwLock::new(GrainMap::new(grains)),
             state: Mutex::new(AllocState::default()),
@@ -141,8 +138,23 @@ impl Layer {
     fn load(&self, map_file: &File, data: &File) -> io::Result<()> {
         let len = map_file.metadata()?.len();
         if len < MAP_HEADER_BYTES {
-            // Created but never committed: empty (the header is rewritten below).
-            write_header(map_file, self.id, self.grain_bytes)?;
+            let data_bytes = data.metadata()?.len();
+            if data_bytes > 0 {
+                // A map reaches its header's length, durably, before the first
+                // data write (`files`): shorter, beside data, it was damaged.
+                return Err(corrupt(format!(
+                    "layer {}: its grain map {} is {len} bytes, shorter than its header, but its \
+                     data file holds {data_bytes} bytes: the map was truncated or replaced, and \
+                     the data it placed cannot be found. Restore the map; if the server stopped \
+                     before this layer's first FLUSH under a version before session 30, nothing \
+                     in it was acknowledged and truncating {} to 0 bytes starts it empty",
+                    self.id,
+                    map_path(&self.dir, self.id).display(),
+                    data_path(&self.dir, self.id).display(),
+                )));
+            }
+            // Created but never written: empty.
+            durable_header(map_file, &self.dir, self.id, self.grain_bytes)?;
             return Ok(());
         }
         check_header(map_file, self.id, self.grain_bytes)?;
@@ -228,8 +240,7 @@ impl Layer {
         };
         let data = open(data_path(&self.dir, self.id))?;
         let map = open(map_path(&self.dir, self.id))?;
-        write_header(&map, self.id, self.grain_bytes)?;
-        self.new_files.store(true, Ordering::Release);
+        durable_header(&map, &self.dir, self.id, self.grain_bytes)?;
         let _ = self.files.set(Files { map, data });
         Ok(self.files.get().expect("just set"))
     }
@@ -400,9 +411,6 @@ impl Layer {
             write_entries(&files.map, dirty)?;
             files.map.sync_data()?;
         }
-        if self.new_files.swap(false, Ordering::AcqRel) {
-            File::open(&self.dir)?.sync_all()?;
-        }
         debug_assert!(
             pending
                 .iter()
@@ -450,6 +458,18 @@ impl Layer {
         }
         Ok(())
     }
+}
+
+/// The header, the map at its header's length and its directory entry, all
+/// on disk before the layer's first data write: from then on a map shorter than
+/// its header beside a non-empty data file is damage, not a crash ([`Layer::load`]).
+fn durable_header(f: &File, dir: &Path, id: u64, grain_bytes: u64) -> io::Result<()> {
+    write_header(f, id, grain_bytes)?;
+    if f.metadata()?.len() < MAP_HEADER_BYTES {
+        f.set_len(MAP_HEADER_BYTES)?;
+    }
+    f.sync_data()?;
+    File::open(dir)?.sync_all()
 }
 
 fn write_header(f: &File, id: u64, grain_bytes: u64) -> io::Result<()> {

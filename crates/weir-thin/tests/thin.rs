@@ -110,6 +110,38 @@ fn committed_state_survives_reopen_and_uncommitted_allocations_are_reclaimed() {
     assert_eq!(r.stored_grains, 3);
 }
 
+/// A grain map cut shorter than its header beside a data file that holds
+/// slots is refused (session 30: read as an empty layer, the volume served its
+/// snapshot's older bytes and the next write reused the lost data's slot); a
+/// layer written but never flushed before a crash opens empty, as before.
+#[test]
+fn a_truncated_map_is_refused_and_an_unflushed_layer_opens_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 4 * GRAIN;
+    {
+        let v = volume(vec![layer(dir.path(), 1, size)], size);
+        v.write(0, &vec![0x22; GRAIN as usize], false).unwrap();
+        v.flush().unwrap();
+    }
+    let map = dir.path().join("1.map");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&map)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    let e = Layer::open(dir.path(), 1, 4, GRAIN).err().expect("opened");
+    assert!(e.to_string().contains("truncated or replaced"), "{e}");
+    // Written, never flushed, then a crash: nothing acknowledged, empty.
+    {
+        let v = volume(vec![layer(dir.path(), 2, size)], size);
+        v.write(0, &vec![0x33; GRAIN as usize], false).unwrap();
+    }
+    assert!(std::fs::metadata(dir.path().join("2.data")).unwrap().len() > 0);
+    let v = volume(vec![layer(dir.path(), 2, size)], size);
+    assert!(read_all(&v).iter().all(|b| *b == 0));
+}
+
 #[test]
 fn merge_and_flatten_preserve_what_a_clone_reads() {
     let dir = tempfile::tempdir().unwrap();
