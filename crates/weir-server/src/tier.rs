@@ -498,7 +498,7 @@ impl TierDevice {
         if moves.is_empty() {
             return;
         }
-        if let Err(e) = self.lock_journal().sync() {
+        if let Err(e) = self.sync_journal() {
             self.errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!("tier journal of pool {:?}: {e}", self.pool);
             return; // the slots stay unusable rather than reused unsafely
@@ -636,6 +636,18 @@ impl TierDevice {
     fn flush(&self, below: &dyn Backend) -> io::Result<()> {
         self.sync_flash()?;
         below.flush()?;
+        self.sync_journal()
+    }
+
+    /// Syncs the journal; one whose append failed (a full flash directory) is
+    /// first rewritten from the map, so FLUSH works again once there is room
+    /// (it used to wait for the next compaction, ≈ 1,150 records away).
+    fn sync_journal(&self) -> io::Result<()> {
+        let failed = self.lock_journal().failed.is_some();
+        if failed {
+            let p = self.lock_model();
+            self.compact(&p);
+        }
         self.lock_journal().sync()
     }
 }
@@ -1140,6 +1152,39 @@ fn decode(b: &[u8]) -> Option<Record> {
     })
 }
 
+/// A journal with valid records after its first bad one: a torn tail after a
+/// crash can look so (pages of the last unsynced appends reach the disk out of
+/// order), and so can damage in the middle, which drops what the later records
+/// say (dirty extents read from disk). The records stop at the bad one either
+/// way; the journal is kept beside as `.damaged-<unix time>` (the compaction at
+/// start would replace it) and the operator told, loudly.
+fn keep_damaged(path: &Path, bytes: &[u8], good: usize) {
+    let after = bytes[HEADER..]
+        .chunks_exact(RECORD)
+        .skip(good + 1)
+        .filter(|r| decode(r).is_some())
+        .count();
+    if after == 0 {
+        return;
+    }
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let copy = path.with_extension(format!("weir-tier-map.damaged-{unix}"));
+    let kept = match std::fs::write(&copy, bytes) {
+        Ok(()) => format!("kept as {}", copy.display()),
+        Err(e) => format!("not kept ({}: {e})", copy.display()),
+    };
+    tracing::error!(
+        "tier journal {}: record {} is damaged and {after} valid records follow it; the map \
+         stops at it (a torn tail after a crash looks so too, but if the server stopped \
+         cleanly, extents those records placed or marked dirty are read from the disk \
+         tier: check the volumes). The journal is {kept}",
+        path.display(),
+        good + 1
+    );
+}
+
 impl Journal {
     /// Opens (or creates) the journal; its records up to the first torn one.
     /// A journal written for another extent size or slot count is refused: its
@@ -1165,6 +1210,7 @@ impl Journal {
                 .chunks_exact(RECORD)
                 .map_while(decode)
                 .collect();
+            keep_damaged(path, &bytes, records.len());
         }
         let journal = Journal {
             path: path.to_path_buf(),
@@ -1182,7 +1228,14 @@ impl Journal {
         match self.file.write_all_at(&bytes, at) {
             Ok(()) => self.records += records.len() as u64,
             Err(e) => {
-                tracing::error!("tier journal {}: {e}", self.path.display());
+                // Once per failure (every append fails until a rewrite succeeds).
+                if self.failed.is_none() {
+                    tracing::error!(
+                        "tier journal {}: {e} (FLUSH fails until the journal is rewritten, \
+                         tried at each FLUSH)",
+                        self.path.display()
+                    );
+                }
                 self.failed.get_or_insert(e.to_string());
             }
         }
@@ -1448,6 +1501,52 @@ mod tests {
         assert!(
             err.contains("another tier.extent or tier.flash_size"),
             "{err}"
+        );
+    }
+
+    /// A damaged record with valid ones after it (not a torn tail's shape
+    /// alone): the journal is kept beside as `.damaged-…` before the start's
+    /// compaction replaces it (session 30: the evidence was gone).
+    #[test]
+    fn a_journal_damaged_in_the_middle_is_kept_beside() {
+        let fx = Fixture::new("mid", 2);
+        {
+            let (dev, layer) = fx.open();
+            promote(&dev, &*layer, 0);
+            promote(&dev, &*layer, 1);
+            layer.flush().unwrap();
+        }
+        let path = fx.config.flash_dir.join("p.weir-tier-map");
+        let mut bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.len() >= HEADER + 2 * RECORD, "{} bytes", bytes.len());
+        bytes[HEADER + 20] ^= 0xFF; // the first record's checksum
+        std::fs::write(&path, &bytes).unwrap();
+        let (_dev, _layer) = fx.open();
+        let kept: Vec<_> = std::fs::read_dir(&fx.config.flash_dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".damaged-"))
+            .collect();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(std::fs::read(kept[0].path()).unwrap(), bytes);
+    }
+
+    /// A failed journal append (a full flash directory) no longer fails every
+    /// FLUSH until a compaction ≈ 1,150 records away: the next FLUSH rewrites
+    /// the journal from the map once there is room (session 30).
+    #[test]
+    fn a_failed_journal_append_heals_at_the_next_flush() {
+        let fx = Fixture::new("heal", 2);
+        let (dev, layer) = fx.open();
+        promote(&dev, &*layer, 1);
+        dev.lock_journal().failed = Some("No space left on device".into());
+        layer.flush().expect("the FLUSH rewrites the journal");
+        assert!(dev.lock_journal().failed.is_none());
+        drop((dev, layer));
+        let (dev, _layer) = fx.open();
+        assert!(
+            dev.lock_model().slot_of(dev.key(1, EXT)).is_some(),
+            "map kept"
         );
     }
 
