@@ -132,7 +132,9 @@ impl LoadArgs {
 /// mismatches) on stderr. `Ok(false)`: the run did not pass (exit non-zero).
 pub fn run_command(args: &LoadArgs) -> Result<bool> {
     let opts = args.options()?;
-    let html = crate::sim::open_output(&args.html)?;
+    let scenario = std::path::Path::new(&args.scenario);
+    let input: Vec<&std::path::Path> = scenario.is_file().then_some(scenario).into_iter().collect();
+    let html = crate::sim::ReportFile::check(&args.html, &input, &[])?;
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
         let bar = ProgressBar::new(1000);
         bar.set_style(
@@ -161,7 +163,7 @@ pub fn run_command(args: &LoadArgs) -> Result<bool> {
 fn print_outcome(
     args: &LoadArgs,
     outcome: &LoadOutcome,
-    html: Option<std::fs::File>,
+    html: Option<crate::sim::ReportFile>,
 ) -> Result<()> {
     if args.json {
         outln!("{}", weir_report::render_json(&outcome.report));
@@ -171,12 +173,8 @@ fn print_outcome(
             weir_report::render_text(&outcome.report, &weir_report::TextOptions::default())
         );
     }
-    if let (Some(path), Some(mut file)) = (&args.html, html) {
-        std::io::Write::write_all(
-            &mut file,
-            weir_report::render_html(&outcome.report).as_bytes(),
-        )
-        .with_context(|| format!("writing HTML report to {}", path.display()))?;
+    if let (Some(path), Some(file)) = (&args.html, html) {
+        file.write(&weir_report::render_html(&outcome.report))?;
         if !args.json {
             errln!("HTML report written to {}", path.display());
         }

@@ -3,7 +3,7 @@
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use weir_sim::{Progress, Scenario};
 
 /// The scenario `weir sim` runs when given none.
@@ -75,19 +75,86 @@ fn load(name_or_path: &str) -> Result<Scenario> {
     Ok(Scenario::from_file(&path)?)
 }
 
-/// Creates (or truncates) an output file now, so that a path that cannot be written
-/// fails before a run that may take minutes, not after it.
-pub(crate) fn open_output(path: &Option<PathBuf>) -> Result<Option<std::fs::File>> {
-    path.as_ref()
-        .map(|path| {
-            std::fs::File::create(path).with_context(|| {
-                format!(
-                    "cannot write the report to {} (checked before running)",
-                    path.display()
-                )
-            })
-        })
-        .transpose()
+/// A report file: checked before the run (a path that cannot be written fails
+/// before a run that may take minutes), written after it to a file beside and
+/// renamed over the path, so a failed or interrupted run leaves what was there.
+pub(crate) struct ReportFile {
+    path: PathBuf,
+}
+
+impl ReportFile {
+    /// Checks that `path` can be written: a scratch file beside it is created and
+    /// removed (the path itself is not touched). `inputs` are files the run reads
+    /// (its scenario) and `others` the other report paths: a report over one of
+    /// them is refused.
+    pub(crate) fn check(
+        path: &Option<PathBuf>,
+        inputs: &[&Path],
+        others: &[&Option<PathBuf>],
+    ) -> Result<Option<ReportFile>> {
+        let Some(path) = path else {
+            return Ok(None);
+        };
+        let same = |other: &Path| same_file(path, other);
+        if let Some(i) = inputs.iter().find(|i| same(i)) {
+            bail!(
+                "the report {} would overwrite the scenario it runs ({})",
+                path.display(),
+                i.display()
+            );
+        }
+        if others.iter().filter_map(|o| o.as_deref()).any(same) {
+            bail!(
+                "two reports are to be written to {}: give each its own file",
+                path.display()
+            );
+        }
+        if path.is_dir() {
+            bail!(
+                "cannot write the report to {}: it is a directory",
+                path.display()
+            );
+        }
+        let scratch = scratch_path(path);
+        std::fs::File::create(&scratch).with_context(|| {
+            format!(
+                "cannot write the report to {} (checked before running)",
+                path.display()
+            )
+        })?;
+        let _ = std::fs::remove_file(&scratch);
+        Ok(Some(ReportFile { path: path.clone() }))
+    }
+
+    /// Writes `text` beside the path, then renames it over the path.
+    pub(crate) fn write(&self, text: &str) -> Result<()> {
+        let scratch = scratch_path(&self.path);
+        let written =
+            std::fs::write(&scratch, text).and_then(|()| std::fs::rename(&scratch, &self.path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&scratch);
+        }
+        written.with_context(|| format!("writing the report to {}", self.path.display()))
+    }
+}
+
+/// `.NAME.weir-tmp-PID` in the directory of `path`.
+fn scratch_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map_or("report".into(), |n| n.to_string_lossy());
+    path.with_file_name(format!(".{name}.weir-tmp-{}", std::process::id()))
+}
+
+/// Whether `a` and `b` name the same file (the same text, or one existing file).
+fn same_file(a: &Path, b: &Path) -> bool {
+    if a == b {
+        return true;
+    }
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
 }
 
 /// The terminal's width in columns, from `COLUMNS` or the terminal itself; `None`
@@ -149,8 +216,15 @@ pub fn run(args: SimArgs) -> Result<()> {
     if args.width == Some(0) {
         bail!("--width must be at least 1");
     }
-    let json_file = open_output(&args.json_out)?;
-    let html_file = open_output(&args.html)?;
+    let input: Vec<&Path> = args
+        .scenario
+        .as_deref()
+        .map(Path::new)
+        .filter(|p| p.exists())
+        .into_iter()
+        .collect();
+    let json_file = ReportFile::check(&args.json_out, &input, &[&args.html])?;
+    let html_file = ReportFile::check(&args.html, &input, &[&args.json_out])?;
 
     // Progress in simulated time over all the cases (the cases' lengths differ), with
     // the wall time left at the rate so far.
@@ -203,25 +277,22 @@ pub fn run(args: SimArgs) -> Result<()> {
     }
 
     if args.json {
-        println!("{}", weir_report::render_json(&report));
+        outln!("{}", weir_report::render_json(&report));
     } else {
         let options = weir_report::TextOptions {
             width: args.width.or_else(terminal_width),
             summary: args.summary,
             ..Default::default()
         };
-        print!("{}", weir_report::render_text(&report, &options));
+        out!("{}", weir_report::render_text(&report, &options));
     }
-    use std::io::Write as _;
-    if let (Some(path), Some(mut file)) = (&args.json_out, json_file) {
-        writeln!(file, "{}", weir_report::render_json(&report))
-            .with_context(|| format!("writing the JSON report to {}", path.display()))?;
+    if let Some(file) = json_file {
+        file.write(&format!("{}\n", weir_report::render_json(&report)))?;
     }
-    if let (Some(path), Some(mut file)) = (&args.html, html_file) {
-        file.write_all(weir_report::render_html(&report).as_bytes())
-            .with_context(|| format!("writing HTML report to {}", path.display()))?;
+    if let (Some(path), Some(file)) = (&args.html, html_file) {
+        file.write(&weir_report::render_html(&report))?;
         if !args.json {
-            eprintln!("HTML report written to {}", path.display());
+            errln!("HTML report written to {}", path.display());
         }
     }
     Ok(())

@@ -170,6 +170,75 @@ fn bad_scenario_names_file_line_and_field() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("built-ins"));
 }
 
+/// A report is written beside its path and renamed over it: a run that fails
+/// leaves the old report whole (session 30: `weir load --html` emptied it); a
+/// report over the scenario it runs, or two reports to one file, are refused;
+/// an unwritable standard output is an error, not a panic.
+#[test]
+fn reports_replace_their_files_only_when_written() {
+    let dir = TempDir::new("cli-reports");
+    let keep = dir.join("keep.html");
+    std::fs::write(&keep, "OLD").unwrap();
+    let out = weir()
+        .args([
+            "load",
+            "-q",
+            "-d",
+            "1s",
+            "--target",
+            "nbd://127.0.0.1:1/x",
+            "bs=4k",
+            "--html",
+        ])
+        .arg(&keep)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(
+        std::fs::read_to_string(&keep).unwrap(),
+        "OLD",
+        "the old report was touched"
+    );
+    let scenario = repo_root().join("scenarios").join("qos-invariants.toml");
+    let copy = dir.join("s.toml");
+    std::fs::copy(&scenario, &copy).unwrap();
+    let out = weir()
+        .args(["sim", "-q"])
+        .arg(&copy)
+        .arg("--html")
+        .arg(&copy)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("would overwrite the scenario"), "{err}");
+    let same = dir.join("same.out");
+    let out = weir()
+        .args(["sim", "-q", "qos-invariants", "--json-out"])
+        .arg(&same)
+        .arg("--html")
+        .arg(&same)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("two reports"), "{err}");
+    let full = std::fs::File::create("/dev/full");
+    if let Ok(full) = full {
+        let out = weir()
+            .args(["sim", "-q", "qos-invariants", "--scale-duration", "0.05"])
+            .stdout(full)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("cannot write the output") && !err.contains("panicked"),
+            "{err}"
+        );
+    } else {
+        println!("skipped: no /dev/full here");
+    }
+}
+
 #[test]
 fn report_paths_are_checked_before_the_run() {
     let dir = TempDir::new("cli-paths");
