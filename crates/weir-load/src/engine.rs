@@ -332,41 +332,9 @@ impl Core {
 
     /// Accounting and the generator callback for a request that ended.
     fn finish(&mut self, f: InFlight, ok: bool, now: Instant) {
-        self.ios += 1;
         let latency = now.saturating_duration_since(f.issued);
-        let latency_us = latency.as_micros() as u64;
-        let bytes = f.request.size_bytes as u64;
-        if f.measured {
-            let vm = &mut self.vms[f.vm as usize];
-            vm.counters.record(f.request.dir, bytes, latency_us, ok);
-        }
-        let iv = &mut self.interval;
-        iv.ios += 1;
-        iv.bytes += bytes;
-        match f.request.dir {
-            Direction::Read => iv.reads += 1,
-            Direction::Write => iv.writes += 1,
-        }
-        if !ok {
-            iv.errors += 1;
-        }
-        iv.latency_us.saturating_record(latency_us.max(1));
-        if let Some(v) = iv.vm_ios.get_mut(f.vm as usize) {
-            *v += 1;
-        }
-        let vm = &mut self.vms[f.vm as usize];
-        if vm.active_in != self.interval_index {
-            vm.active_in = self.interval_index;
-            iv.active_vms += 1;
-        }
         let model_now = self.model_ns(now);
-        let target = self.vms[f.vm as usize].target as usize;
-        for w in &mut self.windows {
-            if (w.start_ns..w.end_ns).contains(&model_now) {
-                w.total.record(f.request.dir, bytes, latency_us, ok);
-                w.per_target[target].record(f.request.dir, bytes, latency_us, ok);
-            }
-        }
+        self.account(&f, latency.as_micros() as u64, ok, model_now);
         let model_latency = (latency.as_nanos() as f64 * self.time_scale) as u64;
         let vm = &mut self.vms[f.vm as usize];
         vm.outstanding[f.worker as usize] -= 1;
@@ -378,6 +346,31 @@ impl Core {
             }
         } else {
             self.pump(f.vm, f.worker, now);
+        }
+    }
+
+    /// Counts a request that ended (`ok`: with a successful reply) in its VM's figures,
+    /// the open interval and the windows: only successes are I/Os (with bytes and
+    /// latency); a failure is an error.
+    fn account(&mut self, f: &InFlight, latency_us: u64, ok: bool, model_now: u64) {
+        let (dir, bytes) = (f.request.dir, f.request.size_bytes as u64);
+        self.ios += u64::from(ok);
+        let vm = &mut self.vms[f.vm as usize];
+        if f.measured {
+            vm.counters.record(dir, bytes, latency_us, ok);
+        }
+        let iv = &mut self.interval;
+        iv.record(f.vm as usize, dir, bytes, latency_us, ok);
+        if vm.active_in != self.interval_index {
+            vm.active_in = self.interval_index;
+            iv.active_vms += 1;
+        }
+        let target = vm.target as usize;
+        for w in &mut self.windows {
+            if (w.start_ns..w.end_ns).contains(&model_now) {
+                w.total.record(dir, bytes, latency_us, ok);
+                w.per_target[target].record(dir, bytes, latency_us, ok);
+            }
         }
     }
 
@@ -1444,7 +1437,7 @@ fn target_components(
     per_target
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.ios() > 0)
+        .filter(|(_, c)| c.ios() + c.errors > 0)
         .map(|(t, c)| {
             let r = c.result("", measured_s);
             ComponentResult {

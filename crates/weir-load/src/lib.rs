@@ -103,7 +103,7 @@ impl LoadOptions {
 pub struct LoadProgress {
     pub elapsed_s: f64,
     pub duration_s: f64,
-    /// I/Os completed so far.
+    /// I/Os completed successfully so far (failures are in `errors`).
     pub ios: u64,
     /// Over the last interval.
     pub iops: f64,
@@ -129,7 +129,8 @@ pub struct VerifySummary {
 #[derive(Clone, Debug)]
 pub struct LoadOutcome {
     pub report: ScenarioReport,
-    /// I/Os completed (measured or not), errors included.
+    /// I/Os completed successfully (measured or not); the failed ones are
+    /// `io_errors`, never completions.
     pub ios: u64,
     /// Requests that failed: error replies, no reply by the end of the drain, lost
     /// with a broken connection.
