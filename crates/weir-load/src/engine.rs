@@ -757,6 +757,7 @@ pub(crate) async fn run(
 
 /// The run's wall-clock times.
 struct Timing {
+    /// The whole run: the warm-up, then the measured time.
     duration: Duration,
     /// Of the timeline.
     interval: Duration,
@@ -787,41 +788,51 @@ fn check_options(opts: &LoadOptions) -> Result<Timing, LoadError> {
             opts.time_scale
         )));
     }
-    let scenario = &opts.scenario;
-    let scale = opts.time_scale;
-    let duration = match opts.duration {
-        Some(d) => d,
-        None => scenario
-            .duration_s
-            .map(|s| Duration::from_secs_f64(s / scale))
-            .unwrap_or(Duration::from_secs(10)),
+    timing(opts)
+}
+
+/// Longest wall-clock run, warm-up included.
+const MAX_RUN: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The run's times: the warm-up (`warmup_s` at the time scale) runs first, then the
+/// measured part (`--duration`, else `duration_s` at the time scale, else 10 s), as
+/// in `weir sim`, where `duration_s` is the measured time after `warmup_s`.
+fn timing(opts: &LoadOptions) -> Result<Timing, LoadError> {
+    let (scenario, scale) = (&opts.scenario, opts.time_scale);
+    let measured = match (opts.duration, scenario.duration_s) {
+        (Some(d), _) => d,
+        (None, Some(s)) => wall(s, scale, "scenario.duration_s")?,
+        (None, None) => Duration::from_secs(10),
     };
-    if duration.is_zero() || duration > Duration::from_secs(30 * 24 * 3600) {
+    let warmup_real = wall(scenario.warmup_s, scale, "scenario.warmup_s")?;
+    let duration = measured + warmup_real;
+    if measured.is_zero() || duration > MAX_RUN {
         return Err(LoadError::InvalidOption(format!(
-            "duration must be > 0 and at most 30 days, got {duration:?}"
+            "the measured time must be > 0 and, with the warm-up ({warmup_real:?}), at most 30 days; got {measured:?}"
         )));
     }
-    let interval = opts
-        .timeline_interval
-        .or_else(|| {
-            scenario
-                .timeline_interval_s
-                .map(|s| Duration::from_secs_f64(s / scale))
-        })
-        .unwrap_or(Duration::from_secs(1))
-        .max(Duration::from_millis(10));
-    let warmup_real = Duration::from_secs_f64(scenario.warmup_s / scale);
-    if warmup_real >= duration {
-        return Err(LoadError::InvalidOption(format!(
-            "the scenario's warm-up ({} s model time = {warmup_real:?}) is not shorter than the run ({duration:?})",
-            scenario.warmup_s
-        )));
-    }
+    let interval = match (opts.timeline_interval, scenario.timeline_interval_s) {
+        (Some(i), _) => i,
+        (None, Some(s)) => wall(s, scale, "scenario.timeline_interval_s")?,
+        (None, None) => Duration::from_secs(1),
+    };
     Ok(Timing {
         duration,
-        interval,
+        interval: interval.max(Duration::from_millis(10)),
         warmup_real,
     })
+}
+
+/// `model_s` model seconds (`key` of the scenario) as wall-clock time at time scale
+/// `scale`; refused beyond [`MAX_RUN`].
+fn wall(model_s: f64, scale: f64, key: &str) -> Result<Duration, LoadError> {
+    let s = model_s / scale;
+    match Duration::try_from_secs_f64(s) {
+        Ok(d) if d <= MAX_RUN => Ok(d),
+        _ => Err(LoadError::InvalidOption(format!(
+            "{key} = {model_s} model seconds at time scale {scale} is {s:.3e} s of wall-clock time; at most 30 days"
+        ))),
+    }
 }
 
 /// Connections to open to each target: one to each target a VM uses, the rest of
@@ -1616,4 +1627,62 @@ fn load_timeline(
         });
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(header: &str) -> LoadOptions {
+        let text = format!("[scenario]\n{header}\n[[vm]]\nname = \"a\"\nworkload = \"oltp\"\n");
+        LoadOptions::new(
+            Target::parse_list("nbd://127.0.0.1:1/").unwrap(),
+            LoadScenario::from_toml_str("t.toml", &text).unwrap(),
+        )
+    }
+
+    /// `duration_s` is measured after `warmup_s`, as in `weir sim`: the run takes
+    /// both (it measured 1 s of `warmup_s = 1, duration_s = 2`, and refused
+    /// `duration_s = 1`); `--duration` replaces the measured part.
+    #[test]
+    fn the_warm_up_comes_before_the_measured_time() {
+        let t = check_options(&opts("warmup_s = 1\nduration_s = 2")).unwrap();
+        assert_eq!((t.duration, t.warmup_real), (secs(3.0), secs(1.0)));
+        let t = check_options(&opts("warmup_s = 1\nduration_s = 1")).unwrap();
+        assert_eq!(t.duration, secs(2.0));
+        let mut o = opts("warmup_s = 4\nduration_s = 8");
+        o.time_scale = 4.0;
+        o.duration = Some(secs(0.5));
+        let t = check_options(&o).unwrap();
+        assert_eq!((t.duration, t.warmup_real), (secs(1.5), secs(1.0)));
+        o.duration = None;
+        assert_eq!(check_options(&o).unwrap().duration, secs(3.0));
+    }
+
+    /// Times that are valid model seconds but too long at a small time scale are
+    /// refused naming their key (they panicked converting to a duration).
+    #[test]
+    fn wall_times_beyond_30_days_are_refused() {
+        for (header, key) in [
+            ("duration_s = 1e8", "scenario.duration_s"),
+            ("warmup_s = 1e8", "scenario.warmup_s"),
+            ("timeline_interval_s = 1e8", "scenario.timeline_interval_s"),
+        ] {
+            let mut o = opts(header);
+            o.time_scale = 1e-300;
+            let e = check_options(&o).err().expect(header).to_string();
+            assert!(e.contains(key) && e.contains("30 days"), "{header}: {e}");
+        }
+        let mut o = opts("duration_s = 1e8");
+        o.duration = Some(secs(1.0));
+        assert!(check_options(&o).is_ok(), "--duration replaces duration_s");
+        let mut o = opts("warmup_s = 3000000");
+        o.duration = Some(secs(1.0));
+        let e = check_options(&o).err().unwrap().to_string();
+        assert!(e.contains("30 days"), "{e}");
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
 }

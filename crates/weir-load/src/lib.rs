@@ -51,7 +51,10 @@ pub struct LoadOptions {
     pub targets: Vec<Target>,
     /// What runs, parsed ([`LoadScenario::load`]).
     pub scenario: LoadScenario,
-    /// Wall-clock run time. `None`: the scenario's `duration_s / time_scale`, or 10 s.
+    /// Measured wall-clock time. The scenario's warm-up (`warmup_s / time_scale`,
+    /// not measured) runs first, so the run takes both (at most 30 days), as `weir
+    /// sim` measures `duration_s` after `warmup_s`. `None`: the scenario's
+    /// `duration_s / time_scale`, or 10 s.
     pub duration: Option<Duration>,
     /// Model seconds per wall-clock second (> 0; 1 = real time).
     pub time_scale: f64,

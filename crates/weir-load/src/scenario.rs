@@ -289,26 +289,7 @@ impl LoadScenario {
         } else {
             h.name.clone()
         };
-        for (k, v) in [
-            ("duration_s", h.duration_s.unwrap_or(0.0)),
-            ("warmup_s", h.warmup_s),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(scen_err(
-                    file,
-                    format!("scenario.{k}: must be ≥ 0, got {v}"),
-                ));
-            }
-        }
-        if !(h.timeline_interval_s.is_finite() && h.timeline_interval_s > 0.0) {
-            return Err(scen_err(
-                file,
-                format!(
-                    "scenario.timeline_interval_s: must be > 0, got {}",
-                    h.timeline_interval_s
-                ),
-            ));
-        }
+        check_times(file, h)?;
         let interval_given = root
             .get("scenario")
             .and_then(toml::Value::as_table)
@@ -337,6 +318,36 @@ impl LoadScenario {
             notes,
         })
     }
+}
+
+/// Longest time a scenario may give (`duration_s`, `warmup_s`,
+/// `timeline_interval_s`): 10 years of model time.
+pub const MAX_SCENARIO_S: f64 = 10.0 * 365.0 * 86400.0;
+/// Shortest `duration_s` (and `timeline_interval_s`): 1 ms of model time.
+const MIN_SCENARIO_S: f64 = 1e-3;
+
+/// The header's times in range (at most 10 years; a duration and an interval of at
+/// least 1 ms, a warm-up of 0 or more), naming the key of one that is not.
+fn check_times(file: &str, h: &weir_scenario::ScenarioHeader) -> Result<(), LoadError> {
+    for (k, v, min) in [
+        ("duration_s", h.duration_s, MIN_SCENARIO_S),
+        ("warmup_s", Some(h.warmup_s), 0.0),
+        (
+            "timeline_interval_s",
+            Some(h.timeline_interval_s),
+            MIN_SCENARIO_S,
+        ),
+    ] {
+        if let Some(v) = v
+            && !(min..=MAX_SCENARIO_S).contains(&v)
+        {
+            return Err(scen_err(
+                file,
+                format!("scenario.{k}: must be {min} to {MAX_SCENARIO_S} s (10 years), got {v}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Each `[[scenario.window]]`, checked.
@@ -793,6 +804,36 @@ model = "mail"
         ))
         .unwrap();
         assert!(!s.vms.is_empty());
+    }
+
+    /// Times beyond 10 years (which panicked converting to a duration) or a
+    /// duration below 1 ms are refused, naming the key.
+    #[test]
+    fn out_of_range_times_name_their_key() {
+        for (line, key) in [
+            ("duration_s = 1e300", "scenario.duration_s"),
+            ("duration_s = 1e-300", "scenario.duration_s"),
+            ("duration_s = 0", "scenario.duration_s"),
+            ("warmup_s = 1e300", "scenario.warmup_s"),
+            ("warmup_s = -1", "scenario.warmup_s"),
+            (
+                "timeline_interval_s = 1e300",
+                "scenario.timeline_interval_s",
+            ),
+            (
+                "timeline_interval_s = 1e-300",
+                "scenario.timeline_interval_s",
+            ),
+            ("duration_s = nan", "scenario.duration_s"),
+        ] {
+            let text = format!("[scenario]\n{line}\n[[vm]]\nname = \"a\"\nworkload = \"oltp\"\n");
+            let e = LoadScenario::from_toml_str("t.toml", &text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains("10 years"), "{line}: {e}");
+        }
+        let ok = "[scenario]\nduration_s = 315360000\nwarmup_s = 0\n[[vm]]\nname = \"a\"\nworkload = \"oltp\"\n";
+        assert!(LoadScenario::from_toml_str("t.toml", ok).is_ok());
     }
 
     #[test]
