@@ -127,6 +127,23 @@ pub struct LoadScenario {
     pub notes: Vec<String>,
 }
 
+impl LoadScenario {
+    /// The most I/Os its VMs may keep outstanding at once: workers × `qd` of an
+    /// access specification, a model's own bound shared by its copies (as `weir sim`
+    /// counts them).
+    pub fn max_outstanding(&self) -> u64 {
+        self.vms
+            .iter()
+            .map(|v| match &v.run {
+                VmWorkload::Access(s) => s.workers as u64 * s.outstanding_ios as u64,
+                VmWorkload::Model {
+                    spec, instances, ..
+                } => spec.max_outstanding().div_ceil((*instances).max(1) as u64),
+            })
+            .sum()
+    }
+}
+
 fn scen_err(file: &str, message: impl Into<String>) -> LoadError {
     LoadError::Scenario {
         file: file.to_string(),
