@@ -164,8 +164,7 @@ impl LoadScenario {
         match source {
             ScenarioSource::File(path) => {
                 let file = path.display().to_string();
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| scen_err(&file, format!("cannot read: {e}")))?;
+                let text = read_bounded(path).map_err(|m| scen_err(&file, m))?;
                 LoadScenario::from_toml_str(&file, &text)
             }
             ScenarioSource::Text { name, toml } => LoadScenario::from_toml_str(name, toml),
@@ -336,6 +335,28 @@ impl LoadScenario {
             notes,
         })
     }
+}
+
+/// Largest scenario file read (the shipped ones are a few KiB; 100,000 short `[[vm]]`
+/// tables, the most VMs a run takes, about 4 MiB).
+pub const MAX_SCENARIO_FILE_BYTES: u64 = 16 << 20;
+
+/// The text of the file at `path`, refused beyond [`MAX_SCENARIO_FILE_BYTES`] (a
+/// device such as `/dev/zero` is never read to its end).
+fn read_bounded(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    let mut text = String::new();
+    file.take(MAX_SCENARIO_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if text.len() as u64 > MAX_SCENARIO_FILE_BYTES {
+        return Err(format!(
+            "larger than {} MiB: not a scenario file",
+            MAX_SCENARIO_FILE_BYTES >> 20
+        ));
+    }
+    Ok(text)
 }
 
 /// Longest time a scenario may give (`duration_s`, `warmup_s`,
@@ -881,6 +902,25 @@ model = "mail"
             .unwrap_err()
             .to_string();
         assert!(e.contains("two VMs are named \"a-2\""), "{e}");
+    }
+
+    /// A scenario file is read up to 16 MiB (a symlink to /dev/zero grew to GBs).
+    #[test]
+    fn oversized_scenario_files_are_refused() {
+        let dir = std::env::temp_dir().join(format!("weir-load-big-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big.toml");
+        let line = "# padding padding padding padding padding padding padding\n";
+        let text = line.repeat((MAX_SCENARIO_FILE_BYTES as usize / line.len()) + 1);
+        std::fs::write(&big, text).unwrap();
+        let zero = Path::new("/dev/zero");
+        for p in [big.as_path(), zero].into_iter().filter(|p| p.exists()) {
+            let e = LoadScenario::load(&ScenarioSource::File(p.to_path_buf()))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("larger than 16 MiB"), "{}: {e}", p.display());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
