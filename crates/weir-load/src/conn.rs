@@ -179,16 +179,35 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// Connects to `target` and negotiates its export (`NBD_OPT_GO`, structured
+/// The socket addresses `target`'s host resolves to (IPv4-mapped IPv6 ones as
+/// IPv4), looked up once: every connection goes to them.
+pub(crate) async fn resolve(target: &Target) -> Result<Vec<std::net::SocketAddr>, String> {
+    let addr = target.socket_address();
+    let found = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host(&addr))
+        .await
+        .map_err(|_| format!("resolving {addr} timed out"))?
+        .map_err(|e| format!("resolving {addr}: {e}"))?;
+    let mut out: Vec<std::net::SocketAddr> = found
+        .map(|a| std::net::SocketAddr::new(a.ip().to_canonical(), a.port()))
+        .collect();
+    out.dedup();
+    if out.is_empty() {
+        return Err(format!("{addr} resolves to no address"));
+    }
+    Ok(out)
+}
+
+/// Connects to `target` (at its `resolved` addresses) and negotiates its export (`NBD_OPT_GO`, structured
 /// replies); an `nbds://` target first upgrades to TLS with `tls` and never
 /// continues in plain text (a server that refuses STARTTLS fails the handshake).
 /// Returns the stream, the export, and any bytes read past the handshake.
 pub(crate) async fn handshake(
     target: &Target,
+    resolved: &[std::net::SocketAddr],
     tls: Option<&Arc<rustls::ClientConfig>>,
 ) -> Result<(Stream, ClientExport, Vec<u8>), String> {
     let addr = target.socket_address();
-    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&addr))
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(resolved))
         .await
         .map_err(|_| format!("connecting to {addr} timed out"))?
         .map_err(|e| format!("connecting to {addr}: {e}"))?;

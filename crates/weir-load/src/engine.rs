@@ -4,7 +4,7 @@
 //! a reader and a writer task per connection, one timer task, and the caller's future
 //! ticking the timeline. No `RefCell` borrow is held across an `.await`.
 
-use crate::conn::{ReadHalf, Stream, WriteHalf, handshake, tls_configs};
+use crate::conn::{ReadHalf, Stream, WriteHalf, handshake, resolve, tls_configs};
 use crate::scenario::{LoadScenario, VmWorkload};
 use crate::stats::{Counters, Interval, timeline};
 use crate::verify::{ReadTicket, SECTOR_BYTES, Shadow};
@@ -12,6 +12,7 @@ use crate::{LoadError, LoadOptions, LoadOutcome, LoadProgress, Target, VerifySum
 use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -332,41 +333,9 @@ impl Core {
 
     /// Accounting and the generator callback for a request that ended.
     fn finish(&mut self, f: InFlight, ok: bool, now: Instant) {
-        self.ios += 1;
         let latency = now.saturating_duration_since(f.issued);
-        let latency_us = latency.as_micros() as u64;
-        let bytes = f.request.size_bytes as u64;
-        if f.measured {
-            let vm = &mut self.vms[f.vm as usize];
-            vm.counters.record(f.request.dir, bytes, latency_us, ok);
-        }
-        let iv = &mut self.interval;
-        iv.ios += 1;
-        iv.bytes += bytes;
-        match f.request.dir {
-            Direction::Read => iv.reads += 1,
-            Direction::Write => iv.writes += 1,
-        }
-        if !ok {
-            iv.errors += 1;
-        }
-        iv.latency_us.saturating_record(latency_us.max(1));
-        if let Some(v) = iv.vm_ios.get_mut(f.vm as usize) {
-            *v += 1;
-        }
-        let vm = &mut self.vms[f.vm as usize];
-        if vm.active_in != self.interval_index {
-            vm.active_in = self.interval_index;
-            iv.active_vms += 1;
-        }
         let model_now = self.model_ns(now);
-        let target = self.vms[f.vm as usize].target as usize;
-        for w in &mut self.windows {
-            if (w.start_ns..w.end_ns).contains(&model_now) {
-                w.total.record(f.request.dir, bytes, latency_us, ok);
-                w.per_target[target].record(f.request.dir, bytes, latency_us, ok);
-            }
-        }
+        self.account(&f, latency.as_micros() as u64, ok, model_now);
         let model_latency = (latency.as_nanos() as f64 * self.time_scale) as u64;
         let vm = &mut self.vms[f.vm as usize];
         vm.outstanding[f.worker as usize] -= 1;
@@ -378,6 +347,31 @@ impl Core {
             }
         } else {
             self.pump(f.vm, f.worker, now);
+        }
+    }
+
+    /// Counts a request that ended (`ok`: with a successful reply) in its VM's figures,
+    /// the open interval and the windows: only successes are I/Os (with bytes and
+    /// latency); a failure is an error.
+    fn account(&mut self, f: &InFlight, latency_us: u64, ok: bool, model_now: u64) {
+        let (dir, bytes) = (f.request.dir, f.request.size_bytes as u64);
+        self.ios += u64::from(ok);
+        let vm = &mut self.vms[f.vm as usize];
+        if f.measured {
+            vm.counters.record(dir, bytes, latency_us, ok);
+        }
+        let iv = &mut self.interval;
+        iv.record(f.vm as usize, dir, bytes, latency_us, ok);
+        if vm.active_in != self.interval_index {
+            vm.active_in = self.interval_index;
+            iv.active_vms += 1;
+        }
+        let target = vm.target as usize;
+        for w in &mut self.windows {
+            if (w.start_ns..w.end_ns).contains(&model_now) {
+                w.total.record(dir, bytes, latency_us, ok);
+                w.per_target[target].record(dir, bytes, latency_us, ok);
+            }
         }
     }
 
@@ -708,7 +702,8 @@ pub(crate) async fn run(
     let seed = opts.seed.unwrap_or(scenario.seed);
     let n_targets = opts.targets.len();
     let conns_for = connections_per_target(&opts)?;
-    let connected = connect(&opts.targets, &conns_for, &tls).await?;
+    let resolved = resolve_targets(&opts.targets).await?;
+    let connected = connect(&opts.targets, &resolved, &conns_for, &tls).await?;
     let plan = layout(scenario, &opts.targets, &connected.sizes)?;
     let (vms, max_size) = build_vms(&opts, &plan, &connected, seed)?;
     let Connected { streams, sizes, .. } = connected;
@@ -764,6 +759,7 @@ pub(crate) async fn run(
 
 /// The run's wall-clock times.
 struct Timing {
+    /// The whole run: the warm-up, then the measured time.
     duration: Duration,
     /// Of the timeline.
     interval: Duration,
@@ -776,59 +772,104 @@ fn check_options(opts: &LoadOptions) -> Result<Timing, LoadError> {
     if opts.targets.is_empty() {
         return Err(LoadError::InvalidOption("give at least one target".into()));
     }
-    let export_of = |t: &Target| (t.host.clone(), t.port, t.export.clone());
-    for (i, t) in opts.targets.iter().enumerate() {
-        // The same export over TLS and in plain text is still the same disk.
-        if opts.targets[..i]
-            .iter()
-            .any(|o| export_of(o) == export_of(t))
-        {
-            return Err(LoadError::InvalidOption(format!(
-                "target {t} is listed twice (its VMs' disks would overlap)"
-            )));
-        }
-    }
     if !(opts.time_scale.is_finite() && opts.time_scale > 0.0 && opts.time_scale <= 1e6) {
         return Err(LoadError::InvalidOption(format!(
             "time scale must be in (0, 1e6], got {}",
             opts.time_scale
         )));
     }
-    let scenario = &opts.scenario;
-    let scale = opts.time_scale;
-    let duration = match opts.duration {
-        Some(d) => d,
-        None => scenario
-            .duration_s
-            .map(|s| Duration::from_secs_f64(s / scale))
-            .unwrap_or(Duration::from_secs(10)),
+    check_outstanding(&opts.scenario)?;
+    timing(opts)
+}
+
+/// Most I/Os the VMs may keep outstanding at once, over all targets. The driver
+/// holds about 600 bytes for each (its record, the NBD session's, the reply
+/// buffers; measured: 4 Mi reads in flight took 2.5 GB, 256 Mi aborted on a
+/// 2.3 GB allocation), so 1 Mi bounds it near 650 MB; a real target queues far
+/// fewer (an NVMe queue holds at most 64 Ki, a Linux block queue a few thousand),
+/// so a deeper load measures the client's queue, not the storage. The simulator,
+/// which has no NBD state, allows 4,000,000.
+pub const MAX_OUTSTANDING_IOS: u64 = 1 << 20;
+
+/// Refuses a scenario whose VMs could keep more than [`MAX_OUTSTANDING_IOS`] I/Os
+/// outstanding, before anything is allocated for them.
+fn check_outstanding(scenario: &LoadScenario) -> Result<(), LoadError> {
+    let n = scenario.max_outstanding();
+    if n > MAX_OUTSTANDING_IOS {
+        return Err(LoadError::InvalidOption(format!(
+            "the VMs may keep {n} I/Os outstanding (workers × qd, summed over the VMs); at most {MAX_OUTSTANDING_IOS} against real targets"
+        )));
+    }
+    Ok(())
+}
+
+/// Longest wall-clock run, warm-up included.
+const MAX_RUN: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The run's times: the warm-up (`warmup_s` at the time scale) runs first, then the
+/// measured part (`--duration`, else `duration_s` at the time scale, else 10 s), as
+/// in `weir sim`, where `duration_s` is the measured time after `warmup_s`.
+fn timing(opts: &LoadOptions) -> Result<Timing, LoadError> {
+    let (scenario, scale) = (&opts.scenario, opts.time_scale);
+    let measured = match (opts.duration, scenario.duration_s) {
+        (Some(d), _) => d,
+        (None, Some(s)) => wall(s, scale, "scenario.duration_s")?,
+        (None, None) => Duration::from_secs(10),
     };
-    if duration.is_zero() || duration > Duration::from_secs(30 * 24 * 3600) {
+    let warmup_real = wall(scenario.warmup_s, scale, "scenario.warmup_s")?;
+    let duration = measured + warmup_real;
+    if measured.is_zero() || duration > MAX_RUN {
         return Err(LoadError::InvalidOption(format!(
-            "duration must be > 0 and at most 30 days, got {duration:?}"
+            "the measured time must be > 0 and, with the warm-up ({warmup_real:?}), at most 30 days; got {measured:?}"
         )));
     }
-    let interval = opts
-        .timeline_interval
-        .or_else(|| {
-            scenario
-                .timeline_interval_s
-                .map(|s| Duration::from_secs_f64(s / scale))
-        })
-        .unwrap_or(Duration::from_secs(1))
-        .max(Duration::from_millis(10));
-    let warmup_real = Duration::from_secs_f64(scenario.warmup_s / scale);
-    if warmup_real >= duration {
-        return Err(LoadError::InvalidOption(format!(
-            "the scenario's warm-up ({} s model time = {warmup_real:?}) is not shorter than the run ({duration:?})",
-            scenario.warmup_s
-        )));
-    }
+    let interval = match (opts.timeline_interval, scenario.timeline_interval_s) {
+        (Some(i), _) => i,
+        (None, Some(s)) => wall(s, scale, "scenario.timeline_interval_s")?,
+        (None, None) => Duration::from_secs(1),
+    };
     Ok(Timing {
         duration,
-        interval,
+        interval: interval.max(Duration::from_millis(10)),
         warmup_real,
     })
+}
+
+/// `model_s` model seconds (`key` of the scenario) as wall-clock time at time scale
+/// `scale`; refused beyond [`MAX_RUN`].
+fn wall(model_s: f64, scale: f64, key: &str) -> Result<Duration, LoadError> {
+    let s = model_s / scale;
+    match Duration::try_from_secs_f64(s) {
+        Ok(d) if d <= MAX_RUN => Ok(d),
+        _ => Err(LoadError::InvalidOption(format!(
+            "{key} = {model_s} model seconds at time scale {scale} is {s:.3e} s of wall-clock time; at most 30 days"
+        ))),
+    }
+}
+
+/// Each target's socket addresses, resolved once; a target that reaches an address
+/// of an earlier one for the same export name is refused (`127.0.0.1` and
+/// `localhost`, plain text and TLS: the same disk, which two VMs would share).
+async fn resolve_targets(targets: &[Target]) -> Result<Vec<Vec<SocketAddr>>, LoadError> {
+    let mut seen: HashMap<(SocketAddr, &str), usize> = HashMap::new();
+    let mut resolved = Vec::with_capacity(targets.len());
+    for (i, t) in targets.iter().enumerate() {
+        let addrs = resolve(t).await.map_err(|message| LoadError::Connect {
+            target: t.to_string(),
+            message,
+        })?;
+        for a in &addrs {
+            if let Some(&j) = seen.get(&(*a, t.export.as_str())) {
+                return Err(LoadError::InvalidOption(format!(
+                    "target {t} is listed twice: {} reaches the same export at {a} (its VMs' disks would overlap)",
+                    targets[j]
+                )));
+            }
+        }
+        seen.extend(addrs.iter().map(|a| ((*a, t.export.as_str()), i)));
+        resolved.push(addrs);
+    }
+    Ok(resolved)
 }
 
 /// Connections to open to each target: one to each target a VM uses, the rest of
@@ -882,6 +923,7 @@ struct Connected {
 /// (`nbds://` ones over TLS with `tls[t]`).
 async fn connect(
     targets: &[Target],
+    resolved: &[Vec<SocketAddr>],
     conns_for: &[u32],
     tls: &[Option<Arc<rustls::ClientConfig>>],
 ) -> Result<Connected, LoadError> {
@@ -894,13 +936,12 @@ async fn connect(
     };
     for (t, target) in targets.iter().enumerate() {
         for _ in 0..conns_for[t] {
-            let (stream, export, leftover) =
-                handshake(target, tls[t].as_ref())
-                    .await
-                    .map_err(|message| LoadError::Connect {
-                        target: target.to_string(),
-                        message,
-                    })?;
+            let (stream, export, leftover) = handshake(target, &resolved[t], tls[t].as_ref())
+                .await
+                .map_err(|message| LoadError::Connect {
+                    target: target.to_string(),
+                    message,
+                })?;
             let info = export.export_info();
             connected.sizes[t] = export.size_bytes;
             connected.read_only[t] = info.read_only();
@@ -1444,7 +1485,7 @@ fn target_components(
     per_target
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.ios() > 0)
+        .filter(|(_, c)| c.ios() + c.errors > 0)
         .map(|(t, c)| {
             let r = c.result("", measured_s);
             ComponentResult {
@@ -1623,4 +1664,119 @@ fn load_timeline(
         });
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(header: &str) -> LoadOptions {
+        let text = format!("[scenario]\n{header}\n[[vm]]\nname = \"a\"\nworkload = \"oltp\"\n");
+        LoadOptions::new(
+            Target::parse_list("nbd://127.0.0.1:1/").unwrap(),
+            LoadScenario::from_toml_str("t.toml", &text).unwrap(),
+        )
+    }
+
+    /// `duration_s` is measured after `warmup_s`, as in `weir sim`: the run takes
+    /// both (it measured 1 s of `warmup_s = 1, duration_s = 2`, and refused
+    /// `duration_s = 1`); `--duration` replaces the measured part.
+    #[test]
+    fn the_warm_up_comes_before_the_measured_time() {
+        let t = check_options(&opts("warmup_s = 1\nduration_s = 2")).unwrap();
+        assert_eq!((t.duration, t.warmup_real), (secs(3.0), secs(1.0)));
+        let t = check_options(&opts("warmup_s = 1\nduration_s = 1")).unwrap();
+        assert_eq!(t.duration, secs(2.0));
+        let mut o = opts("warmup_s = 4\nduration_s = 8");
+        o.time_scale = 4.0;
+        o.duration = Some(secs(0.5));
+        let t = check_options(&o).unwrap();
+        assert_eq!((t.duration, t.warmup_real), (secs(1.5), secs(1.0)));
+        o.duration = None;
+        assert_eq!(check_options(&o).unwrap().duration, secs(3.0));
+    }
+
+    /// Times that are valid model seconds but too long at a small time scale are
+    /// refused naming their key (they panicked converting to a duration).
+    #[test]
+    fn wall_times_beyond_30_days_are_refused() {
+        for (header, key) in [
+            ("duration_s = 1e8", "scenario.duration_s"),
+            ("warmup_s = 1e8", "scenario.warmup_s"),
+            ("timeline_interval_s = 1e8", "scenario.timeline_interval_s"),
+        ] {
+            let mut o = opts(header);
+            o.time_scale = 1e-300;
+            let e = check_options(&o).err().expect(header).to_string();
+            assert!(e.contains(key) && e.contains("30 days"), "{header}: {e}");
+        }
+        let mut o = opts("duration_s = 1e8");
+        o.duration = Some(secs(1.0));
+        assert!(check_options(&o).is_ok(), "--duration replaces duration_s");
+        let mut o = opts("warmup_s = 3000000");
+        o.duration = Some(secs(1.0));
+        let e = check_options(&o).err().unwrap().to_string();
+        assert!(e.contains("30 days"), "{e}");
+    }
+
+    /// More than 1 Mi I/Os outstanding in all are refused before the run
+    /// (`qd=65536,workers=4096` aborted on a 2.3 GB allocation).
+    #[test]
+    fn too_many_outstanding_ios_are_refused() {
+        let spec = |s: &str| {
+            LoadOptions::new(
+                Target::parse_list("nbd://127.0.0.1:1/").unwrap(),
+                LoadScenario::from_spec(s).unwrap(),
+            )
+        };
+        for s in [
+            "qd=65536,workers=4096",
+            "qd=65536,workers=64",
+            "qd=1024,vms=1025",
+        ] {
+            let e = check_options(&spec(s)).err().expect(s).to_string();
+            assert!(e.contains("at most 1048576"), "{s}: {e}");
+        }
+        assert!(check_options(&spec("qd=1024,vms=1024")).is_ok());
+        assert!(check_options(&spec("vdi-boot,vms=4")).is_ok());
+        for (name, toml) in weir_sim::builtin_scenarios() {
+            let s = LoadScenario::from_toml_str(name, toml).unwrap();
+            assert!(
+                check_outstanding(&s).is_ok(),
+                "{name}: {}",
+                s.max_outstanding()
+            );
+        }
+    }
+
+    /// The same export under two spellings of its host (or plain and TLS) is one
+    /// disk: refused (session 30: two VMs shared it and verify reported 123,032
+    /// "misdirected" sectors). Another export of the same server is not.
+    #[test]
+    fn a_target_listed_twice_is_found_by_its_address() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let check = |list: &str| rt.block_on(resolve_targets(&Target::parse_list(list).unwrap()));
+        for list in [
+            "nbd://127.0.0.1:9/x,nbd://localhost:9/x",
+            "nbd://127.0.0.1:9/,nbds://127.0.0.1:9/",
+            "nbd://[::ffff:127.0.0.1]:9/x,nbd://127.0.0.1:9/x",
+            "nbd://127.0.0.1:9/,nbd://127.0.0.1:9",
+        ] {
+            let e = check(list).expect_err(list).to_string();
+            assert!(e.contains("listed twice"), "{list}: {e}");
+        }
+        for list in [
+            "nbd://127.0.0.1:9/x,nbd://localhost:9/y",
+            "nbd://127.0.0.1:9/x,nbd://127.0.0.1:10/x",
+        ] {
+            assert!(check(list).is_ok(), "{list}");
+        }
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
 }

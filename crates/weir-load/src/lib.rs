@@ -51,7 +51,10 @@ pub struct LoadOptions {
     pub targets: Vec<Target>,
     /// What runs, parsed ([`LoadScenario::load`]).
     pub scenario: LoadScenario,
-    /// Wall-clock run time. `None`: the scenario's `duration_s / time_scale`, or 10 s.
+    /// Measured wall-clock time. The scenario's warm-up (`warmup_s / time_scale`,
+    /// not measured) runs first, so the run takes both (at most 30 days), as `weir
+    /// sim` measures `duration_s` after `warmup_s`. `None`: the scenario's
+    /// `duration_s / time_scale`, or 10 s.
     pub duration: Option<Duration>,
     /// Model seconds per wall-clock second (> 0; 1 = real time).
     pub time_scale: f64,
@@ -103,7 +106,7 @@ impl LoadOptions {
 pub struct LoadProgress {
     pub elapsed_s: f64,
     pub duration_s: f64,
-    /// I/Os completed so far.
+    /// I/Os completed successfully so far (failures are in `errors`).
     pub ios: u64,
     /// Over the last interval.
     pub iops: f64,
@@ -129,7 +132,8 @@ pub struct VerifySummary {
 #[derive(Clone, Debug)]
 pub struct LoadOutcome {
     pub report: ScenarioReport,
-    /// I/Os completed (measured or not), errors included.
+    /// I/Os completed successfully (measured or not); the failed ones are
+    /// `io_errors`, never completions.
     pub ios: u64,
     /// Requests that failed: error replies, no reply by the end of the drain, lost
     /// with a broken connection.

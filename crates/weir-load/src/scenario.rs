@@ -23,6 +23,7 @@
 //!   (`disk=64m` sets each VM's disk size; by default the VMs share the export).
 
 use crate::LoadError;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use weir_scenario::ScenarioFile;
 use weir_workload::{AccessSpec, ModelSpec, profile, profile_names};
@@ -127,6 +128,23 @@ pub struct LoadScenario {
     pub notes: Vec<String>,
 }
 
+impl LoadScenario {
+    /// The most I/Os its VMs may keep outstanding at once: workers × `qd` of an
+    /// access specification, a model's own bound shared by its copies (as `weir sim`
+    /// counts them).
+    pub fn max_outstanding(&self) -> u64 {
+        self.vms
+            .iter()
+            .map(|v| match &v.run {
+                VmWorkload::Access(s) => s.workers as u64 * s.outstanding_ios as u64,
+                VmWorkload::Model {
+                    spec, instances, ..
+                } => spec.max_outstanding().div_ceil((*instances).max(1) as u64),
+            })
+            .sum()
+    }
+}
+
 fn scen_err(file: &str, message: impl Into<String>) -> LoadError {
     LoadError::Scenario {
         file: file.to_string(),
@@ -146,8 +164,7 @@ impl LoadScenario {
         match source {
             ScenarioSource::File(path) => {
                 let file = path.display().to_string();
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| scen_err(&file, format!("cannot read: {e}")))?;
+                let text = read_bounded(path).map_err(|m| scen_err(&file, m))?;
                 LoadScenario::from_toml_str(&file, &text)
             }
             ScenarioSource::Text { name, toml } => LoadScenario::from_toml_str(name, toml),
@@ -289,26 +306,7 @@ impl LoadScenario {
         } else {
             h.name.clone()
         };
-        for (k, v) in [
-            ("duration_s", h.duration_s.unwrap_or(0.0)),
-            ("warmup_s", h.warmup_s),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(scen_err(
-                    file,
-                    format!("scenario.{k}: must be ≥ 0, got {v}"),
-                ));
-            }
-        }
-        if !(h.timeline_interval_s.is_finite() && h.timeline_interval_s > 0.0) {
-            return Err(scen_err(
-                file,
-                format!(
-                    "scenario.timeline_interval_s: must be > 0, got {}",
-                    h.timeline_interval_s
-                ),
-            ));
-        }
+        check_times(file, h)?;
         let interval_given = root
             .get("scenario")
             .and_then(toml::Value::as_table)
@@ -337,6 +335,58 @@ impl LoadScenario {
             notes,
         })
     }
+}
+
+/// Largest scenario file read (the shipped ones are a few KiB; 100,000 short `[[vm]]`
+/// tables, the most VMs a run takes, about 4 MiB).
+pub const MAX_SCENARIO_FILE_BYTES: u64 = 16 << 20;
+
+/// The text of the file at `path`, refused beyond [`MAX_SCENARIO_FILE_BYTES`] (a
+/// device such as `/dev/zero` is never read to its end).
+fn read_bounded(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    let mut text = String::new();
+    file.take(MAX_SCENARIO_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if text.len() as u64 > MAX_SCENARIO_FILE_BYTES {
+        return Err(format!(
+            "larger than {} MiB: not a scenario file",
+            MAX_SCENARIO_FILE_BYTES >> 20
+        ));
+    }
+    Ok(text)
+}
+
+/// Longest time a scenario may give (`duration_s`, `warmup_s`,
+/// `timeline_interval_s`): 10 years of model time.
+pub const MAX_SCENARIO_S: f64 = 10.0 * 365.0 * 86400.0;
+/// Shortest `duration_s` (and `timeline_interval_s`): 1 ms of model time.
+const MIN_SCENARIO_S: f64 = 1e-3;
+
+/// The header's times in range (at most 10 years; a duration and an interval of at
+/// least 1 ms, a warm-up of 0 or more), naming the key of one that is not.
+fn check_times(file: &str, h: &weir_scenario::ScenarioHeader) -> Result<(), LoadError> {
+    for (k, v, min) in [
+        ("duration_s", h.duration_s, MIN_SCENARIO_S),
+        ("warmup_s", Some(h.warmup_s), 0.0),
+        (
+            "timeline_interval_s",
+            Some(h.timeline_interval_s),
+            MIN_SCENARIO_S,
+        ),
+    ] {
+        if let Some(v) = v
+            && !(min..=MAX_SCENARIO_S).contains(&v)
+        {
+            return Err(scen_err(
+                file,
+                format!("scenario.{k}: must be {min} to {MAX_SCENARIO_S} s (10 years), got {v}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Each `[[scenario.window]]`, checked.
@@ -434,13 +484,11 @@ fn expand_vms(
 ) -> Result<(Vec<LoadVm>, std::collections::BTreeSet<&'static str>), LoadError> {
     // A model's schedule is the whole model's (as in the simulator): every copy
     // of every [[vm]] running it is one instance, numbered in file order.
-    let copies = |model: &str| -> u32 {
-        doc.vm
-            .iter()
-            .filter(|v| v.workload == model)
-            .map(|v| v.count)
-            .sum()
-    };
+    let mut copies: HashMap<&str, u32> = HashMap::new();
+    for v in &doc.vm {
+        *copies.entry(v.workload.as_str()).or_insert(0) += v.count;
+    }
+    let mut names: HashSet<String> = HashSet::new();
     let mut seen: std::collections::BTreeMap<&str, u32> = Default::default();
     let mut vms = Vec::new();
     let mut ignored_vm_fields = std::collections::BTreeSet::new();
@@ -467,7 +515,7 @@ fn expand_vms(
             } else {
                 format!("{}-{}", v.name, k + 1)
             };
-            if vms.iter().any(|x: &LoadVm| x.name == name) {
+            if !names.insert(name.clone()) {
                 return Err(scen_err(
                     file,
                     format!("{at}.name: two VMs are named {name:?}"),
@@ -481,7 +529,7 @@ fn expand_vms(
             } = &mut run
             {
                 *instance = first + k as u32;
-                *instances = copies(workload);
+                *instances = copies[workload.as_str()];
             }
             vms.push(LoadVm {
                 name,
@@ -793,6 +841,86 @@ model = "mail"
         ))
         .unwrap();
         assert!(!s.vms.is_empty());
+    }
+
+    /// Times beyond 10 years (which panicked converting to a duration) or a
+    /// duration below 1 ms are refused, naming the key.
+    #[test]
+    fn out_of_range_times_name_their_key() {
+        for (line, key) in [
+            ("duration_s = 1e300", "scenario.duration_s"),
+            ("duration_s = 1e-300", "scenario.duration_s"),
+            ("duration_s = 0", "scenario.duration_s"),
+            ("warmup_s = 1e300", "scenario.warmup_s"),
+            ("warmup_s = -1", "scenario.warmup_s"),
+            (
+                "timeline_interval_s = 1e300",
+                "scenario.timeline_interval_s",
+            ),
+            (
+                "timeline_interval_s = 1e-300",
+                "scenario.timeline_interval_s",
+            ),
+            ("duration_s = nan", "scenario.duration_s"),
+        ] {
+            let text = format!("[scenario]\n{line}\n[[vm]]\nname = \"a\"\nworkload = \"oltp\"\n");
+            let e = LoadScenario::from_toml_str("t.toml", &text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains("10 years"), "{line}: {e}");
+        }
+        let ok = "[scenario]\nduration_s = 315360000\nwarmup_s = 0\n[[vm]]\nname = \"a\"\nworkload = \"oltp\"\n";
+        assert!(LoadScenario::from_toml_str("t.toml", ok).is_ok());
+    }
+
+    /// 100,000 VMs are expanded without a scan of the earlier ones for each (62 s
+    /// before connecting); a repeated name is still found.
+    #[test]
+    fn many_vms_expand_in_linear_time() {
+        let text = "[[vm]]\nname = \"d\"\nworkload = \"oltp\"\ncount = 100000\n";
+        let t = std::time::Instant::now();
+        let s = LoadScenario::from_toml_str("big.toml", text).unwrap();
+        assert_eq!(s.vms.len(), 100_000);
+        assert!(t.elapsed().as_secs_f64() < 10.0, "{:?}", t.elapsed());
+        let mut models = String::from("[[model]]\nkind = \"exchange\"\nname = \"m\"\n");
+        for i in 0..20_000 {
+            models.push_str(&format!("[[vm]]\nname = \"x{i}\"\nworkload = \"m\"\n"));
+        }
+        let t = std::time::Instant::now();
+        let s = LoadScenario::from_toml_str("big.toml", &models).unwrap();
+        assert!(t.elapsed().as_secs_f64() < 10.0, "{:?}", t.elapsed());
+        assert!(matches!(
+            s.vms[7].run,
+            VmWorkload::Model {
+                instance: 7,
+                instances: 20_000,
+                ..
+            }
+        ));
+        let twice = "[[vm]]\nname = \"a-2\"\nworkload = \"oltp\"\n[[vm]]\nname = \"a\"\nworkload = \"oltp\"\ncount = 3\n";
+        let e = LoadScenario::from_toml_str("t.toml", twice)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("two VMs are named \"a-2\""), "{e}");
+    }
+
+    /// A scenario file is read up to 16 MiB (a symlink to /dev/zero grew to GBs).
+    #[test]
+    fn oversized_scenario_files_are_refused() {
+        let dir = std::env::temp_dir().join(format!("weir-load-big-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big.toml");
+        let line = "# padding padding padding padding padding padding padding\n";
+        let text = line.repeat((MAX_SCENARIO_FILE_BYTES as usize / line.len()) + 1);
+        std::fs::write(&big, text).unwrap();
+        let zero = Path::new("/dev/zero");
+        for p in [big.as_path(), zero].into_iter().filter(|p| p.exists()) {
+            let e = LoadScenario::load(&ScenarioSource::File(p.to_path_buf()))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("larger than 16 MiB"), "{}: {e}", p.display());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

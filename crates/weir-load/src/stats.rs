@@ -37,7 +37,13 @@ impl Counters {
         }
     }
 
+    /// One request that ended: a success counts as an I/O (its bytes and latency); a
+    /// failure (error reply, no reply, lost connection) only as an error.
     pub fn record(&mut self, dir: Direction, bytes: u64, latency_us: u64, ok: bool) {
+        if !ok {
+            self.errors += 1;
+            return;
+        }
         match dir {
             Direction::Read => {
                 self.reads += 1;
@@ -47,9 +53,6 @@ impl Counters {
                 self.writes += 1;
                 self.write_bytes += bytes;
             }
-        }
-        if !ok {
-            self.errors += 1;
         }
         self.latency_us
             .saturating_record(latency_us.clamp(1, MAX_LATENCY_US));
@@ -121,6 +124,27 @@ impl Interval {
     }
 }
 
+impl Interval {
+    /// One request that ended in this interval (VM `vm`): as [`Counters::record`],
+    /// a failure is only an error.
+    pub fn record(&mut self, vm: usize, dir: Direction, bytes: u64, latency_us: u64, ok: bool) {
+        if !ok {
+            self.errors += 1;
+            return;
+        }
+        self.ios += 1;
+        self.bytes += bytes;
+        match dir {
+            Direction::Read => self.reads += 1,
+            Direction::Write => self.writes += 1,
+        }
+        self.latency_us.saturating_record(latency_us.max(1));
+        if let Some(v) = self.vm_ios.get_mut(vm) {
+            *v += 1;
+        }
+    }
+}
+
 /// Whole-run timeline series from the closed intervals.
 pub fn timeline(
     intervals: &[Interval],
@@ -180,12 +204,11 @@ mod tests {
         for us in [100, 200, 300, 400] {
             c.record(Direction::Read, 4096, us, true);
         }
-        c.record(Direction::Write, 8192, 1000, false);
+        c.record(Direction::Write, 8192, 1000, true);
         let r = c.result("vm", 2.0);
         assert_eq!(r.ios, 5);
         assert_eq!(r.iops, 2.5);
         assert_eq!(r.read_iops, 2.0);
-        assert_eq!(r.errors, 1);
         assert!((r.mbps - (4.0 * 4096.0 + 8192.0) / 1e6 / 2.0).abs() < 1e-12);
         assert!(
             (r.latency_ms.mean - 0.4).abs() < 0.001,
@@ -196,6 +219,33 @@ mod tests {
         let empty = Counters::new(2).result("idle", 1.0);
         assert!(empty.latency_ms.p99.is_nan());
         assert_eq!(empty.iops, 0.0);
+    }
+
+    /// Failed requests (error replies, no reply at the drain) are errors only: no
+    /// IOPS, bytes or latency of their own.
+    #[test]
+    fn failures_are_errors_not_completions() {
+        let mut c = Counters::new(3);
+        c.record(Direction::Read, 4096, 500, true);
+        for _ in 0..1000 {
+            c.record(Direction::Write, 65536, 12_000_000, false);
+        }
+        let r = c.result("vm", 1.0);
+        assert_eq!((r.ios, r.errors), (1, 1000));
+        assert_eq!((r.iops, r.write_iops), (1.0, 0.0));
+        assert!((r.mbps - 4096.0 / 1e6).abs() < 1e-12, "{}", r.mbps);
+        assert!((r.latency_ms.max - 0.5).abs() < 0.01, "{:?}", r.latency_ms);
+        let mut all_failed = Counters::new(2);
+        all_failed.record(Direction::Read, 4096, 300, false);
+        let r = all_failed.result("vm", 1.0);
+        assert_eq!((r.ios, r.errors, r.mbps), (0, 1, 0.0));
+        assert!(r.latency_ms.mean.is_nan());
+        let mut iv = Interval::new(2);
+        iv.record(1, Direction::Read, 4096, 300, true);
+        iv.record(1, Direction::Write, 4096, 12_000_000, false);
+        assert_eq!((iv.ios, iv.writes, iv.bytes, iv.errors), (1, 0, 4096, 1));
+        assert_eq!(iv.vm_ios, vec![0, 1]);
+        assert_eq!(iv.latency_us.len(), 1);
     }
 
     #[test]

@@ -241,6 +241,40 @@ fn nbdkit_error_filter_errors_are_reported() {
     );
 }
 
+/// Failed and never-answered requests are errors, not completions: no IOPS, MB/s or
+/// latency from them (session 30: 100 % errors showed as 16,381 IOPS, and 4 requests
+/// unanswered at the drain as 2 IOPS of 12 s).
+#[test]
+fn failed_and_unanswered_requests_are_not_completions() {
+    if !common::nbdkit_available() {
+        return;
+    }
+    let failing = Nbdkit::start(&["--filter=error", "memory", "16M", "error-rate=100%"]);
+    let out = run(options(&failing.uri(), "bs=64k,randrw,qd=8", 0.5));
+    let total = out.report.cases[0].total.clone().unwrap();
+    println!(
+        "all failing: {} I/Os, {} errors, {total:?}",
+        out.ios, out.io_errors
+    );
+    assert!(out.io_errors > 10, "{}", out.io_errors);
+    assert_eq!(
+        (out.ios, total.ios, total.iops, total.mbps),
+        (0, 0, 0.0, 0.0)
+    );
+    assert!(total.latency_ms.mean.is_nan() && total.errors >= out.io_errors);
+    let silent = Nbdkit::start(&["--filter=delay", "memory", "16M", "rdelay=30", "wdelay=30"]);
+    let mut o = options(&silent.uri(), "bs=4k,randrw,qd=4", 0.5);
+    o.drain_timeout = Duration::from_millis(500);
+    let out = run(o);
+    let total = out.report.cases[0].total.clone().unwrap();
+    println!("never answered: {} errors, {total:?}", out.io_errors);
+    assert_eq!(
+        (out.io_errors, out.ios, total.ios, total.iops),
+        (4, 0, 0, 0.0)
+    );
+    assert!(total.latency_ms.max.is_nan() && total.errors == 4);
+}
+
 #[test]
 fn a_corrupting_target_fails_verification() {
     let server = TestServer::start(
