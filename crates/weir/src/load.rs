@@ -29,8 +29,8 @@ pub struct LoadArgs {
     /// PEM private key of --tls-cert
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Wall-clock run time: 30, 30s, 5m, 1h, 500ms (default: the scenario's duration
-    /// divided by --time-scale, or 10 s)
+    /// Measured wall-clock time: 30, 30s, 5m, 1h, 500ms (default: the scenario's
+    /// duration_s divided by --time-scale, or 10 s); the scenario's warm-up runs before it
     #[arg(long, short = 'd', value_name = "TIME", value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Model seconds per wall-clock second: 10 runs a 30-minute storm in 3 minutes
