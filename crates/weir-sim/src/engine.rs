@@ -714,7 +714,10 @@ impl<'p> Engine<'p> {
             // Reported only beside other volumes or array QoS (see `report`): else the
             // total says it all, and recording it twice per I/O is waste.
             volume_stats: if plan.volumes.len() > 1 || plan.file.array_qos.is_some() {
-                plan.volumes.iter().map(|_| Stats::new(3)).collect()
+                // 3 significant figures (188 KB each) for a few volumes, 2 (27 KB, as
+                // per VM) beyond 100.
+                let sigfig = if plan.volumes.len() > 100 { 2 } else { 3 };
+                plan.volumes.iter().map(|_| Stats::new(sigfig)).collect()
             } else {
                 Vec::new()
             },

@@ -128,10 +128,25 @@ impl Scenario {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> {
         let path = path.as_ref();
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError::Io {
+        let io = |message: String| ScenarioError::Io {
             file: file.clone(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(
+                std::fs::File::open(path).map_err(|e| io(e.to_string()))?,
+                MAX_FILE_BYTES + 1,
+            ),
+            &mut text,
+        )
+        .map_err(|e| io(e.to_string()))?;
+        if text.len() as u64 > MAX_FILE_BYTES {
+            return Err(io(format!(
+                "larger than {} MiB: not a scenario file",
+                MAX_FILE_BYTES >> 20
+            )));
+        }
         Scenario::from_toml_str(&file, &text)
     }
 
@@ -190,6 +205,7 @@ impl Scenario {
         } else {
             file.case.clone()
         };
+        check_case_count(&specs).map_err(|(p, m)| located(&p, m))?;
         let mut names = std::collections::BTreeSet::new();
         for (ci, case) in specs.iter().enumerate() {
             let at = |sub: &[Seg]| {
@@ -295,6 +311,39 @@ impl Scenario {
     pub fn retain_cases(&mut self, pattern: &str) {
         self.cases.retain(|c| c.name.contains(pattern));
     }
+}
+
+/// Largest scenario file read (the shipped ones are under 100 KB; `weir load`
+/// reads the same 16 MiB at most).
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// Most `[[volume]]`s a scenario declares (the shipped ones: at most 6; 20,000
+/// took more than 3 GB).
+pub const MAX_VOLUMES: usize = 10_000;
+
+/// Most cases a scenario expands to (sweeps multiplied out): the shipped ones
+/// have at most 78; every case is planned (its hardware built) while loading.
+pub const MAX_CASES: u64 = 1000;
+
+/// The scenario's cases, sweeps multiplied out, are at most [`MAX_CASES`]:
+/// counted before anything is expanded (3 sweeps of 1,000 values each asked
+/// for a 24 GB allocation).
+fn check_case_count(specs: &[CaseSpec]) -> Result<(), PathErr> {
+    let mut total = 0u64;
+    for (ci, case) in specs.iter().enumerate() {
+        let points = (case.sweep.iter()).fold(1u64, |n, s| n.saturating_mul(s.values.len() as u64));
+        total = total.saturating_add(points);
+        if total > MAX_CASES {
+            return Err(err(
+                vec![key("case"), Seg::Index(ci), key("sweep")],
+                format!(
+                    "the scenario expands to more than {MAX_CASES} cases here (this case's \
+                     sweeps: {points} points): split it, or sweep fewer values"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A case's sweeps name known parameters and have values; the error's path is
@@ -637,9 +686,19 @@ fn check_header(file: &ScenarioFile) -> Result<Clock, PathErr> {
 
 /// The `[[volume]]`s with their `[[policy]]` (best effort without one).
 fn plan_volumes(file: &ScenarioFile) -> Result<Vec<VolumePlan>, PathErr> {
+    if file.volume.len() > MAX_VOLUMES {
+        return Err(err(
+            vec![key("volume")],
+            format!(
+                "{} volumes: at most {MAX_VOLUMES} (each keeps its own latency histogram)",
+                file.volume.len()
+            ),
+        ));
+    }
     let mut catalog = PolicyCatalog::new();
+    let mut policy_names = std::collections::HashSet::new();
     for (i, p) in file.policy.iter().enumerate() {
-        if file.policy[..i].iter().any(|q| q.name == p.name) {
+        if !policy_names.insert(p.name.as_str()) {
             return Err(err(
                 entry_field("policy", i, "name"),
                 format!("two policies are named {:?}", p.name),
@@ -650,9 +709,10 @@ fn plan_volumes(file: &ScenarioFile) -> Result<Vec<VolumePlan>, PathErr> {
             .map_err(|e| err(vec![key("policy"), Seg::Index(i)], e.to_string()))?;
     }
     let mut volumes = Vec::new();
+    let mut names = std::collections::HashSet::new();
     for (i, v) in file.volume.iter().enumerate() {
         check_name(entry_field("volume", i, "name"), &v.name)?;
-        if volumes.iter().any(|x: &VolumePlan| x.name == v.name) {
+        if !names.insert(v.name.as_str()) {
             return Err(err(
                 entry_field("volume", i, "name"),
                 format!("two volumes are named {:?}", v.name),
@@ -682,10 +742,11 @@ fn plan_hosts(file: &ScenarioFile) -> Result<Vec<HostPlan>, PathErr> {
         ));
     }
     let mut hosts = Vec::new();
+    let mut names = std::collections::HashSet::new();
     for (i, hs) in file.host.iter().enumerate() {
         let at = |f: &str| entry_field("host", i, f);
         check_name(at("name"), &hs.name)?;
-        if hosts.iter().any(|x: &HostPlan| x.name == hs.name) {
+        if !names.insert(hs.name.as_str()) {
             return Err(err(
                 at("name"),
                 format!("two hosts are named {:?}", hs.name),
@@ -855,11 +916,15 @@ fn plan_vms(
     let mut next_offset = 0u64;
     // Copies of each model seen so far (see `VmEntry::first_instance`).
     let mut model_seen: BTreeMap<&str, u32> = BTreeMap::new();
+    // Names taken so far: one look-up per copy (a scan of `vms` was quadratic:
+    // 50,000 VMs took 20 s to parse).
+    let mut names: std::collections::HashSet<String> = std::collections::HashSet::new();
     for i in 0..file.vm.len() {
         let entry = VmEntry::resolve(file, i, hosts, volumes, fill_bytes, &mut model_seen)?;
         for k in 0..entry.v.count {
-            let vm = entry.copy(file, k, &vms, next_offset)?;
+            let vm = entry.copy(file, k, &names, next_offset)?;
             next_offset += vm.disk_bytes;
+            names.insert(vm.name.clone());
             vms.push(vm);
         }
     }
@@ -976,7 +1041,7 @@ impl<'f> VmEntry<'f> {
         &self,
         file: &ScenarioFile,
         k: u32,
-        vms: &[VmPlan],
+        taken: &std::collections::HashSet<String>,
         base_offset: u64,
     ) -> Result<VmPlan, PathErr> {
         let v = self.v;
@@ -986,7 +1051,7 @@ impl<'f> VmEntry<'f> {
         } else {
             format!("{}-{}", v.name, k + 1)
         };
-        if vms.iter().any(|x| x.name == vm_name) {
+        if taken.contains(&vm_name) {
             return Err(err(at("name"), format!("two VMs are named {vm_name:?}")));
         }
         let policy = Policy {

@@ -533,6 +533,43 @@ fn names_given_twice_are_refused() {
     assert_eq!(field, "volume[v].name", "{msg}");
 }
 
+/// Bounded before anything is built (session 30: 3 sweeps of 1,000 values asked
+/// for 24 GB, 20,000 volumes took over 3 GB, a file from /dev/zero grew
+/// without end).
+#[test]
+fn sweeps_volumes_files_and_names_are_bounded() {
+    let values: Vec<String> = (1..=40).map(|v| v.to_string()).collect();
+    let sweep = |param: &str| {
+        format!(
+            "[[case.sweep]]\nparam = \"{param}\"\nvalues = [{}]\n",
+            values.join(", ")
+        )
+    };
+    let text = format!(
+        "{GOOD}\n[[case]]\nname = \"big\"\n{}{}",
+        sweep("queue_depth"),
+        sweep("host.h1.queue_depth")
+    );
+    let (_, field, msg) = invalid(&text);
+    assert!(
+        msg.contains("more than 1000 cases") && msg.contains("1600 points"),
+        "{msg}"
+    );
+    assert!(field.contains("sweep"), "{field}");
+    let many: String = (0..10_001)
+        .map(|i| format!("[[volume]]\nname = \"v{i}\"\n"))
+        .collect();
+    let (_, _, msg) = invalid(&format!("{GOOD}{many}"));
+    assert!(msg.contains("at most 10000"), "{msg}");
+    let dir = std::env::temp_dir().join(format!("weir-sim-big-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let big = dir.join("big.toml");
+    std::fs::write(&big, vec![b'#'; (16 << 20) + 1]).unwrap();
+    let e = Scenario::from_file(&big).expect_err("read").to_string();
+    assert!(e.contains("larger than 16 MiB"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn sweeps_expand_cases_with_params() {
     let text = format!(
