@@ -198,6 +198,10 @@ pub struct Placement {
     dirty: u32,
     /// A promotion waits for its victim's destage (cleared when a move ends).
     blocked: bool,
+    /// Extents of a dropped volume whose move was in flight: released by
+    /// [`Placement::next_move`] once it ends (their slots were held until a
+    /// restart, and destages retried forever, before session 30).
+    doomed: Vec<u64>,
     records: Vec<Record>,
     stats: PlacementStats,
 }
@@ -215,6 +219,7 @@ impl Placement {
             dirty_queue: VecDeque::new(),
             dirty: 0,
             blocked: false,
+            doomed: Vec::new(),
             records: Vec::new(),
             stats: PlacementStats::default(),
             spec,
@@ -521,12 +526,17 @@ impl Placement {
 
     /// Whether [`Placement::next_move`] may have something to do now.
     pub fn wants_move(&self) -> bool {
-        (!self.queue.is_empty() && !self.blocked) || self.dirty > self.spec.dirty_limit
+        (!self.queue.is_empty() && !self.blocked)
+            || self.dirty > self.spec.dirty_limit
+            || !self.doomed.is_empty()
     }
 
     /// The next migration to perform, if any. The driver bounds how many it runs
     /// at once; each ends with its `*_done` (or `released`).
     pub fn next_move(&mut self, now: Nanos) -> Option<Move> {
+        if let Some(m) = self.release_doomed() {
+            return Some(m);
+        }
         if self.dirty > self.spec.dirty_limit
             && let Some(m) = self.start_destage()
         {
@@ -696,24 +706,56 @@ impl Placement {
 
     /// Drops every extent whose key `belongs` (a deleted volume's): their slots
     /// come back as `Release` moves; dirty data is discarded. Extents with a move
-    /// in flight are dropped when it ends (their keys are gone: no one reads them).
+    /// in flight are dropped when it ends (their keys are gone: no one reads them),
+    /// by [`Placement::next_move`]; queued promotions are forgotten.
     pub fn drop_where(&mut self, belongs: impl Fn(u64) -> bool) -> Vec<Move> {
-        let keys: Vec<u64> = self
+        let mut keys: Vec<(u64, Moving)> = self
             .extents
             .iter()
-            .filter(|(k, x)| belongs(**k) && x.slot != NO_SLOT && x.moving == Moving::Idle)
-            .map(|(k, _)| *k)
+            .filter(|(k, _)| belongs(**k))
+            .map(|(k, x)| (*k, x.moving))
             .collect();
+        keys.sort_unstable_by_key(|(k, _)| *k);
         let mut out = Vec::new();
-        for key in keys {
-            self.set_clean(key, false);
-            let slot = self.unmap(key);
-            self.slots[slot as usize] = SlotState::Releasing;
-            self.records.push(Record::Unmap { key, slot });
-            self.extents.remove(&key);
-            out.push(Move::Release { slot });
+        for (key, moving) in keys {
+            match moving {
+                Moving::Idle => out.extend(self.drop_extent(key)),
+                Moving::Queued => self.unqueue(key),
+                _ => self.doomed.push(key),
+            }
         }
         out
+    }
+
+    /// Releases `key`'s slot (`Release`) and forgets it; one without a slot is
+    /// left to [`Placement::forget_if_idle`] (its I/O may still be counted).
+    fn drop_extent(&mut self, key: u64) -> Option<Move> {
+        if self.extents.get(&key)?.slot == NO_SLOT {
+            return None;
+        }
+        self.set_clean(key, false);
+        let slot = self.unmap(key);
+        self.slots[slot as usize] = SlotState::Releasing;
+        self.records.push(Record::Unmap { key, slot });
+        self.extents.remove(&key);
+        Some(Move::Release { slot })
+    }
+
+    /// The first dropped extent whose move has ended: its release (extents
+    /// left without a slot are forgotten on the way).
+    fn release_doomed(&mut self) -> Option<Move> {
+        while let Some(i) = (0..self.doomed.len()).find(|&i| {
+            self.extents
+                .get(&self.doomed[i])
+                .is_none_or(|x| matches!(x.moving, Moving::Idle | Moving::Queued))
+        }) {
+            let key = self.doomed.swap_remove(i);
+            self.unqueue(key);
+            if let Some(m) = self.drop_extent(key) {
+                return Some(m);
+            }
+        }
+        None
     }
 
     /// Checks the invariants (tests; O(slots + extents)).

@@ -381,3 +381,27 @@ proptest! {
         d.p.check();
     }
 }
+
+/// A volume dropped while one of its extents is being promoted (or destaged):
+/// the slot comes back once the move ends (session 30: held until a restart,
+/// the destage retried forever).
+#[test]
+fn an_extent_dropped_mid_move_is_released_when_the_move_ends() {
+    let mut p = Placement::new(spec(2));
+    for i in 0..2 {
+        let r = p.read(i, 7);
+        p.read_done(7, r);
+    }
+    let Some(Move::Promote { key: 7, slot, seq }) = p.next_move(2) else {
+        panic!("no promotion")
+    };
+    assert!(p.drop_where(|k| k == 7).is_empty(), "in flight: later");
+    assert!(p.promote_done(7, slot, seq, true));
+    assert!(p.wants_move());
+    assert_eq!(p.next_move(3), Some(Move::Release { slot }));
+    p.released(slot);
+    assert_eq!(p.slot_of(7), None);
+    assert_eq!(p.stats().resident, 0);
+    assert!(!p.wants_move());
+    p.check();
+}
