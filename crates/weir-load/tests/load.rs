@@ -788,14 +788,16 @@ fn nbds_targets_run_verified_over_tls_with_the_clients_identity() {
     let mut o = verifying(
         &format!("nbds://{addr}/open"),
         "bs=1m,randrw,qd=4,disk=8m",
-        0.5,
+        1.0,
         false,
     );
     o.tls = Some(tls_files(&pki, "anon", false));
     let out = run(o);
     let v = out.verify.clone().unwrap();
     assert!(out.passed(), "{:?}", out.failures());
-    assert!(v.reads_checked > 10 && v.mismatched_reads == 0, "{v:?}");
+    // A few 1 MiB reads are enough to show they are checked (a loaded CI machine
+    // once managed only 10 in half a second).
+    assert!(v.reads_checked >= 4 && v.mismatched_reads == 0, "{v:?}");
     // The same with libnbd's URI form: the directory's client certificate is used.
     let dir = pki.path("client1");
     let out = run(options(

@@ -440,8 +440,14 @@ mod tests {
             403
         );
         assert_eq!(status(ok("GET", &[("origin", "null")], "")), 403);
+        // The same host over https (a TLS proxy passing the Host on) is the same
+        // origin; another host over https is not.
         assert_eq!(
-            status(ok("GET", &[("origin", "https://127.0.0.1:10810")], "")),
+            ok("GET", &[("origin", "https://127.0.0.1:10810")], ""),
+            Ok(())
+        );
+        assert_eq!(
+            status(ok("GET", &[("origin", "https://127.0.0.2:10810")], "")),
             403
         );
         // Bodies must be JSON; POST/PUT/PATCH always.
