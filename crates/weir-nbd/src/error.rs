@@ -16,6 +16,21 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// What the value says, for an error that came without a message (a simple
+    /// reply carries none: "EPERM: " told an operator nothing).
+    pub fn meaning(self) -> &'static str {
+        match self {
+            ErrorCode::Perm => "not permitted (a read-only export, or one another client holds)",
+            ErrorCode::Io => "input/output error",
+            ErrorCode::NoMem => "out of memory",
+            ErrorCode::Inval => "invalid request",
+            ErrorCode::NoSpc => "no space left",
+            ErrorCode::Overflow => "beyond the export's end",
+            ErrorCode::NotSup => "not supported",
+            ErrorCode::Shutdown => "the server is shutting down",
+        }
+    }
+
     pub fn to_wire(self) -> u32 {
         match self {
             ErrorCode::Perm => 1,
@@ -78,7 +93,7 @@ impl fmt::Display for ErrorCode {
 
 /// A request that fails with an NBD error value (the connection goes on).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{code}: {message}")]
+#[error("{code}: {}", if message.is_empty() { code.meaning() } else { message })]
 pub struct NbdError {
     pub code: ErrorCode,
     pub message: String,
@@ -189,6 +204,15 @@ impl ProtocolError {
 
 #[cfg(test)]
 mod tests {
+    /// An error without a message says what its value means.
+    #[test]
+    fn an_error_without_a_message_is_explained() {
+        let e = super::NbdError::new(super::ErrorCode::Perm, "");
+        assert!(e.to_string().starts_with("EPERM: not permitted"), "{e}");
+        let e = super::NbdError::new(super::ErrorCode::Io, "disk gone");
+        assert_eq!(e.to_string(), "EIO: disk gone");
+    }
+
     use super::*;
     use crate::consts::*;
 

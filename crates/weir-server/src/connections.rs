@@ -365,7 +365,7 @@ pub struct RateLimited {
 }
 
 impl RateLimited {
-    pub fn new(every: Duration) -> RateLimited {
+    pub const fn new(every: Duration) -> RateLimited {
         RateLimited {
             every,
             last: None,

@@ -1243,7 +1243,7 @@ async fn negotiate(
                     stream = match state.tls.accept(stream).await {
                         Ok(c) => c,
                         Err(e) => {
-                            tracing::info!(%peer, "TLS handshake failed: {e}");
+                            tls_failed(peer, &e);
                             return None;
                         }
                     };
@@ -1920,6 +1920,28 @@ async fn send_file(
         }
     }
     Ok(())
+}
+
+/// A failed TLS handshake (a client certificate refused, an expired one, a
+/// plaintext client on a TLS port): a warning, at most one per
+/// [`crate::connections::WARN_EVERY`] for the whole server (it was logged at
+/// info, which the default level hides: the client saw "TLS fatal alert", the
+/// operator nothing).
+fn tls_failed(peer: impl std::fmt::Display, e: &dyn std::fmt::Display) {
+    use crate::connections::{RateLimited, WARN_EVERY, suppressed_note};
+    static WARNINGS: std::sync::Mutex<RateLimited> =
+        std::sync::Mutex::new(RateLimited::new(WARN_EVERY));
+    let allowed = WARNINGS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .allow(std::time::Instant::now());
+    match allowed {
+        Some(n) => tracing::warn!(
+            "TLS handshake with {peer} failed: {e}{}",
+            suppressed_note(n)
+        ),
+        None => tracing::debug!("TLS handshake with {peer} failed: {e}"),
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,11 @@ pub async fn print(client: &Client, name: &str, since: &str, json: bool) -> Resu
     let Some(since_s) = parse_seconds(since) else {
         bail!("--since {since:?}: expected a duration such as 90s, 15m, 1h or 7d");
     };
+    // What the history keeps (its coarsest tier); more was clamped by the
+    // server, and the table then began before anything was recorded.
+    if since_s > 30 * 86_400 {
+        bail!("--since {since:?}: at most 30d (the history keeps 30 days)");
+    }
     let step_s = since_s.div_ceil(ROWS).max(1);
     let series = client
         .volume_history(name, since_s, step_s)
@@ -103,6 +108,19 @@ pub fn utc(t: u64) -> String {
 mod tests {
     use super::*;
     use weir_server::history::{Point, Sample};
+
+    /// More than the history keeps is refused before asking the server (it
+    /// clamped, and the table began before anything was recorded).
+    #[test]
+    fn since_beyond_the_history_is_refused() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = weir_server::admin::Client::new("127.0.0.1:1".parse().unwrap());
+        let e = rt.block_on(super::print(&client, "v", "99999999999d", false));
+        assert!(e.unwrap_err().to_string().contains("at most 30d"));
+    }
 
     #[test]
     fn utc_times_and_tables() {
