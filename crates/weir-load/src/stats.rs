@@ -80,16 +80,6 @@ impl Counters {
             max: ms(h.max() as f64),
         })
     }
-
-    pub fn merge(&mut self, other: &Counters) {
-        self.reads += other.reads;
-        self.writes += other.writes;
-        self.read_bytes += other.read_bytes;
-        self.write_bytes += other.write_bytes;
-        self.errors += other.errors;
-        self.mismatched_reads += other.mismatched_reads;
-        let _ = self.latency_us.add(&other.latency_us);
-    }
 }
 
 /// One interval of the timeline.

@@ -16,7 +16,9 @@ const UPLOT_CSS: &str = include_str!("../assets/uplot/uPlot.min.css");
 /// The file at `request`'s path, for `GET`; `None`: not a dashboard file (the
 /// admin API answers).
 pub fn asset(request: &Request) -> Option<Response> {
-    if request.method != "GET" {
+    // HEAD as GET (hyper sends no body for it): it was a 401, although the
+    // static files need no token.
+    if request.method != "GET" && request.method != "HEAD" {
         return None;
     }
     let (content_type, body) = match request.path.as_str() {
@@ -37,6 +39,17 @@ pub fn asset(request: &Request) -> Option<Response> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// HEAD is answered as GET (the static files need no token).
+    #[test]
+    fn head_is_answered_as_get() {
+        let head = asset(&Request {
+            method: "HEAD".into(),
+            path: "/".into(),
+            ..Request::default()
+        });
+        assert_eq!(head.map(|r| r.status), Some(200));
+    }
 
     fn get(path: &str) -> Option<Response> {
         asset(&Request {
