@@ -1199,6 +1199,15 @@ impl Journal {
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut records = Vec::new();
         if bytes.len() >= HEADER {
+            if bytes[..8] != header[..8] {
+                return Err(format!(
+                    "{}: not a tier journal (its first bytes are damaged or another file is \
+                     in its place): the flash file's map cannot be read; restore the journal, \
+                     or move the flash directory's files away to start the tier empty (dirty \
+                     extents on flash are then lost)",
+                    path.display()
+                ));
+            }
             if bytes[..HEADER] != header {
                 return Err(format!(
                     "{}: written for another tier.extent or tier.flash_size (the flash \
@@ -1502,6 +1511,12 @@ mod tests {
             err.contains("another tier.extent or tier.flash_size"),
             "{err}"
         );
+        // A damaged magic is said as such, not as other settings (session 30).
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[0] ^= 0xFF;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = TierDevice::open("p", &fx.config, &fx.dir).err().unwrap();
+        assert!(err.contains("not a tier journal"), "{err}");
     }
 
     /// A damaged record with valid ones after it (not a torn tail's shape
