@@ -555,6 +555,12 @@ impl Replicator {
                     .into(),
             ));
         }
+        if onto_itself(s, &to, volume) {
+            return Err(StoreError::Invalid(format!(
+                "{to} is this server's own volume {volume:?}: a volume cannot replicate onto \
+                 itself (each cycle would write its snapshot over the writes made since)"
+            )));
+        }
         let (_, created) =
             s.store()
                 .put_replication(volume, &to, req.every_seconds, req.overwrite)?;
@@ -1170,6 +1176,26 @@ async fn check_allocated_extents(
         );
     }
     Ok(())
+}
+
+/// Whether `to` names `volume` on this very server: the same export on our NBD
+/// port at a loopback address, our listening address, or (listening on every
+/// address) one of this machine's (one a socket can be bound to).
+fn onto_itself(s: &ServerState, to: &NbdUrl, volume: &str) -> bool {
+    let Some((nbd, _)) = s.addrs.get() else {
+        return false;
+    };
+    if to.export != volume || to.port != nbd.port() {
+        return false;
+    }
+    let Ok(addrs) = std::net::ToSocketAddrs::to_socket_addrs(&(to.host.as_str(), to.port)) else {
+        return false;
+    };
+    let local = |ip: std::net::IpAddr| std::net::UdpSocket::bind((ip, 0)).is_ok();
+    addrs.into_iter().any(|a| {
+        let ip = a.ip().to_canonical();
+        ip.is_loopback() || ip == nbd.ip() || (nbd.ip().is_unspecified() && local(ip))
+    })
 }
 
 /// `volume@repl-3` → `repl-3`.

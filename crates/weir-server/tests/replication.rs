@@ -521,6 +521,24 @@ async fn bad_targets_and_requests_are_refused_clearly() {
     assert_eq!(code, 400, "{msg}");
     let (code, _) = status(admin.replication("nope").await);
     assert_eq!(code, 404);
+    // Onto itself (session 30: accepted with --overwrite, and each cycle wrote
+    // the snapshot over the writes made since); under another host spelling too.
+    for host in ["127.0.0.1", "localhost"] {
+        let me = format!("nbd://{host}:{}/db", server.nbd_addr().port());
+        let (code, msg) = status(
+            admin
+                .replicate(
+                    "db",
+                    &ReplicationRequest {
+                        overwrite: true,
+                        ..once(&me)
+                    },
+                )
+                .await,
+        );
+        assert_eq!(code, 400, "{msg}");
+        assert!(msg.contains("onto itself"), "{msg}");
+    }
     // Stopping a replication that never finished a cycle releases its snapshot.
     admin.stop_replication("db").await.unwrap();
     assert!(admin.snapshots(Some("db")).await.unwrap().is_empty());
