@@ -557,13 +557,25 @@ fn count(k: &str, x: f64) -> Result<u32, String> {
 }
 
 fn toml_message(text: &str, e: &toml::de::Error) -> String {
+    let line_column = |offset: usize| {
+        let before = &text[..offset.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        format!("{line}:{column}")
+    };
+    // An entry that converts after deserializing: its own place and name (the
+    // whole file's error pointed at the first entry of its array).
+    if let Some(f) = weir_scenario::failing_entry(text) {
+        let which = f.name.clone().unwrap_or_else(|| f.index.to_string());
+        return format!(
+            "{}: {}[{which}]: {}",
+            line_column(f.offset_given(e)),
+            f.array,
+            f.message
+        );
+    }
     match e.span() {
-        Some(span) => {
-            let before = &text[..span.start.min(text.len())];
-            let line = before.matches('\n').count() + 1;
-            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-            format!("{line}:{column}: {}", e.message())
-        }
+        Some(span) => format!("{}: {}", line_column(span.start), e.message()),
         None => e.message().to_string(),
     }
 }
@@ -595,6 +607,19 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
+    /// An error in a later `[[workload]]` names that entry and its line
+    /// (session 30: "1:1: random_pct: missing", the first entry's place).
+    #[test]
+    fn a_later_workload_s_error_is_placed_at_that_entry() {
+        let text = "[[workload]]\nname = \"w\"\nblock_kib = 4\nread_pct = 100\nrandom_pct = 100\n\
+                    [[workload]]\nname = \"second\"\nblock_kib = 4\nread_pct = 100\n";
+        let e = LoadScenario::from_toml_str("w.toml", text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(" 6:1: workload[second]"), "{e}");
+        assert!(e.contains("random_pct"), "{e}");
+    }
+
     use super::*;
     use weir_workload::Direction;
 

@@ -673,6 +673,83 @@ impl Default for ScenarioHeader {
     }
 }
 
+/// An entry of `[[workload]]` or `[[model]]` that does not deserialize on its
+/// own: which array, its index, the entry's name where it has one, and its
+/// error with the offset it points at (inside the entry). Their types convert
+/// after deserializing (`try_from`), so the whole file's error carries the
+/// array's span and pointed at the first entry whatever entry was wrong.
+pub struct FailingEntry {
+    pub array: &'static str,
+    pub index: usize,
+    pub name: Option<String>,
+    /// Where the entry's error points (the entry's start when it says nothing).
+    pub offset: usize,
+    /// From the entry's start to the next entry's (or the end of the file).
+    pub span: std::ops::Range<usize>,
+    pub message: String,
+}
+
+impl FailingEntry {
+    /// Where to point: `whole`'s place (the whole file's error) when it falls
+    /// inside this entry (it is then the more precise), else the entry's own.
+    pub fn offset_given(&self, whole: &toml::de::Error) -> usize {
+        whole
+            .span()
+            .filter(|s| s.start > self.span.start && s.start < self.span.end)
+            .map_or(self.offset, |s| s.start)
+    }
+}
+
+/// The first entry of `[[workload]]` or `[[model]]` in `text` that fails on
+/// its own ([`FailingEntry`]); `None` when each does (the error is elsewhere).
+pub fn failing_entry(text: &str) -> Option<FailingEntry> {
+    use serde::de::DeserializeOwned;
+    use toml::de::{DeTable, DeValue, ValueDeserializer};
+    fn fails<T: DeserializeOwned>(v: toml::Spanned<DeValue<'_>>) -> Option<toml::de::Error> {
+        T::deserialize(ValueDeserializer::from(v)).err()
+    }
+    let root = DeTable::parse(text).ok()?;
+    type Check = for<'a> fn(toml::Spanned<DeValue<'a>>) -> Option<toml::de::Error>;
+    let checks: [(&'static str, Check); 2] = [
+        ("workload", fails::<AccessSpec>),
+        ("model", fails::<ModelSpec>),
+    ];
+    for (array, check) in checks {
+        let Some(DeValue::Array(items)) = root.get_ref().get(array).map(|v| v.get_ref()) else {
+            continue;
+        };
+        for (index, item) in items.iter().enumerate() {
+            let Some(e) = check(item.clone()) else {
+                continue;
+            };
+            // An array-of-tables entry's own span is its header: its text runs
+            // to the next entry (or the file's end).
+            let next = items.get(index + 1).map_or(text.len(), |n| n.span().start);
+            let span = item.span().start..next.max(item.span().end);
+            let offset = e
+                .span()
+                .filter(|s| s.start >= span.start && s.end <= span.end)
+                .map_or(span.start, |s| s.start);
+            let name = match item.get_ref() {
+                DeValue::Table(t) => t.get("name").and_then(|n| match n.get_ref() {
+                    DeValue::String(s) => Some(s.to_string()),
+                    _ => None,
+                }),
+                _ => None,
+            };
+            return Some(FailingEntry {
+                array,
+                index,
+                name,
+                offset,
+                span,
+                message: e.message().to_string(),
+            });
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -171,7 +171,21 @@ impl Scenario {
             )
         };
         let root = DeTable::parse(text).map_err(|e| invalid(None, e))?;
-        let file = deserialize_file(root.clone()).map_err(|e| invalid(Some(root.get_ref()), e))?;
+        let file = deserialize_file(root.clone()).map_err(|e| {
+            // An entry that converts after deserializing: its own place.
+            match weir_scenario::failing_entry(text) {
+                Some(f) => {
+                    let offset = f.offset_given(&e);
+                    invalid_at(
+                        name_for_errors,
+                        line_col(text, offset),
+                        path_at(root.get_ref(), offset),
+                        f.message,
+                    )
+                }
+                None => invalid(Some(root.get_ref()), e),
+            }
+        })?;
         // The base file must be valid on its own.
         plan_case(&file, "base", "", BTreeMap::new(), &[]).map_err(|(p, m)| located(&p, m))?;
         // What each case starts from: the document without its cases.

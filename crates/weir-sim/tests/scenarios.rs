@@ -570,6 +570,23 @@ fn sweeps_volumes_files_and_names_are_bounded() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An error in a later `[[workload]]` or `[[model]]` names that entry and its
+/// line (session 30: it was reported at the first entry of the array).
+#[test]
+fn a_later_entry_s_error_is_placed_at_that_entry() {
+    let workloads = "[[workload]]\nname = \"w\"\nblock_kib = 4\nread_pct = 100\nrandom_pct = 100\n\
+                     [[workload]]\nname = \"second\"\nblock_kib = 4\n";
+    let text = format!("{GOOD}{workloads}");
+    let line = text.lines().position(|l| l == "name = \"second\"").unwrap();
+    let (at, field, msg) = invalid(&text);
+    assert!(field.starts_with("workload[second]"), "{field}: {msg}");
+    assert!(msg.contains("read_pct"), "{msg}");
+    assert!(at == line || at == line + 1, "line {at}, want {line}");
+    let models = "[[model]]\nkind = \"oltp\"\nname = \"m1\"\n[[model]]\nkind = \"oltp\"\nname = \"m2\"\nbogus = 1\n";
+    let (_, field, msg) = invalid(&format!("{GOOD}{models}"));
+    assert!(field.starts_with("model[m2]"), "{field}: {msg}");
+}
+
 #[test]
 fn sweeps_expand_cases_with_params() {
     let text = format!(
