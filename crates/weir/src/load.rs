@@ -64,6 +64,10 @@ pub struct LoadArgs {
     /// No progress bar
     #[arg(long, short)]
     pub quiet: bool,
+    /// Fit the tables in N columns (default: the terminal's width, or unlimited when
+    /// the output is not a terminal)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub width: Option<u16>,
 }
 
 /// `90`, `90s`, `1.5m`, `2h`, `250ms` → a duration.
@@ -168,10 +172,14 @@ fn print_outcome(
     if args.json {
         outln!("{}", weir_report::render_json(&outcome.report));
     } else {
-        out!(
-            "{}",
-            weir_report::render_text(&outcome.report, &weir_report::TextOptions::default())
-        );
+        let options = weir_report::TextOptions {
+            width: args
+                .width
+                .map(usize::from)
+                .or_else(crate::sim::terminal_width),
+            ..Default::default()
+        };
+        out!("{}", weir_report::render_text(&outcome.report, &options));
     }
     if let (Some(path), Some(file)) = (&args.html, html) {
         file.write(&weir_report::render_html(&outcome.report))?;

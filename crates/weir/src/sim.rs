@@ -159,7 +159,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 
 /// The terminal's width in columns, from `COLUMNS` or the terminal itself; `None`
 /// when the output is not a terminal.
-fn terminal_width() -> Option<usize> {
+pub(crate) fn terminal_width() -> Option<usize> {
     if let Some(n) = std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()) {
         return Some(n);
     }

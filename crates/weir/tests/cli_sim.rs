@@ -476,3 +476,42 @@ fn a_hundred_thousand_vms_fit_in_memory() {
     assert!(peak_kb > 0, "never measured");
     assert!(peak_kb < 1_500_000, "peak RSS {peak_kb} KB");
 }
+
+/// `weir load --width N` fits its tables in N columns, as `weir sim` does
+/// (session 30: lines of 363 columns whatever the terminal).
+#[test]
+fn weir_load_fits_its_tables_in_the_width() {
+    if !weir_testkit::require_tool("nbdkit", &["--version"]) {
+        return;
+    }
+    let (_nbdkit, port) = weir_testkit::start_daemon("nbdkit", |p| {
+        [
+            "-f",
+            "-p",
+            &p.to_string(),
+            "--exit-with-parent",
+            "memory",
+            "1G",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    });
+    let out = weir()
+        .args(["load", "-q", "-d", "0.5s", "--width", "60", "-t"])
+        .arg(format!("nbd://127.0.0.1:{port}/"))
+        .arg("bs=4k,vms=2")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let widest = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    assert!(
+        widest <= 60 && text.lines().count() > 5,
+        "{widest} columns:\n{text}"
+    );
+}
