@@ -210,7 +210,13 @@ fn op_kind(c: &Command) -> (OpKind, u64) {
 
 /// Records metrics and hands the reply to the connection's writer.
 pub fn deliver(job: &Job, reply: Reply, ok: bool) {
-    let (kind, bytes) = op_kind(&job.command);
+    let bytes = op_kind(&job.command).1;
+    send_reply(job, reply, ok, bytes);
+}
+
+/// [`deliver`] counting `bytes` as moved (none for a request that never ran).
+fn send_reply(job: &Job, reply: Reply, ok: bool, bytes: u64) {
+    let kind = op_kind(&job.command).0;
     let latency = job.received_at.elapsed().as_nanos() as u64;
     job.volume_counters.record(kind, bytes, latency, ok);
     job.host_counters.record(kind, bytes, latency, ok);
@@ -977,9 +983,11 @@ pub fn execute_now(pool: &Arc<Pool>, task: Arc<Task>) {
 }
 
 /// Answers a request that will not run (its volume was deleted while it was
-/// queued).
+/// queued, or its connection is gone).
 pub fn fail(task: &Task, error: NbdError) {
-    deliver(&task.job, error_reply(&task.job, &error), false);
+    // An I/O and an error in the counters, but no bytes: none moved (a gone
+    // client's 32 MiB reads would otherwise show as GB read in a second).
+    send_reply(&task.job, error_reply(&task.job, &error), false, 0);
 }
 
 /// The exports one client (host, TLS identity) may see.

@@ -440,10 +440,12 @@ async fn a_held_back_volume_beside_an_at_risk_one_still_completes() {
 }
 
 /// A client whose connection ends (no DISC) leaves nothing queued: four 64 MiB
-/// TRIMs (65 s of a 1,000 IOPS limit) from 127.0.0.2, then the connection closed;
+/// TRIMs (65 s of a 1,000 IOPS limit) and two 32 MiB READs from 127.0.0.2, then
+/// the connection closed;
 /// the same host reconnects and its 4 KiB read is served at once, and the volume
-/// stops spending its limit for nobody. Before, the read waited behind the
-/// TRIMs (64.9 s live) and the gate kept releasing their pieces.
+/// stops spending its limit for nobody; the reads it failed count no bytes.
+/// Before, the read waited behind the TRIMs (64.9 s live) and the gate kept
+/// releasing their pieces.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gone_connection_s_queued_requests_do_not_hold_its_host() {
     let _alone = common::timed_alone().await;
@@ -460,6 +462,9 @@ async fn a_gone_connection_s_queued_requests_do_not_hold_its_host() {
         .unwrap();
     for _ in 0..4 {
         c.session().trim(0, 64 << 20);
+    }
+    for i in 0..2 {
+        c.session().read(i << 25, 32 << 20);
     }
     c.send().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -489,5 +494,11 @@ async fn a_gone_connection_s_queued_requests_do_not_hold_its_host() {
         spent <= 10,
         "{spent} units released in 1 s for a gone client"
     );
+    // The cancelled reads are failed requests, not 64 MiB read.
+    let read = common::sample(
+        &server,
+        r#"weir_volume_bytes_total{volume="shared",op="read"}"#,
+    );
+    assert!(read <= 1 << 20, "{read} bytes counted as read");
     server.shutdown().await.unwrap();
 }
