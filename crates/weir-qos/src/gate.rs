@@ -210,6 +210,21 @@ struct GatewayWindow {
     last_share: Option<GatewayShare>,
 }
 
+/// Takes the slots waiting for room in their host's window for which `pred` holds.
+fn take_waiting_where(admission: &mut Option<Admission>, pred: impl Fn(u32) -> bool) -> Vec<u32> {
+    let Some(adm) = admission else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for host in adm.hosts.values_mut() {
+        let (gone, kept): (VecDeque<u32>, VecDeque<u32>) =
+            host.waiting.drain(..).partition(|&s| pred(s));
+        host.waiting = kept;
+        out.extend(gone);
+    }
+    out
+}
+
 struct HostGate {
     window: HostWindow,
     in_gate: usize,
@@ -331,6 +346,34 @@ impl<T: Clone> Gate<T> {
         out
     }
 
+    /// Takes `volume`'s requests for whose payload `pred` holds and that are not
+    /// fully released yet (their client is gone: no reply can reach it), and
+    /// returns their payloads (the driver fails them). What was released stays
+    /// charged; pieces already out complete silently. Others' requests may be
+    /// released into `out`.
+    pub fn cancel_where(
+        &mut self,
+        now: Nanos,
+        volume: VolumeId,
+        pred: impl Fn(&T) -> bool,
+        out: &mut Vec<Release<T>>,
+    ) -> Vec<T> {
+        let entries = &self.entries;
+        let matches = |s: &u32| {
+            let e = &entries[*s as usize];
+            e.request.volume == volume && e.payload.as_ref().is_some_and(&pred)
+        };
+        let slots = self.sched.extract(now, volume, matches);
+        let waiting = take_waiting_where(&mut self.admission, |s| matches(&s));
+        // A middle piece of one of them parked for room goes with it.
+        self.unpark(|d| slots.contains(&d.payload));
+        let mut gone = self.cancel(slots, true);
+        gone.extend(self.cancel(waiting, false));
+        self.admit_all(now);
+        self.pump(now, out);
+        gone
+    }
+
     /// Takes every request not fully released yet (shutdown); volumes stay.
     pub fn take_queued(&mut self, now: Nanos) -> Vec<T> {
         let volumes: Vec<VolumeId> = self.sched.volumes().collect();
@@ -356,20 +399,20 @@ impl<T: Clone> Gate<T> {
     }
 
     fn take_waiting(&mut self, pred: impl Fn(&GateRequest) -> bool) -> Vec<u32> {
-        let Some(adm) = &mut self.admission else {
-            return Vec::new();
+        let entries = &self.entries;
+        take_waiting_where(&mut self.admission, |s| pred(&entries[s as usize].request))
+    }
+
+    /// Lets waiting requests of every host into the scheduler as far as its
+    /// window has room (after requests in the gate were cancelled).
+    fn admit_all(&mut self, now: Nanos) {
+        let hosts: Vec<ClientId> = match &self.admission {
+            Some(adm) => adm.hosts.keys().copied().collect(),
+            None => return,
         };
-        let mut out = Vec::new();
-        for host in adm.hosts.values_mut() {
-            let entries = &self.entries;
-            let (gone, kept): (VecDeque<u32>, VecDeque<u32>) = host
-                .waiting
-                .drain(..)
-                .partition(|&s| pred(&entries[s as usize].request));
-            host.waiting = kept;
-            out.extend(gone);
+        for client in hosts {
+            self.admit(now, client);
         }
-        out
     }
 
     /// Marks entries cancelled and returns their payloads. A piece that was not
@@ -1476,6 +1519,39 @@ mod tests {
         assert_eq!(gone, vec![5, 6]);
         let r = out.remove(0);
         assert!(g.complete(MS, r.ticket, &mut out).is_none());
+        assert_eq!((g.in_flight(), g.queued()), (0, 0));
+    }
+
+    /// A gone connection's requests (payloads under 10 here) are taken out of its
+    /// volume, half-released or queued, its host's next request is served at once
+    /// and the other connection's request stays; the piece already out completes
+    /// silently and nothing is left counted.
+    #[test]
+    fn a_gone_connection_s_requests_are_taken_out_and_its_host_served_next() {
+        let mut g = gate(4);
+        g.add_volume(0, VolumeId(1), limited(Some(1000.0), None));
+        let mut out = Vec::new();
+        for p in 1..=8 {
+            g.submit(0, req(1, 1, IoKind::Trim, 0, 64 << 20), p, &mut out)
+                .unwrap();
+        }
+        g.submit(0, req(1, 2, IoKind::Read, 0, 4096), 20, &mut out)
+            .unwrap();
+        assert_eq!(out.len(), 1, "one 5 ms piece of the first TRIM");
+        assert!(!out[0].piece.last);
+        let gone = g.cancel_where(MS, VolumeId(1), |&p| p < 10, &mut out);
+        assert_eq!(gone, (1..=8).collect::<Vec<_>>());
+        let piece = out.remove(0);
+        assert!(g.complete(2 * MS, piece.ticket, &mut out).is_none());
+        assert_eq!(g.queued(), 1, "the other host's read stays");
+        g.submit(2 * MS, req(1, 1, IoKind::Read, 0, 4096), 11, &mut out)
+            .unwrap();
+        g.wake(10 * MS, &mut out);
+        let released: Vec<u32> = out.iter().map(|r| r.payload).collect();
+        assert_eq!(released, vec![20, 11], "served within 5 ms of the limit");
+        for r in std::mem::take(&mut out) {
+            assert!(g.complete(11 * MS, r.ticket, &mut out).is_some());
+        }
         assert_eq!((g.in_flight(), g.queued()), (0, 0));
     }
 }

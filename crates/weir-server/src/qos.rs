@@ -340,6 +340,26 @@ impl<P: Perform> QosPool<P> {
         self.lock().gate.remove_volume(volume)
     }
 
+    /// Takes `volume`'s requests whose payload `pred` holds that are not fully
+    /// released yet (their connection is gone) and returns them (the caller
+    /// fails them); performs what that lets the gate release for others.
+    pub fn cancel_where(
+        self: &Arc<Self>,
+        volume: VolumeId,
+        pred: impl Fn(&P::Payload) -> bool,
+    ) -> Vec<P::Payload> {
+        let mut b = P::buffers().take();
+        let gone = {
+            let mut g = self.lock();
+            let now = self.now_ns();
+            let gone = g.gate.cancel_where(now, volume, pred, &mut b.released);
+            self.arm(&g.gate);
+            gone
+        };
+        self.perform(b);
+        gone
+    }
+
     /// Submits a validated request and performs what the gate releases now;
     /// `Err`: the volume is unknown to the pool (the payload comes back).
     pub fn submit(

@@ -210,7 +210,13 @@ fn op_kind(c: &Command) -> (OpKind, u64) {
 
 /// Records metrics and hands the reply to the connection's writer.
 pub fn deliver(job: &Job, reply: Reply, ok: bool) {
-    let (kind, bytes) = op_kind(&job.command);
+    let bytes = op_kind(&job.command).1;
+    send_reply(job, reply, ok, bytes);
+}
+
+/// [`deliver`] counting `bytes` as moved (none for a request that never ran).
+fn send_reply(job: &Job, reply: Reply, ok: bool, bytes: u64) {
+    let kind = op_kind(&job.command).0;
     let latency = job.received_at.elapsed().as_nanos() as u64;
     job.volume_counters.record(kind, bytes, latency, ok);
     job.host_counters.record(kind, bytes, latency, ok);
@@ -977,9 +983,11 @@ pub fn execute_now(pool: &Arc<Pool>, task: Arc<Task>) {
 }
 
 /// Answers a request that will not run (its volume was deleted while it was
-/// queued).
+/// queued, or its connection is gone).
 pub fn fail(task: &Task, error: NbdError) {
-    deliver(&task.job, error_reply(&task.job, &error), false);
+    // An I/O and an error in the counters, but no bytes: none moved (a gone
+    // client's 32 MiB reads would otherwise show as GB read in a second).
+    send_reply(&task.job, error_reply(&task.job, &error), false, 0);
 }
 
 /// The exports one client (host, TLS identity) may see.
@@ -1138,6 +1146,9 @@ pub async fn run_session(
         writer_mark,
         ..
     } = conn;
+    if ended == Ended::Gone {
+        cancel_queued(&pool, volume.id, &tx);
+    }
     // Stop reading; the writer finishes once every in-flight job has replied.
     drop(tx);
     if lease.as_ref().is_some_and(LeaseHeld::is_revoked)
@@ -1172,6 +1183,23 @@ pub async fn run_session(
     pool.host_connection(client, volume.id, false);
     drop(host_session);
     tracing::debug!(%peer, "connection closed");
+}
+
+/// Fails the requests of the connection replying on `tx` that its volume's gate
+/// has not fully released (the client is gone): they give back their budgets
+/// and the volume's limit now, not after they ran for nobody.
+fn cancel_queued(
+    pool: &Arc<Pool>,
+    volume: weir_qos::VolumeId,
+    tx: &mpsc::UnboundedSender<Outgoing>,
+) {
+    let ours = |w: &Work| matches!(w, Work::Client(t) if t.job.reply.same_channel(tx));
+    for work in pool.cancel_where(volume, ours) {
+        work.fail(NbdError::new(
+            ErrorCode::Shutdown,
+            "the connection closed before the request was served",
+        ));
+    }
 }
 
 /// Takes a connection's share of the volume's lease, on a blocking thread (a
@@ -1266,8 +1294,13 @@ async fn negotiate(
 /// How a connection's request loop ended.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Ended {
-    /// The client left, broke the protocol, went idle, or stopped reading.
+    /// The client broke the protocol, went idle, sent DISC, or its lease was broken.
     Closed,
+    /// The connection ended under the client (end of stream or an error, no DISC)
+    /// or it stopped reading: no reply can reach it, so what it still has queued
+    /// in the gate is taken out (it would hold its volume's limit, and its host's
+    /// next requests, for nobody).
+    Gone,
     /// We close while the client may still be sending (shutdown, a refused
     /// request): read and drop its bytes for a moment so our replies arrive.
     Linger,
@@ -1279,6 +1312,8 @@ enum Next {
     /// The server began shutting down: answer what still comes with ESHUTDOWN.
     Drain,
     Stop,
+    /// The stream ended or failed under the client (see [`Ended::Gone`]).
+    Gone,
 }
 
 type ConnReader = BufReader<tokio::io::Chain<std::io::Cursor<Vec<u8>>, ConnRead>>;
@@ -1369,7 +1404,7 @@ impl Conn {
             // does not read its replies stops being read from.
             if self.tx.is_closed() {
                 // The writer gave up (the client reads nothing) or the socket broke.
-                return Ended::Closed;
+                return Ended::Gone;
             }
             let permit = match self.permits.try_take(1) {
                 Some(p) => p,
@@ -1391,6 +1426,8 @@ impl Conn {
                     continue;
                 }
                 Next::Stop => return closed(drain_until),
+                Next::Gone if drain_until.is_none() => return Ended::Gone,
+                Next::Gone => return closed(drain_until),
             };
             let header = match RequestHeader::decode(&h) {
                 Ok(h) => h,
@@ -1410,7 +1447,7 @@ impl Conn {
             let payload = if header.has_payload() {
                 match self.read_payload(reader, header.length, &mut data).await {
                     Some(p) => Some(p),
-                    None => return Ended::Closed,
+                    None => return Ended::Gone,
                 }
             } else {
                 None
@@ -1522,7 +1559,7 @@ impl Conn {
             }
             (r, waited) = poll_until(read, deadline) => {
                 if r.is_err() {
-                    return Next::Stop;
+                    return Next::Gone;
                 }
                 busy_poll.request_read(waited.then(|| started.elapsed()), window.is_some());
                 Next::Header(h)

@@ -438,3 +438,67 @@ async fn a_held_back_volume_beside_an_at_risk_one_still_completes() {
     );
     assert!(mc.protected_dispatches > 0 && mc.held_back_dispatches == 0);
 }
+
+/// A client whose connection ends (no DISC) leaves nothing queued: four 64 MiB
+/// TRIMs (65 s of a 1,000 IOPS limit) and two 32 MiB READs from 127.0.0.2, then
+/// the connection closed;
+/// the same host reconnects and its 4 KiB read is served at once, and the volume
+/// stops spending its limit for nobody; the reads it failed count no bytes.
+/// Before, the read waited behind the TRIMs (64.9 s live) and the gate kept
+/// releasing their pieces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_connection_s_queued_requests_do_not_hold_its_host() {
+    let _alone = common::timed_alone().await;
+    let config = [
+        CAPPED_1000,
+        &common::volume_toml("shared", "64MiB", "capped", "default"),
+    ]
+    .concat();
+    let (_dir, server) = common::start_with("gate-gone", &config).await;
+    let addr = server.nbd_addr();
+    let from: IpAddr = "127.0.0.2".parse().unwrap();
+    let (mut c, _) = NbdClient::connect_from(Some(from), addr, ClientConfig::go("shared"))
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        c.session().trim(0, 64 << 20);
+    }
+    for i in 0..2 {
+        c.session().read(i << 25, 32 << 20);
+    }
+    c.send().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(c);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (mut c, _) = NbdClient::connect_from(Some(from), addr, ClientConfig::go("shared"))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let read = tokio::time::timeout(Duration::from_secs(5), c.read(0, 4096)).await;
+    let waited = start.elapsed();
+    println!("the reconnected host's 4 KiB read: {waited:?}");
+    assert!(
+        read.is_ok(),
+        "the read waited over 5 s behind a gone connection's TRIMs"
+    );
+    assert!(
+        waited < Duration::from_secs(1),
+        "the read waited {waited:?}"
+    );
+    let before = stats(&server, "shared");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = stats(&server, "shared");
+    assert_eq!(after.queued, 0);
+    let spent = after.dispatched_units - before.dispatched_units;
+    assert!(
+        spent <= 10,
+        "{spent} units released in 1 s for a gone client"
+    );
+    // The cancelled reads are failed requests, not 64 MiB read.
+    let read = common::sample(
+        &server,
+        r#"weir_volume_bytes_total{volume="shared",op="read"}"#,
+    );
+    assert!(read <= 1 << 20, "{read} bytes counted as read");
+    server.shutdown().await.unwrap();
+}
