@@ -1286,43 +1286,52 @@ impl UpstreamBackend {
     }
 
     /// Flushes on every live connection (an upstream without multi-conn
-    /// consistency covers only the writes of the connection flushed).
+    /// consistency covers only the writes of the connection flushed); with none
+    /// live, on one opened for it: a FLUSH succeeds only once the upstream
+    /// answered one.
     fn flush_each(&self) -> io::Result<()> {
-        for slot in &self.slots {
-            if let Some(conn) = slot.live() {
-                let (tx, rx) = sync_channel(1);
-                let bytes = {
-                    let mut st = conn.lock();
-                    if !st.alive {
-                        return Err(eio("upstream connection lost during a flush".into()));
-                    }
-                    let h = st.session.flush();
-                    st.waiters.insert(
-                        h,
-                        Waiter::Blocked {
-                            since: Instant::now(),
-                            tx,
-                        },
-                    );
-                    st.session.take_output()
-                };
-                if conn.send(&bytes).is_err() {
-                    conn.kill();
-                }
-                match rx.recv_timeout(self.timeout) {
-                    Ok(Answer::Done(r)) => r.map(|_| ()).map_err(nbd_to_io)?,
-                    Ok(Answer::Lost) | Err(_) => {
-                        conn.kill();
-                        return Err(eio(
-                            "upstream connection lost during a flush (the upstream has no \
-                             multi-conn: not retried)"
-                                .into(),
-                        ));
-                    }
-                }
-            }
+        let mut live: Vec<Arc<Conn>> = self.slots.iter().filter_map(Slot::live).collect();
+        if live.is_empty() {
+            live.push(self.pick(Instant::now() + self.timeout)?);
+        }
+        for conn in live {
+            self.flush_on(&conn)?;
         }
         Ok(())
+    }
+
+    /// One FLUSH on `conn`, not retried elsewhere.
+    fn flush_on(&self, conn: &Arc<Conn>) -> io::Result<()> {
+        let (tx, rx) = sync_channel(1);
+        let bytes = {
+            let mut st = conn.lock();
+            if !st.alive {
+                return Err(eio("upstream connection lost during a flush".into()));
+            }
+            let h = st.session.flush();
+            st.waiters.insert(
+                h,
+                Waiter::Blocked {
+                    since: Instant::now(),
+                    tx,
+                },
+            );
+            st.session.take_output()
+        };
+        if conn.send(&bytes).is_err() {
+            conn.kill();
+        }
+        match rx.recv_timeout(self.timeout) {
+            Ok(Answer::Done(r)) => r.map(|_| ()).map_err(nbd_to_io),
+            Ok(Answer::Lost) | Err(_) => {
+                conn.kill();
+                Err(eio(
+                    "upstream connection lost during a flush (the upstream has no \
+                     multi-conn: not retried)"
+                        .into(),
+                ))
+            }
+        }
     }
 
     /// In requests of at most the upstream's maximum payload (each with FUA if

@@ -541,3 +541,65 @@ async fn the_upstream_s_block_sizes_and_read_only_flag_pass_through() {
     assert!(written == read, "a 1 MiB read or write was not split right");
     gateway.shutdown().await.unwrap();
 }
+
+/// nbdkit's memory plugin without multi-conn on a free port (killed on drop).
+fn nbdkit_without_multi_conn() -> (weir_testkit::Daemon, u16) {
+    weir_testkit::start_daemon("nbdkit", |p| {
+        [
+            "-f",
+            "-p",
+            &p.to_string(),
+            "--exit-with-parent",
+            "--filter=multi-conn",
+            "memory",
+            "4M",
+            "multi-conn-mode=disable",
+        ]
+        .map(String::from)
+        .to_vec()
+    })
+}
+
+/// Waits until the gateway has no live connection to its upstream.
+async fn until_no_upstream_connection(gateway: &RunningServer) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while gateway
+        .state()
+        .store()
+        .upstream_snapshots()
+        .iter()
+        .any(|(_, s)| s.connections_alive > 0)
+    {
+        assert!(std::time::Instant::now() < deadline, "still connected");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// A FLUSH through a gateway to an upstream without multi-conn is answered
+/// only once the upstream answered one: with the upstream gone it fails.
+/// Before, it was flushed on each live connection, and with none live it
+/// succeeded without reaching anything (the upstream killed after a write,
+/// `qemu-io`'s flush said nothing, its next read got EIO).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_is_not_acknowledged_while_the_upstream_is_gone() {
+    if !weir_testkit::require_tool("nbdkit", &["nbdkit"]) {
+        return;
+    }
+    let (mut nbdkit, port) = nbdkit_without_multi_conn();
+    let toml = format!(
+        "[[pools]]\nname = \"gw\"\nupstream = \"nbd://127.0.0.1:{port}\"\n\
+         upstream_connections = 2\nupstream_timeout_s = 1\n\
+         [[volumes]]\nname = \"k\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
+    );
+    let (_dir, gateway) = common::start_with("gw-flush-gone", &toml).await;
+    let (mut c, _) = common::connect(&gateway, "k").await;
+    c.write(0, &pattern(3, 4096), false).await.unwrap().unwrap();
+    nbdkit.0.kill().unwrap();
+    nbdkit.0.wait().unwrap();
+    until_no_upstream_connection(&gateway).await;
+    let e = c.flush().await.unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::Io, "{e}");
+    c.disconnect().await.unwrap();
+    // Its shutdown flush fails too (the upstream is gone).
+    let _ = gateway.shutdown().await;
+}
