@@ -490,23 +490,15 @@ async fn the_upstream_s_block_sizes_and_read_only_flag_pass_through() {
     if !weir_testkit::require_tool("nbdkit", &["nbdkit"]) {
         return;
     }
-    let (_nbdkit, port) = weir_testkit::start_daemon("nbdkit", |p| {
-        [
-            "-f",
-            "-p",
-            &p.to_string(),
-            "--exit-with-parent",
-            "memory",
-            "4M",
-            "--filter=blocksize-policy",
-            "blocksize-minimum=512",
-            "blocksize-preferred=4096",
-            "blocksize-maximum=65536",
-            "blocksize-error-policy=error",
-        ]
-        .map(String::from)
-        .to_vec()
-    });
+    let (_nbdkit, port) = weir_testkit::start_nbdkit(&[
+        "memory",
+        "4M",
+        "--filter=blocksize-policy",
+        "blocksize-minimum=512",
+        "blocksize-preferred=4096",
+        "blocksize-maximum=65536",
+        "blocksize-error-policy=error",
+    ]);
     let toml = format!(
         "[[pools]]\nname = \"gw\"\nupstream = \"nbd://127.0.0.1:{port}\"\n\
          [[volumes]]\nname = \"k\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
@@ -544,20 +536,12 @@ async fn the_upstream_s_block_sizes_and_read_only_flag_pass_through() {
 
 /// nbdkit's memory plugin without multi-conn on a free port (killed on drop).
 fn nbdkit_without_multi_conn() -> (weir_testkit::Daemon, u16) {
-    weir_testkit::start_daemon("nbdkit", |p| {
-        [
-            "-f",
-            "-p",
-            &p.to_string(),
-            "--exit-with-parent",
-            "--filter=multi-conn",
-            "memory",
-            "4M",
-            "multi-conn-mode=disable",
-        ]
-        .map(String::from)
-        .to_vec()
-    })
+    weir_testkit::start_nbdkit(&[
+        "--filter=multi-conn",
+        "memory",
+        "4M",
+        "multi-conn-mode=disable",
+    ])
 }
 
 /// Waits until the gateway has no live connection to its upstream.

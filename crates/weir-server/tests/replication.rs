@@ -156,19 +156,7 @@ async fn nbdkit_memory_full_copy_then_changed_grains_only() {
     }
     let (_dir, server) = common::start_with("repl-nbdkit", &thin_config("64MiB")).await;
     let admin = server.admin_client();
-    let (_nbdkit, port) = start_daemon("nbdkit", |p| {
-        [
-            "-f",
-            "-i",
-            "127.0.0.1",
-            "-p",
-            &p.to_string(),
-            "memory",
-            "64M",
-        ]
-        .map(String::from)
-        .to_vec()
-    });
+    let (_nbdkit, port) = weir_testkit::start_nbdkit(&["memory", "64M"]);
     let to = format!("nbd://127.0.0.1:{port}/");
     let nbdkit_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let source_uri = |snap: &str| common::uri(&server, &format!("db@{snap}"));

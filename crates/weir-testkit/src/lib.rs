@@ -163,6 +163,25 @@ pub fn start_daemon(cmd: &str, args: impl Fn(u16) -> Vec<String>) -> (Daemon, u1
     panic!("{cmd} did not start");
 }
 
+/// `nbdkit -f -i 127.0.0.1 -p PORT --exit-with-parent ARGS…` on a free port
+/// (plugin, its size, filters and their settings in `args`).
+pub fn start_nbdkit(args: &[&str]) -> (Daemon, u16) {
+    start_daemon("nbdkit", |p| {
+        let head = [
+            "-f",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            &p.to_string(),
+            "--exit-with-parent",
+        ]
+        .map(String::from);
+        head.into_iter()
+            .chain(args.iter().map(|a| a.to_string()))
+            .collect()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -441,19 +441,7 @@ fn a_hundred_thousand_vms_fit_in_memory() {
     if !weir_testkit::require_tool("nbdkit", &["--version"]) {
         return;
     }
-    let (_nbdkit, port) = weir_testkit::start_daemon("nbdkit", |p| {
-        [
-            "-f",
-            "-p",
-            &p.to_string(),
-            "--exit-with-parent",
-            "memory",
-            "2G",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    });
+    let (_nbdkit, port) = weir_testkit::start_nbdkit(&["memory", "2G"]);
     let mut child = weir()
         .args(["load", "-q", "-d", "1s", "-t"])
         .arg(format!("nbd://127.0.0.1:{port}/"))
@@ -484,19 +472,7 @@ fn weir_load_fits_its_tables_in_the_width() {
     if !weir_testkit::require_tool("nbdkit", &["--version"]) {
         return;
     }
-    let (_nbdkit, port) = weir_testkit::start_daemon("nbdkit", |p| {
-        [
-            "-f",
-            "-p",
-            &p.to_string(),
-            "--exit-with-parent",
-            "memory",
-            "1G",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    });
+    let (_nbdkit, port) = weir_testkit::start_nbdkit(&["memory", "1G"]);
     let out = weir()
         .args(["load", "-q", "-d", "0.5s", "--width", "60", "-t"])
         .arg(format!("nbd://127.0.0.1:{port}/"))
