@@ -252,6 +252,7 @@ impl From<StoreError> for ApiError {
             StoreError::Conflict(_) => 409,
             StoreError::Invalid(_) => 400,
             StoreError::Io(_) => 500,
+            StoreError::Exhausted(_) => 507,
         };
         ApiError(status, e.to_string())
     }

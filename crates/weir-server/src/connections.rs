@@ -48,8 +48,9 @@ pub const REFUSING_RESERVED_FOR_NEW_HOSTS: usize = 16;
 /// Longest a refusal waits for the client's options (a client sends its flags
 /// and first option as soon as it has the greeting).
 pub const REFUSAL_TIME: Duration = Duration::from_millis(500);
-/// Descriptors kept free beyond the connections and what is open at start: the
-/// refusals in progress, a few admin API connections, volumes created later.
+/// Descriptors kept free beyond the connections and the volume store's share: the
+/// refusals in progress, a few admin API connections, replication and upstream
+/// connections, files opened for a moment (metadata, history).
 pub const SPARE_FDS: u64 = (MAX_REFUSING + REFUSING_RESERVED_FOR_NEW_HOSTS) as u64 + 64;
 /// The admin API's connections when descriptors are short (taken from the spare).
 pub const MIN_ADMIN_CONNECTIONS: usize = 8;
@@ -410,48 +411,63 @@ fn open_fds() -> u64 {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
 }
 
-/// How the open-files limit is shared: NBD connections (`max_connections`) and the
-/// admin API's.
+/// How the open-files limit is shared: NBD connections (`max_connections`), the
+/// admin API's, and the volume store's room to grow (snapshots, clones, volumes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FdPlan {
     pub connections: u64,
     pub admin_connections: usize,
+    /// Descriptors the volume store may open beyond those it holds or has
+    /// reserved (`u64::MAX`: the limit is unknown).
+    pub store_room: u64,
 }
 
-/// The connection caps that fit the open-files limit: raises the soft limit toward
-/// the hard one when `wanted` NBD connections and the admin API's cap
-/// (`admin_max_connections`), plus what is open now and [`SPARE_FDS`], need it;
-/// then NBD gets `wanted` or what fits, and the admin API what is left of its cap,
-/// at least [`MIN_ADMIN_CONNECTIONS`] (from the spare).
-pub fn fit_to_fd_limit(wanted: u64, admin_cap: usize) -> FdPlan {
+/// Where the kernel stops any process's open-files limit (`fs.nr_open`).
+fn nr_open() -> u64 {
+    std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1 << 20)
+}
+
+/// The connection caps that fit the open-files limit: raises the soft limit to
+/// the hard one (at most `fs.nr_open`): snapshots and clones hold files too, so
+/// the room is taken whole, as a server that may need it. `reserved`: descriptors
+/// already promised (thin layers not yet written) count as open. Then NBD gets
+/// `wanted` or what fits, the admin API what is left of its cap, at least
+/// [`MIN_ADMIN_CONNECTIONS`] (from the spare), and the volume store the rest.
+pub fn fit_to_fd_limit(wanted: u64, admin_cap: usize, reserved: u64) -> FdPlan {
     let admin_cap = admin_cap.max(MIN_ADMIN_CONNECTIONS);
     let Some((soft, hard)) = nofile_limit() else {
         return FdPlan {
             connections: wanted,
             admin_connections: admin_cap,
+            store_room: u64::MAX,
         };
     };
-    let open = open_fds();
-    let need = wanted.saturating_add(open + SPARE_FDS + admin_cap as u64);
-    if need > soft && hard > soft {
+    let target = hard.min(nr_open());
+    if target > soft {
         let l = libc::rlimit {
-            rlim_cur: need.min(hard),
+            rlim_cur: target,
             rlim_max: hard,
         };
         // SAFETY: setrlimit reads the struct we pass.
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) };
     }
     let soft = nofile_limit().map_or(soft, |l| l.0);
+    let open = open_fds() + reserved;
     let room = soft.saturating_sub(open + SPARE_FDS);
     let connections = wanted.min(room.max(1));
     if connections < wanted {
         tracing::warn!(
             "max_connections lowered from {wanted} to {connections}: the open-files limit is \
-             {soft} ({open} open now, {SPARE_FDS} kept spare); raise it (ulimit -n) to serve more"
+             {soft} ({open} open now or held for thin layers, {SPARE_FDS} kept spare); raise it (ulimit -n) to serve more"
         );
     }
-    let left = usize::try_from(room.saturating_sub(connections)).unwrap_or(usize::MAX);
-    let admin_connections = left.clamp(MIN_ADMIN_CONNECTIONS, admin_cap);
+    let left = room.saturating_sub(connections);
+    let admin_connections = usize::try_from(left)
+        .unwrap_or(usize::MAX)
+        .clamp(MIN_ADMIN_CONNECTIONS, admin_cap);
     if admin_connections < admin_cap {
         tracing::warn!(
             "admin API connections lowered from {admin_cap} to {admin_connections}: the \
@@ -461,6 +477,7 @@ pub fn fit_to_fd_limit(wanted: u64, admin_cap: usize) -> FdPlan {
     FdPlan {
         connections,
         admin_connections,
+        store_room: left.saturating_sub(admin_connections as u64),
     }
 }
 

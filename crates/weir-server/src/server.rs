@@ -119,11 +119,17 @@ impl ServerState {
                 tier.start(Arc::new(pool.clone()));
             }
         }
-        // After the volumes are open: what is open now counts against the limit.
+        // After the volumes are open: what is open now counts against the limit,
+        // and so do the files of thin layers not written yet.
+        let mut store = store;
         let fds = fit_to_fd_limit(
             config.max_connections.into(),
             config.admin_max_connections as usize,
+            store
+                .descriptors_needed()
+                .saturating_sub(store.descriptors_open()),
         );
+        store.set_descriptor_room(fds.store_room);
         Ok(ServerState {
             store: Mutex::new(store),
             pools,

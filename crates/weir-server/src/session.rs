@@ -224,14 +224,41 @@ fn send_reply(job: &Job, reply: Reply, ok: bool, bytes: u64) {
     let _ = job.reply.send(Outgoing { reply, held });
 }
 
-fn io_error(e: &io::Error, what: &str) -> NbdError {
-    let code = if e.kind() == io::ErrorKind::Unsupported {
-        ErrorCode::NotSup
-    } else {
-        e.raw_os_error()
-            .map_or(ErrorCode::Io, ErrorCode::from_errno)
-    };
+/// The NBD error for a request of `job` its backend failed. The operator is told
+/// too (a warning, at most one per [`crate::connections::WARN_EVERY`] for the
+/// whole server): a failing disk, a full file system or an exhausted open-files
+/// limit reached only the clients before.
+fn io_error(job: &Job, e: &io::Error, what: &str) -> NbdError {
+    if e.kind() == io::ErrorKind::Unsupported {
+        return NbdError::new(ErrorCode::NotSup, format!("{what}: {e}"));
+    }
+    let code = e
+        .raw_os_error()
+        .map_or(ErrorCode::Io, ErrorCode::from_errno);
+    warn_limited(&BACKEND_WARNINGS, || {
+        format!("volume {:?}: {what} failed: {e}", job.volume.name)
+    });
     NbdError::new(code, format!("{what}: {e}"))
+}
+
+static BACKEND_WARNINGS: std::sync::Mutex<crate::connections::RateLimited> = std::sync::Mutex::new(
+    crate::connections::RateLimited::new(crate::connections::WARN_EVERY),
+);
+
+/// Logs `message` as a warning unless `limiter` had one in its period (then at
+/// debug level); the next warning says how many were held back.
+fn warn_limited(
+    limiter: &std::sync::Mutex<crate::connections::RateLimited>,
+    message: impl FnOnce() -> String,
+) {
+    let allowed = limiter
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .allow(std::time::Instant::now());
+    match allowed {
+        Some(n) => tracing::warn!("{}{}", message(), crate::connections::suppressed_note(n)),
+        None => tracing::debug!("{}", message()),
+    }
 }
 
 fn deleted() -> NbdError {
@@ -370,7 +397,7 @@ pub fn perform(job: &Job) -> (Reply, bool) {
             let (mut out, start) = read_reply_buffer(job, offset, length);
             match b.read(offset, &mut out[start..]) {
                 Ok(()) => return (out.into(), true),
-                Err(e) => Err(io_error(&e, "read")),
+                Err(e) => Err(io_error(job, &e, "read")),
             }
         }
         Command::Write { offset, fua, .. } => {
@@ -380,9 +407,9 @@ pub fn perform(job: &Job) -> (Reply, bool) {
             } else {
                 b.write(offset, data)
             }
-            .map_err(|e| io_error(&e, "write"))
+            .map_err(|e| io_error(job, &e, "write"))
         }
-        Command::Flush => b.flush().map_err(|e| io_error(&e, "flush")),
+        Command::Flush => b.flush().map_err(|e| io_error(job, &e, "flush")),
         // proto.md leaves a zero-length TRIM unspecified: nothing to discard, so
         // answered like a zero-length WRITE_ZEROES (fallocate would say EINVAL).
         Command::Trim { length: 0, .. } => Ok(()),
@@ -393,7 +420,7 @@ pub fn perform(job: &Job) -> (Reply, bool) {
         } => b
             .trim(offset, length as u64)
             .and_then(|()| if fua { b.flush() } else { Ok(()) })
-            .map_err(|e| io_error(&e, "trim")),
+            .map_err(|e| io_error(job, &e, "trim")),
         Command::WriteZeroes {
             offset,
             length,
@@ -403,10 +430,10 @@ pub fn perform(job: &Job) -> (Reply, bool) {
         } => b
             .write_zeroes(offset, length as u64, !no_hole, fast_zero)
             .and_then(|()| if fua { b.flush() } else { Ok(()) })
-            .map_err(|e| io_error(&e, "write zeroes")),
+            .map_err(|e| io_error(job, &e, "write zeroes")),
         Command::Cache { offset, length } => b
             .cache(offset, length as u64)
-            .map_err(|e| io_error(&e, "cache")),
+            .map_err(|e| io_error(job, &e, "cache")),
         Command::BlockStatus {
             offset,
             length,
@@ -417,7 +444,7 @@ pub fn perform(job: &Job) -> (Reply, bool) {
             let extents = match context_id {
                 Some(id) => match b.block_status(offset, length as u64) {
                     Ok(extents) => Some((id, extents)),
-                    Err(e) => return (error_reply(job, &io_error(&e, "block status")), false),
+                    Err(e) => return (error_reply(job, &io_error(job, &e, "block status")), false),
                 },
                 None => None,
             };
@@ -528,7 +555,7 @@ fn perform_piece(task: &Task, piece: Piece) {
                     out[from..from + len].copy_from_slice(&data);
                     Ok(())
                 }
-                Err(e) => Err(io_error(&e, "read")),
+                Err(e) => Err(io_error(job, &e, "read")),
             }
         }
         Command::Write { .. } => {
@@ -536,7 +563,7 @@ fn perform_piece(task: &Task, piece: Piece) {
             match data.get(at..at + len) {
                 Some(slice) => b
                     .write(piece.offset, slice)
-                    .map_err(|e| io_error(&e, "write")),
+                    .map_err(|e| io_error(job, &e, "write")),
                 None => Err(NbdError::new(
                     ErrorCode::Io,
                     "write piece outside its payload",
@@ -545,15 +572,15 @@ fn perform_piece(task: &Task, piece: Piece) {
         }
         Command::Trim { .. } => b
             .trim(piece.offset, len as u64)
-            .map_err(|e| io_error(&e, "trim")),
+            .map_err(|e| io_error(job, &e, "trim")),
         Command::WriteZeroes {
             no_hole, fast_zero, ..
         } => b
             .write_zeroes(piece.offset, len as u64, !no_hole, fast_zero)
-            .map_err(|e| io_error(&e, "write zeroes")),
+            .map_err(|e| io_error(job, &e, "write zeroes")),
         Command::Cache { .. } => b
             .cache(piece.offset, len as u64)
-            .map_err(|e| io_error(&e, "cache")),
+            .map_err(|e| io_error(job, &e, "cache")),
         // Never released in pieces (no range); whole requests take `perform`.
         Command::Flush | Command::BlockStatus { .. } | Command::Disconnect => Ok(()),
     };
@@ -575,7 +602,7 @@ fn finish_pieces(task: Arc<Task>) {
         // `done` may run on a runtime thread: flush on the blocking pool.
         tokio::task::spawn_blocking(move || {
             if let Err(e) = task.job.volume.backend.flush() {
-                task.fail_piece(io_error(&e, "flush"));
+                task.fail_piece(io_error(&task.job, &e, "flush"));
             }
             reply_pieces(&task);
         });
@@ -946,8 +973,10 @@ fn try_start_async(pool: &Arc<Pool>, ticket: Option<Ticket>, task: &Arc<Task>) -
                 (error_reply(&t.job, &e), false)
             }
             (Ok(_), _) => (ok_reply(&t.job), true),
-            (Err(e), Command::Read { .. }) => (error_reply(&t.job, &io_error(&e, "read")), false),
-            (Err(e), _) => (error_reply(&t.job, &io_error(&e, "write")), false),
+            (Err(e), Command::Read { .. }) => {
+                (error_reply(&t.job, &io_error(&t.job, &e, "read")), false)
+            }
+            (Err(e), _) => (error_reply(&t.job, &io_error(&t.job, &e, "write")), false),
         };
         finish_whole(&p, ticket, t, reply, ok);
     });
@@ -1965,20 +1994,12 @@ async fn send_file(
 /// info, which the default level hides: the client saw "TLS fatal alert", the
 /// operator nothing).
 fn tls_failed(peer: impl std::fmt::Display, e: &dyn std::fmt::Display) {
-    use crate::connections::{RateLimited, WARN_EVERY, suppressed_note};
-    static WARNINGS: std::sync::Mutex<RateLimited> =
-        std::sync::Mutex::new(RateLimited::new(WARN_EVERY));
-    let allowed = WARNINGS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .allow(std::time::Instant::now());
-    match allowed {
-        Some(n) => tracing::warn!(
-            "TLS handshake with {peer} failed: {e}{}",
-            suppressed_note(n)
-        ),
-        None => tracing::debug!("TLS handshake with {peer} failed: {e}"),
-    }
+    static WARNINGS: std::sync::Mutex<crate::connections::RateLimited> = std::sync::Mutex::new(
+        crate::connections::RateLimited::new(crate::connections::WARN_EVERY),
+    );
+    warn_limited(&WARNINGS, || {
+        format!("TLS handshake with {peer} failed: {e}")
+    });
 }
 
 #[cfg(test)]

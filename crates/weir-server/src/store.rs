@@ -42,6 +42,7 @@ use crate::flash_cache::{FlashCacheDevice, VolumeCache};
 use crate::thin::{ThinBackend, ThinMeta, ThinState, thin_dir};
 use weir_thin::ThinVolume;
 
+mod descriptors;
 mod rbd_ops;
 mod repl_ops;
 mod thin_ops;
@@ -188,6 +189,10 @@ pub enum StoreError {
     Invalid(String),
     #[error("{0}")]
     Io(String),
+    /// A resource of the server (its open-files limit) has no room for what was
+    /// asked; nothing was changed.
+    #[error("{0}")]
+    Exhausted(String),
 }
 
 /// Descriptions set through the API follow the configuration's rule (older
@@ -491,6 +496,9 @@ pub struct VolumeStore {
     flash: HashMap<String, Arc<FlashCacheDevice>>,
     /// Hybrid pools: the flash tier's files and placement, by pool name.
     tiers: HashMap<String, Arc<crate::tier::TierDevice>>,
+    /// Descriptors the volumes and thin layers may hold at most (the server's
+    /// share of its open-files limit; `None`: not limited).
+    descriptor_cap: Option<u64>,
 }
 
 impl VolumeStore {
@@ -538,6 +546,7 @@ impl VolumeStore {
             upstreams: BTreeMap::new(),
             flash: HashMap::new(),
             tiers: HashMap::new(),
+            descriptor_cap: None,
         };
         store.open_pool_devices(config)?;
         store.connect_rbd_pools()?;
@@ -961,6 +970,7 @@ impl VolumeStore {
         if self.rbd_pool(&record.pool).is_some() {
             return self.create_rbd(record);
         }
+        self.check_descriptors(&format!("volume {:?}", record.name), 1)?;
         let volume = self.open_file(&record, false).map_err(|e| match e {
             StoreError::Io(m) if m.contains("exists") => StoreError::Conflict(format!(
                 "a file for volume {:?} already exists in its pool",

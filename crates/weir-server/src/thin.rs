@@ -172,6 +172,11 @@ impl ThinState {
         Ok(layer)
     }
 
+    /// Whether layer `id` is open and so are its files (two descriptors).
+    pub fn has_files(&self, id: u64) -> bool {
+        self.layers.get(&id).is_some_and(|l| l.has_files())
+    }
+
     /// Bytes read from the data files of the open layers of `pool` (with the
     /// clone-aware cache: its misses; without: every read of a shared grain).
     pub fn backing_read_bytes(&self, meta: &ThinMeta, pool: &str) -> u64 {

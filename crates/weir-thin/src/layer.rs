@@ -202,6 +202,12 @@ impl Layer {
         self.grain_bytes
     }
 
+    /// Whether the layer's two files are open (a new layer opens them at its
+    /// first allocation).
+    pub fn has_files(&self) -> bool {
+        self.files.get().is_some()
+    }
+
     pub fn freeze(&self) {
         self.frozen.store(true, Ordering::Release);
     }

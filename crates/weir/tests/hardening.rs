@@ -243,6 +243,57 @@ fn a_server_stopped_on_a_full_file_system_starts_again() {
     println!("started on a full file system; reads served, writes fail ENOSPC");
 }
 
+/// Snapshots hold open files (a written thin layer keeps two): past the
+/// open-files limit a snapshot is refused with the reason (507) and nothing
+/// changes, and the volume's writes keep working. Before, the snapshots went
+/// through and the next write, the first to open the new top layer's files,
+/// failed with EIO (`EMFILE`) and nothing was logged.
+#[test]
+fn snapshots_stop_at_the_open_files_limit_and_writes_go_on() {
+    let dir = TempDir::new("fd-layers");
+    let config = "max_connections = 16\nadmin_max_connections = 8\nadmin_max_connections_per_host = 8\n\
+                  [[pools]]\nname = \"thin\"\nformat = \"thin\"\n\
+                  [[volumes]]\nname = \"v\"\nsize = \"64MiB\"\npolicy = \"non-critical\"\npool = \"thin\"\n";
+    let proc = WeirProcess::start_with(dir.path(), config, "ulimit -n 256 && exec \"$0\" \"$@\"");
+    let admin = proc.admin_client();
+    let rt = runtime();
+    let (taken, refusal) = rt.block_on(async {
+        let (mut c, _) = NbdClient::connect(proc.nbd_addr, ClientConfig::go("v"))
+            .await
+            .unwrap();
+        for i in 0..256u64 {
+            let block = [i as u8 + 1; 4096];
+            let written = c.write(i << 16, &block, false).await.unwrap();
+            assert!(written.is_ok(), "write {i} failed: {written:?}");
+            if let Err(e) = admin.snapshot("v", &format!("s{i}")).await {
+                // The refused snapshot changed nothing: the next write and
+                // every earlier one read back.
+                let last = [0xEE; 4096];
+                c.write((i + 1) << 16, &last, false).await.unwrap().unwrap();
+                for j in 0..=i {
+                    let data = c.read(j << 16, 4096).await.unwrap().unwrap();
+                    assert_eq!(data, vec![j as u8 + 1; 4096], "block {j}");
+                }
+                c.disconnect().await.unwrap();
+                return (i, e.to_string());
+            }
+        }
+        panic!("256 snapshots taken with 256 descriptors");
+    });
+    println!("{taken} snapshots taken with 256 descriptors; then: {refusal}");
+    assert!(taken >= 10, "only {taken} snapshots before the refusal");
+    assert!(
+        refusal.contains("507") && refusal.contains("open-files limit"),
+        "{refusal}"
+    );
+    let snapshots = rt.block_on(admin.snapshots(Some("v"))).unwrap();
+    assert_eq!(
+        snapshots.len() as u64,
+        taken,
+        "a refused snapshot was recorded"
+    );
+}
+
 /// A thin pool filled to the last block recovers by TRIM (a guest's `fstrim`):
 /// the commit that frees the trimmed slots needs blocks for the map itself, so
 /// the slots are punched first. Before, every FLUSH failed with ENOSPC after the

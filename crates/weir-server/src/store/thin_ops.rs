@@ -12,6 +12,7 @@ use weir_thin::{Chain, Layer, merge_into};
 
 use super::*;
 use crate::thin::{LayerRecord, SnapshotRecord};
+use descriptors::PER_LAYER;
 
 fn store_io(e: StoreError) -> io::Error {
     io::Error::other(e.to_string())
@@ -281,6 +282,7 @@ impl VolumeStore {
         &mut self,
         mut record: VolumeRecord,
     ) -> Result<VolumeRecord, StoreError> {
+        self.check_descriptors(&format!("volume {:?}", record.name), PER_LAYER)?;
         let before = self.meta.clone();
         let top = self
             .meta
@@ -385,6 +387,10 @@ impl VolumeStore {
         self.meta.thin.snapshots.push(snap.clone());
         if let Some(r) = self.meta.volumes.iter_mut().find(|r| r.name == volume) {
             r.layer = Some(new_top);
+        }
+        if let Err(e) = self.check_descriptors(&format!("snapshot {volume}@{name}"), 0) {
+            self.meta = before;
+            return Err(e);
         }
         let dir = self.thin_dir_of(&v.pool);
         let rec = self.meta.thin.layer(new_top).cloned().expect("just added");
@@ -585,6 +591,11 @@ impl VolumeStore {
             r.size_bytes = s.size_bytes;
         }
         let removed = self.collect_layers()?;
+        // Counted with the old top gone (a rollback adds one layer at most).
+        if let Err(e) = self.check_descriptors(&format!("rollback of {volume:?}"), 0) {
+            self.meta = before;
+            return Err(e);
+        }
         let swapped = self.open_chain(&v.pool, new_top).and_then(|chain| {
             tv.replace_with(chain, s.size_bytes, || self.persist().map_err(store_io))
                 .map_err(|e| io_err(format!("rollback of {volume:?}"), e))
@@ -650,7 +661,8 @@ impl VolumeStore {
             self.meta.volumes.push(r.clone());
             records.push(r);
         }
-        if let Err(e) = self.persist() {
+        let checked = self.check_descriptors(&format!("clones of {volume}@{snapshot}"), 0);
+        if let Err(e) = checked.and_then(|()| self.persist()) {
             self.meta = before;
             return Err(e);
         }
