@@ -587,3 +587,106 @@ async fn a_flush_is_not_acknowledged_while_the_upstream_is_gone() {
     // Its shutdown flush fails too (the upstream is gone).
     let _ = gateway.shutdown().await;
 }
+
+/// Sends `signal` to `child` (SIGSTOP/SIGCONT to freeze and thaw an upstream).
+fn signal(child: &std::process::Child, signal: libc::c_int) {
+    // SAFETY: kill(2) on our own child's pid.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+    assert_eq!(rc, 0, "kill({}, {signal})", child.id());
+}
+
+/// A request to a stopped upstream (SIGSTOP: its kernel still accepts TCP
+/// connections, nothing answers) fails with EIO about `upstream_timeout_s`
+/// after it started, both on the connection it was sent on and when the
+/// connections are gone and it has to reconnect: its deadline bounds every step
+/// (TCP connect, handshake, backoff). Before, a request first waited out the
+/// timeout on its connection and was then sent again with a new one, whose
+/// reconnect's handshake waited its own 5 s: 7.1 s, then 5.1 s for the ones
+/// reconnecting, at `upstream_timeout_s = 2`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_upstream_fails_a_request_within_its_timeout() {
+    use std::time::{Duration, Instant};
+    if !weir_testkit::require_tool("nbdkit", &["nbdkit"]) {
+        return;
+    }
+    let (nbdkit, port) = weir_testkit::start_nbdkit(&["memory", "4M"]);
+    let toml = format!(
+        "[[pools]]\nname = \"gw\"\nupstream = \"nbd://127.0.0.1:{port}\"\n\
+         upstream_connections = 2\nupstream_timeout_s = 2\n\
+         [[volumes]]\nname = \"k\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
+    );
+    let (_dir, gateway) = common::start_with("gw-stopped", &toml).await;
+    let (mut c, _) = common::connect(&gateway, "k").await;
+    c.write(0, &pattern(5, 4096), false).await.unwrap().unwrap();
+    signal(&nbdkit.0, libc::SIGSTOP);
+    let mut took = Vec::new();
+    // The first on a live connection, the next ones reconnecting.
+    for _ in 0..3 {
+        let t = Instant::now();
+        let e = c.read(0, 4096).await.unwrap().unwrap_err();
+        took.push(t.elapsed());
+        assert_eq!(e.code, ErrorCode::Io, "{e}");
+    }
+    println!("a read against a stopped upstream (timeout 2 s) took {took:?}");
+    signal(&nbdkit.0, libc::SIGCONT);
+    for t in &took {
+        assert!(
+            *t >= Duration::from_millis(1500) && *t < Duration::from_millis(3200),
+            "reads against a stopped upstream took {took:?} (upstream_timeout_s = 2)"
+        );
+    }
+    // Thawed, the volume answers again.
+    let back = c.read(0, 4096).await.unwrap().unwrap();
+    assert_eq!(back, pattern(5, 4096));
+    c.disconnect().await.unwrap();
+    gateway.shutdown().await.unwrap();
+}
+
+/// An upstream that answers every request but one (nbdkit's eval plugin whose
+/// read of one block never returns) fails that one with EIO about
+/// `upstream_timeout_s` after it was sent, even while the others' replies keep
+/// coming on its connection. Before, the connection's watchdog only looked at
+/// its requests when a read of the socket timed out: another client's steady
+/// reads on the same connection held the unanswered one for as long as they
+/// went on, and then it was sent again with a new timeout (6.0 s with 4 s of
+/// them, at `upstream_timeout_s = 1`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_unanswered_request_times_out_while_others_are_answered() {
+    use std::time::{Duration, Instant};
+    if !weir_testkit::require_tool("nbdkit", &["nbdkit"]) {
+        return;
+    }
+    let (_nbdkit, port) = weir_testkit::start_nbdkit(&[
+        "eval",
+        "get_size=echo 4M",
+        "thread_model=echo parallel",
+        "pread=if [ $4 -eq 1048576 ]; then sleep 60; fi; \
+         dd if=/dev/zero count=$3 iflag=count_bytes status=none",
+    ]);
+    let toml = format!(
+        "[[pools]]\nname = \"gw\"\nupstream = \"nbd://127.0.0.1:{port}\"\n\
+         upstream_connections = 1\nupstream_timeout_s = 1\n\
+         [[volumes]]\nname = \"k\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
+    );
+    let (_dir, gateway) = common::start_with("gw-one-unanswered", &toml).await;
+    let (mut busy, _) = common::connect(&gateway, "k").await;
+    let (mut stuck, _) = common::connect(&gateway, "k").await;
+    busy.read(0, 4096).await.unwrap().unwrap();
+    let steady = tokio::spawn(async move {
+        let end = Instant::now() + Duration::from_secs(4);
+        while Instant::now() < end {
+            let _ = busy.read(0, 4096).await.unwrap();
+        }
+    });
+    let t = Instant::now();
+    let e = stuck.read(1 << 20, 4096).await.unwrap().unwrap_err();
+    let took = t.elapsed();
+    println!("the unanswered read failed after {took:?} (upstream_timeout_s = 1)");
+    assert_eq!(e.code, ErrorCode::Io, "{e}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "an unanswered read took {took:?} (upstream_timeout_s = 1)"
+    );
+    steady.await.unwrap();
+    gateway.shutdown().await.unwrap();
+}
