@@ -360,6 +360,8 @@ struct Conn {
     /// The volume's lease freshness, when this connection holds the lease:
     /// every answer moves it to its request's send time.
     lease: Option<Arc<UpstreamLease>>,
+    /// Its volume, to log why the connection broke (rate-limited).
+    backend: std::sync::Weak<UpstreamBackend>,
 }
 
 /// The volume's exclusive lease as the gateway knows it (`crate::lease`).
@@ -588,6 +590,14 @@ impl Conn {
         }
     }
 
+    /// The upstream broke the protocol (or TLS) on this connection: logged as
+    /// a failure to reach it ([`UpstreamBackend::reach_failed`], rate-limited).
+    fn broken(&self, why: &str) {
+        if let Some(b) = self.backend.upgrade() {
+            b.reach_failed(&format_args!("{why}; reconnecting"));
+        }
+    }
+
     /// Whether the connection is to be closed: killed, or a callback request
     /// has waited longer than `timeout` (blocked callers time out by
     /// themselves).
@@ -620,7 +630,7 @@ impl Conn {
                 Some(tls) => match decrypt(tls, &buf[..n], &mut plain) {
                     Ok(()) => &plain,
                     Err(e) => {
-                        tracing::warn!("upstream: TLS error, reconnecting: {e}");
+                        self.broken(&format!("TLS error: {e}"));
                         break;
                     }
                 },
@@ -631,7 +641,8 @@ impl Conn {
                     break;
                 }
                 if let Err(e) = st.session.input(input) {
-                    tracing::warn!("upstream: protocol error, reconnecting: {e}");
+                    drop(st);
+                    self.broken(&format!("protocol error: {e}"));
                     break;
                 }
                 while let Some(c) = st.session.poll_completion() {
@@ -1273,6 +1284,7 @@ impl UpstreamBackend {
             socket: stream.try_clone()?,
             tls: tls.map(Mutex::new),
             lease: granted.clone(),
+            backend: self.me.clone(),
         });
         if let Some(f) = &granted
             && f.live.fetch_add(1, Ordering::AcqRel) == 0
@@ -1426,7 +1438,21 @@ impl UpstreamBackend {
         encode: &dyn Fn(&mut ClientSession) -> u64,
     ) -> io::Result<ReplyData> {
         let mut attempt = 0u32;
+        let mut backoff = BACKOFF_MIN;
         loop {
+            if attempt > 1 {
+                // Lost again: the upstream may break every connection (a
+                // protocol violation, a crash loop); not a reconnect storm.
+                let left = deadline.saturating_duration_since(Instant::now());
+                std::thread::sleep(backoff.min(left));
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                if Instant::now() >= deadline {
+                    return Err(self.unanswered(format!(
+                        "connections lost, no answer within {:?}",
+                        self.timeout
+                    )));
+                }
+            }
             let conn = self.pick(deadline)?;
             if attempt > 0 {
                 self.stats.retries.fetch_add(1, Ordering::Relaxed);

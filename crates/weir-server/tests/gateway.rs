@@ -690,3 +690,93 @@ async fn one_unanswered_request_times_out_while_others_are_answered() {
     steady.await.unwrap();
     gateway.shutdown().await.unwrap();
 }
+
+/// Serves one export `k` of 1 MiB and answers every request with a reply for
+/// another handle (a protocol violation: the gateway closes the connection).
+fn serve_wrong_handles(mut s: std::net::TcpStream) {
+    use std::io::{Read, Write};
+    use weir_nbd::{ExportDescription, HandshakeEvent, ServerHandshake};
+    let exports = vec![ExportDescription::new("k", 1 << 20)];
+    let mut hs = ServerHandshake::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        if s.write_all(&hs.take_output()).is_err() {
+            return;
+        }
+        let n = match s.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        match hs.input(&buf[..n], &exports) {
+            Ok(Some(HandshakeEvent::ExportChosen(_))) => break,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+    }
+    let _ = s.write_all(&hs.take_output());
+    let mut pending = hs.take_leftover();
+    loop {
+        while pending.len() >= 28 {
+            let kind = u16::from_be_bytes(pending[6..8].try_into().unwrap());
+            let handle = u64::from_be_bytes(pending[8..16].try_into().unwrap());
+            let length = u32::from_be_bytes(pending[24..28].try_into().unwrap()) as usize;
+            let total = 28 + if kind == CMD_WRITE { length } else { 0 };
+            if pending.len() < total {
+                break;
+            }
+            pending.drain(..total);
+            let mut reply = 0x6744_6698u32.to_be_bytes().to_vec();
+            reply.extend_from_slice(&0u32.to_be_bytes());
+            reply.extend_from_slice(&(handle ^ 0xdead).to_be_bytes());
+            if s.write_all(&reply).is_err() {
+                return;
+            }
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => pending.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// An upstream that completes the handshake, then answers with protocol
+/// violations: a request fails with EIO after `upstream_timeout_s`, and the
+/// gateway backs off between the connections it opens meanwhile instead of
+/// reconnecting in a loop. Before, each lost connection was replaced at once:
+/// 371 connections (and as many unlimited "protocol error" warnings) in the
+/// request's 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_breaking_the_protocol_is_not_reconnected_in_a_loop() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let counter = accepted.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(s) = s else { return };
+            counter.fetch_add(1, Ordering::Relaxed);
+            std::thread::spawn(move || serve_wrong_handles(s));
+        }
+    });
+    let toml = format!(
+        "[[pools]]\nname = \"gw\"\nupstream = \"nbd://{addr}\"\n\
+         upstream_connections = 1\nupstream_timeout_s = 1\n\
+         [[volumes]]\nname = \"k\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
+    );
+    let (_dir, gateway) = common::start_with("gw-wrong-handles", &toml).await;
+    let (mut c, _) = common::connect(&gateway, "k").await;
+    let before = accepted.load(Ordering::Relaxed);
+    let t = Instant::now();
+    let e = c.read(0, 4096).await.unwrap().unwrap_err();
+    let took = t.elapsed();
+    let opened = accepted.load(Ordering::Relaxed) - before;
+    println!("a read from a protocol-breaking upstream: EIO after {took:?}, {opened} connections");
+    assert_eq!(e.code, ErrorCode::Io, "{e}");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert!(opened <= 10, "{opened} connections opened in {took:?}");
+    c.disconnect().await.unwrap();
+    let _ = gateway.shutdown().await;
+}
