@@ -15,7 +15,8 @@
 //! - a lost connection (upstream killed, restarted, network cut) fails its
 //!   in-flight requests over to another connection, reconnecting (backoff 50 ms
 //!   to 1 s), and retries them until `upstream_timeout_s` after the request
-//!   started, then fails them with EIO. Retrying is safe: a READ, WRITE, TRIM or
+//!   was first sent, then fails them with EIO; every step of a reconnect (TCP
+//!   connect, handshake) ends by that deadline too. Retrying is safe: a READ, WRITE, TRIM or
 //!   WRITE_ZEROES that may or may not have reached the upstream is idempotent,
 //!   and its client has no acknowledgement yet (NBD gives no order between
 //!   overlapping requests in flight). A write is acknowledged only after the
@@ -23,7 +24,11 @@
 //!   advertises `NBD_FLAG_CAN_MULTI_CONN` (a flush on any connection covers every
 //!   connection's completed writes); otherwise it fails with EIO;
 //! - a request unanswered for `upstream_timeout_s` fails with EIO and its
-//!   connection is closed (its other requests fail over).
+//!   connection is closed (its other requests fail over);
+//! - failing to reach the upstream (connection refused, timed out, a failed
+//!   handshake, a request unanswered) is a warning naming it and why, at most
+//!   one per 10 s per volume, and its return an info line (log target
+//!   [`LOG_TARGET`]).
 //!
 //! FLUSH, FUA, TRIM, WRITE_ZEROES (and FAST_ZERO), CACHE and BLOCK_STATUS
 //! (`base:allocation`) go upstream when it advertises them; otherwise FLUSH,
@@ -46,7 +51,13 @@ use weir_nbd::{
 };
 
 use crate::backend::{AsyncDone, AsyncOp, Backend, Ownership};
+use crate::connections::{RateLimited, WARN_EVERY, suppressed_note};
 use crate::lease::LEASE_FRESH;
+
+/// The log target of an upstream becoming unreachable and reachable again,
+/// logged at info by default (`weir serve` shows other info lines only when
+/// `RUST_LOG` asks).
+pub const LOG_TARGET: &str = "weir_upstream";
 
 /// Default `upstream_connections`.
 pub const DEFAULT_CONNECTIONS: u32 = 4;
@@ -66,8 +77,15 @@ const READ_CHUNK: usize = 256 << 10;
 /// Largest WRITE sent by [`Backend::start_async`]; larger ones take the
 /// blocking path.
 const ASYNC_MAX_WRITE_BYTES: usize = 256 << 10;
-/// How often a reader thread checks its connection's oldest request.
+/// How often a reader thread checks its connection's oldest request, at most.
 const WATCHDOG: Duration = Duration::from_secs(1);
+
+/// How often a reader thread checks its connection's oldest request: a
+/// quarter of `upstream_timeout_s` (at most [`WATCHDOG`]), so a request left
+/// unanswered ends within 1.25 times the timeout.
+fn watch_period(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(Duration::from_millis(10), WATCHDOG)
+}
 /// Longest range one TRIM/WRITE_ZEROES/CACHE/BLOCK_STATUS request covers.
 const MAX_RANGE: u64 = 1 << 30;
 
@@ -187,6 +205,50 @@ pub struct UpstreamStats {
     pub unreachable: AtomicU64,
 }
 
+/// Whether the upstream could be reached lately, for the log: failures to
+/// reach it (a connection refused, timed out or its handshake failed, a request
+/// left unanswered) are warnings, at most one per [`WARN_EVERY`]; the first
+/// success after a warned one is an info line.
+#[derive(Debug)]
+struct Reach {
+    warnings: RateLimited,
+    /// When the failures began (`None`: the last attempt succeeded).
+    down_since: Option<Instant>,
+    /// Failures since then.
+    failures: u64,
+    /// One of them was logged as a warning: its end is logged too.
+    warned: bool,
+}
+
+impl Reach {
+    const fn new() -> Reach {
+        Reach {
+            warnings: RateLimited::new(WARN_EVERY),
+            down_since: None,
+            failures: 0,
+            warned: false,
+        }
+    }
+
+    /// A failure at `now`: `Some(n)` when it is to be logged as a warning,
+    /// noting `n` failures not logged since the last warning.
+    fn failed(&mut self, now: Instant) -> Option<u64> {
+        self.down_since.get_or_insert(now);
+        self.failures += 1;
+        let allowed = self.warnings.allow(now);
+        self.warned |= allowed.is_some();
+        allowed
+    }
+
+    /// A success at `now`: `Some((for how long, failures))` when it ends
+    /// failures of which one was warned about.
+    fn succeeded(&mut self, now: Instant) -> Option<(Duration, u64)> {
+        let since = self.down_since.take()?;
+        let failures = std::mem::take(&mut self.failures);
+        std::mem::take(&mut self.warned).then(|| (now.saturating_duration_since(since), failures))
+    }
+}
+
 /// The result a reader thread hands a waiting caller.
 enum Answer {
     Done(Result<ReplyData, NbdError>),
@@ -298,6 +360,8 @@ struct Conn {
     /// The volume's lease freshness, when this connection holds the lease:
     /// every answer moves it to its request's send time.
     lease: Option<Arc<UpstreamLease>>,
+    /// Its volume, to log why the connection broke (rate-limited).
+    backend: std::sync::Weak<UpstreamBackend>,
 }
 
 /// The volume's exclusive lease as the gateway knows it (`crate::lease`).
@@ -526,15 +590,38 @@ impl Conn {
         }
     }
 
+    /// The upstream broke the protocol (or TLS) on this connection: logged as
+    /// a failure to reach it ([`UpstreamBackend::reach_failed`], rate-limited).
+    fn broken(&self, why: &str) {
+        if let Some(b) = self.backend.upgrade() {
+            b.reach_failed(&format_args!("{why}; reconnecting"));
+        }
+    }
+
+    /// Whether the connection is to be closed: killed, or a callback request
+    /// has waited longer than `timeout` (blocked callers time out by
+    /// themselves).
+    fn stale(&self, timeout: Duration) -> bool {
+        let st = self.lock();
+        !st.alive
+            || st
+                .waiters
+                .values()
+                .any(|w| matches!(w, Waiter::Callback { since, .. } if since.elapsed() > timeout))
+    }
+
     /// Decodes replies and hands each to its waiter (outside the lock: a
-    /// callback may start the next request on this connection). Wakes every
-    /// [`WATCHDOG`] to close a connection whose oldest callback request has
-    /// waited longer than `timeout` (blocked callers time out by themselves).
+    /// callback may start the next request on this connection). Every
+    /// [`watch_period`] (waking up if nothing comes, and between replies if
+    /// they keep coming: an upstream that answers the others may never answer
+    /// one) closes the connection if [`Conn::stale`].
     fn reader(self: Arc<Self>, mut stream: TcpStream, timeout: Duration) {
         let mut buf = vec![0u8; READ_CHUNK];
         let mut plain = Vec::new();
         let mut answered = Vec::new();
-        let _ = stream.set_read_timeout(Some(WATCHDOG.min(timeout)));
+        let watch = watch_period(timeout);
+        let mut watched = Instant::now();
+        let _ = stream.set_read_timeout(Some(watch));
         // Over TLS, replies may already wait decrypted from the handshake's reads.
         let mut n = 0;
         loop {
@@ -543,7 +630,7 @@ impl Conn {
                 Some(tls) => match decrypt(tls, &buf[..n], &mut plain) {
                     Ok(()) => &plain,
                     Err(e) => {
-                        tracing::warn!("upstream: TLS error, reconnecting: {e}");
+                        self.broken(&format!("TLS error: {e}"));
                         break;
                     }
                 },
@@ -554,7 +641,8 @@ impl Conn {
                     break;
                 }
                 if let Err(e) = st.session.input(input) {
-                    tracing::warn!("upstream: protocol error, reconnecting: {e}");
+                    drop(st);
+                    self.broken(&format!("protocol error: {e}"));
                     break;
                 }
                 while let Some(c) = st.session.poll_completion() {
@@ -588,17 +676,16 @@ impl Conn {
                             | io::ErrorKind::Interrupted
                     ) =>
                 {
-                    let st = self.lock();
-                    let stale = st.waiters.values().any(|w| {
-                        matches!(w, Waiter::Callback { since, .. } if since.elapsed() > timeout)
-                    });
-                    if !st.alive || stale {
-                        break;
-                    }
                     0
                 }
                 Err(_) => break,
             };
+            if watched.elapsed() >= watch {
+                watched = Instant::now();
+                if self.stale(timeout) {
+                    break;
+                }
+            }
         }
         self.kill();
     }
@@ -672,6 +759,8 @@ pub struct UpstreamBackend {
     lease: Option<Arc<UpstreamLease>>,
     /// Weak self, for background reconnects.
     me: std::sync::Weak<UpstreamBackend>,
+    /// Failures to reach the upstream, for the log.
+    reach: Mutex<Reach>,
 }
 
 /// A copy of one upstream volume's counters, and its connections alive now.
@@ -740,8 +829,55 @@ type Opened = (
     Option<rustls::ClientConnection>,
 );
 
-/// Connects and opens `export` (blocking, bounded by [`CONNECT_TIMEOUT`] per step),
-/// over TLS after `NBD_OPT_STARTTLS` for an `nbds://` target. TCP keepalive
+/// Time left before `deadline`; a `TimedOut` error naming `what` once it passed.
+fn time_left(deadline: Instant, what: &str) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{what}: no answer in time"),
+        ));
+    }
+    Ok(left)
+}
+
+/// A failed step of connecting, named: a socket timeout (`SO_RCVTIMEO`
+/// reports `WouldBlock`) as `TimedOut`, other errors of their kind.
+fn step_failed(e: io::Error, what: &str) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{what}: no answer in time"),
+        ),
+        kind => io::Error::new(kind, format!("{what}: {e}")),
+    }
+}
+
+/// Bounds the socket's next reads and writes by `deadline`.
+fn bound(stream: &TcpStream, deadline: Instant, what: &str) -> io::Result<()> {
+    let left = time_left(deadline, what)?;
+    stream.set_read_timeout(Some(left))?;
+    stream.set_write_timeout(Some(left))
+}
+
+/// The first of `target`'s addresses that accepts a TCP connection before
+/// `deadline`.
+fn connect_tcp(target: &UpstreamTarget, deadline: Instant) -> io::Result<TcpStream> {
+    let mut last = None;
+    for a in target.addrs()? {
+        let left = time_left(deadline, "TCP connect")?;
+        match TcpStream::connect_timeout(&a, left) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(step_failed(e, "TCP connect")),
+        }
+    }
+    Err(last.unwrap_or_else(|| io_other(format!("{}: no address", target.host))))
+}
+
+/// Connects and opens `export` (blocking), over TLS after `NBD_OPT_STARTTLS`
+/// for an `nbds://` target. Every step (TCP connect, TLS, each read and write of
+/// the handshake) ends by `deadline`, and by [`CONNECT_TIMEOUT`] from now: a
+/// request reconnecting never waits past its own deadline. TCP keepalive
 /// probes the connection after `timeout` with nothing received, so an idle
 /// connection to an upstream that went down is given up about `2 timeout` after
 /// it last answered (`crate::keepalive`), before a request has to time out on it.
@@ -750,24 +886,12 @@ fn connect(
     export: &str,
     lease: Option<&str>,
     timeout: Duration,
+    deadline: Instant,
 ) -> io::Result<Opened> {
-    let mut last = None;
-    let mut stream = None;
-    for a in target.addrs()? {
-        match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    let mut stream = stream
-        .ok_or_else(|| last.unwrap_or_else(|| io_other(format!("{}: no address", target.host))))?;
+    let deadline = deadline.min(Instant::now() + CONNECT_TIMEOUT);
+    let mut stream = connect_tcp(target, deadline)?;
     stream.set_nodelay(true)?;
     crate::keepalive::enable(std::os::fd::AsRawFd::as_raw_fd(&stream), timeout)?;
-    stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
-    stream.set_write_timeout(Some(CONNECT_TIMEOUT))?;
     let mut config = ClientConfig {
         starttls: target.secure,
         ..ClientConfig::go(export)
@@ -781,10 +905,12 @@ fn connect(
     let mut tls: Option<rustls::ClientConnection> = None;
     let mut buf = vec![0u8; 64 << 10];
     let outcome = loop {
+        bound(&stream, deadline, "handshake")?;
         let n = match &mut tls {
-            None => stream.read(&mut buf)?,
-            Some(c) => rustls::Stream::new(c, &mut stream).read(&mut buf)?,
-        };
+            None => stream.read(&mut buf),
+            Some(c) => rustls::Stream::new(c, &mut stream).read(&mut buf),
+        }
+        .map_err(|e| step_failed(e, "handshake"))?;
         if n == 0 {
             return Err(io_other(
                 "the upstream closed the connection during the handshake".into(),
@@ -793,19 +919,20 @@ fn connect(
         let handshake = |e| io_other(format!("handshake: {e}"));
         let mut outcome = hs.input(&buf[..n]).map_err(handshake)?;
         if outcome == Some(ClientOutcome::StartTls) {
-            tls = Some(start_tls(target, &mut stream)?);
+            tls = Some(start_tls(target, &mut stream, deadline)?);
             outcome = hs.tls_started().map_err(handshake)?;
         }
         let out = hs.take_output();
         if !out.is_empty() {
+            bound(&stream, deadline, "handshake")?;
             match &mut tls {
-                None => stream.write_all(&out)?,
+                None => stream.write_all(&out),
                 Some(c) => {
                     let mut s = rustls::Stream::new(c, &mut stream);
-                    s.write_all(&out)?;
-                    s.flush()?;
+                    s.write_all(&out).and_then(|()| s.flush())
                 }
             }
+            .map_err(|e| step_failed(e, "handshake"))?;
         }
         if let Some(o) = outcome {
             break o;
@@ -824,6 +951,7 @@ fn connect(
 fn start_tls(
     target: &UpstreamTarget,
     stream: &mut TcpStream,
+    deadline: Instant,
 ) -> io::Result<rustls::ClientConnection> {
     let Some(UpstreamTls(config)) = &target.tls else {
         return Err(io_other("nbds:// without upstream_tls_ca".into()));
@@ -833,8 +961,9 @@ fn start_tls(
     let mut c = rustls::ClientConnection::new(config.clone(), name)
         .map_err(|e| io_other(format!("TLS: {e}")))?;
     while c.is_handshaking() {
+        bound(stream, deadline, "TLS handshake")?;
         c.complete_io(stream)
-            .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake: {e}")))?;
+            .map_err(|e| step_failed(e, "TLS handshake"))?;
     }
     Ok(c)
 }
@@ -894,7 +1023,14 @@ impl UpstreamBackend {
             )),
         };
         let asked = lease.as_ref().filter(|l| l.asking.load(Ordering::Acquire));
-        let first = connect(target, export, asked.map(|l| l.token.as_str()), timeout);
+        let token = asked.map(|l| l.token.as_str());
+        let first = connect(
+            target,
+            export,
+            token,
+            timeout,
+            Instant::now() + CONNECT_TIMEOUT,
+        );
         let (size_bytes, first) = match first {
             Ok(opened) => (opened.1.size_bytes, Some(opened)),
             Err(e) => match known_size.filter(|&s| s > 0) {
@@ -929,6 +1065,7 @@ impl UpstreamBackend {
             stats: UpstreamStats::default(),
             lease,
             me: me.clone(),
+            reach: Mutex::new(Reach::new()),
         });
         if let Some(first) = first {
             let conn = backend.adopt(first).map_err(|e| e.to_string())?;
@@ -1044,6 +1181,58 @@ impl UpstreamBackend {
         }
     }
 
+    /// A failure to reach the upstream: a warning naming it and why (at most
+    /// one per [`WARN_EVERY`] per volume; the others at debug level).
+    fn reach_failed(&self, why: &dyn std::fmt::Display) {
+        let allowed = self
+            .reach
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .failed(Instant::now());
+        let (target, export) = (&self.target, &self.export);
+        match allowed {
+            Some(n) => tracing::warn!(
+                target: LOG_TARGET,
+                "upstream {target} export {export:?} unreachable: {why}{}",
+                suppressed_note(n)
+            ),
+            None => tracing::debug!(
+                target: LOG_TARGET,
+                "upstream {target} export {export:?} unreachable: {why}"
+            ),
+        }
+    }
+
+    /// A connection opened: after warned failures, an info line saying so.
+    fn reach_succeeded(&self) {
+        let ended = self
+            .reach
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .succeeded(Instant::now());
+        if let Some((down, failures)) = ended {
+            tracing::info!(
+                target: LOG_TARGET,
+                "upstream {} export {:?} reachable again after {:.1} s ({failures} failed \
+                 attempts or requests)",
+                self.target,
+                self.export,
+                down.as_secs_f64()
+            );
+        }
+    }
+
+    /// A request that failed unanswered (`why`): counted, logged, and its
+    /// error (EIO).
+    fn unanswered(&self, why: String) -> io::Error {
+        self.stats.unreachable.fetch_add(1, Ordering::Relaxed);
+        self.reach_failed(&why);
+        eio(format!(
+            "upstream {} export {:?}: {why}",
+            self.target, self.export
+        ))
+    }
+
     /// Starts a connection from a finished handshake.
     fn adopt(&self, (stream, ex, leftover, tls): Opened) -> io::Result<Arc<Conn>> {
         if ex.size_bytes < self.size_bytes {
@@ -1095,6 +1284,7 @@ impl UpstreamBackend {
             socket: stream.try_clone()?,
             tls: tls.map(Mutex::new),
             lease: granted.clone(),
+            backend: self.me.clone(),
         });
         if let Some(f) = &granted
             && f.live.fetch_add(1, Ordering::AcqRel) == 0
@@ -1114,17 +1304,27 @@ impl UpstreamBackend {
         Ok(conn)
     }
 
-    /// (Re)connects slot `i`.
+    /// (Re)connects slot `i`, giving up at `deadline` (and after
+    /// [`CONNECT_TIMEOUT`]). A failure is logged ([`Reach`]).
     /// The slot's lock is not held while connecting: the request path reads the
     /// slot from runtime threads (in a test, the upstream may even be served by
     /// those same threads), so it must never wait on a handshake.
-    fn reconnect(&self, i: usize) -> io::Result<Arc<Conn>> {
+    fn reconnect(&self, i: usize, deadline: Instant) -> io::Result<Arc<Conn>> {
         let slot = &self.slots[i];
         if let Some(conn) = slot.live() {
             return Ok(conn);
         }
         let token = self.lease_token();
-        let fresh = self.adopt(connect(&self.target, &self.export, token, self.timeout)?)?;
+        let opened = connect(&self.target, &self.export, token, self.timeout, deadline)
+            .and_then(|o| self.adopt(o));
+        let fresh = match opened {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                self.reach_failed(&e);
+                return Err(e);
+            }
+        };
+        self.reach_succeeded();
         let mut c = slot.conn.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(conn) = c.as_ref().filter(|c| c.is_alive()) {
             // Another caller reconnected it meanwhile: keep that one.
@@ -1155,7 +1355,7 @@ impl UpstreamBackend {
         let spawned = std::thread::Builder::new()
             .name("weir-upstream-reconnect".into())
             .spawn(move || {
-                let _ = me.reconnect(i);
+                let _ = me.reconnect(i, Instant::now() + CONNECT_TIMEOUT);
                 me.slots[i].reconnecting.store(false, Ordering::Release);
             });
         if spawned.is_err() {
@@ -1199,11 +1399,12 @@ impl UpstreamBackend {
         }
         let mut backoff = BACKOFF_MIN;
         loop {
-            match self.reconnect(0) {
+            match self.reconnect(0, deadline) {
                 Ok(c) => return Ok(c),
                 Err(e) => {
                     let now = Instant::now();
                     if now + backoff >= deadline {
+                        // Logged by `reconnect`.
                         self.stats.unreachable.fetch_add(1, Ordering::Relaxed);
                         return Err(eio(format!(
                             "upstream {} export {:?} unreachable: {e}",
@@ -1218,15 +1419,40 @@ impl UpstreamBackend {
     }
 
     /// Sends one request (encoded by `encode` on a live connection) and waits
-    /// for its reply, failing over to another connection when its own breaks.
+    /// for its reply, failing over to another connection when its own breaks,
+    /// for up to `upstream_timeout_s`.
     fn call(
         &self,
         retry: bool,
         encode: &dyn Fn(&mut ClientSession) -> u64,
     ) -> io::Result<ReplyData> {
-        let deadline = Instant::now() + self.timeout;
+        self.call_until(Instant::now() + self.timeout, retry, encode)
+    }
+
+    /// [`Self::call`] until `deadline`: every step (reconnecting, backing off,
+    /// waiting for the reply) ends by then.
+    fn call_until(
+        &self,
+        deadline: Instant,
+        retry: bool,
+        encode: &dyn Fn(&mut ClientSession) -> u64,
+    ) -> io::Result<ReplyData> {
         let mut attempt = 0u32;
+        let mut backoff = BACKOFF_MIN;
         loop {
+            if attempt > 1 {
+                // Lost again: the upstream may break every connection (a
+                // protocol violation, a crash loop); not a reconnect storm.
+                let left = deadline.saturating_duration_since(Instant::now());
+                std::thread::sleep(backoff.min(left));
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                if Instant::now() >= deadline {
+                    return Err(self.unanswered(format!(
+                        "connections lost, no answer within {:?}",
+                        self.timeout
+                    )));
+                }
+            }
             let conn = self.pick(deadline)?;
             if attempt > 0 {
                 self.stats.retries.fetch_add(1, Ordering::Relaxed);
@@ -1264,10 +1490,9 @@ impl UpstreamBackend {
                         )));
                     }
                     if Instant::now() >= deadline {
-                        self.stats.unreachable.fetch_add(1, Ordering::Relaxed);
-                        return Err(eio(format!(
-                            "upstream {} export {:?}: connection lost, no answer within {:?}",
-                            self.target, self.export, self.timeout
+                        return Err(self.unanswered(format!(
+                            "connection lost, no answer within {:?}",
+                            self.timeout
                         )));
                     }
                 }
@@ -1275,11 +1500,7 @@ impl UpstreamBackend {
                     // A silent upstream: close the connection (its other requests
                     // fail over) and give up on this one.
                     conn.kill();
-                    self.stats.unreachable.fetch_add(1, Ordering::Relaxed);
-                    return Err(eio(format!(
-                        "upstream {} export {:?}: no answer within {:?}",
-                        self.target, self.export, self.timeout
-                    )));
+                    return Err(self.unanswered(format!("no answer within {:?}", self.timeout)));
                 }
             }
         }
@@ -1290,18 +1511,19 @@ impl UpstreamBackend {
     /// live, on one opened for it: a FLUSH succeeds only once the upstream
     /// answered one.
     fn flush_each(&self) -> io::Result<()> {
+        let deadline = Instant::now() + self.timeout;
         let mut live: Vec<Arc<Conn>> = self.slots.iter().filter_map(Slot::live).collect();
         if live.is_empty() {
-            live.push(self.pick(Instant::now() + self.timeout)?);
+            live.push(self.pick(deadline)?);
         }
         for conn in live {
-            self.flush_on(&conn)?;
+            self.flush_on(&conn, deadline)?;
         }
         Ok(())
     }
 
-    /// One FLUSH on `conn`, not retried elsewhere.
-    fn flush_on(&self, conn: &Arc<Conn>) -> io::Result<()> {
+    /// One FLUSH on `conn`, answered by `deadline`, not retried elsewhere.
+    fn flush_on(&self, conn: &Arc<Conn>, deadline: Instant) -> io::Result<()> {
         let (tx, rx) = sync_channel(1);
         let bytes = {
             let mut st = conn.lock();
@@ -1321,9 +1543,13 @@ impl UpstreamBackend {
         if conn.send(&bytes).is_err() {
             conn.kill();
         }
-        match rx.recv_timeout(self.timeout) {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(Answer::Done(r)) => r.map(|_| ()).map_err(nbd_to_io),
-            Ok(Answer::Lost) | Err(_) => {
+            Err(RecvTimeoutError::Timeout) => {
+                conn.kill();
+                Err(self.unanswered(format!("no answer to a flush within {:?}", self.timeout)))
+            }
+            Ok(Answer::Lost) | Err(RecvTimeoutError::Disconnected) => {
                 conn.kill();
                 Err(eio(
                     "upstream connection lost during a flush (the upstream has no \
@@ -1369,6 +1595,71 @@ impl UpstreamBackend {
             self.pick(Instant::now() + self.timeout)?;
         }
         Ok(())
+    }
+}
+
+/// Encodes an [`AsyncOp`] on `session`: its handle.
+fn encode_async(session: &mut ClientSession, op: &AsyncOp) -> u64 {
+    match *op {
+        AsyncOp::Read { offset, length } => session.read(offset, length),
+        AsyncOp::Write {
+            offset,
+            ref data,
+            fua,
+        } => session.write(offset, data.bytes(), fua),
+    }
+}
+
+/// An answer as an [`AsyncDone`] takes it (a WRITE's: no data).
+fn async_result(r: io::Result<ReplyData>) -> io::Result<Vec<u8>> {
+    r.map(|reply| match reply {
+        ReplyData::Read(data) => data,
+        _ => Vec::new(),
+    })
+}
+
+impl UpstreamBackend {
+    /// The waiter of an [`AsyncOp`] sent at `since`: it hands the answer to
+    /// `done`; a lost one is sent again ([`Self::resend`]).
+    fn async_waiter(
+        &self,
+        op: AsyncOp,
+        since: Instant,
+        runtime: tokio::runtime::Handle,
+        done: AsyncDone,
+    ) -> Waiter {
+        let me = self.me.clone();
+        Waiter::Callback {
+            since,
+            done: Box::new(move |answer| {
+                let _in_runtime = runtime.enter();
+                match answer {
+                    Answer::Done(r) => done(Some(async_result(r.map_err(nbd_to_io)))),
+                    Answer::Lost => match me.upgrade() {
+                        Some(me) => me.resend(op, since, done),
+                        None => done(Some(Err(eio("upstream volume closed".into())))),
+                    },
+                }
+            }),
+        }
+    }
+
+    /// An [`AsyncOp`] first sent at `since` whose connection was lost (or closed
+    /// for its silence): sent again the blocking way, on a thread of the
+    /// runtime's blocking pool, until `upstream_timeout_s` after `since`; failed
+    /// at once past that. Its deadline is the first send's, not a new one: a
+    /// stopped upstream holds a request about `upstream_timeout_s`, not twice.
+    fn resend(self: Arc<Self>, op: AsyncOp, since: Instant, done: AsyncDone) {
+        let deadline = since + self.timeout;
+        if Instant::now() >= deadline {
+            let e = self.unanswered(format!("no answer within {:?}", self.timeout));
+            return done(Some(Err(e)));
+        }
+        self.stats.retries.fetch_add(1, Ordering::Relaxed);
+        tokio::task::spawn_blocking(move || {
+            let r = self.call_until(deadline, true, &|s| encode_async(s, &op));
+            done(Some(async_result(r)));
+        });
     }
 }
 
@@ -1454,37 +1745,18 @@ impl Backend for UpstreamBackend {
         let Some(conn) = self.choose() else {
             return Err(done);
         };
-        let me = self.me.clone();
-        let waiter = Waiter::Callback {
-            since: Instant::now(),
-            done: Box::new(move |answer| {
-                let _in_runtime = runtime.enter();
-                match answer {
-                    Answer::Done(Ok(ReplyData::Read(data))) => done(Some(Ok(data))),
-                    Answer::Done(Ok(_)) => done(Some(Ok(Vec::new()))),
-                    Answer::Done(Err(e)) => done(Some(Err(nbd_to_io(e)))),
-                    Answer::Lost => {
-                        // The caller sends it again, the blocking way.
-                        if let Some(me) = me.upgrade() {
-                            me.stats.retries.fetch_add(1, Ordering::Relaxed);
-                        }
-                        done(None)
-                    }
-                }
-            }),
-        };
+        let since = Instant::now();
         let first = {
             let mut st = conn.lock();
             if !st.alive {
                 drop(st);
-                // Answered like a lost request: the caller goes the blocking way.
-                waiter.answer(Answer::Lost);
+                // Answered like a lost request: sent again the blocking way.
+                self.async_waiter(op, since, runtime, done)
+                    .answer(Answer::Lost);
                 return Ok(());
             }
-            let handle = match op {
-                AsyncOp::Read { offset, length } => st.session.read(offset, length),
-                AsyncOp::Write { offset, data, fua } => st.session.write(offset, data.bytes(), fua),
-            };
+            let handle = encode_async(&mut st.session, &op);
+            let waiter = self.async_waiter(op, since, runtime, done);
             st.waiters.insert(handle, waiter);
             !std::mem::replace(&mut st.flush_scheduled, true)
         };

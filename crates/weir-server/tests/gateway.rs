@@ -587,3 +587,196 @@ async fn a_flush_is_not_acknowledged_while_the_upstream_is_gone() {
     // Its shutdown flush fails too (the upstream is gone).
     let _ = gateway.shutdown().await;
 }
+
+/// Sends `signal` to `child` (SIGSTOP/SIGCONT to freeze and thaw an upstream).
+fn signal(child: &std::process::Child, signal: libc::c_int) {
+    // SAFETY: kill(2) on our own child's pid.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+    assert_eq!(rc, 0, "kill({}, {signal})", child.id());
+}
+
+/// A request to a stopped upstream (SIGSTOP: its kernel still accepts TCP
+/// connections, nothing answers) fails with EIO about `upstream_timeout_s`
+/// after it started, both on the connection it was sent on and when the
+/// connections are gone and it has to reconnect: its deadline bounds every step
+/// (TCP connect, handshake, backoff). Before, a request first waited out the
+/// timeout on its connection and was then sent again with a new one, whose
+/// reconnect's handshake waited its own 5 s: 7.1 s, then 5.1 s for the ones
+/// reconnecting, at `upstream_timeout_s = 2`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_upstream_fails_a_request_within_its_timeout() {
+    use std::time::{Duration, Instant};
+    if !weir_testkit::require_tool("nbdkit", &["nbdkit"]) {
+        return;
+    }
+    let (nbdkit, port) = weir_testkit::start_nbdkit(&["memory", "4M"]);
+    let toml = format!(
+        "[[pools]]\nname = \"gw\"\nupstream = \"nbd://127.0.0.1:{port}\"\n\
+         upstream_connections = 2\nupstream_timeout_s = 2\n\
+         [[volumes]]\nname = \"k\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
+    );
+    let (_dir, gateway) = common::start_with("gw-stopped", &toml).await;
+    let (mut c, _) = common::connect(&gateway, "k").await;
+    c.write(0, &pattern(5, 4096), false).await.unwrap().unwrap();
+    signal(&nbdkit.0, libc::SIGSTOP);
+    let mut took = Vec::new();
+    // The first on a live connection, the next ones reconnecting.
+    for _ in 0..3 {
+        let t = Instant::now();
+        let e = c.read(0, 4096).await.unwrap().unwrap_err();
+        took.push(t.elapsed());
+        assert_eq!(e.code, ErrorCode::Io, "{e}");
+    }
+    println!("a read against a stopped upstream (timeout 2 s) took {took:?}");
+    signal(&nbdkit.0, libc::SIGCONT);
+    for t in &took {
+        assert!(
+            *t >= Duration::from_millis(1500) && *t < Duration::from_millis(3200),
+            "reads against a stopped upstream took {took:?} (upstream_timeout_s = 2)"
+        );
+    }
+    // Thawed, the volume answers again.
+    let back = c.read(0, 4096).await.unwrap().unwrap();
+    assert_eq!(back, pattern(5, 4096));
+    c.disconnect().await.unwrap();
+    gateway.shutdown().await.unwrap();
+}
+
+/// An upstream that answers every request but one (nbdkit's eval plugin whose
+/// read of one block never returns) fails that one with EIO about
+/// `upstream_timeout_s` after it was sent, even while the others' replies keep
+/// coming on its connection. Before, the connection's watchdog only looked at
+/// its requests when a read of the socket timed out: another client's steady
+/// reads on the same connection held the unanswered one for as long as they
+/// went on, and then it was sent again with a new timeout (6.0 s with 4 s of
+/// them, at `upstream_timeout_s = 1`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_unanswered_request_times_out_while_others_are_answered() {
+    use std::time::{Duration, Instant};
+    if !weir_testkit::require_tool("nbdkit", &["nbdkit"]) {
+        return;
+    }
+    let (_nbdkit, port) = weir_testkit::start_nbdkit(&[
+        "eval",
+        "get_size=echo 4M",
+        "thread_model=echo parallel",
+        "pread=if [ $4 -eq 1048576 ]; then sleep 60; fi; \
+         dd if=/dev/zero count=$3 iflag=count_bytes status=none",
+    ]);
+    let toml = format!(
+        "[[pools]]\nname = \"gw\"\nupstream = \"nbd://127.0.0.1:{port}\"\n\
+         upstream_connections = 1\nupstream_timeout_s = 1\n\
+         [[volumes]]\nname = \"k\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
+    );
+    let (_dir, gateway) = common::start_with("gw-one-unanswered", &toml).await;
+    let (mut busy, _) = common::connect(&gateway, "k").await;
+    let (mut stuck, _) = common::connect(&gateway, "k").await;
+    busy.read(0, 4096).await.unwrap().unwrap();
+    let steady = tokio::spawn(async move {
+        let end = Instant::now() + Duration::from_secs(4);
+        while Instant::now() < end {
+            let _ = busy.read(0, 4096).await.unwrap();
+        }
+    });
+    let t = Instant::now();
+    let e = stuck.read(1 << 20, 4096).await.unwrap().unwrap_err();
+    let took = t.elapsed();
+    println!("the unanswered read failed after {took:?} (upstream_timeout_s = 1)");
+    assert_eq!(e.code, ErrorCode::Io, "{e}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "an unanswered read took {took:?} (upstream_timeout_s = 1)"
+    );
+    steady.await.unwrap();
+    gateway.shutdown().await.unwrap();
+}
+
+/// Serves one export `k` of 1 MiB and answers every request with a reply for
+/// another handle (a protocol violation: the gateway closes the connection).
+fn serve_wrong_handles(mut s: std::net::TcpStream) {
+    use std::io::{Read, Write};
+    use weir_nbd::{ExportDescription, HandshakeEvent, ServerHandshake};
+    let exports = vec![ExportDescription::new("k", 1 << 20)];
+    let mut hs = ServerHandshake::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        if s.write_all(&hs.take_output()).is_err() {
+            return;
+        }
+        let n = match s.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        match hs.input(&buf[..n], &exports) {
+            Ok(Some(HandshakeEvent::ExportChosen(_))) => break,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+    }
+    let _ = s.write_all(&hs.take_output());
+    let mut pending = hs.take_leftover();
+    loop {
+        while pending.len() >= 28 {
+            let kind = u16::from_be_bytes(pending[6..8].try_into().unwrap());
+            let handle = u64::from_be_bytes(pending[8..16].try_into().unwrap());
+            let length = u32::from_be_bytes(pending[24..28].try_into().unwrap()) as usize;
+            let total = 28 + if kind == CMD_WRITE { length } else { 0 };
+            if pending.len() < total {
+                break;
+            }
+            pending.drain(..total);
+            let mut reply = 0x6744_6698u32.to_be_bytes().to_vec();
+            reply.extend_from_slice(&0u32.to_be_bytes());
+            reply.extend_from_slice(&(handle ^ 0xdead).to_be_bytes());
+            if s.write_all(&reply).is_err() {
+                return;
+            }
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => pending.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// An upstream that completes the handshake, then answers with protocol
+/// violations: a request fails with EIO after `upstream_timeout_s`, and the
+/// gateway backs off between the connections it opens meanwhile instead of
+/// reconnecting in a loop. Before, each lost connection was replaced at once:
+/// 371 connections (and as many unlimited "protocol error" warnings) in the
+/// request's 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_breaking_the_protocol_is_not_reconnected_in_a_loop() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let counter = accepted.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(s) = s else { return };
+            counter.fetch_add(1, Ordering::Relaxed);
+            std::thread::spawn(move || serve_wrong_handles(s));
+        }
+    });
+    let toml = format!(
+        "[[pools]]\nname = \"gw\"\nupstream = \"nbd://{addr}\"\n\
+         upstream_connections = 1\nupstream_timeout_s = 1\n\
+         [[volumes]]\nname = \"k\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
+    );
+    let (_dir, gateway) = common::start_with("gw-wrong-handles", &toml).await;
+    let (mut c, _) = common::connect(&gateway, "k").await;
+    let before = accepted.load(Ordering::Relaxed);
+    let t = Instant::now();
+    let e = c.read(0, 4096).await.unwrap().unwrap_err();
+    let took = t.elapsed();
+    let opened = accepted.load(Ordering::Relaxed) - before;
+    println!("a read from a protocol-breaking upstream: EIO after {took:?}, {opened} connections");
+    assert_eq!(e.code, ErrorCode::Io, "{e}");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert!(opened <= 10, "{opened} connections opened in {took:?}");
+    c.disconnect().await.unwrap();
+    let _ = gateway.shutdown().await;
+}

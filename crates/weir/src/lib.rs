@@ -143,7 +143,8 @@ pub fn command() -> clap::Command {
 
 /// Logs to stderr; `RUST_LOG` takes `level` or `target=level,…` (e.g.
 /// `RUST_LOG=weir_server=debug`); unset or unreadable: warnings only, plus the
-/// audit log (`weir_audit` at info: admin changes, configuration diffs).
+/// audit log (`weir_audit` at info: admin changes, configuration diffs) and
+/// gateway upstreams going and coming back (`weir_upstream` at info).
 fn init_logging() {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::prelude::*;
@@ -154,9 +155,14 @@ fn init_logging() {
         .unwrap_or_else(|| Targets::new().with_default(LevelFilter::WARN));
     // Admin changes and configuration diffs are logged unless RUST_LOG says
     // otherwise of them.
-    let audit = weir_server::admin::AUDIT_TARGET;
-    if !configured.is_some_and(|c| c.contains(audit)) {
-        filter = filter.with_target(audit, LevelFilter::INFO);
+    // So are an upstream becoming unreachable and reachable again.
+    for target in [
+        weir_server::admin::AUDIT_TARGET,
+        weir_server::upstream::LOG_TARGET,
+    ] {
+        if !configured.as_deref().is_some_and(|c| c.contains(target)) {
+            filter = filter.with_target(target, LevelFilter::INFO);
+        }
     }
     tracing_subscriber::registry()
         .with(

@@ -188,3 +188,67 @@ fn gateway_survives_an_upstream_kill_without_losing_acknowledged_writes() {
 
     common::fio_verify(gateway.nbd_addr, "vol", gw_dir.path());
 }
+
+/// The lines of `dir/weir.log` that contain every one of `words`.
+fn log_lines(dir: &std::path::Path, words: &[&str]) -> Vec<String> {
+    let log = std::fs::read_to_string(dir.join("weir.log")).unwrap_or_default();
+    log.lines()
+        .filter(|l| words.iter().all(|w| l.contains(w)))
+        .map(String::from)
+        .collect()
+}
+
+/// An upstream that cannot be reached is in the gateway's log, by default:
+/// one warning naming it and why (connection refused), not one per failed
+/// request or reconnect, then an info line once it is back. Before, nothing
+/// was logged: the gateway's clients got EIO and the operator saw no reason.
+#[test]
+fn an_unreachable_upstream_is_logged_with_its_reason_and_its_return() {
+    let up_dir = common::TempDir::new("gw-log-upstream");
+    let gw_dir = common::TempDir::new("gw-log-gateway");
+    let mut upstream = WeirProcess::start(up_dir.path(), UPSTREAM);
+    let upstream_addr = upstream.nbd_addr;
+    let config = format!(
+        "[[pools]]\nname = \"gw\"\nupstream = \"nbd://{upstream_addr}\"\n\
+         upstream_connections = 2\nupstream_timeout_s = 1\n\
+         [[volumes]]\nname = \"vol\"\npolicy = \"non-critical\"\npool = \"gw\"\n"
+    );
+    let gateway = WeirProcess::start(gw_dir.path(), &config);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let read = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(async {
+            let (mut c, _) = NbdClient::connect(gateway.nbd_addr, ClientConfig::go("vol"))
+                .await
+                .expect("gateway connection");
+            let r = c.read(0, 4096).await.unwrap().map(drop);
+            c.disconnect().await.unwrap();
+            r
+        })
+    };
+    read(&rt).expect("a read through the gateway");
+    upstream.kill();
+    for _ in 0..3 {
+        let e = read(&rt).expect_err("a read with the upstream gone");
+        assert_eq!(e.code, weir_nbd::ErrorCode::Io, "{e}");
+    }
+    let target = format!("nbd://{upstream_addr}");
+    let warnings = log_lines(gw_dir.path(), &["WARN", &target, "unreachable"]);
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one warning per 10 s, not one per failure: {warnings:#?}"
+    );
+    assert!(
+        warnings[0].contains("Connection refused"),
+        "the warning says why: {}",
+        warnings[0]
+    );
+    let _upstream = WeirProcess::start_listening(up_dir.path(), UPSTREAM, upstream_addr);
+    read(&rt).expect("a read once the upstream is back");
+    let back = log_lines(gw_dir.path(), &["INFO", &target, "reachable again"]);
+    assert_eq!(back.len(), 1, "{back:#?}");
+    println!("{}\n{}", warnings[0], back[0]);
+}
