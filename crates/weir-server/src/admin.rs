@@ -543,6 +543,7 @@ pub fn metrics_text(s: &ServerState) -> String {
     text.push_str(&s.limits.render_prometheus());
     text.push_str(&crate::capacity::render_prometheus(&s.store()));
     text.push_str(&s.thin_metrics());
+    text.push_str(&s.descriptor_metrics());
     text.push_str(&s.upstream_metrics());
     text.push_str(&s.flash_cache_metrics());
     text.push_str(&s.tier_metrics());

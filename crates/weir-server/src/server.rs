@@ -604,6 +604,27 @@ impl ServerState {
         out
     }
 
+    /// Prometheus text for the volume store's open files: those its volumes and
+    /// thin layers hold once written, and its share of the open-files limit.
+    pub fn descriptor_metrics(&self) -> String {
+        let store = self.store();
+        let (needed, cap) = (store.descriptors_needed(), store.descriptor_cap());
+        drop(store);
+        let mut out = format!(
+            "# HELP weir_volume_files_needed Open files the volumes, snapshots and thin layers hold once written (two per written or writable thin layer, one per file volume).\n\
+             # TYPE weir_volume_files_needed gauge\n\
+             weir_volume_files_needed {needed}\n"
+        );
+        if let Some(cap) = cap {
+            out.push_str(&format!(
+                "# HELP weir_volume_files_max The volumes' share of the open-files limit: a create, snapshot, clone or rollback past it is refused.\n\
+                 # TYPE weir_volume_files_max gauge\n\
+                 weir_volume_files_max {cap}\n"
+            ));
+        }
+        out
+    }
+
     /// Prometheus text for thin pools: space per volume and pool, and the
     /// clone-aware cache's counters.
     pub fn thin_metrics(&self) -> String {

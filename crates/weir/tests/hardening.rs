@@ -292,6 +292,17 @@ fn snapshots_stop_at_the_open_files_limit_and_writes_go_on() {
         taken,
         "a refused snapshot was recorded"
     );
+    // The operator sees it coming: what the volumes hold against their share.
+    let metrics = rt.block_on(admin.metrics()).unwrap();
+    let gauge = |name: &str| -> u64 {
+        let line = metrics.lines().find_map(|l| l.strip_prefix(name));
+        line.and_then(|v| v.trim().parse().ok()).unwrap()
+    };
+    let (needed, max) = (
+        gauge("weir_volume_files_needed "),
+        gauge("weir_volume_files_max "),
+    );
+    assert!(needed <= max && needed + 2 > max, "{needed} of {max}");
 }
 
 /// A thin pool filled to the last block recovers by TRIM (a guest's `fstrim`):
