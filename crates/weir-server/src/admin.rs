@@ -427,7 +427,7 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             store().get(name)?;
             ok(&s.leases.break_lease(name))
         }
-        ("GET", ["v1", "check"]) => ok(&store().check_thin()?),
+        ("GET", ["v1", "check"]) => ok(&s.check_thin()?),
         ("GET", ["v1", "replications"]) => ok(&s.replication.list(s)),
         ("GET", ["v1", "volumes", name, "replication"]) => ok(&s.replication.status(s, name)?),
         ("POST", ["v1", "volumes", name, "replication"]) => {

@@ -241,6 +241,14 @@ impl ServerState {
         }
     }
 
+    /// Checks every thin pool (`weir volume check`); reading the layers runs
+    /// without the store's lock (as [`ServerState::flatten_volume`]).
+    pub fn check_thin(&self) -> Result<Vec<crate::store::ThinPoolCheck>, StoreError> {
+        let plan = self.store().check_thin_begin();
+        let ran = plan.run()?;
+        Ok(self.store().check_thin_finish(ran))
+    }
+
     /// Deletes a snapshot; merging it into the layer built on it runs without the
     /// store's lock (as [`ServerState::flatten_volume`]).
     pub fn delete_snapshot(&self, volume: &str, name: &str) -> Result<SnapshotRecord, StoreError> {

@@ -48,7 +48,10 @@ mod repl_ops;
 mod thin_ops;
 mod upstream_ops;
 pub use rbd_ops::TakeOver;
-pub use thin_ops::{DeleteSnapshot, Flatten, FlattenPlan, MergePlan, ThinPoolCheck, ThinSpace};
+pub use thin_ops::{
+    CheckedPools, DeleteSnapshot, Flatten, FlattenPlan, MergePlan, ThinCheck, ThinPoolCheck,
+    ThinSpace,
+};
 
 /// Mode of the files the store creates (volumes, metadata).
 pub const FILE_MODE: u32 = 0o600;

@@ -213,7 +213,7 @@ async fn nbdkit_memory_full_copy_then_changed_grains_only() {
     // one base layer (the released snapshot's layer merged into it).
     let snaps = server.state().store().snapshots(Some("db")).unwrap();
     assert_eq!(snaps.len(), 1, "{snaps:?}");
-    let check = server.state().store().check_thin().unwrap();
+    let check = server.state().check_thin().unwrap();
     assert_eq!(check[0].layers, 2, "{check:?}");
     assert!(check[0].problems.is_empty(), "{check:?}");
 

@@ -228,7 +228,7 @@ async fn twenty_linked_clones_pass_fio_verify_at_once_and_keep_the_image() {
     // The snapshot cannot go while clones read from it.
     let e = server.state().delete_snapshot("db", "gold").unwrap_err();
     assert!(e.to_string().contains("clones"), "{e}");
-    let checks = server.state().store().check_thin().unwrap();
+    let checks = server.state().check_thin().unwrap();
     assert!(checks.iter().all(|c| c.problems.is_empty()), "{checks:?}");
     server.shutdown().await.unwrap();
 }
@@ -306,7 +306,7 @@ async fn rollback_restores_the_exact_bytes_and_everything_survives_a_restart() {
         "{}",
         text(&o)
     );
-    let checks = server.state().store().check_thin().unwrap();
+    let checks = server.state().check_thin().unwrap();
     assert!(
         checks
             .iter()
@@ -414,7 +414,7 @@ async fn flatten_and_merge_copy_without_the_store_lock() {
     admin.delete_snapshot("c1", "x").await.unwrap();
     assert_eq!(read_all(&server, "c2", 16 << 20).await, expect);
     assert_eq!(read_all(&server, "c1", 16 << 20).await, expect);
-    let checks = state.store().check_thin().unwrap();
+    let checks = state.check_thin().unwrap();
     assert!(
         checks
             .iter()
@@ -493,9 +493,49 @@ async fn a_snapshot_deleted_during_a_replication_collapse_below_it_keeps_the_dat
     // Deleted again, from its new layer, nothing is lost either.
     state.delete_snapshot("db", "s").unwrap();
     assert_eq!(read_all(&server, "db", 4 << 20).await, expect);
-    for check in state.store().check_thin().unwrap() {
+    for check in state.check_thin().unwrap() {
         assert!(check.problems.is_empty(), "{check:?}");
     }
+}
+
+/// `weir volume check` reads the layers without the store's lock (with
+/// thousands of layers it took seconds in which no client could open a volume):
+/// clones deleted and made while it runs are neither problems nor orphans.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_runs_without_the_store_lock_while_clones_come_and_go() {
+    let dir = weir_testkit::TempDir::new("thin-check-unlocked");
+    let server = RunningServer::start(config(dir.path())).await.unwrap();
+    let state = server.state();
+    write_all(&server, "db", &random_bytes(3, 4 << 20)).await;
+    state.store().snapshot("db", "gold").unwrap();
+    let names: Vec<String> = (1..=4).map(|i| format!("c{i}")).collect();
+    state.clone_snapshot("db", "gold", &names, None).unwrap();
+    for n in &names {
+        write_all(&server, n, &[7; 1 << 20]).await;
+    }
+    let plan = state.store().check_thin_begin();
+    // Between the catalog read and the files read: one clone goes, one comes
+    // and is written (its layer files appear).
+    state.delete_volume("c1").unwrap();
+    state
+        .clone_snapshot("db", "gold", &["c5".to_string()], None)
+        .unwrap();
+    write_all(&server, "c5", &[9; 1 << 20]).await;
+    let ran = tokio::task::spawn_blocking(move || plan.run())
+        .await
+        .unwrap()
+        .unwrap();
+    let checks = state.store().check_thin_finish(ran);
+    assert!(
+        checks
+            .iter()
+            .all(|c| c.problems.is_empty() && c.orphan_files.is_empty()),
+        "{checks:?}"
+    );
+    // And the whole check, as the admin API runs it, after.
+    let checks = state.check_thin().unwrap();
+    assert!(checks.iter().all(|c| c.problems.is_empty()), "{checks:?}");
+    server.shutdown().await.unwrap();
 }
 
 /// A rollback of a volume a caching gateway holds the exclusive lease of is

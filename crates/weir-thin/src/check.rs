@@ -28,12 +28,15 @@ pub struct CheckReport {
     /// Files of the directory no catalog layer owns (left by a crash between a
     /// metadata update and a file removal; removed at the next start).
     pub orphan_files: Vec<String>,
+    /// Problems of the catalog as a whole.
     pub problems: Vec<String>,
+    /// Problems of one layer (its id, what is wrong).
+    pub layer_problems: Vec<(u64, String)>,
 }
 
 impl CheckReport {
     pub fn ok(&self) -> bool {
-        self.problems.is_empty()
+        self.problems.is_empty() && self.layer_problems.is_empty()
     }
 }
 
@@ -49,13 +52,15 @@ pub fn check(dir: &Path, layers: &[LayerInfo], grain_bytes: u64) -> CheckReport 
             .push("a layer id appears twice in the catalog".into());
     }
     for l in layers {
-        check_chain(l, &by_id, &mut report.problems);
+        if let Some(p) = check_chain(l, &by_id) {
+            report.layer_problems.push((l.id, p));
+        }
         match Layer::open(dir, l.id, l.grains, grain_bytes) {
             Ok(layer) => {
                 if layer.dirty_entries() > 0 {
-                    report.problems.push(format!(
-                        "layer {}: its map has entries beyond its {} grains",
-                        l.id, l.grains
+                    report.layer_problems.push((
+                        l.id,
+                        format!("its map has entries beyond its {} grains", l.grains),
                     ));
                 }
                 for (_, e) in layer.map().iter() {
@@ -66,29 +71,27 @@ pub fn check(dir: &Path, layers: &[LayerInfo], grain_bytes: u64) -> CheckReport 
                     }
                 }
             }
-            Err(e) => report.problems.push(format!("layer {}: {e}", l.id)),
+            Err(e) => report.layer_problems.push((l.id, e.to_string())),
         }
     }
     report.orphan_files = orphans(dir, &by_id.keys().copied().collect());
     report
 }
 
-fn check_chain(l: &LayerInfo, by_id: &HashMap<u64, &LayerInfo>, problems: &mut Vec<String>) {
+/// What is wrong with `l`'s chain of parents, if anything.
+fn check_chain(l: &LayerInfo, by_id: &HashMap<u64, &LayerInfo>) -> Option<String> {
     let mut seen = HashSet::from([l.id]);
     let mut at = l.parent;
     while let Some(p) = at {
         if !seen.insert(p) {
-            problems.push(format!("layer {}: its parent chain loops at {p}", l.id));
-            return;
+            return Some(format!("its parent chain loops at {p}"));
         }
         match by_id.get(&p) {
             Some(pl) => at = pl.parent,
-            None => {
-                problems.push(format!("layer {}: parent {p} is not in the catalog", l.id));
-                return;
-            }
+            None => return Some(format!("parent {p} is not in the catalog")),
         }
     }
+    None
 }
 
 /// Layer files (`<id>.map`, `<id>.data`) of ids not in `known`.

@@ -106,7 +106,7 @@ fn committed_state_survives_reopen_and_uncommitted_allocations_are_reclaimed() {
         }],
         GRAIN,
     );
-    assert!(r.ok(), "{:?}", r.problems);
+    assert!(r.ok(), "{r:?}");
     assert_eq!(r.stored_grains, 3);
 }
 
@@ -373,6 +373,6 @@ proptest! {
             grains: SIZE / GRAIN,
         }).collect();
         let r = check(dir.path(), &infos, GRAIN);
-        prop_assert!(r.ok(), "{:?}", r.problems);
+        prop_assert!(r.ok(), "{r:?}");
     }
 }

@@ -36,6 +36,56 @@ pub struct ThinPoolCheck {
     pub problems: Vec<String>,
 }
 
+/// A thin pool as `weir volume check` found it in the catalog.
+pub struct PoolToCheck {
+    pool: String,
+    dir: PathBuf,
+    infos: Vec<LayerInfo>,
+    /// The catalog's own problems (layers nothing references, tops missing).
+    problems: Vec<String>,
+}
+
+/// A check of the thin pools taken from the catalog
+/// ([`VolumeStore::check_thin_begin`]), to run without the store's lock.
+pub struct ThinCheck {
+    volumes: Vec<(String, Arc<OpenVolume>)>,
+    pools: Vec<PoolToCheck>,
+    /// The newest layer then: files of later ones are not orphans.
+    newest_layer: u64,
+}
+
+/// What [`ThinCheck::run`] found, for [`VolumeStore::check_thin_finish`].
+pub struct CheckedPools {
+    pools: Vec<(PoolToCheck, weir_thin::check::CheckReport)>,
+    newest_layer: u64,
+}
+
+impl ThinCheck {
+    /// Flushes every volume not deleted since (what was acknowledged is in the
+    /// maps read), then
+    /// checks each pool's layers and files.
+    pub fn run(self) -> Result<CheckedPools, StoreError> {
+        for (name, v) in self.volumes.iter().filter(|(_, v)| !v.is_deleted()) {
+            v.backend
+                .flush()
+                .map_err(|e| io_err(format!("flushing volume {name:?}"), e))?;
+        }
+        let pools = self.pools.into_iter().map(|p| {
+            let report = check(&p.dir, &p.infos, weir_thin::GRAIN_BYTES);
+            (p, report)
+        });
+        Ok(CheckedPools {
+            pools: pools.collect(),
+            newest_layer: self.newest_layer,
+        })
+    }
+}
+
+/// The layer a file name (`<id>.map`, `<id>.data`) belongs to.
+fn layer_of_file(name: &str) -> Option<u64> {
+    name.split_once('.')?.0.parse().ok()
+}
+
 /// Space of one thin volume.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ThinSpace {
@@ -755,48 +805,89 @@ impl VolumeStore {
 
     /// Commits every thin volume, then verifies every thin pool's layers against
     /// the catalog (maps, files, parent chains, references).
-    pub fn check_thin(&self) -> Result<Vec<ThinPoolCheck>, StoreError> {
-        self.sync_all()?;
+    /// What `weir volume check` reads of the catalog (under the store's lock; the
+    /// check itself, [`ThinCheck::run`], goes without it: reading every map of a
+    /// pool of thousands of layers took seconds, in which no client could open a
+    /// volume).
+    pub fn check_thin_begin(&self) -> ThinCheck {
         let mut garbage = self.meta.thin.clone();
         let tops: Vec<u64> = self.meta.volumes.iter().filter_map(|r| r.layer).collect();
         let leaked = garbage.collect_garbage(&tops);
-        let mut out = Vec::new();
+        let mut pools = Vec::new();
         for p in self.pools.iter().filter(|p| p.format == PoolFormat::Thin) {
-            let infos: Vec<LayerInfo> = self
-                .meta
-                .thin
-                .layers
-                .iter()
-                .filter(|l| l.pool == p.name)
+            let layers = self.meta.thin.layers.iter().filter(|l| l.pool == p.name);
+            let infos = layers
                 .map(|l| LayerInfo {
                     id: l.id,
                     parent: l.parent,
                     grains: l.size_bytes.div_ceil(weir_thin::GRAIN_BYTES),
                 })
                 .collect();
-            let r = check(&self.thin_dir_of(&p.name), &infos, weir_thin::GRAIN_BYTES);
-            let mut problems = r.problems;
-            problems.extend(
-                leaked
-                    .iter()
-                    .filter(|l| l.pool == p.name)
-                    .map(|l| format!("layer {}: nothing references it", l.id)),
-            );
+            let mut problems: Vec<String> = leaked
+                .iter()
+                .filter(|l| l.pool == p.name)
+                .map(|l| format!("layer {}: nothing references it", l.id))
+                .collect();
             for t in &tops {
                 if self.meta.thin.layer(*t).is_none() {
                     problems.push(format!("a volume's top layer {t} is not in the catalog"));
                 }
             }
-            out.push(ThinPoolCheck {
+            pools.push(PoolToCheck {
                 pool: p.name.clone(),
-                layers: r.layers,
-                stored_grains: r.stored_grains,
-                zero_grains: r.zero_grains,
-                orphan_files: r.orphan_files,
+                dir: self.thin_dir_of(&p.name),
+                infos,
                 problems,
             });
         }
-        Ok(out)
+        let mut volumes: Vec<_> = self
+            .open
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect();
+        volumes.sort_by(|a, b| a.0.cmp(&b.0));
+        ThinCheck {
+            volumes,
+            pools,
+            newest_layer: self
+                .meta
+                .thin
+                .layers
+                .iter()
+                .map(|l| l.id)
+                .max()
+                .unwrap_or(0),
+        }
+    }
+
+    /// The check's result as the catalog stands now: a layer removed while it ran
+    /// (a clone or snapshot deleted) is no problem, nor are the files of layers
+    /// created meanwhile.
+    pub fn check_thin_finish(&self, ran: CheckedPools) -> Vec<ThinPoolCheck> {
+        let known = |id: u64| self.meta.thin.layer(id).is_some();
+        let newest = ran.newest_layer;
+        ran.pools
+            .into_iter()
+            .map(|(p, r)| {
+                let mut problems = p.problems;
+                let layers = r.layer_problems.into_iter().filter(|(id, _)| known(*id));
+                problems.extend(r.problems);
+                problems.extend(layers.map(|(id, e)| format!("layer {id}: {e}")));
+                let orphan_files = r
+                    .orphan_files
+                    .into_iter()
+                    .filter(|f| layer_of_file(f).is_some_and(|id| id <= newest && !known(id)))
+                    .collect();
+                ThinPoolCheck {
+                    pool: p.pool,
+                    layers: r.layers,
+                    stored_grains: r.stored_grains,
+                    zero_grains: r.zero_grains,
+                    orphan_files,
+                    problems,
+                }
+            })
+            .collect()
     }
 
     /// Space of every thin volume (exclusive: in its own top layer).
