@@ -261,7 +261,7 @@ fn load_meta(path: &Path) -> Result<(Option<Vec<u8>>, Meta), StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(io_err(path.display(), e)),
     };
-    let meta = match &on_disk {
+    let mut meta = match &on_disk {
         Some(bytes) => serde_json::from_slice::<Meta>(bytes)
             .map_err(|e| StoreError::Invalid(format!("{}: {e}", path.display())))?,
         None => Meta {
@@ -276,6 +276,7 @@ fn load_meta(path: &Path) -> Result<(Option<Vec<u8>>, Meta), StoreError> {
             meta.version
         )));
     }
+    meta.thin.sort();
     Ok((on_disk, meta))
 }
 

@@ -8,7 +8,7 @@
 //! removed (metadata first, files after; files of layers the metadata does not
 //! know are removed at start, so a crash in between leaks nothing).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::unix::io::RawFd;
 use std::path::{Path, PathBuf};
@@ -61,14 +61,29 @@ pub struct ThinMeta {
 }
 
 impl ThinMeta {
+    /// Layer `id` (the records are kept in id order: found by bisection, as every
+    /// step of every chain looks one up).
     pub fn layer(&self, id: u64) -> Option<&LayerRecord> {
-        self.layers.iter().find(|l| l.id == id)
+        let at = self.layers.binary_search_by_key(&id, |l| l.id).ok()?;
+        Some(&self.layers[at])
+    }
+
+    /// Puts the records in id order (as [`ThinMeta::new_layer`] adds them; a
+    /// catalog written by hand may not be).
+    pub fn sort(&mut self) {
+        self.layers.sort_by_key(|l| l.id);
+        let newest = self.layers.last().map_or(0, |l| l.id);
+        self.next_layer_id = self.next_layer_id.max(newest);
     }
 
     /// A new layer record (not yet persisted).
     pub fn new_layer(&mut self, pool: &str, parent: Option<u64>, size_bytes: u64) -> u64 {
         self.next_layer_id += 1;
         let id = self.next_layer_id;
+        assert!(
+            self.layers.last().is_none_or(|l| l.id < id),
+            "layer ids in order"
+        );
         self.layers.push(LayerRecord {
             id,
             pool: pool.to_string(),
@@ -92,7 +107,11 @@ impl ThinMeta {
         let mut out = vec![id];
         let mut at = self.layer(id).and_then(|l| l.parent);
         while let Some(p) = at {
-            assert!(!out.contains(&p), "layer {p}: parent chain loops");
+            // Longer than the catalog: a layer came twice.
+            assert!(
+                out.len() < self.layers.len(),
+                "layer {p}: parent chain loops"
+            );
             out.push(p);
             at = self.layer(p).and_then(|l| l.parent);
         }
@@ -111,26 +130,19 @@ impl ThinMeta {
     pub fn collect_garbage(&mut self, tops: &[u64]) -> Vec<LayerRecord> {
         let mut removed = Vec::new();
         loop {
-            let dead: Vec<u64> = self
-                .layers
-                .iter()
-                .map(|l| l.id)
-                .filter(|id| {
-                    !tops.contains(id)
-                        && !self.snapshots.iter().any(|s| s.layer == *id)
-                        && !self.layers.iter().any(|l| l.parent == Some(*id))
-                })
+            let kept: HashSet<u64> = (tops.iter().copied())
+                .chain(self.snapshots.iter().map(|s| s.layer))
+                .chain(self.layers.iter().filter_map(|l| l.parent))
                 .collect();
-            if dead.is_empty() {
+            if self.layers.iter().all(|l| kept.contains(&l.id)) {
                 return removed;
             }
             self.layers.retain(|l| {
-                if dead.contains(&l.id) {
+                let keep = kept.contains(&l.id);
+                if !keep {
                     removed.push(l.clone());
-                    false
-                } else {
-                    true
                 }
+                keep
             });
         }
     }
@@ -310,5 +322,27 @@ mod tests {
         let gone = m.collect_garbage(&[]);
         assert_eq!(gone.len(), 2);
         assert!(m.layers.is_empty());
+    }
+
+    /// Layers are found by bisection, so the catalog is put in id order when it
+    /// is read (one edited by hand may not be), and new ids follow the newest.
+    #[test]
+    fn a_catalog_out_of_order_is_sorted_and_new_ids_follow_the_newest() {
+        let record = |id, parent| LayerRecord {
+            id,
+            pool: "p".into(),
+            parent,
+            size_bytes: 1 << 20,
+        };
+        let mut m = ThinMeta {
+            next_layer_id: 2,
+            layers: vec![record(9, Some(4)), record(1, None), record(4, Some(1))],
+            snapshots: Vec::new(),
+        };
+        m.sort();
+        assert_eq!(m.lineage(9), vec![9, 4, 1]);
+        assert!(m.layer(2).is_none());
+        assert_eq!(m.new_layer("p", Some(9), 1 << 20), 10);
+        assert_eq!(m.lineage(10), vec![10, 9, 4, 1]);
     }
 }
