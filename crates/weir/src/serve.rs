@@ -36,6 +36,8 @@ pub struct ServeArgs {
     tls_client_ca: Option<PathBuf>,
 }
 
+/// Volumes listed at start (a pool of thousands of clones printed them all).
+const STARTUP_VOLUMES_SHOWN: usize = 20;
 pub fn run(args: ServeArgs) -> Result<()> {
     limit_malloc_arenas();
     let mut config = match &args.config {
@@ -113,13 +115,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         );
         if !volumes.is_empty() {
             outln!("volumes:");
-            for v in &volumes {
+            for v in volumes.iter().take(STARTUP_VOLUMES_SHOWN) {
                 outln!(
                     "  {scheme}://{nbd}/{:<16} {:>10}  {}",
                     v.name,
                     crate::admin::human_size(v.size_bytes),
                     v.policy
                 );
+            }
+            if let Some(more) = volumes.len().checked_sub(STARTUP_VOLUMES_SHOWN + 1) {
+                outln!("  … and {} more (weir volume list)", more + 1);
             }
             if scheme == "nbd" {
                 outln!(
