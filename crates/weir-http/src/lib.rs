@@ -11,8 +11,9 @@
 //! finish their headers (19,900 were held open for minutes, leaving the NBD
 //! listener 79 descriptors). Now: a cap in total and per client address (over it, a
 //! 503 and the connection closed at once), a deadline for each request's head
-//! (which also closes an idle keep-alive connection), one for its body, and one for
-//! a reply the client takes nothing of.
+//! (which also closes an idle keep-alive connection), a size limit for it
+//! ([`MAX_HEAD_BYTES`], else 431), one deadline for its body, and one for a reply
+//! the client takes nothing of.
 //!
 //! Why a crate of its own: build time. hyper's connection code is generic and would
 //! be compiled in whichever crate instantiates it — in weir-server, at the data
@@ -45,6 +46,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Sleep;
+
+/// Longest request head (request line and headers, up to and with the blank line)
+/// accepted; longer: 431 and the connection closed, the request never handled.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
 
 /// Largest request body accepted (larger: 413).
 pub const MAX_BODY_BYTES: usize = 2 << 20;
@@ -107,12 +112,27 @@ impl Request {
     }
 }
 
-/// One answer: status code, `Content-Type`, body.
+/// One answer: status code, `Content-Type`, body, and any further headers (name,
+/// value: `("allow", "GET, POST")` on a 405; one that is not a valid header is
+/// left out).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Response {
     pub status: u16,
     pub content_type: &'static str,
     pub body: Vec<u8>,
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Response {
+    /// An answer without further headers.
+    pub fn new(status: u16, content_type: &'static str, body: Vec<u8>) -> Response {
+        Response {
+            status,
+            content_type,
+            body,
+            headers: Vec::new(),
+        }
+    }
 }
 
 /// Sent with every answer (the dashboard's page and files, the API's JSON): the page
@@ -302,7 +322,10 @@ async fn connection(
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .max_buf_size(64 << 10)
+        .max_buf_size(MAX_HEAD_BYTES)
+        // hyper's buffer limit alone is soft (one read can take it past, and a
+        // 100 KB head in one read was handled); this one is exact.
+        .max_header_size(MAX_HEAD_BYTES)
         .serve_connection(io, service);
     tokio::pin!(conn);
     tokio::select! {
@@ -418,8 +441,7 @@ async fn answer(
         body: Vec::new(),
     };
     if let Some(r) = handler.head.as_ref().and_then(|check| check(&request)) {
-        let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut response = with_headers(status, r.content_type, r.body);
+        let mut response = http_response(r);
         response
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -450,17 +472,30 @@ async fn answer(
     let answer = handler.answer;
     Ok(
         match tokio::task::spawn_blocking(move || answer(request)).await {
-            Ok(r) => {
-                let status =
-                    StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                with_headers(status, r.content_type, r.body)
-            }
+            Ok(r) => http_response(r),
             Err(e) => plain(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("admin handler failed: {e}"),
             ),
         },
     )
+}
+
+/// The handler's answer as hyper's, with the headers every answer carries and the
+/// answer's own.
+fn http_response(r: Response) -> HttpResponse {
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = with_headers(status, r.content_type, r.body);
+    let headers = response.headers_mut();
+    for (name, value) in r.headers {
+        if let (Ok(name), Ok(value)) = (
+            header::HeaderName::try_from(name),
+            HeaderValue::try_from(value),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    response
 }
 
 fn plain(status: StatusCode, text: String) -> HttpResponse {
@@ -511,6 +546,11 @@ mod tests {
                 String::from_utf8_lossy(&r.body)
             )
             .into_bytes(),
+            headers: vec![
+                ("allow", "GET, POST".into()),
+                ("bad name", "dropped".into()),
+                ("x-bad-value", "a\nb".into()),
+            ],
         });
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = spawn(
@@ -542,6 +582,11 @@ mod tests {
             assert!(lower.contains(header), "no {header:?} in {a}");
         }
         assert!(lower.contains("frame-ancestors 'none'"), "{a}");
+        assert!(lower.contains("\r\nallow: get, post\r\n"), "{a}");
+        assert!(
+            !lower.contains("dropped") && !lower.contains("x-bad-value"),
+            "{a}"
+        );
         let a = exchange(
             addr,
             "GET /missing HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
@@ -583,11 +628,8 @@ mod bounds {
     ) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let handler: Handler = Arc::new(move |_| Response {
-            status: 200,
-            content_type: "text/plain",
-            body: vec![b'x'; body_bytes],
-        });
+        let handler: Handler =
+            Arc::new(move |_| Response::new(200, "text/plain", vec![b'x'; body_bytes]));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         spawn(
             listener,
@@ -707,6 +749,29 @@ mod bounds {
         }
     }
 
+    /// A request for /x whose head (request line and headers) is `bytes` long.
+    fn head_of(bytes: usize) -> Vec<u8> {
+        let bare = "GET /x HTTP/1.1\r\nHost: h\r\nX-Pad: \r\n\r\n".len();
+        let pad = "a".repeat(bytes - bare);
+        format!("GET /x HTTP/1.1\r\nHost: h\r\nX-Pad: {pad}\r\n\r\n").into_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_head_over_the_limit_gets_431_and_loses_its_connection() {
+        let (addr, _stop) = start(Limits::ADMIN, 2).await;
+        let mut s = connect_from([127, 0, 0, 1], addr).await;
+        assert_eq!(
+            status(&mut s, &head_of(MAX_HEAD_BYTES)).await,
+            "HTTP/1.1 200"
+        );
+        for bytes in [MAX_HEAD_BYTES + 1, 100_000, 1 << 20] {
+            let mut s = connect_from([127, 0, 0, 1], addr).await;
+            let got = status(&mut s, &head_of(bytes)).await;
+            assert_eq!(got, "HTTP/1.1 431", "a head of {bytes} bytes");
+            assert!(closed_within(&mut s, Duration::from_secs(2)).await);
+        }
+    }
+
     #[tokio::test]
     async fn a_head_never_finished_loses_its_connection() {
         freed_after(b"GET /x HTTP/1.1\r\nHost: h\r\n", 2, "slow head").await;
@@ -758,10 +823,9 @@ mod large {
     async fn a_large_answer_arrives_whole_through_the_small_read_buffer() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let handler: Handler = Arc::new(|_| Response {
-            status: 200,
-            content_type: "application/octet-stream",
-            body: (0..8 << 20).map(|i: u32| (i % 251) as u8).collect(),
+        let handler: Handler = Arc::new(|_| {
+            let body = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+            Response::new(200, "application/octet-stream", body)
         });
         let (_tx, rx) = tokio::sync::oneshot::channel::<()>();
         spawn(

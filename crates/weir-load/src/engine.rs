@@ -11,7 +11,7 @@ use crate::verify::{ReadTicket, SECTOR_BYTES, Shadow};
 use crate::{LoadError, LoadOptions, LoadOutcome, LoadProgress, Target, VerifySummary};
 use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -84,6 +84,16 @@ struct Vm {
     disk_bytes: u64,
     /// Stopped after its model asked for something impossible.
     halted: bool,
+    /// Per worker: a request of it waits in [`Core::held`]; the worker is not
+    /// polled until it is issued.
+    held: Vec<bool>,
+}
+
+/// A request a model asked for while the bytes in flight were at their cap.
+struct Held {
+    vm: u32,
+    worker: u32,
+    request: IoRequest,
 }
 
 struct InFlight {
@@ -96,6 +106,8 @@ struct InFlight {
     first_sector: u64,
     sectors: u64,
     ticket: Option<ReadTicket>,
+    /// Its bytes on the wire, counted in [`Core::bytes_in_flight`].
+    bytes: u64,
 }
 
 struct Conn {
@@ -137,6 +149,17 @@ struct Core {
     drained: Rc<Notify>,
     sweep_in_flight: usize,
     sweep_notify: Rc<Notify>,
+    /// Bytes of the VMs' requests in flight (a write's payload until sent, a read's
+    /// reply as it comes: the driver's buffers), their most so far, and the cap
+    /// ([`crate::LoadOptions::max_bytes_in_flight`]).
+    bytes_in_flight: u64,
+    peak_bytes_in_flight: u64,
+    max_bytes_in_flight: u64,
+    /// Requests that did not fit under the cap, oldest first: issued as
+    /// completions make room.
+    held: VecDeque<Held>,
+    /// How many requests waited so.
+    held_total: u64,
 }
 
 impl Core {
@@ -167,7 +190,7 @@ impl Core {
                 return;
             }
             let vm = &mut self.vms[vm_i as usize];
-            if self.conns[vm.conn].broken || vm.halted {
+            if self.conns[vm.conn].broken || vm.halted || vm.held[worker as usize] {
                 return;
             }
             let outstanding = vm.outstanding[worker as usize];
@@ -187,6 +210,22 @@ impl Core {
                     self.note_error(msg);
                     return;
                 }
+                Issue::Io(request)
+                    if !fits(
+                        self.bytes_in_flight,
+                        self.max_bytes_in_flight,
+                        request.size_bytes,
+                    ) =>
+                {
+                    self.vms[vm_i as usize].held[worker as usize] = true;
+                    self.held.push_back(Held {
+                        vm: vm_i,
+                        worker,
+                        request,
+                    });
+                    self.held_total += 1;
+                    return;
+                }
                 Issue::Io(request) => self.issue(vm_i, worker, request, now, model_now),
                 Issue::At(t) => {
                     let slot = &mut vm.timer_at[worker as usize];
@@ -199,6 +238,34 @@ impl Core {
                 }
                 Issue::Blocked => return,
             }
+        }
+    }
+
+    /// Issues the held requests that fit now, oldest first, and polls their
+    /// workers on. The wait is the driver's, not the target's: a request's latency
+    /// starts when it is issued.
+    fn issue_held(&mut self, now: Instant) {
+        while !self.stopping {
+            match self.held.front() {
+                Some(h)
+                    if fits(
+                        self.bytes_in_flight,
+                        self.max_bytes_in_flight,
+                        h.request.size_bytes,
+                    ) => {}
+                _ => return,
+            }
+            let Some(h) = self.held.pop_front() else {
+                return;
+            };
+            let vm = &mut self.vms[h.vm as usize];
+            vm.held[h.worker as usize] = false;
+            if self.conns[vm.conn].broken || vm.halted {
+                continue;
+            }
+            let model_now = self.model_ns(now);
+            self.issue(h.vm, h.worker, h.request, now, model_now);
+            self.pump(h.vm, h.worker, now);
         }
     }
 
@@ -227,6 +294,7 @@ impl Core {
             first_sector: 0,
             sectors: 0,
             ticket: None,
+            bytes: len,
         };
         let handle = match &mut self.shadow {
             Some(shadow) => {
@@ -235,7 +303,8 @@ impl Core {
                 let end = (offset + len).div_ceil(SECTOR_BYTES);
                 flight.first_sector = first;
                 flight.sectors = end - first;
-                let wire_len = (flight.sectors * SECTOR_BYTES) as u32;
+                flight.bytes = flight.sectors * SECTOR_BYTES;
+                let wire_len = flight.bytes as u32;
                 match request.dir {
                     Direction::Read => {
                         flight.ticket = Some(shadow.begin_read(target, first, flight.sectors));
@@ -264,6 +333,8 @@ impl Core {
                 }
             },
         };
+        self.bytes_in_flight += flight.bytes;
+        self.peak_bytes_in_flight = self.peak_bytes_in_flight.max(self.bytes_in_flight);
         conn.inflight.insert(handle, flight);
         conn.notify.notify_one();
     }
@@ -340,21 +411,28 @@ impl Core {
         self.finish(f, ok, now);
     }
 
-    /// Accounting and the generator callback for a request that ended.
+    /// Accounting and the generator callback for a request that ended (`ok`: with
+    /// a successful reply; else the model hears a failure, never a completion).
     fn finish(&mut self, f: InFlight, ok: bool, now: Instant) {
         let latency = now.saturating_duration_since(f.issued);
         let model_now = self.model_ns(now);
         self.account(&f, latency.as_micros() as u64, ok, model_now);
         let model_latency = (latency.as_nanos() as f64 * self.time_scale) as u64;
+        self.bytes_in_flight -= f.bytes;
         let vm = &mut self.vms[f.vm as usize];
         vm.outstanding[f.worker as usize] -= 1;
-        vm.generator
-            .on_complete(model_now, f.worker, &f.request, model_latency);
+        if ok {
+            vm.generator
+                .on_complete(model_now, f.worker, &f.request, model_latency);
+        } else {
+            vm.generator.on_failure(model_now, f.worker, &f.request);
+        }
         if self.stopping {
             if self.in_flight() == 0 {
                 self.drained.notify_one();
             }
         } else {
+            self.issue_held(now);
             self.pump(f.vm, f.worker, now);
         }
     }
@@ -427,6 +505,13 @@ impl Core {
             self.drained.notify_one();
         }
     }
+}
+
+/// Whether a request of `size` bytes may be issued with `in_flight` bytes in
+/// flight under a cap of `cap`: it fits, or nothing is in flight (a request larger
+/// than the cap then goes alone).
+fn fits(in_flight: u64, cap: u64, size: u32) -> bool {
+    in_flight == 0 || in_flight + size as u64 <= cap
 }
 
 async fn writer_task(core: Rc<RefCell<Core>>, conn_i: usize, mut wh: WriteHalf) {
@@ -675,6 +760,7 @@ async fn final_sweep(core: &Rc<RefCell<Core>>, n_targets: usize, budget_sectors:
                     first_sector: first,
                     sectors: n,
                     ticket: Some(ticket),
+                    bytes: 0,
                 },
             );
             conn.notify.notify_one();
@@ -1025,6 +1111,7 @@ fn build_vms(
             active_in: u32::MAX,
             disk_bytes: plan.vm_disk[i],
             halted: false,
+            held: vec![false; workers],
         });
     }
     Ok((vms, max_size))
@@ -1217,6 +1304,11 @@ fn new_core(
         drained: Rc::new(Notify::new()),
         sweep_in_flight: 0,
         sweep_notify: Rc::new(Notify::new()),
+        bytes_in_flight: 0,
+        peak_bytes_in_flight: 0,
+        max_bytes_in_flight: opts.max_bytes_in_flight,
+        held: VecDeque::new(),
+        held_total: 0,
     }
 }
 
@@ -1509,6 +1601,8 @@ fn build_outcome(
         connection_errors: core.connection_errors,
         verify,
         model_metrics: run_metrics,
+        peak_bytes_in_flight: core.peak_bytes_in_flight,
+        held_for_byte_cap: core.held_total,
     }
 }
 
@@ -1648,8 +1742,20 @@ fn describe(
             run_metrics.len()
         ));
     }
+    if core.held_total > 0 {
+        description.push(held_note(core));
+    }
     description.extend(scenario.notes.iter().cloned());
     description
+}
+
+/// Says that requests waited for the cap of bytes in flight: the load was below
+/// the depth the scenario asks for.
+fn held_note(core: &Core) -> String {
+    format!(
+        "{} requests waited for the cap of {} bytes in flight (--max-in-flight): the load ran below the depth its scenario asks for",
+        core.held_total, core.max_bytes_in_flight
+    )
 }
 
 /// The figures of each window the run reached, over the part it reached.

@@ -843,3 +843,150 @@ fn nbds_targets_run_verified_over_tls_with_the_clients_identity() {
     assert!(e.contains("every target is nbd://"), "{e}");
     rt.block_on(server.shutdown()).unwrap();
 }
+
+/// The three application models on one target, small enough to act within a second.
+const MODELS_TOML: &str = r#"
+[scenario]
+name = "models"
+
+[[model]]
+kind = "oltp"
+name = "sql"
+threads = 4
+database_gib = 0.01
+log_gib = 0.01
+
+[[model]]
+kind = "exchange"
+name = "mail"
+mailboxes = 20
+mailbox_mb = 1
+actions_per_hour = 36000
+
+[[model]]
+kind = "vdi"
+name = "desk"
+desktops = 4
+image_gib = 0.05
+boot_footprint_mib = 16
+login = "tuesday"
+login_at_s = 0
+login_interval_s = 0.1
+apps_per_login = 1
+
+[[vm]]
+name = "sql"
+model = "sql"
+
+[[vm]]
+name = "mail"
+model = "mail"
+
+[[vm]]
+name = "desk"
+model = "desk"
+"#;
+
+/// The models' operations (orders, RPCs, logins) on `uri` for 1.5 s at ×2.
+fn run_models(uri: &str) -> LoadOutcome {
+    let (_tmp, path) = write_temp("models.toml", MODELS_TOML);
+    let mut o = options(uri, "bs=4k", 1.5);
+    o.scenario = scenario_file(path);
+    o.time_scale = 2.0;
+    run(o)
+}
+
+fn model_figure(out: &LoadOutcome, name: &str) -> f64 {
+    match out.model_metrics.get(name) {
+        Some(m) => m.value,
+        None => panic!("no {name} in {:?}", out.model_metrics.keys()),
+    }
+}
+
+/// A failed I/O fails the model operation it belongs to (session 31: with every
+/// I/O failing, OLTP still counted its orders, Exchange its RPCs and VDI its
+/// logins as done, from the failures' "completions").
+#[test]
+fn model_operations_whose_io_fails_count_as_failed_not_done() {
+    if !common::nbdkit_available() {
+        return;
+    }
+    let figures = |out: &LoadOutcome| {
+        [
+            "sql.orders",
+            "sql.failed_orders",
+            "mail.rpcs_per_s",
+            "mail.failed_rpcs",
+            "desk.logins",
+            "desk.login_failed",
+        ]
+        .map(|name| model_figure(out, name))
+    };
+    let healthy = Nbdkit::start(&["memory", "4G"]);
+    let out = run_models(&healthy.uri());
+    let f = figures(&out);
+    println!("healthy: {f:?}");
+    assert!(out.passed(), "{:?}", out.failures());
+    assert!(f[0] > 0.0 && f[2] > 0.0 && f[4] > 0.0, "{f:?}");
+    assert_eq!((f[1], f[3], f[5]), (0.0, 0.0, 0.0));
+    let failing = Nbdkit::start(&["--filter=error", "memory", "4G", "error-rate=100%"]);
+    let out = run_models(&failing.uri());
+    let f = figures(&out);
+    println!("every I/O failing: {} errors, {f:?}", out.io_errors);
+    assert!(out.io_errors > 0 && out.ios == 0);
+    assert_eq!((f[0], f[2], f[4]), (0.0, 0.0, 0.0), "nothing done");
+    assert!(
+        f[1] > 0.0 && f[3] > 0.0 && f[5] > 0.0,
+        "failures counted: {f:?}"
+    );
+    assert_eq!(model_figure(&out, "sql.opm"), 0.0);
+    assert_eq!(model_figure(&out, "mail.rpc_pass"), 0.0);
+    assert!(model_figure(&out, "desk.failed_ios") > 0.0);
+}
+
+/// The driver's bytes in flight stay under `max_bytes_in_flight`: past it requests
+/// wait for room and the report says so (session 31: nothing bounded them, and
+/// `bs=64m,randwrite,qd=256` took `weir load` to several GB of write payloads).
+#[test]
+fn bytes_in_flight_stay_under_their_cap() {
+    if !common::nbdkit_available() {
+        return;
+    }
+    let k = Nbdkit::start(&["memory", "1G"]);
+    let mut o = options(&k.uri(), "bs=4m,randwrite,qd=64", 1.0);
+    o.max_bytes_in_flight = 32 << 20;
+    let out = run(o);
+    println!(
+        "cap 32 MiB: {} I/Os, peak {} bytes, {} held",
+        out.ios, out.peak_bytes_in_flight, out.held_for_byte_cap
+    );
+    assert!(out.passed(), "{:?}", out.failures());
+    assert!(out.ios > 8 && out.held_for_byte_cap > 0);
+    assert_eq!(
+        out.peak_bytes_in_flight,
+        32 << 20,
+        "filled to the cap, no more"
+    );
+    let description = &out.report.cases[0].description;
+    assert!(
+        description.contains("waited for the cap of 33554432 bytes"),
+        "{description}"
+    );
+    // A request larger than the cap goes alone.
+    let mut o = options(&k.uri(), "bs=4m,randwrite,qd=4", 0.5);
+    o.max_bytes_in_flight = 1 << 20;
+    let out = run(o);
+    assert!(out.passed() && out.ios > 0, "{:?}", out.failures());
+    assert_eq!(out.peak_bytes_in_flight, 4 << 20);
+    // Under the cap nothing waits.
+    let out = run(options(&k.uri(), "bs=4m,randwrite,qd=4", 0.5));
+    assert_eq!(
+        (out.peak_bytes_in_flight, out.held_for_byte_cap),
+        (16 << 20, 0)
+    );
+    assert!(
+        !out.report.cases[0]
+            .description
+            .contains("waited for the cap")
+    );
+}

@@ -97,7 +97,7 @@ pub(crate) fn metric_label(name: &str) -> String {
         "rpc_latency_mean_ms" => "RPC latency, mean",
         "rpc_latency_max_ms" => "RPC latency, max",
         "rpcs_per_s" => "RPCs per second",
-        "rpc_pass" => "RPC latency < 50 ms",
+        "rpc_pass" => "RPC latency < 50 ms, none failed",
         "desktops" => "desktops",
         "read_iops" => "read IOPS",
         "write_iops" => "write IOPS",

@@ -33,8 +33,8 @@
 //! | GET | `/`, `/ui/…` | | the dashboard (no token needed for these static files; docs/DASHBOARD.md) |
 //!
 //! Errors are `{"error": "message"}` with 400 (invalid; malformed JSON body), 404
-//! (not found), 405 (method not allowed on that path), 409 (conflict), 422 (JSON
-//! body of the wrong shape) or 500.
+//! (not found), 405 (method not allowed on that path; its `Allow` header lists
+//! those that are), 409 (conflict), 422 (JSON body of the wrong shape) or 500.
 //!
 //! Every request that changes something is logged (target `weir_audit`, info
 //! level): method, path, body and outcome.
@@ -297,21 +297,31 @@ pub fn spawn(
 
 /// Answers one admin request (the table at the top of this module).
 pub fn handle(s: &ServerState, request: &Request) -> Response {
-    let answer = match route(&request.path) {
-        Err(e) => Err(e),
-        Ok(segments) => {
-            let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
-            if let Some(answer) = crate::sampler::api(s, &request.method, &segments, &request.query)
-            {
-                return answer;
-            }
-            dispatch(s, &request.method, &segments, &request.body)
-        }
+    let segments = match route(&request.path) {
+        Ok(segments) => segments,
+        Err(e) => return answered(request, Err(e)),
     };
-    let response = answer.unwrap_or_else(|ApiError(status, error)| Response {
-        status,
-        content_type: JSON,
-        body: serde_json::to_vec(&ErrorBody::new(error)).unwrap_or_default(),
+    let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let mut response = match crate::sampler::api(s, &request.method, &segments, &request.query) {
+        Some(answer) => answer,
+        None => answered(
+            request,
+            dispatch(s, &request.method, &segments, &request.body),
+        ),
+    };
+    if response.status == 405 {
+        // RFC 9110 §15.5.6: a 405 says what the resource does accept.
+        let allow = allowed_methods(&segments);
+        response.headers.push(("allow", allow.to_string()));
+    }
+    response
+}
+
+/// The answer (or error) of a route as sent, audited.
+fn answered(request: &Request, answer: ApiResult) -> Response {
+    let response = answer.unwrap_or_else(|ApiError(status, error)| {
+        let body = serde_json::to_vec(&ErrorBody::new(error)).unwrap_or_default();
+        Response::new(status, JSON, body)
     });
     audit(request, &response);
     response
@@ -487,11 +497,11 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
             ok(&store().put_access_group(group)?)
         }
         ("DELETE", ["v1", "access-groups", name]) => ok(&store().delete_access_group(name)?),
-        ("GET", ["metrics"]) => Ok(Response {
-            status: 200,
-            content_type: "text/plain; version=0.0.4",
-            body: metrics_text(s).into_bytes(),
-        }),
+        ("GET", ["metrics"]) => Ok(Response::new(
+            200,
+            "text/plain; version=0.0.4",
+            metrics_text(s).into_bytes(),
+        )),
         (_, path) if is_route(path) => Err(ApiError(
             405,
             format!("method {method} is not allowed on /{}", path.join("/")),
@@ -503,34 +513,37 @@ fn dispatch(s: &ServerState, method: &str, path: &[&str], body: &[u8]) -> ApiRes
     }
 }
 
+/// The methods served at `path` (as an `Allow` header: "GET, POST"); empty: no
+/// such resource. The same table as [`dispatch`] and [`crate::sampler::api`].
+fn allowed_methods(path: &[&str]) -> &'static str {
+    match path {
+        ["v1", "volumes" | "policies"] => "GET, POST",
+        ["v1", "volumes", _] => "GET, PATCH, DELETE",
+        ["v1", "policies" | "access-groups", _] => "GET, PUT, DELETE",
+        ["v1", "volumes", _, "snapshots"] => "GET, POST",
+        ["v1", "volumes", _, "replication"] => "GET, POST, DELETE",
+        ["v1", "volumes", _, "stats" | "history"] => "GET",
+        [
+            "v1",
+            "volumes",
+            _,
+            "resize" | "policy" | "rollback" | "flatten" | "takeover" | "break-lease",
+        ] => "POST",
+        ["v1", "volumes", _, "snapshots", _] => "DELETE",
+        ["v1", "volumes", _, "snapshots", _, "clones"] => "POST",
+        [
+            "v1",
+            "access-groups" | "pools" | "snapshots" | "check" | "replications" | "capacity"
+            | "server" | "stats",
+        ]
+        | ["metrics"] => "GET",
+        _ => "",
+    }
+}
+
 /// Whether some method is served at `path`.
 fn is_route(path: &[&str]) -> bool {
-    matches!(
-        path,
-        ["v1", "volumes" | "policies" | "access-groups" | "pools"]
-            | ["v1", "volumes" | "policies" | "access-groups", _]
-            | [
-                "v1",
-                "snapshots" | "check" | "replications" | "capacity" | "server"
-            ]
-            | [
-                "v1",
-                "volumes",
-                _,
-                "resize"
-                    | "policy"
-                    | "stats"
-                    | "snapshots"
-                    | "rollback"
-                    | "flatten"
-                    | "takeover"
-                    | "break-lease"
-                    | "replication"
-            ]
-            | ["v1", "volumes", _, "snapshots", _]
-            | ["v1", "volumes", _, "snapshots", _, "clones"]
-            | ["metrics"]
-    )
+    !allowed_methods(path).is_empty()
 }
 
 /// The Prometheus text of `/metrics`: every volume (from the start, with its
@@ -594,11 +607,7 @@ fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 
 fn json<T: Serialize + ?Sized>(status: u16, value: &T) -> ApiResult {
     let body = serde_json::to_vec(value).map_err(|e| ApiError(500, e.to_string()))?;
-    Ok(Response {
-        status,
-        content_type: JSON,
-        body,
-    })
+    Ok(Response::new(status, JSON, body))
 }
 
 fn ok<T: Serialize + ?Sized>(value: &T) -> ApiResult {
@@ -1071,6 +1080,25 @@ mod tests {
         let r = call("DELETE", "/v1/policies", "");
         assert_eq!(r.status, 405);
         assert!(error(&r).contains("DELETE"), "{}", error(&r));
+        // RFC 9110 §15.5.6: a 405 lists what the resource accepts.
+        let allow = |method: &str, path: &str| {
+            let r = call(method, path, "");
+            assert_eq!(r.status, 405, "{method} {path}");
+            let allow: Vec<_> = r.headers.iter().filter(|h| h.0 == "allow").collect();
+            assert_eq!(allow.len(), 1, "{method} {path}: {:?}", r.headers);
+            allow[0].1.clone()
+        };
+        assert_eq!(allow("DELETE", "/v1/policies"), "GET, POST");
+        assert_eq!(
+            allow("POST", &format!("/v1/volumes/{}", encode(name))),
+            "GET, PATCH, DELETE"
+        );
+        assert_eq!(allow("GET", "/v1/volumes/x/resize"), "POST");
+        assert_eq!(allow("PUT", "/v1/volumes/x/snapshots/s"), "DELETE");
+        assert_eq!(allow("POST", "/v1/stats"), "GET");
+        assert_eq!(allow("DELETE", "/v1/volumes/x/history"), "GET");
+        assert_eq!(allow("POST", "/metrics"), "GET");
+        assert!(call("GET", "/v1/volumes", "").headers.is_empty());
         assert_eq!(call("GET", "/v2/volumes", "").status, 404);
         assert_eq!(call("GET", "/v1/volumes/%zz", "").status, 400);
         let r = call("POST", "/v1/policies", "{");
@@ -1103,6 +1131,8 @@ mod tests {
             Some(vec!["v1".into(), "volumes".into(), "db/1".into()])
         );
         assert!(is_route(&["v1", "volumes", "db", "stats"]));
+        assert!(is_route(&["v1", "volumes", "db", "history"]));
+        assert!(is_route(&["v1", "stats"]));
         assert!(is_route(&["metrics"]));
         assert!(!is_route(&["v1", "volumes", "db", "nope"]));
         assert!(!is_route(&["v2"]));

@@ -100,7 +100,10 @@ impl AdminGuard {
         if response.status >= 500 {
             tracing::warn!(status = response.status, "admin API error: {}", body.error);
         }
-        error(response.status, &scrubbed)
+        Response {
+            headers: response.headers,
+            ..error(response.status, &scrubbed)
+        }
     }
 
     /// `Err((status, message))` for a request that must not reach a route.
@@ -215,14 +218,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn error(status: u16, message: &str) -> Response {
-    Response {
-        status,
-        content_type: JSON,
-        body: serde_json::to_vec(&crate::admin::ErrorBody {
-            error: message.to_string(),
-        })
-        .unwrap_or_default(),
-    }
+    let body = serde_json::to_vec(&crate::admin::ErrorBody {
+        error: message.to_string(),
+    })
+    .unwrap_or_default();
+    Response::new(status, JSON, body)
 }
 
 /// `text` with `data_dir` written `<data_dir>` and other absolute paths `<path>`.

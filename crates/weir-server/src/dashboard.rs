@@ -29,11 +29,7 @@ pub fn asset(request: &Request) -> Option<Response> {
         "/ui/uplot.css" => ("text/css; charset=utf-8", UPLOT_CSS),
         _ => return None,
     };
-    Some(Response {
-        status: 200,
-        content_type,
-        body: body.as_bytes().to_vec(),
-    })
+    Some(Response::new(200, content_type, body.as_bytes().to_vec()))
 }
 
 #[cfg(test)]

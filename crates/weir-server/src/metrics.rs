@@ -64,8 +64,11 @@ pub struct CounterSnapshot {
 }
 
 impl CounterSnapshot {
+    /// All requests (saturating: the CLI adds a server's figures, whatever they are).
     pub fn ios(&self) -> u64 {
-        self.read_ios + self.write_ios + self.other_ios
+        self.read_ios
+            .saturating_add(self.write_ios)
+            .saturating_add(self.other_ios)
     }
     pub fn mean_latency_ms(&self) -> f64 {
         if self.ios() == 0 {

@@ -371,11 +371,8 @@ fn get(method: &str) -> Result<(), (u16, String)> {
 }
 
 fn json<T: Serialize + ?Sized>(status: u16, value: &T) -> Response {
-    Response {
-        status,
-        content_type: "application/json",
-        body: serde_json::to_vec(value).unwrap_or_default(),
-    }
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    Response::new(status, "application/json", body)
 }
 
 fn history(state: &ServerState, name: &str, query: &str) -> Answer {

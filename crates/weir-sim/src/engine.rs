@@ -1545,7 +1545,11 @@ impl<'p> Engine<'p> {
                     self.total.record(&r.io, latency);
                 }
             }
-            v.generator.on_complete(now, r.worker, &r.io, latency);
+            if error {
+                v.generator.on_failure(now, r.worker, &r.io);
+            } else {
+                v.generator.on_complete(now, r.worker, &r.io, latency);
+            }
             v.outstanding[r.worker as usize] -= 1;
         }
         self.host_cache_end(slot, !error);

@@ -26,14 +26,18 @@ pub enum Issue {
 /// A source of requests, one independent stream per worker.
 ///
 /// Driver contract: poll a worker at start, at the time it last asked for with
-/// [`Issue::At`], and after each of its completions (reporting it first with
-/// `on_complete`); keep polling while it answers [`Issue::Io`]. `outstanding` is the
-/// number of this worker's requests in flight.
+/// [`Issue::At`], and after each of its requests ends (reporting it first with
+/// `on_complete`, or `on_failure` when it failed); keep polling while it answers
+/// [`Issue::Io`]. `outstanding` is the number of this worker's requests in flight.
 pub trait IoGenerator {
     fn workers(&self) -> u32;
     fn poll(&mut self, now_ns: Nanos, worker: u32, outstanding: u32) -> Issue;
     /// One of the worker's requests finished (think-time models start their timer here).
     fn on_complete(&mut self, now_ns: Nanos, worker: u32, request: &IoRequest, latency_ns: Nanos);
+    /// One of the worker's requests failed (an error reply, no reply, a lost
+    /// connection): what it was part of fails for the model's user too (an order,
+    /// an RPC, a login), and the model counts it so, never as done.
+    fn on_failure(&mut self, now_ns: Nanos, worker: u32, request: &IoRequest);
 
     /// What the model's users experienced over `[from_ns, to_ns)` of the driver's
     /// clock (orders per minute, RPC latency, login times, VSImax…). Plain access
@@ -290,6 +294,9 @@ impl IoGenerator for AccessGenerator {
         _latency_ns: Nanos,
     ) {
     }
+
+    /// An access specification has no users: a failure is only the driver's error.
+    fn on_failure(&mut self, _now_ns: Nanos, _worker: u32, _request: &IoRequest) {}
 }
 
 #[cfg(test)]

@@ -356,6 +356,10 @@ pub(crate) struct OltpModel {
     dirty_due: VecDeque<(Nanos, u64)>,
     page_writes_in_flight: u32,
     orders: PerSecond,
+    /// Orders that ended with a failed read or log write (not in `orders`).
+    failed_orders: PerSecond,
+    /// Checkpoint page writes that failed (the page's change is lost).
+    failed_page_writes: PerSecond,
     cpu_ms: PerSecond,
     log_flushes: PerSecond,
     page_writes: PerSecond,
@@ -401,6 +405,8 @@ impl OltpModel {
             dirty_due: VecDeque::new(),
             page_writes_in_flight: 0,
             orders: PerSecond::default(),
+            failed_orders: PerSecond::default(),
+            failed_page_writes: PerSecond::default(),
             cpu_ms: PerSecond::default(),
             log_flushes: PerSecond::default(),
             page_writes: PerSecond::default(),
@@ -583,6 +589,69 @@ impl OltpModel {
         }
     }
 
+    /// A request of the model ended, `ok` or failed.
+    fn request_ended(&mut self, now_ns: Nanos, request: &IoRequest, ok: bool) {
+        match request.dir {
+            Direction::Read => self.read_ended(now_ns, request.offset_bytes, ok),
+            Direction::Write if request.offset_bytes >= self.log_base => {
+                self.log_write_ended(now_ns, request.offset_bytes, ok)
+            }
+            Direction::Write => {
+                self.page_writes_in_flight = self.page_writes_in_flight.saturating_sub(1);
+                if !ok {
+                    self.failed_page_writes.record(now_ns, 1.0);
+                }
+            }
+        }
+    }
+
+    fn read_ended(&mut self, now_ns: Nanos, offset_bytes: u64, ok: bool) {
+        // Two threads reading the same page: either may take either completion.
+        let Some(i) = self.reads.iter().position(|r| r.0 == offset_bytes) else {
+            return;
+        };
+        let (_, thread) = self.reads.swap_remove(i);
+        if let Phase::Reading { left } = self.threads[thread as usize].phase {
+            if !ok {
+                self.end_order(thread, now_ns, false);
+            } else if left > 0 {
+                self.start_read(thread, left - 1);
+            } else {
+                self.request_cpu(thread, now_ns);
+            }
+        }
+    }
+
+    fn log_write_ended(&mut self, now_ns: Nanos, offset_bytes: u64, ok: bool) {
+        let Some(i) = self
+            .flushes
+            .iter()
+            .position(|f| f.offset_bytes == offset_bytes)
+        else {
+            return;
+        };
+        let flush = self.flushes.swap_remove(i);
+        for thread in flush.threads {
+            self.end_order(thread, now_ns, ok);
+        }
+        self.start_log_flushes(now_ns);
+    }
+
+    /// The thread's order is done (`ok`: committed; else failed): counted, then
+    /// the thread thinks.
+    fn end_order(&mut self, thread: u32, now_ns: Nanos, ok: bool) {
+        let latency_ms = (now_ns - self.threads[thread as usize].started) as f64 / 1e6;
+        if ok {
+            self.orders.record(now_ns, latency_ms);
+        } else {
+            self.failed_orders.record(now_ns, latency_ms);
+        }
+        let think = self.think_ns();
+        self.threads[thread as usize].phase = Phase::Think {
+            until: now_ns + think,
+        };
+    }
+
     fn next_wake(&self) -> Option<Nanos> {
         let threads = self
             .threads
@@ -626,45 +695,15 @@ impl IoGenerator for OltpModel {
     }
 
     fn on_complete(&mut self, now_ns: Nanos, _worker: u32, request: &IoRequest, _latency: Nanos) {
-        match request.dir {
-            Direction::Read => {
-                // Two threads reading the same page: either may take either completion.
-                let Some(i) = self.reads.iter().position(|r| r.0 == request.offset_bytes) else {
-                    return;
-                };
-                let (_, thread) = self.reads.swap_remove(i);
-                if let Phase::Reading { left } = self.threads[thread as usize].phase {
-                    if left > 0 {
-                        self.start_read(thread, left - 1);
-                    } else {
-                        self.request_cpu(thread, now_ns);
-                    }
-                }
-            }
-            Direction::Write if request.offset_bytes >= self.log_base => {
-                let Some(i) = self
-                    .flushes
-                    .iter()
-                    .position(|f| f.offset_bytes == request.offset_bytes)
-                else {
-                    return;
-                };
-                let flush = self.flushes.swap_remove(i);
-                for thread in flush.threads {
-                    let t = &self.threads[thread as usize];
-                    let latency_ms = (now_ns - t.started) as f64 / 1e6;
-                    self.orders.record(now_ns, latency_ms);
-                    let think = self.think_ns();
-                    self.threads[thread as usize].phase = Phase::Think {
-                        until: now_ns + think,
-                    };
-                }
-                self.start_log_flushes(now_ns);
-            }
-            Direction::Write => {
-                self.page_writes_in_flight = self.page_writes_in_flight.saturating_sub(1);
-            }
-        }
+        self.request_ended(now_ns, request, true);
+    }
+
+    /// A failed read or log write fails the order(s) waiting for it: counted in
+    /// `failed_orders`, not in `orders` (nor OPM), and the thread thinks and starts
+    /// the next one, as DVD Store's driver does after an error. A failed checkpoint
+    /// write is counted in `failed_page_writes`.
+    fn on_failure(&mut self, now_ns: Nanos, _worker: u32, request: &IoRequest) {
+        self.request_ended(now_ns, request, false);
     }
 
     fn metrics(&self, from_ns: Nanos, to_ns: Nanos) -> Vec<ModelMetric> {
@@ -685,6 +724,16 @@ impl IoGenerator for OltpModel {
             ModelMetric::sum("opm", opm, "orders/min"),
             ModelMetric::mean("opm_per_vm", opm, "orders/min", 1.0),
             ModelMetric::sum("orders", n as f64, "orders"),
+            ModelMetric::sum(
+                "failed_orders",
+                self.failed_orders.window(from_ns, to_ns).0 as f64,
+                "orders",
+            ),
+            ModelMetric::sum(
+                "failed_page_writes",
+                self.failed_page_writes.window(from_ns, to_ns).0 as f64,
+                "writes",
+            ),
             ModelMetric::mean(
                 "order_latency_mean_ms",
                 if n > 0 { sum / n as f64 } else { f64::NAN },

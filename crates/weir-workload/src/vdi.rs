@@ -421,6 +421,8 @@ enum Power {
     Absent,
     Off,
     On,
+    /// Its creation or power-on failed: it stays down.
+    Failed,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -447,6 +449,8 @@ struct Task {
     /// Boot: index in the boot trace.
     step: u64,
     read_sizes_mean: Option<u32>,
+    /// One of its I/Os failed: it issues no more and ends as failed.
+    failed: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -472,6 +476,8 @@ struct Desktop {
     work_ready: Vec<Nanos>,
     /// Its I/Os in flight.
     work_out: u32,
+    /// Its login failed: the user does not try again.
+    login_failed: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -488,6 +494,8 @@ struct Counters {
     read_latency_ns: u64,
     writes_done: u64,
     write_latency_ns: u64,
+    /// Reads and writes that failed in the second (not in `*_done`).
+    failed: u64,
 }
 
 impl std::ops::AddAssign<&Counters> for Counters {
@@ -499,6 +507,7 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.reading += x.reading;
         self.writing += x.writing;
         self.reads_done += x.reads_done;
+        self.failed += x.failed;
         self.read_latency_ns += x.read_latency_ns;
         self.writes_done += x.writes_done;
         self.write_latency_ns += x.write_latency_ns;
@@ -531,6 +540,8 @@ pub(crate) struct VdiModel {
     creates: Vec<(Nanos, Nanos)>,
     /// (time, sessions logged in (whole model), response ms).
     vsi: Vec<(Nanos, u32, f64)>,
+    /// (end, kind) of each task that failed (not in the lists above).
+    failed_tasks: Vec<(Nanos, TaskKind)>,
 }
 
 fn secs(s: f64) -> Nanos {
@@ -576,6 +587,7 @@ impl VdiModel {
                 last_write_sec: u64::MAX,
                 work_ready: Vec::new(),
                 work_out: 0,
+                login_failed: false,
             })
             .collect();
         // The model's slots, split over its instances (the first `n % instances` get
@@ -618,6 +630,7 @@ impl VdiModel {
             boots: Vec::new(),
             creates: Vec::new(),
             vsi: Vec::new(),
+            failed_tasks: Vec::new(),
             spec: spec.clone(),
         };
         if spec.working_at_start {
@@ -868,6 +881,7 @@ impl VdiModel {
             base_ns: secs(base_s),
             step: 0,
             read_sizes_mean: None,
+            failed: false,
         };
         match kind {
             TaskKind::Boot => {
@@ -982,6 +996,9 @@ impl VdiModel {
                 };
             }
             let dk = &self.desktops[d as usize];
+            if dk.power == Power::Failed || (!dk.logged_in && dk.login_failed) {
+                return Issue::Blocked;
+            }
             if dk.power != Power::On {
                 return Issue::At(self.next_power_check(now, dk.power));
             }
@@ -1013,7 +1030,53 @@ impl VdiModel {
         }
     }
 
+    /// One of `worker`'s I/Os ended (`ok`, or failed): its task or its background
+    /// chain goes on.
+    fn io_ended(&mut self, now_ns: Nanos, worker: u32, ok: bool) {
+        let d = self.d();
+        let boot = self.boot_slots.len() as u32;
+        let task = if worker < d {
+            self.tasks[worker as usize].as_mut()
+        } else if worker < 2 * d {
+            self.work_done(now_ns, worker - d);
+            None
+        } else if worker < 2 * d + boot {
+            self.boot_slots[(worker - 2 * d) as usize].as_mut()
+        } else {
+            self.create_slots
+                .get_mut((worker - 2 * d - boot) as usize)
+                .and_then(|t| t.as_mut())
+        };
+        if let Some(t) = task {
+            t.in_flight = t.in_flight.saturating_sub(1);
+            if !ok {
+                t.failed = true;
+                t.reads_left = 0;
+                t.writes_left = 0;
+            }
+            if t.kind == TaskKind::Boot {
+                t.not_before = now_ns + (self.spec.boot_think_us * 1000.0) as Nanos;
+            }
+        }
+    }
+
+    /// A task whose I/O failed ended: counted, and the desktop moves on without
+    /// what it gave (no session, no running desktop).
+    fn fail_task(&mut self, task: Task, now: Nanos) {
+        let d = task.desktop as usize;
+        self.failed_tasks.push((now, task.kind));
+        match task.kind {
+            TaskKind::Login => self.desktops[d].login_failed = true,
+            TaskKind::Launch => {}
+            TaskKind::Vsi => self.desktops[d].vsi_next = now + secs(self.spec.vsi_interval_s),
+            TaskKind::Boot | TaskKind::Create => self.desktops[d].power = Power::Failed,
+        }
+    }
+
     fn finish_task(&mut self, task: Task, now: Nanos) {
+        if task.failed {
+            return self.fail_task(task, now);
+        }
         let end = now + task.base_ns;
         let dur_s = (end - task.started) as f64 / NS_PER_S;
         let d = task.desktop as usize;
@@ -1129,6 +1192,25 @@ impl VdiModel {
         }
     }
 
+    /// The operations that failed: logins, launches and VSI loops that ended in
+    /// the window; power-ons and creations over the whole run (as their spans).
+    fn failure_metrics(&self, m: &mut Vec<ModelMetric>, from_ns: Nanos, to_ns: Nanos) {
+        for (name, kind, windowed) in [
+            ("login_failed", TaskKind::Login, true),
+            ("app_launch_failed", TaskKind::Launch, true),
+            ("vsi_failed", TaskKind::Vsi, true),
+            ("power_on_failed", TaskKind::Boot, false),
+            ("creation_failed", TaskKind::Create, false),
+        ] {
+            let n = self
+                .failed_tasks
+                .iter()
+                .filter(|f| f.1 == kind && (!windowed || (from_ns..to_ns).contains(&f.0)))
+                .count();
+            m.push(ModelMetric::sum(name, n as f64, "operations"));
+        }
+    }
+
     fn claimed(&self, d: u32, create: bool) -> bool {
         let slots = if create {
             &self.create_slots
@@ -1148,6 +1230,9 @@ impl VdiModel {
 
     fn poll_background(&mut self, now: Nanos, d: u32, outstanding: u32) -> Issue {
         let dk = &self.desktops[d as usize];
+        if dk.power == Power::Failed {
+            return Issue::Blocked;
+        }
         if dk.power != Power::On {
             return Issue::At(self.next_power_check(now, dk.power));
         }
@@ -1301,26 +1386,18 @@ impl IoGenerator for VdiModel {
             c.writes_done += 1;
             c.write_latency_ns += lat;
         }
-        let d = self.d();
-        let boot = self.boot_slots.len() as u32;
-        let task = if worker < d {
-            self.tasks[worker as usize].as_mut()
-        } else if worker < 2 * d {
-            self.work_done(now_ns, worker - d);
-            None
-        } else if worker < 2 * d + boot {
-            self.boot_slots[(worker - 2 * d) as usize].as_mut()
-        } else {
-            self.create_slots
-                .get_mut((worker - 2 * d - boot) as usize)
-                .and_then(|t| t.as_mut())
-        };
-        if let Some(t) = task {
-            t.in_flight = t.in_flight.saturating_sub(1);
-            if t.kind == TaskKind::Boot {
-                t.not_before = now_ns + (self.spec.boot_think_us * 1000.0) as Nanos;
-            }
-        }
+        self.io_ended(now_ns, worker, true);
+    }
+
+    /// A failed I/O fails the operation it belongs to (a login, an application
+    /// launch, a VSI loop, a power-on, a clone creation): it issues nothing more,
+    /// and once its I/Os in flight are back it counts as failed (`*_failed`), not
+    /// in the durations. A desktop whose login failed does not log in again; one
+    /// whose power-on or creation failed stays down. Every failed I/O counts in
+    /// `failed_ios`.
+    fn on_failure(&mut self, now_ns: Nanos, worker: u32, _req: &IoRequest) {
+        self.counters(now_ns).failed += 1;
+        self.io_ended(now_ns, worker, false);
     }
 
     fn metrics(&self, from_ns: Nanos, to_ns: Nanos) -> Vec<ModelMetric> {
@@ -1438,6 +1515,8 @@ impl IoGenerator for VdiModel {
             "%",
             n,
         ));
+        m.push(ModelMetric::sum("failed_ios", c.failed as f64, "I/Os"));
+        self.failure_metrics(&mut m, from_ns, to_ns);
         grade(&mut m, "login", &self.logins, from_ns, to_ns, 15.0, 60.0);
         grade(
             &mut m,

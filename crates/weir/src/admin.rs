@@ -1054,8 +1054,7 @@ async fn stats(
     while count.is_none_or(|n| reports < n) {
         tokio::time::sleep(std::time::Duration::from_secs_f64(secs)).await;
         let now = client.volume_stats(name).await.map_err(explain)?;
-        let d = weir_server::sampler::delta(&last.counters, &now.counters);
-        let w = now.uptime_seconds - last.uptime_seconds;
+        let (d, w) = interval_counters(&last, &now);
         print_stats(json, &now, Some(&last), &d, w)?;
         use std::io::Write as _;
         std::io::stdout().flush().ok();
@@ -1063,6 +1062,21 @@ async fn stats(
         reports += 1;
     }
     Ok(())
+}
+
+/// The counters of the interval from `last` to `now`, and its seconds. A server
+/// that restarted meanwhile (its uptime went back) counts from its start: its
+/// counters as they are, over its uptime (the difference was a negative window,
+/// "last -41.0 s", of zeros).
+fn interval_counters(
+    last: &weir_server::admin::VolumeStatsReport,
+    now: &weir_server::admin::VolumeStatsReport,
+) -> (weir_server::metrics::CounterSnapshot, f64) {
+    if now.uptime_seconds < last.uptime_seconds {
+        return (now.counters.clone(), now.uptime_seconds);
+    }
+    let d = weir_server::sampler::delta(&last.counters, &now.counters);
+    (d, now.uptime_seconds - last.uptime_seconds)
 }
 
 /// `previous`: the report before this one (`--interval`), whose counters
@@ -1074,12 +1088,24 @@ fn print_stats(
     counters: &weir_server::metrics::CounterSnapshot,
     window_s: f64,
 ) -> Result<()> {
-    let interval = previous.is_some();
     if json {
         // One line per report: a stream of JSON documents.
         outln!("{}", serde_json::to_string(stats)?);
         return Ok(());
     }
+    out!("{}", stats_table(stats, previous, counters, window_s));
+    Ok(())
+}
+
+/// The table `volume stats` prints (see [`print_stats`]); the server's names shown
+/// with their control characters as U+FFFD.
+fn stats_table(
+    stats: &weir_server::admin::VolumeStatsReport,
+    previous: Option<&weir_server::admin::VolumeStatsReport>,
+    counters: &weir_server::metrics::CounterSnapshot,
+    window_s: f64,
+) -> Table {
+    let interval = previous.is_some();
     let per_s = |x: u64| {
         if window_s > 0.0 {
             x as f64 / window_s
@@ -1095,7 +1121,7 @@ fn print_stats(
     };
     table.add_row([
         "volume".to_string(),
-        format!("{} ({})", stats.volume.name, stats.volume.policy),
+        crate::top::printable(&format!("{} ({})", stats.volume.name, stats.volume.policy)),
     ]);
     table.add_row(["window".to_string(), label]);
     table.add_row([
@@ -1112,7 +1138,9 @@ fn print_stats(
     ]);
     table.add_row([
         "MB/s".to_string(),
-        weir_report::fmt_mbps(per_s(counters.read_bytes + counters.write_bytes) / 1e6),
+        weir_report::fmt_mbps(
+            per_s(counters.read_bytes.saturating_add(counters.write_bytes)) / 1e6,
+        ),
     ]);
     table.add_row([
         "mean latency ms".to_string(),
@@ -1150,8 +1178,7 @@ fn print_stats(
     {
         table.add_row(row);
     }
-    out!("{table}");
-    Ok(())
+    table
 }
 
 /// `volume stats` rows of a cached volume: its hit ratio over the window
@@ -1362,4 +1389,51 @@ fn updated_policy(current: Policy, c: PolicyChanges) -> Result<Policy> {
     }
     p.validate()?;
     Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_server::admin::VolumeStatsReport;
+
+    /// A stats answer as a server (or a hostile one) sends it.
+    fn report(name: &str, uptime_s: f64, reads: u64, bytes: u64) -> VolumeStatsReport {
+        serde_json::from_value(serde_json::json!({
+            "volume": {"id": 1, "name": name, "pool": "p", "size_bytes": 1, "policy": "gold"},
+            "uptime_seconds": uptime_s,
+            "counters": {"read_ios": reads, "write_ios": reads, "other_ios": reads,
+                "read_bytes": bytes, "write_bytes": bytes, "errors": 0,
+                "latency_sum_ns": u64::MAX, "latency_buckets": []},
+            "mean_latency_ms": 0.0, "queued": 0, "reservation_dispatches": 0,
+            "dispatched_ios": 0
+        }))
+        .unwrap()
+    }
+
+    /// Counters at the top of `u64` add up without overflow (a debug build
+    /// panicked, a release build showed wrapped sums) and names cannot steer the
+    /// terminal.
+    #[test]
+    fn hostile_stats_are_shown_not_obeyed() {
+        let r = report("db\u{1b}[2J", 10.0, u64::MAX, u64::MAX);
+        let text = stats_table(&r, None, &r.counters, 10.0).to_string();
+        assert!(text.contains("db\u{FFFD}[2J (gold)"), "{text}");
+        assert!(!text.contains('\u{1b}'), "{text}");
+        assert_eq!(r.counters.ios(), u64::MAX);
+    }
+
+    /// `--interval` across a server restart counts from the new start: the
+    /// difference was a negative window ("last -95.0 s") of zeros.
+    #[test]
+    fn an_interval_across_a_restart_counts_from_the_new_start() {
+        let before = report("db", 100.0, 1_000, 0);
+        let after = report("db", 5.0, 50, 0);
+        let (d, w) = interval_counters(&before, &after);
+        assert_eq!((d.read_ios, w), (50, 5.0));
+        let later = report("db", 7.0, 80, 0);
+        let (d, w) = interval_counters(&after, &later);
+        assert_eq!((d.read_ios, w), (30, 2.0));
+        let text = stats_table(&later, Some(&after), &d, w).to_string();
+        assert!(text.contains("last 2.0 s"), "{text}");
+    }
 }

@@ -35,8 +35,10 @@ pub async fn print(client: &Client, name: &str, since: &str, json: bool) -> Resu
 
 /// The table (times in UTC).
 pub fn render(series: &Series, since: &str) -> String {
-    let mut out = format!(
-        "{}: last {since}, a row per {} s (tier {}), {} row{}\n",
+    // The server's names, with their control characters (terminal escapes) shown
+    // as U+FFFD.
+    let mut out = crate::top::printable(&format!(
+        "{}: last {since}, a row per {} s (tier {}), {} row{}",
         series.volume,
         series.step_s,
         if series.tier.is_empty() {
@@ -46,7 +48,7 @@ pub fn render(series: &Series, since: &str) -> String {
         },
         series.points.len(),
         if series.points.len() == 1 { "" } else { "s" }
-    );
+    )) + "\n";
     if series.points.is_empty() {
         out.push_str("no history yet (the server records every volume once a second)\n");
         return out;
@@ -157,5 +159,20 @@ mod tests {
             ..series
         };
         assert!(render(&empty, "1h").contains("no history yet"));
+        // A hostile server's names cannot steer the terminal.
+        let hostile = Series {
+            volume: "sql\u{1b}]0;owned\u{7}".into(),
+            tier: "\u{1b}[2J".into(),
+            ..empty
+        };
+        let text = render(&hostile, "1h");
+        assert!(
+            text.starts_with("sql\u{FFFD}]0;owned\u{FFFD}: "),
+            "{text:?}"
+        );
+        assert!(
+            !text.contains('\u{1b}') && text.contains("(tier \u{FFFD}[2J)"),
+            "{text:?}"
+        );
     }
 }

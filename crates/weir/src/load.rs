@@ -49,6 +49,10 @@ pub struct LoadArgs {
     /// written and check it (0: off)
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
     pub final_check: u64,
+    /// Most bytes the VMs' requests may hold in flight at once (the driver's
+    /// buffers): past it requests wait for room, and the report says how many did
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size)]
+    pub max_in_flight: u64,
     /// Seed for the models and the write patterns (default: the scenario's)
     #[arg(long)]
     pub seed: Option<u64>,
@@ -123,6 +127,7 @@ impl LoadArgs {
         o.seed = self.seed;
         o.timeline_interval = self.interval;
         o.final_check_bytes = self.final_check;
+        o.max_bytes_in_flight = self.max_in_flight;
         o.tls = self.tls_ca.clone().map(|ca| TlsFiles {
             ca,
             cert_key: self.tls_cert.clone().zip(self.tls_key.clone()),
@@ -201,6 +206,13 @@ fn print_outcome(
     for e in outcome.first_errors.iter().take(5) {
         errln!("  error: {e}");
     }
+    if outcome.held_for_byte_cap > 0 {
+        errln!(
+            "note: {} requests waited for --max-in-flight ({} bytes): the load ran below the depth its scenario asks for",
+            outcome.held_for_byte_cap,
+            args.max_in_flight
+        );
+    }
     let failures = outcome.failures();
     if failures.is_empty() {
         errln!("weir load: passed ({} I/Os)", outcome.ios);
@@ -252,6 +264,8 @@ mod tests {
             "3",
             "--final-check",
             "1m",
+            "--max-in-flight",
+            "4GiB",
             "bs=4k,randrw",
         ])
         .unwrap();
@@ -271,6 +285,7 @@ mod tests {
         );
         assert_eq!(o.scenario, LoadScenario::from_spec("bs=4k,randrw").unwrap());
         assert_eq!(o.final_check_bytes, 1 << 20);
+        assert_eq!(o.max_bytes_in_flight, 4 << 30);
         let cli = Cli::try_parse_from([
             "weir-load",
             "-t",
@@ -283,6 +298,10 @@ mod tests {
         assert_eq!(cli.load.options().unwrap().final_check_bytes, 0);
         let cli = Cli::try_parse_from(["weir-load", "-t", "nbd://h/x", "bs=4k"]).unwrap();
         assert_eq!(cli.load.options().unwrap().final_check_bytes, 256 << 20);
+        assert_eq!(
+            cli.load.options().unwrap().max_bytes_in_flight,
+            weir_load::DEFAULT_MAX_BYTES_IN_FLIGHT
+        );
         assert!(
             Cli::try_parse_from(["weir-load", "bs=4k"]).is_err(),
             "--target is required"

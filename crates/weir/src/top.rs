@@ -248,8 +248,14 @@ fn sort_rows(rows: &mut [RowData], key: SortKey, descending: bool) {
 }
 
 /// Draws one frame of `live` as `view` says; `trouble`: why the figures shown
-/// are not fresh (the server went away: the last frame stays, marked).
-pub fn draw(frame: &mut ratatui::Frame, view: &View, live: &LiveStats, trouble: Option<&str>) {
+/// are not fresh (the server went away: the last frame stays, marked). Returns
+/// the first row shown: `view.offset`, or less when the rows end sooner.
+pub fn draw(
+    frame: &mut ratatui::Frame,
+    view: &View,
+    live: &LiveStats,
+    trouble: Option<&str>,
+) -> usize {
     let (header, rows) = rows_of(view, live);
     let [top, body, keys] = Layout::vertical([
         Constraint::Length(2),
@@ -284,6 +290,7 @@ pub fn draw(frame: &mut ratatui::Frame, view: &View, live: &LiveStats, trouble: 
     frame.render_widget(table, body);
     let help = "q quit  v volumes  h hosts  p policies  s sort  r reverse  ↑↓ PgUp PgDn scroll";
     frame.render_widget(Paragraph::new(help), keys);
+    offset
 }
 
 /// The widths of the columns that fit in `width` terminal columns: each as wide
@@ -405,7 +412,9 @@ pub fn render_text_with(
     trouble: Option<&str>,
 ) -> Result<String> {
     let mut terminal = Terminal::new(ratatui::backend::TestBackend::new(width, height))?;
-    terminal.draw(|f| draw(f, view, live, trouble))?;
+    terminal.draw(|f| {
+        draw(f, view, live, trouble);
+    })?;
     let buffer = terminal.backend().buffer().clone();
     let mut out = String::new();
     for y in 0..height {
@@ -525,7 +534,7 @@ fn rows_of(view: &View, live: &LiveStats) -> (Vec<&'static str>, Vec<RowData>) {
 
 /// `text` with control characters (a hostile server's terminal escapes) shown
 /// as U+FFFD.
-fn printable(text: &str) -> String {
+pub(crate) fn printable(text: &str) -> String {
     text.chars()
         .map(|c| if c.is_control() { '\u{FFFD}' } else { c })
         .collect()
@@ -572,7 +581,11 @@ fn interactive<B: Backend>(
     let mut trouble: Option<String> = None;
     let mut next = Instant::now() + delay;
     loop {
-        terminal.draw(|f| draw(f, view, &live, trouble.as_deref()))?;
+        // Scrolling past the last row keeps the offset at it, so that ↑ moves at
+        // once (it counted on, and took as many presses back).
+        let mut shown = view.offset;
+        terminal.draw(|f| shown = draw(f, view, &live, trouble.as_deref()))?;
+        view.offset = shown;
         let page = usize::from(terminal.size()?.height.saturating_sub(4)).max(1);
         if event::poll(next.saturating_duration_since(Instant::now()))?
             && let Event::Key(k) = event::read()?
@@ -843,5 +856,13 @@ mod tests {
         v.offset = 100;
         let l = lines(&v);
         assert!(l.iter().any(|x| x.starts_with("idle")), "{l:#?}");
+        // … and says where it began, which the view keeps: ↑ then moves at once
+        // (the offset counted on past the end, and took as many presses back).
+        let mut terminal = Terminal::new(ratatui::backend::TestBackend::new(150, 12)).unwrap();
+        let mut shown = usize::MAX;
+        terminal
+            .draw(|f| shown = draw(f, &v, &snapshot(), None))
+            .unwrap();
+        assert_eq!(shown, 0, "the 4 rows fit");
     }
 }
