@@ -168,8 +168,54 @@ impl UpstreamTarget {
         })
     }
 
-    fn addrs(&self) -> io::Result<Vec<SocketAddr>> {
-        Ok((self.host.as_str(), self.port).to_socket_addrs()?.collect())
+    /// The target's addresses, looked up by `deadline` (a name server that does
+    /// not answer would hold a reconnecting request past its own deadline).
+    fn addrs(&self, deadline: Instant) -> io::Result<Vec<SocketAddr>> {
+        if let Ok(ip) = self.host.parse::<std::net::IpAddr>() {
+            return Ok(vec![SocketAddr::new(ip, self.port)]);
+        }
+        let (host, port) = (self.host.clone(), self.port);
+        look_up_by(deadline, move || {
+            Ok((host.as_str(), port).to_socket_addrs()?.collect())
+        })
+    }
+}
+
+/// Name lookups running at most at once (each on a thread of its own, which
+/// outlives a lookup given up on until the resolver answers).
+const MAX_LOOKUPS: u64 = 16;
+static LOOKUPS: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `lookup` (blocking, `getaddrinfo`) on a thread and waits for it until
+/// `deadline`; refused while [`MAX_LOOKUPS`] are still running.
+fn look_up_by(
+    deadline: Instant,
+    lookup: impl FnOnce() -> io::Result<Vec<SocketAddr>> + Send + 'static,
+) -> io::Result<Vec<SocketAddr>> {
+    if LOOKUPS.fetch_add(1, Ordering::AcqRel) >= MAX_LOOKUPS {
+        LOOKUPS.fetch_sub(1, Ordering::AcqRel);
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("name lookup: {MAX_LOOKUPS} earlier lookups still unanswered"),
+        ));
+    }
+    let (tx, rx) = sync_channel(1);
+    let spawned = std::thread::Builder::new()
+        .name("weir-lookup".into())
+        .spawn(move || {
+            let _ = tx.send(lookup());
+            LOOKUPS.fetch_sub(1, Ordering::AcqRel);
+        });
+    if let Err(e) = spawned {
+        LOOKUPS.fetch_sub(1, Ordering::AcqRel);
+        return Err(e);
+    }
+    match rx.recv_timeout(time_left(deadline, "name lookup")?) {
+        Ok(answer) => answer,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "name lookup: no answer in time",
+        )),
     }
 }
 
@@ -864,7 +910,7 @@ fn bound(stream: &TcpStream, deadline: Instant, what: &str) -> io::Result<()> {
 /// `deadline`.
 fn connect_tcp(target: &UpstreamTarget, deadline: Instant) -> io::Result<TcpStream> {
     let mut last = None;
-    for a in target.addrs()? {
+    for a in target.addrs(deadline)? {
         let left = time_left(deadline, "TCP connect")?;
         match TcpStream::connect_timeout(&a, left) {
             Ok(s) => return Ok(s),
@@ -1890,6 +1936,26 @@ impl Backend for UpstreamBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A name server that does not answer holds a reconnect only until the
+    /// request's deadline; a lookup that answers is used.
+    #[test]
+    fn a_name_lookup_ends_by_the_deadline() {
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let start = Instant::now();
+        let hung = look_up_by(deadline, || {
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(Vec::new())
+        });
+        let took = start.elapsed();
+        assert_eq!(hung.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        let addr: SocketAddr = "192.0.2.1:10809".parse().unwrap();
+        let answered = look_up_by(Instant::now() + Duration::from_secs(5), move || {
+            Ok(vec![addr])
+        });
+        assert_eq!(answered.unwrap(), vec![addr]);
+    }
 
     #[test]
     fn targets_parse_with_clear_errors() {
