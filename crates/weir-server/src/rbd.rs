@@ -26,7 +26,9 @@
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use weir_nbd::Extent;
 use weir_nbd::consts::{STATE_HOLE, STATE_ZERO};
@@ -69,6 +71,8 @@ struct Lib {
     rados_ioctx_create: unsafe extern "C" fn(RadosT, *const c_char, *mut IoctxT) -> c_int,
     rados_ioctx_destroy: unsafe extern "C" fn(IoctxT),
     rados_cluster_stat: unsafe extern "C" fn(RadosT, *mut ClusterStat) -> c_int,
+    /// `rados_set_pool_full_try` (Ceph 16; `rados_set_osdmap_full_try` before).
+    rados_set_pool_full_try: unsafe extern "C" fn(IoctxT),
     rbd_create: unsafe extern "C" fn(IoctxT, *const c_char, u64, *mut c_int) -> c_int,
     rbd_remove: unsafe extern "C" fn(IoctxT, *const c_char) -> c_int,
     rbd_open: unsafe extern "C" fn(IoctxT, *const c_char, *mut ImageT, *const c_char) -> c_int,
@@ -149,6 +153,10 @@ impl Lib {
                 rados_ioctx_create: sym!(rados, rados_ioctx_create),
                 rados_ioctx_destroy: sym!(rados, rados_ioctx_destroy),
                 rados_cluster_stat: sym!(rados, rados_cluster_stat),
+                rados_set_pool_full_try: match rados.get(b"rados_set_pool_full_try\0") {
+                    Ok(f) => *f,
+                    Err(_) => sym!(rados, rados_set_osdmap_full_try),
+                },
                 rbd_create: sym!(rbd, rbd_create),
                 rbd_remove: sym!(rbd, rbd_remove),
                 rbd_open: sym!(rbd, rbd_open),
@@ -243,6 +251,7 @@ pub struct RbdCluster {
     rados: RadosT,
     ioctx: IoctxT,
     target: RbdTarget,
+    space: SpaceCache,
 }
 
 // SAFETY: librados handles are thread-safe (the library locks internally), and
@@ -281,6 +290,7 @@ impl RbdCluster {
             rados,
             ioctx: std::ptr::null_mut(),
             target: target.clone(),
+            space: SpaceCache::default(),
         };
         let fail = |what: String, r: c_int| Err(format!("{what}: {}", errno(r.into())));
         let path_c = |p: &Path| {
@@ -352,6 +362,12 @@ impl RbdCluster {
                     target.pool
                 ));
             }
+            // A full pool (its quota reached, or the cluster full): writes fail
+            // with EDQUOT/ENOSPC (the client sees NBD ENOSPC) instead of waiting
+            // in librados until space returns, which held the client, the
+            // gate's slots and a graceful shutdown forever. librbd's image
+            // contexts inherit the flag from this I/O context.
+            (lib.rados_set_pool_full_try)(cluster.ioctx);
         }
         Ok(Arc::new(cluster))
     }
@@ -362,85 +378,191 @@ impl RbdCluster {
 
     /// Creates an image of `size` bytes (librbd's default format, features and
     /// object size, from the cluster's configuration).
-    pub fn create_image(&self, name: &str, size: u64) -> io::Result<()> {
+    pub fn create_image(self: &Arc<Self>, name: &str, size: u64) -> io::Result<()> {
         let n = cstring("image name", name)?;
-        let mut order: c_int = 0;
-        // SAFETY: live ioctx, NUL-terminated name, `order` written by the call.
-        check(unsafe { (self.lib.rbd_create)(self.ioctx, n.as_ptr(), size, &mut order) })
+        self.bounded(move |c| {
+            let mut order: c_int = 0;
+            // SAFETY: live ioctx, NUL-terminated name, `order` written by the call.
+            check(unsafe { (c.lib.rbd_create)(c.ioctx, n.as_ptr(), size, &mut order) })
+        })
     }
 
     /// Removes an image (fails with EBUSY while a client has it open, ENOTEMPTY
     /// while it has snapshots).
-    pub fn remove_image(&self, name: &str) -> io::Result<()> {
+    pub fn remove_image(self: &Arc<Self>, name: &str) -> io::Result<()> {
         let n = cstring("image name", name)?;
         // SAFETY: live ioctx, NUL-terminated name.
-        check(unsafe { (self.lib.rbd_remove)(self.ioctx, n.as_ptr()) })
+        self.bounded(move |c| check(unsafe { (c.lib.rbd_remove)(c.ioctx, n.as_ptr()) }))
     }
 
     /// Opens an image for reading and writing.
     pub fn open_image(self: &Arc<Self>, name: &str) -> io::Result<Arc<RbdImage>> {
         let n = cstring("image name", name)?;
-        let mut image: ImageT = std::ptr::null_mut();
-        // SAFETY: live ioctx, NUL-terminated name, no snapshot; `image` written.
-        check(unsafe {
-            (self.lib.rbd_open)(self.ioctx, n.as_ptr(), &mut image, std::ptr::null())
-        })?;
-        Ok(Arc::new(RbdImage {
-            cluster: self.clone(),
-            image: RwLock::new(Some(Handle(image))),
-            name: name.to_string(),
-        }))
+        let name = name.to_string();
+        self.bounded(move |c| {
+            let mut image: ImageT = std::ptr::null_mut();
+            // SAFETY: live ioctx, NUL-terminated name, no snapshot; `image` written.
+            check(unsafe { (c.lib.rbd_open)(c.ioctx, n.as_ptr(), &mut image, std::ptr::null()) })?;
+            Ok(Arc::new(RbdImage {
+                cluster: c.clone(),
+                image: RwLock::new(Some(Handle(image))),
+                name,
+            }))
+        })
     }
 
     /// Opens a snapshot of an image, read-only.
     pub fn open_snapshot(self: &Arc<Self>, name: &str, snap: &str) -> io::Result<Arc<RbdImage>> {
         let n = cstring("image name", name)?;
         let sn = cstring("snapshot name", snap)?;
-        let mut image: ImageT = std::ptr::null_mut();
-        // SAFETY: live ioctx, NUL-terminated names; `image` written.
-        check(unsafe {
-            (self.lib.rbd_open_read_only)(self.ioctx, n.as_ptr(), &mut image, sn.as_ptr())
-        })?;
-        Ok(Arc::new(RbdImage {
-            cluster: self.clone(),
-            image: RwLock::new(Some(Handle(image))),
-            name: format!("{name}@{snap}"),
-        }))
+        let name = format!("{name}@{snap}");
+        self.bounded(move |c| {
+            let mut image: ImageT = std::ptr::null_mut();
+            // SAFETY: live ioctx, NUL-terminated names; `image` written.
+            check(unsafe {
+                (c.lib.rbd_open_read_only)(c.ioctx, n.as_ptr(), &mut image, sn.as_ptr())
+            })?;
+            Ok(Arc::new(RbdImage {
+                cluster: c.clone(),
+                image: RwLock::new(Some(Handle(image))),
+                name,
+            }))
+        })
     }
 
     /// A layered clone `child` of `parent@snap` (librbd's default features and
     /// clone format; the snapshot is protected, which every format accepts).
-    pub fn clone_image(&self, parent: &str, snap: &str, child: &str) -> io::Result<()> {
+    pub fn clone_image(self: &Arc<Self>, parent: &str, snap: &str, child: &str) -> io::Result<()> {
         let (p, sn, c) = (
             cstring("image name", parent)?,
             cstring("snapshot name", snap)?,
             cstring("image name", child)?,
         );
-        let mut opts: *mut c_void = std::ptr::null_mut();
-        // SAFETY: options made and destroyed here; live ioctx; NUL-terminated names.
-        unsafe {
-            (self.lib.rbd_image_options_create)(&mut opts);
-            let r = (self.lib.rbd_clone3)(
-                self.ioctx,
-                p.as_ptr(),
-                sn.as_ptr(),
-                self.ioctx,
-                c.as_ptr(),
-                opts,
-            );
-            (self.lib.rbd_image_options_destroy)(opts);
-            check(r)
-        }
+        self.bounded(move |cluster| {
+            let mut opts: *mut c_void = std::ptr::null_mut();
+            // SAFETY: options made and destroyed here; live ioctx; NUL-terminated names.
+            unsafe {
+                (cluster.lib.rbd_image_options_create)(&mut opts);
+                let r = (cluster.lib.rbd_clone3)(
+                    cluster.ioctx,
+                    p.as_ptr(),
+                    sn.as_ptr(),
+                    cluster.ioctx,
+                    c.as_ptr(),
+                    opts,
+                );
+                (cluster.lib.rbd_image_options_destroy)(opts);
+                check(r)
+            }
+        })
+    }
+
+    /// Runs `f`, librbd calls on this cluster, in a thread of its own and waits
+    /// for it at most `rbd_connect_timeout_s` ([`bounded`]).
+    fn bounded<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Arc<RbdCluster>) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        let me = self.clone();
+        bounded(self.target.connect_timeout_s, move || f(&me))
     }
 
     /// The cluster's raw size and free space (all pools: RADOS pools share the
-    /// OSDs), in bytes.
-    pub fn space(&self) -> io::Result<(u64, u64)> {
+    /// OSDs), in bytes, as last measured: `rados_cluster_stat` asks the
+    /// monitor, which may not answer for `rbd_connect_timeout_s` (stopped,
+    /// partitioned), and the callers (`weir pool list`, every metrics scrape)
+    /// hold the volume store's lock. So a measurement older than
+    /// [`SPACE_FRESH`] starts one in a thread of its own (one at a time) and
+    /// waits at most [`SPACE_WAIT`] for it; meanwhile the last one answers
+    /// (`None`: none yet).
+    pub fn space(self: &Arc<Self>) -> Option<(u64, u64)> {
+        let latest = || *self.space.latest.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, v)) = latest()
+            && at.elapsed() < SPACE_FRESH
+        {
+            return Some(v);
+        }
+        if !self.space.measuring.swap(true, AtomicOrdering::AcqRel) {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let me = self.clone();
+            let measure = move || {
+                match me.stat() {
+                    Ok(v) => {
+                        *me.space.latest.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some((Instant::now(), v));
+                    }
+                    Err(e) => tracing::warn!(
+                        "RBD pool {:?}: the cluster's space (rados_cluster_stat): {e}",
+                        me.target.pool
+                    ),
+                }
+                me.space.measuring.store(false, AtomicOrdering::Release);
+                let _ = tx.send(());
+            };
+            match std::thread::Builder::new()
+                .name("weir-rbd-stat".into())
+                .spawn(measure)
+            {
+                Ok(_) => {
+                    let _ = rx.recv_timeout(SPACE_WAIT);
+                }
+                Err(e) => {
+                    self.space.measuring.store(false, AtomicOrdering::Release);
+                    tracing::warn!("measuring the cluster's space: no thread: {e}");
+                }
+            }
+        }
+        latest().map(|(_, v)| v)
+    }
+
+    /// `rados_cluster_stat` (waits for the monitor, at most `rados_mon_op_timeout`).
+    fn stat(&self) -> io::Result<(u64, u64)> {
         let mut st = ClusterStat::default();
         // SAFETY: live handle; the call fills the #[repr(C)] struct.
         check(unsafe { (self.lib.rados_cluster_stat)(self.rados, &mut st) })?;
         Ok((st.kb << 10, st.kb_avail << 10))
     }
+}
+
+/// How long a measurement of a cluster's space is reused.
+const SPACE_FRESH: Duration = Duration::from_secs(2);
+/// How long a caller of [`RbdCluster::space`] waits for a new measurement.
+const SPACE_WAIT: Duration = Duration::from_secs(1);
+
+/// The last measurement of a cluster's space, and whether one is under way.
+#[derive(Default)]
+struct SpaceCache {
+    latest: Mutex<Option<(Instant, (u64, u64))>>,
+    measuring: AtomicBool,
+}
+
+/// Runs `f` (librbd calls managing images: create, open, remove, resize,
+/// snapshots) in a thread of its own and waits for it at most `timeout_s`
+/// seconds. The volume store is locked meanwhile, so an OSD that does not
+/// answer (stopped, partitioned) must not hold it for longer: librados waits
+/// for OSDs without end, and held every admin request and every new NBD
+/// connection, to any pool, until the OSD came back. On the timeout, `f` goes
+/// on in its thread (and may still complete); the error says so.
+fn bounded<T: Send + 'static>(
+    timeout_s: u32,
+    f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("weir-rbd-admin".into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })?;
+    rx.recv_timeout(Duration::from_secs(timeout_s.into()))
+        .unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the Ceph cluster did not answer within {timeout_s} s \
+                     (rbd_connect_timeout_s; an OSD down?); the operation may still complete"
+                ),
+            ))
+        })
 }
 
 fn display_conf(conf: &Option<PathBuf>) -> String {
@@ -543,6 +665,16 @@ impl RbdImage {
         }
     }
 
+    /// [`RbdImage::close`], waiting for it at most `rbd_connect_timeout_s`
+    /// ([`bounded`]: closing waits for the I/O in flight, and librbd's close for
+    /// the OSDs).
+    pub fn close_bounded(self: &Arc<Self>) -> io::Result<()> {
+        self.bounded(|me| {
+            me.close();
+            Ok(())
+        })
+    }
+
     fn with<T>(&self, f: impl FnOnce(&'static Lib, ImageT) -> io::Result<T>) -> io::Result<T> {
         let g = self.image.read().unwrap_or_else(|e| e.into_inner());
         match *g {
@@ -554,13 +686,25 @@ impl RbdImage {
         }
     }
 
-    pub fn size(&self) -> io::Result<u64> {
-        self.with(|lib, image| {
-            let mut size = 0u64;
-            // SAFETY: open image; the call writes `size`.
-            check(unsafe { (lib.rbd_get_size)(image, &mut size) })?;
-            Ok(size)
+    pub fn size(self: &Arc<Self>) -> io::Result<u64> {
+        self.bounded(|me| {
+            me.with(|lib, image| {
+                let mut size = 0u64;
+                // SAFETY: open image; the call writes `size`.
+                check(unsafe { (lib.rbd_get_size)(image, &mut size) })?;
+                Ok(size)
+            })
         })
+    }
+
+    /// Runs `f` (librbd calls on this image) in a thread of its own and waits
+    /// for it at most `rbd_connect_timeout_s` ([`bounded`]).
+    fn bounded<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&RbdImage) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        let me = self.clone();
+        bounded(self.cluster.target.connect_timeout_s, move || f(&me))
     }
 
     /// Runs a librbd call taking the image and a snapshot name.
@@ -575,23 +719,29 @@ impl RbdImage {
     }
 
     /// Takes a snapshot and protects it (so it can be cloned).
-    pub fn snapshot(&self, snap: &str) -> io::Result<()> {
-        self.snap_call(snap, |l| l.rbd_snap_create)?;
-        if let Err(e) = self.snap_call(snap, |l| l.rbd_snap_protect) {
-            let _ = self.snap_call(snap, |l| l.rbd_snap_remove);
-            return Err(e);
-        }
-        Ok(())
+    pub fn snapshot(self: &Arc<Self>, snap: &str) -> io::Result<()> {
+        let snap = snap.to_string();
+        self.bounded(move |me| {
+            me.snap_call(&snap, |l| l.rbd_snap_create)?;
+            if let Err(e) = me.snap_call(&snap, |l| l.rbd_snap_protect) {
+                let _ = me.snap_call(&snap, |l| l.rbd_snap_remove);
+                return Err(e);
+            }
+            Ok(())
+        })
     }
 
     /// Unprotects (EBUSY while clones read from it) and removes a snapshot.
-    pub fn remove_snapshot(&self, snap: &str) -> io::Result<()> {
-        match self.snap_call(snap, |l| l.rbd_snap_unprotect) {
-            // Already unprotected (an earlier removal that failed halfway).
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-            r => r?,
-        }
-        self.snap_call(snap, |l| l.rbd_snap_remove)
+    pub fn remove_snapshot(self: &Arc<Self>, snap: &str) -> io::Result<()> {
+        let snap = snap.to_string();
+        self.bounded(move |me| {
+            match me.snap_call(&snap, |l| l.rbd_snap_unprotect) {
+                // Already unprotected (an earlier removal that failed halfway).
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                r => r?,
+            }
+            me.snap_call(&snap, |l| l.rbd_snap_remove)
+        })
     }
 
     /// Returns the image to a snapshot (its data and size).
@@ -679,9 +829,11 @@ impl RbdImage {
         })
     }
 
-    pub fn resize(&self, size: u64) -> io::Result<()> {
+    pub fn resize(self: &Arc<Self>, size: u64) -> io::Result<()> {
         // SAFETY: open image.
-        self.with(|lib, image| check(unsafe { (lib.rbd_resize)(image, size) }))
+        self.bounded(move |me| {
+            me.with(|lib, image| check(unsafe { (lib.rbd_resize)(image, size) }))
+        })
     }
 
     /// Runs one AIO call and waits for its completion; the completion's return

@@ -15,12 +15,15 @@
 //!   periodic FLUSHes, restarted on the same data directory: every write
 //!   acknowledged before an acknowledged FLUSH is there, no block holds data
 //!   never written to it.
+//! - a full pool (quota) answers ENOSPC; a stopped monitor or OSD (SIGSTOP, in
+//!   tests that run alone: [`Cluster::exclusive`]) holds neither the admin API
+//!   nor other pools' clients.
 
 mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use common::{Rng, WeirProcess};
@@ -34,11 +37,35 @@ struct Cluster {
     keyring: String,
     client: String,
     pool: String,
+    /// [`CLUSTER_USE`], shared (most tests) or exclusive (a test stopping a
+    /// daemon of the cluster).
+    _use: ClusterUse,
+}
+
+/// The tests of this file run at once on one cluster; one that stops a daemon
+/// ([`Cluster::exclusive`]) runs alone.
+static CLUSTER_USE: RwLock<()> = RwLock::new(());
+
+#[allow(dead_code)] // held for its Drop
+enum ClusterUse {
+    Shared(RwLockReadGuard<'static, ()>),
+    Exclusive(RwLockWriteGuard<'static, ()>),
 }
 
 impl Cluster {
     /// The cluster named by the environment, or `None` after printing why not.
     fn from_env() -> Option<Cluster> {
+        let shared = CLUSTER_USE.read().unwrap_or_else(|e| e.into_inner());
+        Self::with_use(ClusterUse::Shared(shared))
+    }
+
+    /// As [`Cluster::from_env`], once no other test of this file uses it.
+    fn exclusive() -> Option<Cluster> {
+        let alone = CLUSTER_USE.write().unwrap_or_else(|e| e.into_inner());
+        Self::with_use(ClusterUse::Exclusive(alone))
+    }
+
+    fn with_use(_use: ClusterUse) -> Option<Cluster> {
         if let Ok(why) = std::env::var("WEIR_CEPH_SKIP") {
             println!("skipped: {why}");
             return None;
@@ -56,10 +83,16 @@ impl Cluster {
             keyring: var("WEIR_CEPH_KEYRING", ""),
             client: var("WEIR_CEPH_CLIENT", "admin"),
             pool: var("WEIR_CEPH_POOL", "weir"),
+            _use,
         })
     }
 
     fn pool_toml(&self) -> String {
+        self.pool_toml_on(&self.pool)
+    }
+
+    /// A Weir pool "ceph" on the RADOS pool `rados_pool`.
+    fn pool_toml_on(&self, rados_pool: &str) -> String {
         let keyring = if self.keyring.is_empty() {
             String::new()
         } else {
@@ -68,8 +101,44 @@ impl Cluster {
         format!(
             "[[pools]]\nname = \"ceph\"\nbackend = \"rbd\"\nrbd_pool = \"{}\"\n\
              rbd_ceph_conf = \"{}\"\nrbd_client = \"{}\"\n{keyring}",
-            self.pool, self.conf, self.client
+            rados_pool, self.conf, self.client
         )
+    }
+
+    /// Runs the `ceph` tool on the cluster; `None` if it is not installed.
+    fn ceph(&self, args: &[&str]) -> Option<std::process::Output> {
+        let mut cmd = Command::new("ceph");
+        cmd.args(["-c", &self.conf, "--id", &self.client]);
+        if !self.keyring.is_empty() {
+            cmd.args(["-k", &self.keyring]);
+        }
+        cmd.args(args).output().ok()
+    }
+
+    /// As [`Cluster::ceph`], asserting success.
+    fn ceph_ok(&self, args: &[&str]) -> String {
+        let out = self.ceph(args).expect("the ceph tool runs");
+        assert!(out.status.success(), "ceph {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Whether RADOS pool `pool` carries the `full_quota` flag (its quota reached).
+    fn pool_full(&self, pool: &str) -> bool {
+        self.ceph_ok(&["osd", "dump"])
+            .lines()
+            .any(|l| l.contains(&format!("'{pool}'")) && l.contains("full_quota"))
+    }
+
+    /// Waits (at most 60 s) until `pool`'s `full_quota` flag is `full`.
+    fn wait_pool_full(&self, pool: &str, full: bool) {
+        let start = Instant::now();
+        while self.pool_full(pool) != full {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "RADOS pool {pool}: full_quota not {full} after 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
 
     /// Runs the `rbd` tool on the cluster; `None` if it is not installed.
@@ -916,4 +985,269 @@ fn rbd_gateways_share_a_stats_image_without_its_lock() {
     let _ = b.child.wait();
     rt.block_on(a.admin_client().delete_volume(&stats))
         .expect("delete stats");
+}
+
+/// A RADOS pool whose quota is reached: a write fails with ENOSPC (librados
+/// otherwise waits, without end, for space), what was written stays readable,
+/// and writes succeed again once the quota is lifted. On a RADOS pool of its
+/// own, so the other tests' pool is never full.
+#[test]
+fn rbd_full_pool_quota_fails_writes_with_enospc_and_recovers() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let pool = unique("quota");
+    match cluster.ceph(&["osd", "pool", "create", &pool, "8", "8"]) {
+        None => {
+            println!("skipped: the ceph tool is not installed");
+            return;
+        }
+        Some(out) => assert!(out.status.success(), "ceph osd pool create: {out:?}"),
+    }
+    let _removed_last = RadosPool(&cluster, pool.clone());
+    let out = cluster.rbd(&["pool", "init", &pool]).expect("rbd runs");
+    assert!(out.status.success(), "rbd pool init: {out:?}");
+    cluster.ceph_ok(&["osd", "pool", "set-quota", &pool, "max_bytes", "8388608"]);
+    let dir = common::TempDir::new("rbd-quota");
+    let server = WeirProcess::start(
+        dir.path(),
+        &format!(
+            "{}[[volumes]]\nname = \"q\"\npool = \"ceph\"\nsize = \"64MiB\"\npolicy = \"mission-critical\"\n",
+            cluster.pool_toml_on(&pool)
+        ),
+    );
+    const MIB: usize = 1 << 20;
+    let data = random_bytes(16 * MIB, 31);
+    let rt = rt();
+    let (mut c, _) = rt
+        .block_on(NbdClient::connect(server.nbd_addr, ClientConfig::go("q")))
+        .unwrap();
+    let mut write = |offset: usize, bytes: &[u8]| {
+        let w = c.write(offset as u64, bytes, false);
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(20), w).await })
+            .unwrap_or_else(|_| panic!("a write at {offset} to a full pool hung for 20 s"))
+            .unwrap()
+    };
+    // 16 MiB, twice the quota: the cluster marks the pool full a few seconds later.
+    for (i, chunk) in data.chunks(MIB).enumerate() {
+        write(i * MIB, chunk).unwrap();
+    }
+    cluster.wait_pool_full(&pool, true);
+    let e = write(32 * MIB, &data[..MIB]).expect_err("a write to a full pool succeeded");
+    assert_eq!(e.code, weir_nbd::ErrorCode::NoSpc, "{e:?}");
+    cluster.ceph_ok(&["osd", "pool", "set-quota", &pool, "max_bytes", "0"]);
+    cluster.wait_pool_full(&pool, false);
+    write(32 * MIB, &data[..MIB]).expect("a write once the quota is lifted");
+    rt.block_on(async {
+        assert!(c.flush().await.unwrap().is_ok());
+        let back = c.read(0, 16 * MIB as u32).await.unwrap().unwrap();
+        assert!(
+            back == data,
+            "data written before the pool was full differs"
+        );
+        let back = c.read(32 * MIB as u64, MIB as u32).await.unwrap().unwrap();
+        assert!(
+            back[..] == data[..MIB],
+            "the write after the quota was lifted differs"
+        );
+        c.disconnect().await.unwrap();
+    });
+}
+
+/// A RADOS pool a test made, removed when the test ends (after its servers).
+struct RadosPool<'a>(&'a Cluster, String);
+
+impl Drop for RadosPool<'_> {
+    fn drop(&mut self) {
+        let p = &self.1;
+        let _ = self
+            .0
+            .ceph(&["osd", "pool", "rm", p, p, "--yes-i-really-really-mean-it"]);
+    }
+}
+
+/// A daemon of the dev cluster stopped with SIGSTOP (the process is there, and
+/// answers nothing), continued when dropped.
+struct Stopped(libc::pid_t);
+
+impl Stopped {
+    /// Stops daemon `name` (`mon.a`, `osd.0`) of the cluster; `None` when its
+    /// pid file (in `run/` beside the ceph.conf, as scripts/ceph-dev.sh keeps
+    /// it) is not there.
+    fn daemon(cluster: &Cluster, name: &str) -> Option<Stopped> {
+        let run = std::path::Path::new(&cluster.conf).parent()?.join("run");
+        let pid: libc::pid_t = std::fs::read_to_string(run.join(format!("{name}.pid")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        // SAFETY: kill(2) on the dev cluster's daemon.
+        (unsafe { libc::kill(pid, libc::SIGSTOP) } == 0).then_some(Stopped(pid))
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the daemon stopped above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// The monitor stops answering: `weir pool list` and metrics scrapes (the
+/// cluster's space, `rados_cluster_stat`, asked with the volume store locked)
+/// answer within a second or two, from the last measurement, instead of holding
+/// the store — every admin request and every new NBD connection — for
+/// `rbd_connect_timeout_s` (30 s) per call.
+#[test]
+fn rbd_a_stopped_monitor_does_not_hold_the_admin_api() {
+    let Some(cluster) = Cluster::exclusive() else {
+        return;
+    };
+    let dir = common::TempDir::new("rbd-mon-stopped");
+    let server = WeirProcess::start(
+        dir.path(),
+        &format!(
+            "{}[[pools]]\nname = \"local\"\n[[volumes]]\nname = \"{}\"\npool = \"ceph\"\n\
+             size = \"16MiB\"\npolicy = \"mission-critical\"\n[[volumes]]\nname = \"f\"\n\
+             pool = \"local\"\nsize = \"16MiB\"\npolicy = \"mission-critical\"\n",
+            cluster.pool_toml(),
+            unique("mon")
+        ),
+    );
+    let rt = rt();
+    let admin = server.admin_client();
+    let measured = rt.block_on(admin.capacity()).unwrap();
+    let ceph = measured.iter().find(|p| p.name == "ceph").unwrap();
+    assert!(ceph.capacity_bytes > 0, "{measured:?}");
+    std::thread::sleep(Duration::from_secs(3)); // the measurement is old
+    let Some(mon) = Stopped::daemon(&cluster, "mon.a") else {
+        println!(
+            "skipped: no pid file of the dev cluster's monitor beside {}",
+            cluster.conf
+        );
+        return;
+    };
+    let start = Instant::now();
+    let scrape = rt.spawn({
+        let admin = server.admin_client();
+        async move { admin.metrics().await.map(|_| start.elapsed()) }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let listed = rt.block_on(admin.list_volumes());
+    let list_took = start.elapsed();
+    let opened = rt.block_on(NbdClient::connect(server.nbd_addr, ClientConfig::go("f")));
+    let open_took = start.elapsed();
+    let capacity = rt.block_on(admin.capacity());
+    let capacity_took = start.elapsed();
+    drop(mon);
+    let scrape_took = rt.block_on(scrape).unwrap().unwrap();
+    assert_eq!(listed.unwrap().len(), 2);
+    opened.unwrap();
+    for (what, took) in [
+        ("a metrics scrape", scrape_took),
+        ("a volume list", list_took),
+        ("an NBD connection to a file volume", open_took),
+        ("a capacity request", capacity_took),
+    ] {
+        assert!(
+            took < Duration::from_secs(5),
+            "with the monitor stopped, {what} took {took:?} (since the monitor stopped)"
+        );
+    }
+    let capacity = capacity.unwrap();
+    let now = capacity.iter().find(|p| p.name == "ceph");
+    assert_eq!(now, Some(ceph), "not the last measurement");
+}
+
+/// An OSD stops answering (SIGSTOP): an admin operation on an RBD volume
+/// (create, delete) fails after `rbd_connect_timeout_s` with the reason instead
+/// of holding the volume store until the OSD is back — with it every admin
+/// request and every new NBD connection, to any pool, waited without end.
+#[test]
+fn rbd_a_stopped_osd_bounds_admin_operations_and_spares_other_pools() {
+    let Some(cluster) = Cluster::exclusive() else {
+        return;
+    };
+    let dir = common::TempDir::new("rbd-osd-stopped");
+    let (vol, new) = (unique("osd"), unique("osd-new"));
+    let server = WeirProcess::start(
+        dir.path(),
+        &format!(
+            "{}rbd_connect_timeout_s = 3\n[[pools]]\nname = \"local\"\n[[volumes]]\n\
+             name = \"{vol}\"\npool = \"ceph\"\nsize = \"16MiB\"\npolicy = \"mission-critical\"\n\
+             [[volumes]]\nname = \"f\"\npool = \"local\"\nsize = \"16MiB\"\npolicy = \"mission-critical\"\n",
+            cluster.pool_toml()
+        ),
+    );
+    let rt = rt();
+    let admin = server.admin_client();
+    let Some(osd) = Stopped::daemon(&cluster, "osd.0") else {
+        println!(
+            "skipped: no pid file of the dev cluster's OSD beside {}",
+            cluster.conf
+        );
+        return;
+    };
+    let start = Instant::now();
+    let create = rt.spawn({
+        let admin = server.admin_client();
+        async move {
+            let r = admin
+                .create_volume(&VolumeCreate {
+                    name: new,
+                    size_bytes: 8 << 20,
+                    policy: "non-critical".into(),
+                    pool: Some("ceph".into()),
+                    access_groups: vec![],
+                    read_only: false,
+                    description: String::new(),
+                    cache: Default::default(),
+                })
+                .await;
+            (r, start.elapsed())
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    fn within_10_s<T>(rt: &tokio::runtime::Runtime, what: &str, f: impl Future<Output = T>) -> T {
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), f).await })
+            .unwrap_or_else(|_| panic!("with an OSD stopped, {what} took more than 10 s"))
+    }
+    let listed = within_10_s(&rt, "a volume list", admin.list_volumes());
+    let list_took = start.elapsed();
+    let read = within_10_s(&rt, "a read of a file volume", async {
+        let (mut c, _) = NbdClient::connect(server.nbd_addr, ClientConfig::go("f")).await?;
+        c.read(0, 4096).await
+    });
+    let (created, create_took) = rt.block_on(create).unwrap();
+    let deleted = within_10_s(&rt, "a delete of an RBD volume", admin.delete_volume(&vol));
+    drop(osd);
+    assert_eq!(listed.unwrap().len(), 2);
+    read.unwrap().unwrap();
+    assert!(
+        list_took < Duration::from_secs(5),
+        "a volume list took {list_took:?}"
+    );
+    assert!(
+        create_took < Duration::from_secs(5),
+        "a create took {create_took:?}"
+    );
+    for (what, r) in [("create", created), ("delete", deleted)] {
+        let e = r
+            .expect_err(&format!("{what} succeeded with the OSD stopped"))
+            .to_string();
+        assert!(e.contains("did not answer within 3 s"), "{what}: {e}");
+    }
+    // The OSD back: the cluster serves again.
+    let again = unique("osd-again");
+    rt.block_on(admin.create_volume(&VolumeCreate {
+        name: again,
+        size_bytes: 8 << 20,
+        policy: "non-critical".into(),
+        pool: Some("ceph".into()),
+        access_groups: vec![],
+        read_only: false,
+        description: String::new(),
+        cache: Default::default(),
+    }))
+    .expect("a create once the OSD is back");
 }

@@ -66,10 +66,10 @@ impl VolumeStore {
         })
     }
 
-    /// The cluster's size and free space for an RBD pool (`None`: not one, or
-    /// the cluster did not answer).
+    /// The cluster's size and free space for an RBD pool as last measured,
+    /// waiting at most a second (`None`: not one, or never measured).
     pub fn rbd_space(&self, pool: &str) -> Option<(u64, u64)> {
-        self.rbd.clusters.get(pool)?.space().ok()
+        self.rbd.clusters.get(pool)?.space()
     }
 
     fn rbd_volume(&mut self, r: &VolumeRecord, image: Arc<RbdImage>) -> Arc<OpenVolume> {
@@ -186,16 +186,19 @@ impl VolumeStore {
         if let Some(v) = &open {
             v.deleted.store(true, Ordering::Release);
         }
-        if let Some(image) = self.rbd.images.remove(&record.name) {
-            image.close();
-        }
-        cluster.remove_image(&record.name).map_err(|e| {
+        let left = |what: &str, e: &std::io::Error| {
             StoreError::Io(format!(
                 "volume {:?} is deleted from Weir, but {}",
                 record.name,
-                image_error("removing", &cluster.target().pool, &record.name, &e)
+                image_error(what, &cluster.target().pool, &record.name, e)
             ))
-        })?;
+        };
+        if let Some(image) = self.rbd.images.remove(&record.name) {
+            image.close_bounded().map_err(|e| left("closing", &e))?;
+        }
+        cluster
+            .remove_image(&record.name)
+            .map_err(|e| left("removing", &e))?;
         Ok((record, open))
     }
 
@@ -353,8 +356,10 @@ impl VolumeStore {
         if let Some(v) = self.open.remove(&export) {
             v.deleted.store(true, Ordering::Release);
         }
-        if let Some(i) = self.rbd.images.remove(&export) {
-            i.close();
+        if let Some(i) = self.rbd.images.remove(&export)
+            && let Err(e) = i.close_bounded()
+        {
+            return Err(self.rbd_err(&format!("closing snapshot {name:?} of"), volume, &e));
         }
         let image = self.rbd_image(volume)?;
         if let Err(e) = image.remove_snapshot(name) {
