@@ -967,6 +967,8 @@ async fn run(
     drop(nbd);
     // Requests held back by QoS (limits) could delay the exit indefinitely: run
     // them now, past the gate, until every session is done.
+    let mut waiting = RateLimited::new(WARN_EVERY);
+    let _ = waiting.allow(std::time::Instant::now());
     loop {
         for pool in state.pools.values() {
             for work in pool.take_queued() {
@@ -976,6 +978,13 @@ async fn run(
         tokio::select! {
             joined = sessions.join_next() => if joined.is_none() { break },
             _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+        }
+        if waiting.allow(std::time::Instant::now()).is_some() {
+            tracing::warn!(
+                "stopping: {} connections still wait for requests in progress (a backend \
+                 not answering?); a second SIGINT or SIGTERM exits at once",
+                sessions.len()
+            );
         }
     }
     let _ = admin_task.await;

@@ -148,8 +148,23 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         let signal = signals.recv().await;
         let _ = weir_server::systemd::notify("STOPPING=1");
-        errln!("{signal}: stopping: finishing in-flight requests, syncing data…");
-        weir_server::shutdown_boxed(server).await
+        errln!(
+            "{signal}: stopping: finishing in-flight requests, syncing data… \
+             (again to exit at once)"
+        );
+        tokio::select! {
+            stopped = weir_server::shutdown_boxed(server) => stopped,
+            again = signals.recv() => {
+                // A backend that never answers (a stopped OSD, a hung disk) would
+                // hold the clean stop for ever: the second signal ends it as a
+                // crash would, which loses nothing a FLUSH acknowledged.
+                errln!(
+                    "{again} again: exiting now, without the requests still in progress \
+                     (as after a crash: what a FLUSH acknowledged is on disk)"
+                );
+                std::process::exit(1)
+            }
+        }
     })
 }
 

@@ -305,6 +305,50 @@ fn snapshots_stop_at_the_open_files_limit_and_writes_go_on() {
     assert!(needed <= max && needed + 2 > max, "{needed} of {max}");
 }
 
+/// A backend that never answers held the clean stop for ever (found in
+/// session 31 with a stopped Ceph OSD): a second SIGTERM now ends it at once,
+/// as a crash would.
+#[test]
+fn a_second_signal_ends_a_stop_that_waits_on_a_backend() {
+    let dir = TempDir::new("second-signal");
+    let config = "[[pools]]\nname = \"default\"\n[[pools.faults]]\nkind = \"latency\"\n\
+                  ops = [\"read\"]\nevery = 1\nlatency_ms = 60000\n\
+                  [[volumes]]\nname = \"v\"\nsize = \"1MiB\"\npolicy = \"non-critical\"\n";
+    let mut proc = WeirProcess::start(dir.path(), config);
+    let rt = runtime();
+    let _client = rt.block_on(async {
+        let (mut c, _) = NbdClient::connect(proc.nbd_addr, ClientConfig::go("v"))
+            .await
+            .unwrap();
+        c.session().read(0, 4096);
+        c.send().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        c
+    });
+    proc.terminate();
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        proc.child.try_wait().unwrap().is_none(),
+        "the stop did not wait for the request in progress"
+    );
+    proc.terminate();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = proc.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "a second SIGTERM did not end it"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = std::fs::read_to_string(dir.join("weir.log")).unwrap_or_default();
+    println!("exited {status} {:?} after the second SIGTERM", t.elapsed());
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("SIGTERM again: exiting now"), "{log}");
+}
+
 /// A thin pool filled to the last block recovers by TRIM (a guest's `fstrim`):
 /// the commit that frees the trimmed slots needs blocks for the map itself, so
 /// the slots are punched first. Before, every FLUSH failed with ENOSPC after the
