@@ -78,6 +78,7 @@ pub mod thin;
 pub mod tier;
 pub mod tls;
 pub mod upstream;
+pub mod within;
 
 pub use config::{ConfigError, WeirConfig, parse_size};
 pub use server::{RunningServer, ServerState, serve};

@@ -547,22 +547,16 @@ fn bounded<T: Send + 'static>(
     timeout_s: u32,
     f: impl FnOnce() -> io::Result<T> + Send + 'static,
 ) -> io::Result<T> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("weir-rbd-admin".into())
-        .spawn(move || {
-            let _ = tx.send(f());
-        })?;
-    rx.recv_timeout(Duration::from_secs(timeout_s.into()))
-        .unwrap_or_else(|_| {
-            Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "the Ceph cluster did not answer within {timeout_s} s \
-                     (rbd_connect_timeout_s; an OSD down?); the operation may still complete"
-                ),
-            ))
-        })
+    let wait = Duration::from_secs(timeout_s.into());
+    crate::within::run_within("weir-rbd-admin", wait, f)?.unwrap_or_else(|| {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the Ceph cluster did not answer within {timeout_s} s \
+                 (rbd_connect_timeout_s; an OSD down?); the operation may still complete"
+            ),
+        ))
+    })
 }
 
 fn display_conf(conf: &Option<PathBuf>) -> String {

@@ -192,6 +192,7 @@ fn look_up_by(
     deadline: Instant,
     lookup: impl FnOnce() -> io::Result<Vec<SocketAddr>> + Send + 'static,
 ) -> io::Result<Vec<SocketAddr>> {
+    let wait = time_left(deadline, "name lookup")?;
     if LOOKUPS.fetch_add(1, Ordering::AcqRel) >= MAX_LOOKUPS {
         LOOKUPS.fetch_sub(1, Ordering::AcqRel);
         return Err(io::Error::new(
@@ -199,20 +200,19 @@ fn look_up_by(
             format!("name lookup: {MAX_LOOKUPS} earlier lookups still unanswered"),
         ));
     }
-    let (tx, rx) = sync_channel(1);
-    let spawned = std::thread::Builder::new()
-        .name("weir-lookup".into())
-        .spawn(move || {
-            let _ = tx.send(lookup());
-            LOOKUPS.fetch_sub(1, Ordering::AcqRel);
-        });
-    if let Err(e) = spawned {
+    let answer = crate::within::run_within("weir-lookup", wait, move || {
+        let answer = lookup();
         LOOKUPS.fetch_sub(1, Ordering::AcqRel);
-        return Err(e);
-    }
-    match rx.recv_timeout(time_left(deadline, "name lookup")?) {
-        Ok(answer) => answer,
-        Err(_) => Err(io::Error::new(
+        answer
+    });
+    match answer {
+        Ok(Some(answer)) => answer,
+        Err(e) => {
+            // No thread: the lookup never ran.
+            LOOKUPS.fetch_sub(1, Ordering::AcqRel);
+            Err(e)
+        }
+        Ok(None) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
             "name lookup: no answer in time",
         )),

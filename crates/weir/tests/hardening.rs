@@ -333,16 +333,7 @@ fn a_second_signal_ends_a_stop_that_waits_on_a_backend() {
     );
     proc.terminate();
     let t = Instant::now();
-    let status = loop {
-        if let Some(s) = proc.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "a second SIGTERM did not end it"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = proc.wait_exit(Duration::from_secs(5), "a second SIGTERM");
     let log = std::fs::read_to_string(dir.join("weir.log")).unwrap_or_default();
     println!("exited {status} {:?} after the second SIGTERM", t.elapsed());
     assert_eq!(status.code(), Some(1), "{log}");

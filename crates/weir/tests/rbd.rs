@@ -1071,18 +1071,27 @@ impl Drop for RadosPool<'_> {
 struct Stopped(libc::pid_t);
 
 impl Stopped {
-    /// Stops daemon `name` (`mon.a`, `osd.0`) of the cluster; `None` when its
-    /// pid file (in `run/` beside the ceph.conf, as scripts/ceph-dev.sh keeps
-    /// it) is not there.
+    /// Stops daemon `name` (`mon.a`, `osd.0`) of the cluster; `None`, with the
+    /// test's "skipped" line, when its pid file (in `run/` beside the ceph.conf,
+    /// as scripts/ceph-dev.sh keeps it) is not there.
     fn daemon(cluster: &Cluster, name: &str) -> Option<Stopped> {
+        let stopped = Self::pid_of(cluster, name).and_then(|pid| {
+            // SAFETY: kill(2) on the dev cluster's daemon.
+            (unsafe { libc::kill(pid, libc::SIGSTOP) } == 0).then_some(Stopped(pid))
+        });
+        if stopped.is_none() {
+            println!(
+                "skipped: no pid file of the dev cluster's {name} beside {}",
+                cluster.conf
+            );
+        }
+        stopped
+    }
+
+    fn pid_of(cluster: &Cluster, name: &str) -> Option<libc::pid_t> {
         let run = std::path::Path::new(&cluster.conf).parent()?.join("run");
-        let pid: libc::pid_t = std::fs::read_to_string(run.join(format!("{name}.pid")))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
-        // SAFETY: kill(2) on the dev cluster's daemon.
-        (unsafe { libc::kill(pid, libc::SIGSTOP) } == 0).then_some(Stopped(pid))
+        let pid = std::fs::read_to_string(run.join(format!("{name}.pid"))).ok()?;
+        pid.trim().parse().ok()
     }
 }
 
@@ -1121,10 +1130,6 @@ fn rbd_a_stopped_monitor_does_not_hold_the_admin_api() {
     assert!(ceph.capacity_bytes > 0, "{measured:?}");
     std::thread::sleep(Duration::from_secs(3)); // the measurement is old
     let Some(mon) = Stopped::daemon(&cluster, "mon.a") else {
-        println!(
-            "skipped: no pid file of the dev cluster's monitor beside {}",
-            cluster.conf
-        );
         return;
     };
     let start = Instant::now();
@@ -1182,10 +1187,6 @@ fn rbd_a_stopped_osd_bounds_admin_operations_and_spares_other_pools() {
     let rt = rt();
     let admin = server.admin_client();
     let Some(osd) = Stopped::daemon(&cluster, "osd.0") else {
-        println!(
-            "skipped: no pid file of the dev cluster's OSD beside {}",
-            cluster.conf
-        );
         return;
     };
     let start = Instant::now();

@@ -90,16 +90,7 @@ fn sigterm_during_writes_exits_0_with_acknowledged_writes_durable() {
     std::thread::sleep(Duration::from_millis(400));
     proc.terminate();
     let t = Instant::now();
-    let status = loop {
-        if let Some(s) = proc.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "weir serve did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = proc.wait_exit(Duration::from_secs(20), "SIGTERM");
     let (acked, errors, unanswered, end_reason) = rt.block_on(workload).unwrap();
     println!(
         "SIGTERM: exit {status} after {:?}; {} blocks acknowledged, {errors} failed cleanly, \

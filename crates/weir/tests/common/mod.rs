@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use weir_testkit::TempDir;
 
@@ -193,6 +193,22 @@ impl WeirProcess {
     }
 
     /// Sends SIGTERM (graceful shutdown).
+    /// Waits for the process to exit, at most `within` (else panics with
+    /// `what` did not end it).
+    pub fn wait_exit(&mut self, within: Duration, what: &str) -> std::process::ExitStatus {
+        let t = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                t.elapsed() < within,
+                "{what} did not end weir serve in {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn terminate(&self) {
         // SAFETY: kill(2) on our own child's pid.
         unsafe {
